@@ -1,0 +1,205 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/clawmesh/clawmesh/reward"
+)
+
+// fileConfig is the TOML config file. Every key is optional.
+//
+//	data          = "~/.clawmesh"
+//	listen        = "127.0.0.1:8400"
+//	upstream      = "http://127.0.0.1:11434/v1"
+//	upstream_kind = "ollama"
+//	token         = ""
+//	judge_model   = "qwen3:8b"
+//
+//	[retention]
+//	max_age   = "720h"
+//	max_bytes = 10_000_000_000
+//
+//	[[plugins]]
+//	path    = "polite.wasm"
+//	weight  = 1.0
+//	enabled = true
+//	judge   = false
+type fileConfig struct {
+	Data          string `toml:"data"`
+	Listen        string `toml:"listen"`
+	Upstream      string `toml:"upstream"`
+	UpstreamKind  string `toml:"upstream_kind"`
+	Token         string `toml:"token"`
+	UpstreamToken string `toml:"upstream_token"`
+	JudgeModel    string `toml:"judge_model"`
+	Retention     struct {
+		MaxAge   string `toml:"max_age"`
+		MaxBytes int64  `toml:"max_bytes"`
+	} `toml:"retention"`
+	Plugins []filePlugin `toml:"plugins"`
+}
+
+type filePlugin struct {
+	Name    string  `toml:"name"`
+	Path    string  `toml:"path"`
+	Builtin string  `toml:"builtin"`
+	Weight  float64 `toml:"weight"`
+	Enabled *bool   `toml:"enabled"`
+	Judge   bool    `toml:"judge"`
+}
+
+// settings are the values shared by the commands that touch a node: the
+// data directory, the gateway address and so on. They come from defaults,
+// then the config file, then CLAWMESH_* environment variables, then flags.
+type settings struct {
+	Config        string
+	Data          string
+	Listen        string
+	Upstream      string
+	UpstreamKind  string
+	Token         string
+	UpstreamToken string
+	JudgeModel    string
+	MaxAge        time.Duration
+	MaxBytes      int64
+	Plugins       []reward.PluginConfig // nil: built-ins
+}
+
+// envNames maps setting names to their environment variables.
+var envNames = map[string]string{
+	"config":         "CLAWMESH_CONFIG",
+	"data":           "CLAWMESH_DATA",
+	"listen":         "CLAWMESH_LISTEN",
+	"upstream":       "CLAWMESH_UPSTREAM",
+	"upstream-kind":  "CLAWMESH_UPSTREAM_KIND",
+	"token":          "CLAWMESH_TOKEN",
+	"upstream-token": "CLAWMESH_UPSTREAM_TOKEN",
+}
+
+func defaultDataDir() string {
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".clawmesh")
+	}
+	return ".clawmesh"
+}
+
+// bindCommon adds the flags every node-facing command shares.
+func (s *settings) bindCommon(flags *flag.FlagSet) {
+	flags.StringVar(&s.Config, "config", "", "config file (TOML); default $CLAWMESH_CONFIG, else DATA/config.toml if it exists")
+	flags.StringVar(&s.Data, "data", "", "data directory holding the pool (default $CLAWMESH_DATA, else ~/.clawmesh)")
+	flags.StringVar(&s.Listen, "listen", "", "gateway address, loopback by default (default $CLAWMESH_LISTEN, else 127.0.0.1:8400)")
+	flags.StringVar(&s.Token, "token", "", "bearer token clients must send (default $CLAWMESH_TOKEN, else none)")
+}
+
+// resolve fills s from the config file and the environment, leaving values
+// set by flags on fs as they are.
+func (s *settings) resolve(flags *flag.FlagSet) error {
+	set := map[string]bool{}
+	flags.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	env := func(name string, dst *string) {
+		if !set[name] {
+			if v, ok := os.LookupEnv(envNames[name]); ok && v != "" {
+				*dst = v
+				set[name] = true
+			}
+		}
+	}
+	env("config", &s.Config)
+	env("data", &s.Data)
+	data := s.Data
+	if data == "" {
+		data = defaultDataDir()
+	}
+	path, explicit := s.Config, s.Config != ""
+	if !explicit {
+		path = filepath.Join(expandHome(data), "config.toml")
+	}
+	var fc fileConfig
+	if _, err := toml.DecodeFile(expandHome(path), &fc); err != nil {
+		if !explicit && errors.Is(err, fs.ErrNotExist) {
+			// No config file: defaults only.
+		} else {
+			return fmt.Errorf("config %s: %w", path, err)
+		}
+	} else {
+		s.Config = path
+	}
+	file := func(name string, dst *string, v string) {
+		if !set[name] && v != "" {
+			*dst = v
+		}
+	}
+	file("data", &s.Data, fc.Data)
+	for _, p := range []struct {
+		name string
+		dst  *string
+		file string
+	}{
+		{"listen", &s.Listen, fc.Listen},
+		{"upstream", &s.Upstream, fc.Upstream},
+		{"upstream-kind", &s.UpstreamKind, fc.UpstreamKind},
+		{"token", &s.Token, fc.Token},
+		{"upstream-token", &s.UpstreamToken, fc.UpstreamToken},
+	} {
+		env(p.name, p.dst)
+		file(p.name, p.dst, p.file)
+	}
+	if s.JudgeModel == "" {
+		s.JudgeModel = fc.JudgeModel
+	}
+	if s.Data == "" {
+		s.Data = defaultDataDir()
+	}
+	s.Data = expandHome(s.Data)
+	if fc.Retention.MaxAge != "" && !set["max-age"] {
+		d, err := time.ParseDuration(fc.Retention.MaxAge)
+		if err != nil {
+			return fmt.Errorf("config %s: retention.max_age: %w", path, err)
+		}
+		s.MaxAge = d
+	}
+	if fc.Retention.MaxBytes != 0 && !set["max-bytes"] {
+		s.MaxBytes = fc.Retention.MaxBytes
+	}
+	if len(fc.Plugins) > 0 {
+		base := filepath.Dir(expandHome(path))
+		for i, p := range fc.Plugins {
+			pc := reward.PluginConfig{Name: p.Name, Path: p.Path, Builtin: p.Builtin, Weight: p.Weight, Enabled: p.Enabled == nil || *p.Enabled, Judge: p.Judge}
+			if pc.Path == "" && pc.Builtin == "" {
+				return fmt.Errorf("config %s: plugins[%d]: needs path or builtin", path, i)
+			}
+			if pc.Path != "" && !filepath.IsAbs(pc.Path) {
+				pc.Path = filepath.Join(base, expandHome(pc.Path))
+			}
+			if pc.Weight == 0 {
+				pc.Weight = 1
+			}
+			if pc.Name == "" {
+				pc.Name = pc.Builtin
+				if pc.Name == "" {
+					pc.Name = strings.TrimSuffix(filepath.Base(pc.Path), ".wasm")
+				}
+			}
+			s.Plugins = append(s.Plugins, pc)
+		}
+	}
+	return nil
+}
+
+func expandHome(p string) string {
+	if p == "~" || strings.HasPrefix(p, "~/") {
+		if h, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(h, strings.TrimPrefix(p, "~"))
+		}
+	}
+	return p
+}

@@ -1,0 +1,149 @@
+// Command clawmesh is the one binary of a clawmesh mesh: it runs a device's
+// node beside an agent, reads and feeds its DataPool, builds and tests reward
+// plugins, and measures the parts. It parses flags, builds configs and calls
+// into the packages; the logic lives there.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+var commands []command
+
+func init() {
+	commands = []command{
+		{"node", "run a device node: the gateway your agent points at, recording into the pool", runNode},
+		{"serve", "serve a model with the native Go engine: an OpenAI-compatible LLM server with hot adapter swap", runServe},
+		{"pool", "inspect, export and import the DataPool (stats, ls, show, export, import)", runPool},
+		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
+		{"bench", "measure the parts (gateway, pool, engine)", runBench},
+		{"version", "print the version", runVersion},
+	}
+}
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, `clawmesh: agents that learn from their own use, on your devices, together.
+
+Usage: clawmesh <command> [flags] [args]
+
+Commands:
+`)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, `
+Run 'clawmesh <command> --help' for a command's flags and examples.
+
+Quick start: run an LLM server (Ollama, vLLM, llama.cpp ...), then
+  clawmesh node --upstream http://127.0.0.1:11434/v1
+and point your agent's OpenAI base URL at http://127.0.0.1:8400/v1.
+`)
+}
+
+// errUsage marks an error whose message is a usage problem: main prints it
+// with a hint to --help and exits 2.
+var errUsage = errors.New("usage")
+
+func usageErr(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(stdout)
+		return 0
+	}
+	for _, c := range commands {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:], stdout, stderr)
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.Is(err, errUsage):
+			fmt.Fprintf(stderr, "clawmesh %s: %s\nRun 'clawmesh %s --help' for usage.\n", c.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "), c.name)
+			return 2
+		default:
+			fmt.Fprintf(stderr, "clawmesh %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "clawmesh: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+// newFlags makes a FlagSet whose --help prints the given text before the
+// flags, and whose parse errors are usage errors.
+func newFlags(name, help string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("clawmesh "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "%s\nFlags:\n", help)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args, flags before, between or after the positional
+// arguments (`pool import logs.jsonl --data DIR`); after "--" everything is
+// positional. A bad flag is a usage error, --help is flag.ErrHelp.
+func parse(fs *flag.FlagSet, args []string) error {
+	var pos []string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		rest := fs.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+	// Leave the positional arguments in fs.Args(); the flags keep their values.
+	return fs.Parse(append([]string{"--"}, pos...))
+}
+
+func runVersion(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fmt.Fprintln(stdout, "clawmesh", version)
+	return nil
+}

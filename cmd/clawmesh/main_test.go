@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
+	"github.com/clawmesh/clawmesh/node"
+)
+
+func runCLI(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), args, &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func TestSettingsPrecedence(t *testing.T) {
+	data := t.TempDir()
+	cfg := filepath.Join(data, "config.toml")
+	os.WriteFile(cfg, []byte(`
+listen = "127.0.0.1:9001"
+upstream = "http://file/v1"
+upstream_kind = "vllm"
+[retention]
+max_age = "48h"
+[[plugins]]
+path = "p.wasm"
+weight = 0.5
+[[plugins]]
+builtin = "toolerror"
+enabled = false
+`), 0o600)
+	t.Setenv("CLAWMESH_DATA", data)
+	t.Setenv("CLAWMESH_UPSTREAM", "http://env/v1")
+	t.Setenv("CLAWMESH_LISTEN", "")
+
+	var s settings
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	s.bindCommon(fs)
+	fs.StringVar(&s.Upstream, "upstream", "", "")
+	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "")
+	fs.DurationVar(&s.MaxAge, "max-age", 0, "")
+	if err := fs.Parse([]string{"--upstream-kind", "ollama"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.resolve(fs); err != nil {
+		t.Fatal(err)
+	}
+	if s.Data != data || s.Config != cfg {
+		t.Errorf("data %q config %q: want %q from the environment and its config.toml", s.Data, s.Config, data)
+	}
+	if s.Listen != "127.0.0.1:9001" {
+		t.Errorf("listen %q: want the file's (the environment's is empty)", s.Listen)
+	}
+	if s.Upstream != "http://env/v1" {
+		t.Errorf("upstream %q: the environment beats the file", s.Upstream)
+	}
+	if s.UpstreamKind != "ollama" {
+		t.Errorf("upstream kind %q: the flag beats the file", s.UpstreamKind)
+	}
+	if s.MaxAge != 48*time.Hour {
+		t.Errorf("max age %v", s.MaxAge)
+	}
+	if len(s.Plugins) != 2 || s.Plugins[0].Path != filepath.Join(data, "p.wasm") || s.Plugins[0].Weight != 0.5 || !s.Plugins[0].Enabled ||
+		s.Plugins[1].Builtin != "toolerror" || s.Plugins[1].Enabled || s.Plugins[1].Weight != 1 {
+		t.Errorf("plugins %+v", s.Plugins)
+	}
+}
+
+func TestSettingsErrors(t *testing.T) {
+	t.Setenv("CLAWMESH_CONFIG", filepath.Join(t.TempDir(), "missing.toml"))
+	var s settings
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	s.bindCommon(fs)
+	if err := s.resolve(fs); err == nil {
+		t.Error("an explicit config file that does not exist must be an error")
+	}
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	os.WriteFile(bad, []byte("listen = [1,"), 0o600)
+	t.Setenv("CLAWMESH_CONFIG", bad)
+	if err := s.resolve(fs); err == nil || !strings.Contains(err.Error(), "bad.toml") {
+		t.Errorf("a malformed config file: err = %v, want one naming the file", err)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	out, _, code := runCLI(t, "--help")
+	if code != 0 || !strings.Contains(out, "node") || !strings.Contains(out, "pool") {
+		t.Errorf("--help: code %d, %q", code, out)
+	}
+	_, errs, code := runCLI(t, "frobnicate")
+	if code != 2 || !strings.Contains(errs, "unknown command") {
+		t.Errorf("unknown command: code %d, %q", code, errs)
+	}
+	_, errs, code = runCLI(t, "node", "--data", t.TempDir())
+	if code != 2 || !strings.Contains(errs, "--upstream is required") {
+		t.Errorf("node without upstream: code %d, %q", code, errs)
+	}
+	_, errs, code = runCLI(t, "pool", "ls", "--state", "bogus", "--data", t.TempDir())
+	if code != 2 || !strings.Contains(errs, "bogus") {
+		t.Errorf("bad state: code %d, %q", code, errs)
+	}
+	_, errs, code = runCLI(t, "pool", "stats", "--data", filepath.Join(t.TempDir(), "none"))
+	if code != 1 || !strings.Contains(errs, "no pool") {
+		t.Errorf("stats of a missing pool: code %d, %q", code, errs)
+	}
+	for _, cmd := range []string{"node", "pool", "bench", "reward"} {
+		out, errs, code := runCLI(t, cmd, "--help")
+		if code != 0 || !strings.Contains(out+errs, "Usage: clawmesh "+cmd) && !strings.Contains(out+errs, "clawmesh "+cmd) {
+			t.Errorf("%s --help: code %d, %q", cmd, code, out+errs)
+		}
+	}
+}
+
+// TestPoolWhileRunningAndStopped records calls through a running node, then
+// uses the pool commands both while the node holds the pool (through its
+// admin API) and after it stopped (opening the directory), and imports the
+// export into a fresh pool.
+func TestPoolWhileRunningAndStopped(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	up := fakeupstream.New(fakeupstream.Script{})
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Run(ctx, upLn)
+
+	data := t.TempDir()
+	n, err := node.New(ctx, node.Config{DataDir: data, Upstream: "http://" + upLn.Addr().String() + "/v1", NoScoring: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- n.Serve(runCtx, ln) }()
+	for i := 0; i < 100; i++ {
+		if _, err := node.ReadAddr(data); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i := 0; i < 3; i++ {
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)
+		req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/s/cli/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+
+	live, errs, code := runCLI(t, "pool", "export", "--data", data)
+	if code != 0 {
+		t.Fatalf("export while running: %d %s", code, errs)
+	}
+	if got := strings.Count(live, "\n"); got != 3 {
+		t.Fatalf("export while running gave %d lines, want 3", got)
+	}
+	ls, _, code := runCLI(t, "pool", "ls", "--data", data, "--session", "cli")
+	if code != 0 || strings.Count(ls, "\n") != 4 {
+		t.Errorf("ls while running: %q", ls)
+	}
+	stats, _, code := runCLI(t, "pool", "stats", "--data", data)
+	if code != 0 || !strings.Contains(stats, "steps     3") {
+		t.Errorf("stats while running: %q", stats)
+	}
+	id := strings.Fields(strings.Split(ls, "\n")[1])[0]
+	show, _, code := runCLI(t, "pool", "show", "--data", data, id)
+	if code != 0 || !strings.Contains(show, "step     "+id) || !strings.Contains(show, "question") {
+		t.Errorf("show while running: %q", show)
+	}
+	// Flags may follow the arguments.
+	if show2, errs, code := runCLI(t, "pool", "show", id, "--data", data); code != 0 || show2 != show {
+		t.Errorf("show ID --data: %d %s %q", code, errs, show2)
+	}
+	// Import through the running node: what it holds is already present.
+	liveFile := filepath.Join(t.TempDir(), "live.jsonl")
+	os.WriteFile(liveFile, []byte(live), 0o600)
+	if out, errs, code := runCLI(t, "pool", "import", liveFile, "--data", data); code != 0 || !strings.Contains(out, "imported 0, already present 3") {
+		t.Errorf("import while running: %d %s %q", code, errs, out)
+	}
+
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	n.Close(ctx)
+
+	stopped, errs, code := runCLI(t, "pool", "export", "--data", data)
+	if code != 0 {
+		t.Fatalf("export while stopped: %d %s", code, errs)
+	}
+	// The same steps either way; the last one was closed (no next state)
+	// when the node stopped, so only its state may differ.
+	if a, b := exportIDs(live), exportIDs(stopped); a != b {
+		t.Errorf("export differs between a running and a stopped node: %s vs %s", a, b)
+	}
+	file := filepath.Join(t.TempDir(), "steps.jsonl")
+	os.WriteFile(file, []byte(stopped+"{not json}\n"), 0o600)
+	other := t.TempDir()
+	out, _, code := runCLI(t, "pool", "import", "--data", other, file)
+	if code != 1 || !strings.Contains(out, "imported 3") || !strings.Contains(out, "line 4") {
+		t.Errorf("import with one bad line: code %d, %q", code, out)
+	}
+	out, _, _ = runCLI(t, "pool", "import", "--data", other, file)
+	if !strings.Contains(out, "imported 0, already present 3") {
+		t.Errorf("second import: %q", out)
+	}
+	again, _, _ := runCLI(t, "pool", "export", "--data", other)
+	if strings.Count(again, "\n") != 3 {
+		t.Errorf("re-export of the import: %q", again)
+	}
+	// The command as the README gives it, flags last.
+	third := t.TempDir()
+	if out, errs, code := runCLI(t, "pool", "import", file, "--data", third); code != 1 || !strings.Contains(out, "imported 3") {
+		t.Errorf("import FILE --data: %d %s %q", code, errs, out)
+	}
+	// A usage error creates no pool.
+	none := filepath.Join(t.TempDir(), "none")
+	if _, _, code := runCLI(t, "pool", "import", "--data", none); code != 2 {
+		t.Errorf("import without a file: code %d", code)
+	}
+	if _, err := os.Stat(none); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("import without a file touched %s: %v", none, err)
+	}
+}
+
+func exportIDs(jsonl string) string {
+	var ids []string
+	for _, l := range strings.Split(strings.TrimSpace(jsonl), "\n") {
+		var s struct{ ID string }
+		json.Unmarshal([]byte(l), &s)
+		ids = append(ids, s.ID)
+	}
+	return strings.Join(ids, ",")
+}
+
+// TestBenchLearn runs the recipe comparison for one round: three recipes,
+// each from the same starting policy.
+func TestBenchLearn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains a tiny model")
+	}
+	out, errs, code := runCLI(t, "bench", "learn", "--rounds", "1")
+	if code != 0 {
+		t.Fatalf("bench learn: %d %s", code, errs)
+	}
+	rows := 0
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) > 0 && (f[0] == "rl" || f[0] == "opd" || f[0] == "combined") {
+			rows++
+		}
+	}
+	if rows != 3 || !strings.Contains(out, "OPD teacher") {
+		t.Fatalf("bench learn printed:\n%s", out)
+	}
+	if _, _, code := runCLI(t, "bench", "learn", "--rounds", "0"); code != 2 {
+		t.Errorf("--rounds 0: code %d", code)
+	}
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/clawmesh/clawmesh/node"
+)
+
+const nodeHelp = `Usage: clawmesh node [flags]
+
+Runs a device node: an OpenAI- and Anthropic-compatible gateway on loopback
+that forwards every call to your LLM server (--upstream), streams the reply
+back unchanged, and records each call, with what followed it, in the
+DataPool under --data. Closed steps are scored by the reward plugins in the
+background.
+
+Point your agent at the gateway instead of the LLM server:
+  OpenAI SDKs      base URL http://127.0.0.1:8400/v1
+  Anthropic SDKs   base URL http://127.0.0.1:8400
+  OpenClaw         provider baseUrl http://127.0.0.1:8400/v1, api "openai-completions"
+Pin a session with the URL prefix /s/SESSION/v1/... or the X-Session-Id header.
+
+Settings come from flags, then CLAWMESH_* environment variables
+(CLAWMESH_UPSTREAM, CLAWMESH_LISTEN, CLAWMESH_DATA, CLAWMESH_TOKEN,
+CLAWMESH_UPSTREAM_KIND, CLAWMESH_CONFIG), then the config file
+(DATA/config.toml by default), then defaults.
+
+SIGINT or SIGTERM stops accepting new calls, lets in-flight streams finish,
+and exits. SIGHUP reloads the reward plugins from the config file.
+
+Example:
+  clawmesh node --upstream http://127.0.0.1:11434/v1 --upstream-kind ollama --data ~/.clawmesh
+`
+
+func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	fs := newFlags("node", nodeHelp, stderr)
+	s.bindCommon(fs)
+	fs.StringVar(&s.Upstream, "upstream", "", "LLM server base URL including /v1, e.g. http://127.0.0.1:11434/v1 (required)")
+	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "upstream flavour: openai, vllm, sglang, clawmesh, ollama, llamacpp, none (decides whether logprobs and token ids are asked for; default openai)")
+	fs.StringVar(&s.UpstreamToken, "upstream-token", "", "bearer token sent to the upstream instead of the client's")
+	fs.StringVar(&s.JudgeModel, "judge-model", "", "model name for reward plugins' judge calls (default: none sent)")
+	fs.DurationVar(&s.MaxAge, "max-age", 0, "retention: drop steps older than this (e.g. 720h; 0 keeps them)")
+	fs.Int64Var(&s.MaxBytes, "max-bytes", 0, "retention: keep the pool under this many bytes (0: no limit)")
+	noScore := fs.Bool("no-scoring", false, "do not score closed steps in the background")
+	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr("unexpected arguments %q", fs.Args())
+	}
+	if err := s.resolve(fs); err != nil {
+		return err
+	}
+	if s.Upstream == "" {
+		return usageErr("--upstream is required (or CLAWMESH_UPSTREAM, or upstream in the config file)")
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usageErr("--log: %v", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if s.Listen != "" && !isLoopback(s.Listen) && s.Token == "" {
+		log.Warn("gateway listens beyond loopback with no --token: anyone who can reach it can use your LLM through it", "listen", s.Listen)
+	}
+	n, err := node.New(ctx, node.Config{
+		DataDir:       s.Data,
+		Listen:        s.Listen,
+		Upstream:      s.Upstream,
+		UpstreamKind:  s.UpstreamKind,
+		Token:         s.Token,
+		UpstreamToken: s.UpstreamToken,
+		JudgeModel:    s.JudgeModel,
+		MaxAge:        s.MaxAge,
+		MaxBytes:      s.MaxBytes,
+		Plugins:       s.Plugins,
+		NoScoring:     *noScore,
+		Logger:        log,
+	})
+	if err != nil {
+		return err
+	}
+	// SIGHUP re-reads the config file's plugins and swaps them in.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+			}
+			fresh := settings{Config: s.Config, Data: s.Data}
+			if err := fresh.resolve(newFlags("node", "", io.Discard)); err != nil {
+				log.Error("reload: config", "err", err)
+				continue
+			}
+			if err := n.ReloadPlugins(ctx, fresh.Plugins); err != nil {
+				log.Error("reload: plugins", "err", err)
+				continue
+			}
+			log.Info("reward plugins reloaded", "n", len(fresh.Plugins))
+		}
+	}()
+	runErr := n.Run(ctx)
+	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.Close(closeCtx); err != nil && runErr == nil {
+		runErr = err
+	}
+	if runErr == nil {
+		fmt.Fprintln(stderr, "clawmesh node: stopped")
+	}
+	return runErr
+}
+
+func isLoopback(addr string) bool {
+	host := addr
+	if i := strings.LastIndex(addr, ":"); i >= 0 {
+		host = addr[:i]
+	}
+	host = strings.Trim(host, "[]")
+	return host == "127.0.0.1" || host == "localhost" || host == "::1" || strings.HasPrefix(host, "127.")
+}

@@ -1,0 +1,367 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/pool"
+)
+
+const poolHelp = `Usage: clawmesh pool <stats|ls|show|export|import> [flags]
+
+Reads and feeds the DataPool, the record of every LLM call a node made.
+
+  clawmesh pool stats                         counts by state, sessions, storage
+  clawmesh pool ls [--session S] [--state closed] [--limit 50]
+  clawmesh pool show STEP_ID                  one step: context, reply, next state, scores, hints
+  clawmesh pool export [--session S] > steps.jsonl
+  clawmesh pool import logs.jsonl             black-box offline mode: logs collected elsewhere
+
+The JSONL schema (clawmesh.step/v1) is described in docs/step-schema.md.
+
+While a node is running it holds the pool open; these commands then ask it
+over its loopback admin API instead (the address it wrote in DATA/node.addr,
+with --token if it needs one), so export and import work in both cases.
+`
+
+// poolAccess is what the pool commands need; *pool.Pool serves it for a
+// stopped node, *node.Client for a running one.
+type poolAccess interface {
+	Stats(ctx context.Context) (pool.Stats, error)
+	List(ctx context.Context, f pool.Filter) ([]*core.Step, error)
+	Get(ctx context.Context, id core.StepID) (*core.Step, error)
+	Export(ctx context.Context, w io.Writer, f pool.Filter) (int, error)
+	Import(ctx context.Context, r io.Reader) (pool.ImportReport, error)
+}
+
+// openPool opens the pool under s.Data, or reaches the running node that
+// holds it. create allows making a new pool (import does).
+func openPool(s *settings, create bool) (poolAccess, func(), error) {
+	dir := filepath.Join(s.Data, "pool")
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) && !create {
+		return nil, nil, fmt.Errorf("no pool at %s (has a node run with --data %s?)", dir, s.Data)
+	}
+	p, err := pool.Open(dir, pool.Options{})
+	if err == nil {
+		return p, func() { p.Close() }, nil
+	}
+	if !errors.Is(err, pool.ErrLocked) {
+		return nil, nil, err
+	}
+	addr, aerr := node.ReadAddr(s.Data)
+	if aerr != nil {
+		return nil, nil, fmt.Errorf("%w, and no running node's address in %s: %v", err, s.Data, aerr)
+	}
+	return &node.Client{Base: "http://" + addr, Token: s.Token}, func() {}, nil
+}
+
+func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, poolHelp)
+		return usageErr("which pool command? stats, ls, show, export or import")
+	}
+	sub, args := args[0], args[1:]
+	var s settings
+	var f pool.Filter
+	var state, since string
+	var asJSON bool
+	var out string
+	fs := newFlags("pool "+sub, poolHelp, stderr)
+	s.bindCommon(fs)
+	filterFlags := func() {
+		fs.StringVar((*string)(&f.Session), "session", "", "only this session")
+		fs.StringVar(&state, "state", "", "only this state: open, closed, scored, batched, shipped, dropped")
+		fs.StringVar(&since, "since", "", "only steps after this: RFC 3339 time, or a duration ago like 24h")
+	}
+	switch sub {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, poolHelp)
+		return nil
+	case "stats":
+		fs.BoolVar(&asJSON, "json", false, "print JSON")
+	case "ls":
+		filterFlags()
+		fs.IntVar(&f.Limit, "limit", 50, "at most this many steps (0: all)")
+		fs.BoolVar(&asJSON, "json", false, "print JSON")
+	case "show":
+		fs.BoolVar(&asJSON, "json", false, "print the step as JSON")
+	case "export":
+		filterFlags()
+		fs.StringVar(&out, "o", "", "write to this file instead of standard output")
+	case "import":
+	default:
+		fmt.Fprint(stderr, poolHelp)
+		return usageErr("unknown pool command %q", sub)
+	}
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := s.resolve(fs); err != nil {
+		return err
+	}
+	if state != "" {
+		st, err := core.ParseState(state)
+		if err != nil {
+			return usageErr("--state: %v", err)
+		}
+		f.State = st
+	}
+	if since != "" {
+		t, err := parseSince(since, time.Now())
+		if err != nil {
+			return usageErr("--since: %v", err)
+		}
+		f.Since = t
+	}
+	switch want := map[string]int{"stats": 0, "ls": 0, "show": 1, "export": 0, "import": 1}[sub]; {
+	case fs.NArg() == want:
+	case sub == "show":
+		return usageErr("show takes one step id")
+	case sub == "import":
+		return usageErr("import takes one file (or - for standard input)")
+	default:
+		return usageErr("%s takes no arguments", sub)
+	}
+	p, closeFn, err := openPool(&s, sub == "import")
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+
+	switch sub {
+	case "stats":
+		st, err := p.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(stdout, st)
+		}
+		printStats(stdout, st)
+		return nil
+	case "ls":
+		steps, err := p.List(ctx, f)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(stdout, steps)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "STEP\tSESSION\tTIME\tSTATE\tTURN\tREWARD\tACTION")
+		for _, st := range steps {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.SessionID, st.Timings.Start.Local().Format("01-02 15:04:05"),
+				st.State, st.Turn, rewardText(st.Reward), oneLine(actionText(st.Action()), 60))
+		}
+		return tw.Flush()
+	case "show":
+		st, err := p.Get(ctx, core.StepID(fs.Arg(0)))
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(stdout, st)
+		}
+		showStep(stdout, st)
+		return nil
+	case "export":
+		w := stdout
+		if out != "" {
+			fh, err := os.Create(out)
+			if err != nil {
+				return err
+			}
+			defer fh.Close()
+			w = fh
+		}
+		bw := bufio.NewWriterSize(w, 256<<10)
+		n, err := p.Export(ctx, bw, f)
+		if err != nil {
+			return err
+		}
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "exported %d steps\n", n)
+		return nil
+	case "import":
+		var r io.Reader = os.Stdin
+		if fs.Arg(0) != "-" {
+			fh, err := os.Open(fs.Arg(0))
+			if err != nil {
+				return err
+			}
+			defer fh.Close()
+			r = fh
+		}
+		rep, err := p.Import(ctx, r)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "imported %d, already present %d, bad %d\n", rep.Imported, rep.Duplicates, len(rep.Bad))
+		for _, b := range rep.Bad {
+			fmt.Fprintf(stdout, "  line %d: %s\n", b.Line, b.Err)
+		}
+		if len(rep.Bad) > 0 {
+			return fmt.Errorf("%d bad lines were skipped", len(rep.Bad))
+		}
+		return nil
+	}
+	return nil
+}
+
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("want an RFC 3339 time or a duration like 24h, got %q", s)
+	}
+	return t, nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func rewardText(r *core.Reward) string {
+	if r == nil {
+		return "-"
+	}
+	if r.Value == nil {
+		return "abstain"
+	}
+	return fmt.Sprintf("%+.2f", *r.Value)
+}
+
+func actionText(m core.Message) string {
+	var b strings.Builder
+	b.WriteString(m.Content)
+	for _, tc := range m.ToolCalls {
+		if b.Len() > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "→%s(%s)", tc.Name, tc.Arguments)
+	}
+	return b.String()
+}
+
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > max {
+		return string(r[:max-1]) + "…"
+	}
+	return s
+}
+
+func showStep(w io.Writer, s *core.Step) {
+	fmt.Fprintf(w, "step     %s\nsession  %s  chain %s  parent %s\n", s.ID, s.SessionID, s.ChainID, orDash(string(s.ParentID)))
+	fmt.Fprintf(w, "state    %s  turn %s  api %s  source %s\n", s.State, s.Turn, s.API, orDash(s.Source))
+	fmt.Fprintf(w, "model    %s  upstream %s  adapter %s\n", orDash(s.Model), orDash(s.Upstream), orDash(s.Adapter))
+	fmt.Fprintf(w, "time     %s  ttft %s  total %s", s.Timings.Start.Local().Format(time.RFC3339), s.Timings.TTFT, s.Timings.Total)
+	if s.ClientDisconnected {
+		fmt.Fprint(w, "  (client disconnected)")
+	}
+	fmt.Fprintln(w)
+	if u := s.Response.Usage; u != nil {
+		fmt.Fprintf(w, "tokens   prompt %d  completion %d\n", u.PromptTokens, u.CompletionTokens)
+	}
+	fmt.Fprintf(w, "\ncontext (%d messages, %d tools):\n", len(s.Request.Messages), len(s.Request.Tools))
+	msgs := s.Request.Messages
+	if len(msgs) > 6 {
+		fmt.Fprintf(w, "  … %d earlier messages\n", len(msgs)-6)
+		msgs = msgs[len(msgs)-6:]
+	}
+	for _, m := range msgs {
+		fmt.Fprintf(w, "  %-9s %s\n", m.Role, oneLine(actionText(m), 100))
+	}
+	for _, c := range s.Response.Choices {
+		fmt.Fprintf(w, "\naction (choice %d, finish %s, %d tokens recorded, fidelity %s):\n", c.Index, orDash(c.FinishReason), len(c.Tokens), orDash(string(c.Fidelity)))
+		if c.Message.Reasoning != "" {
+			fmt.Fprintf(w, "  reasoning %s\n", oneLine(c.Message.Reasoning, 200))
+		}
+		fmt.Fprintf(w, "  %s\n", oneLine(actionText(c.Message), 400))
+	}
+	if len(s.Response.Error) > 0 {
+		fmt.Fprintf(w, "\nupstream error (status %d): %s\n", s.Response.Status, oneLine(string(s.Response.Error), 300))
+	}
+	fmt.Fprintln(w, "\nnext state:")
+	if s.NextState == nil {
+		fmt.Fprintln(w, "  (none)")
+	} else {
+		for _, m := range s.NextState.Messages {
+			fmt.Fprintf(w, "  %-9s %s\n", m.Role, oneLine(actionText(m), 200))
+		}
+	}
+	for _, f := range s.Feedback {
+		score := "-"
+		if f.Score != nil {
+			score = fmt.Sprintf("%+.2f", *f.Score)
+		}
+		fmt.Fprintf(w, "feedback %s %s\n", score, oneLine(f.Text, 200))
+	}
+	if r := s.Reward; r != nil {
+		fmt.Fprintf(w, "\nreward   %s", rewardText(r))
+		if r.Hint != "" {
+			fmt.Fprintf(w, "  hint: %s", oneLine(r.Hint, 200))
+		}
+		fmt.Fprintln(w)
+		for _, sc := range r.Scores {
+			v := "abstain"
+			if sc.Value != nil {
+				v = fmt.Sprintf("%+.2f", *sc.Value)
+			}
+			hash := sc.Hash
+			if len(hash) > 12 {
+				hash = hash[:12]
+			}
+			fmt.Fprintf(w, "  %-12s %-8s w=%.2f %s", sc.Plugin, v, sc.Weight, hash)
+			if sc.Reason != "" {
+				fmt.Fprintf(w, "  (%s)", oneLine(sc.Reason, 80))
+			}
+			if sc.Hint != "" {
+				fmt.Fprintf(w, "  hint: %s", oneLine(sc.Hint, 120))
+			}
+			fmt.Fprintln(w)
+		}
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func printStats(w io.Writer, st pool.Stats) {
+	fmt.Fprintf(w, "steps     %d in %d sessions\n", st.Steps, st.Sessions)
+	fmt.Fprint(w, "states   ")
+	for s := core.StateOpen; s <= core.StateDropped; s++ {
+		fmt.Fprintf(w, " %s %d", s, st.ByState[s])
+	}
+	fmt.Fprintln(w)
+	ratio := func(ref, stored int) string {
+		if stored == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1fx", float64(ref)/float64(stored))
+	}
+	fmt.Fprintf(w, "messages  %d referenced, %d stored (shared %s)\n", st.MessagesReferenced, st.MessagesStored, ratio(st.MessagesReferenced, st.MessagesStored))
+	fmt.Fprintf(w, "tools     %d lists referenced, %d stored (shared %s)\n", st.ToolListsReferenced, st.ToolListsStored, ratio(st.ToolListsReferenced, st.ToolListsStored))
+	fmt.Fprintf(w, "bytes     %d of step data (%d in step records, %d in shared blobs), %d on disk\n", st.Bytes, st.StepBytes, st.BlobBytes, st.DiskBytes)
+}

@@ -1,0 +1,311 @@
+// Package bench measures clawmesh's parts for `clawmesh bench ...`: each
+// benchmark sets up real components on loopback (or on disk), drives them,
+// and reports figures against a baseline measured in the same run.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
+	"github.com/clawmesh/clawmesh/node/gateway"
+	"github.com/clawmesh/clawmesh/pool"
+)
+
+// GatewayOptions configures the gateway benchmark. Zero values are defaults.
+type GatewayOptions struct {
+	// Rate is requests per second sent through the gateway; the same rate
+	// goes to the upstream directly, interleaved. Default 1000.
+	Rate int
+	// Duration of the measured load; default 10s.
+	Duration time.Duration
+	// Warmup load before measuring; default 1s.
+	Warmup time.Duration
+	// Chunks per streamed reply; default 8.
+	Chunks int
+	// DataDir for the pool; default a temporary directory, removed after.
+	DataDir string
+	// Memory records into memory instead of the Pebble pool, to separate the
+	// gateway's own cost from the synced write that makes a step durable.
+	Memory bool
+}
+
+// Latency summarises one series of measurements.
+type Latency struct {
+	N      int
+	Errors int
+	P50    time.Duration
+	P99    time.Duration
+}
+
+// GatewayResult holds the figures of one run. For each kind of call the
+// direct and through-gateway latencies are measured under the same
+// interleaved open-loop load; Added is the difference of their percentiles.
+type GatewayResult struct {
+	Rate     int
+	Duration time.Duration
+	// Achieved is completed requests per second through the gateway.
+	Achieved float64
+	Series   []Series
+	// Memory says steps were recorded in memory, not synced to Pebble.
+	Memory bool
+}
+
+// Series is one kind of measurement, direct and through the gateway.
+type Series struct {
+	Name     string // "non-streaming", "streaming: first byte", "streaming: last byte"
+	Direct   Latency
+	Through  Latency
+	AddedP50 time.Duration
+	AddedP99 time.Duration
+}
+
+// request kinds in the interleaving.
+const (
+	kindDirectPlain = iota
+	kindGatewayPlain
+	kindDirectStream
+	kindGatewayStream
+	numKinds
+)
+
+type sample struct {
+	kind     int
+	ttfb     time.Duration
+	total    time.Duration
+	failed   bool
+	measured bool
+}
+
+// Gateway runs the gateway benchmark: a scripted upstream and a gateway
+// recording into a Pebble pool on disk, both on loopback, and an open-loop
+// load generator that sends each request at its scheduled time whatever the
+// previous ones are doing.
+func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
+	if o.Rate <= 0 {
+		o.Rate = 1000
+	}
+	if o.Duration <= 0 {
+		o.Duration = 10 * time.Second
+	}
+	if o.Warmup <= 0 {
+		o.Warmup = time.Second
+	}
+	if o.Chunks <= 0 {
+		o.Chunks = 8
+	}
+	dir := o.DataDir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "clawmesh-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	up := fakeupstream.New(fakeupstream.Script{Chunks: o.Chunks, Turns: []fakeupstream.Turn{{Text: "The quick brown fox jumps over the lazy dog, twice over, to show a streamed reply."}}})
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	go up.Run(ctx, upLn)
+
+	var store gateway.Store = &memStore{steps: map[core.StepID]*core.Step{}}
+	if !o.Memory {
+		p, err := pool.Open(dir, pool.Options{})
+		if err != nil {
+			return nil, err
+		}
+		defer p.Close()
+		store = p
+	}
+	upURL := "http://" + upLn.Addr().String() + "/v1"
+	gw, err := gateway.New(gateway.Config{Upstream: upURL, Store: store})
+	if err != nil {
+		return nil, err
+	}
+	gwLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	gwCtx, stopGW := context.WithCancel(ctx)
+	gwDone := make(chan error, 1)
+	go func() { gwDone <- gw.Run(gwCtx, gwLn) }()
+	defer func() { stopGW(); <-gwDone }()
+	gwURL := "http://" + gwLn.Addr().String() + "/v1"
+
+	client := &http.Client{Transport: &http.Transport{
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 4096,
+		IdleConnTimeout:     time.Minute,
+		DisableCompression:  true,
+	}, Timeout: 30 * time.Second}
+
+	// Each target sees Rate requests per second, so the interleaved stream
+	// is 2·Rate, alternating plain and streaming calls.
+	interval := time.Second / time.Duration(2*o.Rate)
+	total := int((o.Warmup + o.Duration) / interval)
+	warm := int(o.Warmup / interval)
+	samples := make([]sample, total)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; i < total; i++ {
+		at := start.Add(time.Duration(i) * interval)
+		if d := time.Until(at); d > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(d):
+			}
+		}
+		kind := i % numKinds
+		wg.Add(1)
+		go func(i, kind int) {
+			defer wg.Done()
+			base := upURL
+			if kind == kindGatewayPlain || kind == kindGatewayStream {
+				base = gwURL
+			}
+			stream := kind == kindDirectStream || kind == kindGatewayStream
+			ttfb, tot, err := oneCall(ctx, client, base, i, stream)
+			samples[i] = sample{kind: kind, ttfb: ttfb, total: tot, failed: err != nil, measured: i >= warm}
+		}(i, kind)
+	}
+	wg.Wait()
+	elapsed := time.Since(start.Add(o.Warmup))
+
+	var byKind [numKinds][]sample
+	for _, s := range samples {
+		if s.measured {
+			byKind[s.kind] = append(byKind[s.kind], s)
+		}
+	}
+	lat := func(ss []sample, f func(sample) time.Duration) Latency {
+		var l Latency
+		var ds []time.Duration
+		for _, s := range ss {
+			if s.failed {
+				l.Errors++
+				continue
+			}
+			ds = append(ds, f(s))
+		}
+		l.N = len(ds)
+		l.P50, l.P99 = percentile(ds, 0.50), percentile(ds, 0.99)
+		return l
+	}
+	ttfb := func(s sample) time.Duration { return s.ttfb }
+	ttlb := func(s sample) time.Duration { return s.total }
+	mk := func(name string, d, g []sample, f func(sample) time.Duration) Series {
+		s := Series{Name: name, Direct: lat(d, f), Through: lat(g, f)}
+		s.AddedP50 = s.Through.P50 - s.Direct.P50
+		s.AddedP99 = s.Through.P99 - s.Direct.P99
+		return s
+	}
+	res := &GatewayResult{Rate: o.Rate, Duration: o.Duration, Memory: o.Memory}
+	res.Series = []Series{
+		mk("non-streaming", byKind[kindDirectPlain], byKind[kindGatewayPlain], ttlb),
+		mk("streaming: first byte", byKind[kindDirectStream], byKind[kindGatewayStream], ttfb),
+		mk("streaming: last byte", byKind[kindDirectStream], byKind[kindGatewayStream], ttlb),
+	}
+	okThrough := res.Series[0].Through.N + res.Series[2].Through.N
+	res.Achieved = float64(okThrough) / elapsed.Seconds()
+	if okThrough == 0 {
+		return res, errors.New("bench: no request through the gateway succeeded")
+	}
+	return res, nil
+}
+
+// oneCall makes one chat completion call and returns its time to the first
+// byte of the body and to the end of the body.
+func oneCall(ctx context.Context, c *http.Client, base string, i int, stream bool) (time.Duration, time.Duration, error) {
+	body := fmt.Sprintf(`{"model":"bench","stream":%v,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"request %d: say something"}]}`, stream, i)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	t0 := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.Peek(1); err != nil {
+		return 0, 0, err
+	}
+	ttfb := time.Since(t0)
+	if _, err := io.Copy(io.Discard, br); err != nil {
+		return 0, 0, err
+	}
+	tot := time.Since(t0)
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return ttfb, tot, nil
+}
+
+func percentile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	i := int(q * float64(len(ds)-1))
+	return ds[i]
+}
+
+// Print writes r as a table.
+func (r *GatewayResult) Print(w io.Writer) {
+	fmt.Fprintf(w, "gateway: open-loop %d req/s direct and %d req/s through the gateway, interleaved, for %s\n", r.Rate, r.Rate, r.Duration)
+	store := "a Pebble pool on disk, every step synced before the reply's last byte"
+	if r.Memory {
+		store = "memory (no durability: the gateway's own cost)"
+	}
+	fmt.Fprintf(w, "steps recorded into %s\n", store)
+	fmt.Fprintf(w, "through the gateway: %.0f req/s completed\n\n", r.Achieved)
+	fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7s\n", "", "direct p50", "gw p50", "added p50", "direct p99", "gw p99", "added p99", "errors")
+	for _, s := range r.Series {
+		fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7d\n", s.Name,
+			ms(s.Direct.P50), ms(s.Through.P50), ms(s.AddedP50), ms(s.Direct.P99), ms(s.Through.P99), ms(s.AddedP99), s.Direct.Errors+s.Through.Errors)
+	}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
+
+// memStore is an in-memory gateway.Store for measuring the gateway alone.
+type memStore struct {
+	mu    sync.Mutex
+	steps map[core.StepID]*core.Step
+}
+
+func (m *memStore) Put(ctx context.Context, s *core.Step) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.steps[s.ID] = s
+	return nil
+}
+
+func (m *memStore) Update(ctx context.Context, id core.StepID, fn func(*core.Step) error) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.steps[id]
+	if !ok {
+		return fmt.Errorf("bench: step %s: %w", id, pool.ErrNotFound)
+	}
+	return fn(s)
+}

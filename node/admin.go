@@ -1,0 +1,269 @@
+package node
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/pool"
+)
+
+// The admin API lets `clawmesh pool ...` read and feed a pool that a running
+// node holds open (Pebble allows one process per directory). It is served by
+// the gateway under /clawmesh/v1/pool/, on the same loopback listener and
+// behind the same bearer token.
+//
+//	GET  /clawmesh/v1/pool/stats                 Stats as JSON
+//	GET  /clawmesh/v1/pool/steps?session=&state=&since=&until=&after=&limit=
+//	                                             a JSON array of steps
+//	GET  /clawmesh/v1/pool/steps/{id}            one step
+//	GET  /clawmesh/v1/pool/export?<same filter>  JSONL, as `pool export`
+//	POST /clawmesh/v1/pool/import                JSONL body → ImportReport
+const adminPrefix = "/clawmesh/v1/pool/"
+
+func (n *Node) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+adminPrefix+"stats", func(w http.ResponseWriter, r *http.Request) {
+		st, err := n.pool.Stats(r.Context())
+		writeJSON(w, st, err)
+	})
+	mux.HandleFunc("GET "+adminPrefix+"steps", func(w http.ResponseWriter, r *http.Request) {
+		f, err := ParseFilter(r.URL.Query())
+		if err != nil {
+			writeErr(w, http.StatusBadRequest, err)
+			return
+		}
+		steps, err := n.pool.List(r.Context(), f)
+		writeJSON(w, steps, err)
+	})
+	mux.HandleFunc("GET "+adminPrefix+"steps/{id}", func(w http.ResponseWriter, r *http.Request) {
+		s, err := n.pool.Get(r.Context(), core.StepID(r.PathValue("id")))
+		writeJSON(w, s, err)
+	})
+	mux.HandleFunc("GET "+adminPrefix+"export", func(w http.ResponseWriter, r *http.Request) {
+		f, err := ParseFilter(r.URL.Query())
+		if err != nil {
+			writeErr(w, http.StatusBadRequest, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		bw := bufio.NewWriterSize(w, 64<<10)
+		if _, err := n.pool.Export(r.Context(), bw, f); err != nil {
+			// Headers are gone; a truncated body is all that can signal it.
+			n.log.Warn("export over http", "err", err)
+			return
+		}
+		bw.Flush()
+	})
+	mux.HandleFunc("POST "+adminPrefix+"import", func(w http.ResponseWriter, r *http.Request) {
+		rep, err := n.pool.Import(r.Context(), r.Body)
+		writeJSON(w, rep, err)
+	})
+	return mux
+}
+
+// ParseFilter reads a pool.Filter from query parameters: session, state
+// (open|closed|scored|batched|shipped|dropped), since and until (RFC 3339),
+// after (a step id cursor) and limit.
+func ParseFilter(q url.Values) (pool.Filter, error) {
+	var f pool.Filter
+	f.Session = core.SessionID(q.Get("session"))
+	f.After = core.StepID(q.Get("after"))
+	if s := q.Get("state"); s != "" {
+		st, err := core.ParseState(s)
+		if err != nil {
+			return f, err
+		}
+		f.State = st
+	}
+	for _, p := range []struct {
+		key string
+		dst *time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}} {
+		if s := q.Get(p.key); s != "" {
+			t, err := time.Parse(time.RFC3339, s)
+			if err != nil {
+				return f, fmt.Errorf("%s: want RFC 3339 time, got %q", p.key, s)
+			}
+			*p.dst = t
+		}
+	}
+	if s := q.Get("limit"); s != "" {
+		l, err := strconv.Atoi(s)
+		if err != nil || l < 0 {
+			return f, fmt.Errorf("limit: want a count, got %q", s)
+		}
+		f.Limit = l
+	}
+	return f, nil
+}
+
+// FilterQuery is the inverse of ParseFilter.
+func FilterQuery(f pool.Filter) url.Values {
+	q := url.Values{}
+	if f.Session != "" {
+		q.Set("session", string(f.Session))
+	}
+	if f.State != core.StateUnknown {
+		q.Set("state", f.State.String())
+	}
+	if !f.Since.IsZero() {
+		q.Set("since", f.Since.Format(time.RFC3339))
+	}
+	if !f.Until.IsZero() {
+		q.Set("until", f.Until.Format(time.RFC3339))
+	}
+	if f.After != "" {
+		q.Set("after", string(f.After))
+	}
+	if f.Limit > 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	return q
+}
+
+func writeJSON(w http.ResponseWriter, v any, err error) {
+	if err != nil {
+		code := http.StatusInternalServerError
+		if errors.Is(err, pool.ErrNotFound) {
+			code = http.StatusNotFound
+		}
+		writeErr(w, code, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, code int, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"message": err.Error(), "type": "clawmesh_error"}})
+}
+
+// Client reads a running node's pool over its admin API.
+type Client struct {
+	Base  string // e.g. http://127.0.0.1:8400
+	Token string
+	HTTP  *http.Client
+}
+
+// ErrRemote wraps an error the node answered with.
+var ErrRemote = errors.New("node: remote")
+
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, body io.Reader) (*http.Response, error) {
+	u := strings.TrimSuffix(c.Base, "/") + adminPrefix + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		var e struct {
+			Error struct{ Message string } `json:"error"`
+		}
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		msg := strings.TrimSpace(string(raw))
+		if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
+			msg = e.Error.Message
+		}
+		if resp.StatusCode == http.StatusNotFound && strings.Contains(msg, "not found") {
+			return nil, fmt.Errorf("%w: %w: %s", ErrRemote, pool.ErrNotFound, msg)
+		}
+		return nil, fmt.Errorf("%w: %s: %s", ErrRemote, resp.Status, msg)
+	}
+	return resp, nil
+}
+
+func (c *Client) getJSON(ctx context.Context, path string, q url.Values, v any) error {
+	resp, err := c.do(ctx, http.MethodGet, path, q, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// Stats returns the node's pool statistics.
+func (c *Client) Stats(ctx context.Context) (pool.Stats, error) {
+	var st pool.Stats
+	err := c.getJSON(ctx, "stats", nil, &st)
+	return st, err
+}
+
+// List returns the steps matching f.
+func (c *Client) List(ctx context.Context, f pool.Filter) ([]*core.Step, error) {
+	var steps []*core.Step
+	err := c.getJSON(ctx, "steps", FilterQuery(f), &steps)
+	return steps, err
+}
+
+// Get returns one step.
+func (c *Client) Get(ctx context.Context, id core.StepID) (*core.Step, error) {
+	var s core.Step
+	if err := c.getJSON(ctx, "steps/"+url.PathEscape(string(id)), nil, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Export copies the node's JSONL export of f to w.
+func (c *Client) Export(ctx context.Context, w io.Writer, f pool.Filter) (int, error) {
+	resp, err := c.do(ctx, http.MethodGet, "export", FilterQuery(f), nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	cw := &lineCounter{w: w}
+	_, err = io.Copy(cw, resp.Body)
+	return cw.lines, err
+}
+
+// Import sends JSONL to the node's pool.
+func (c *Client) Import(ctx context.Context, r io.Reader) (pool.ImportReport, error) {
+	var rep pool.ImportReport
+	resp, err := c.do(ctx, http.MethodPost, "import", nil, r)
+	if err != nil {
+		return rep, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&rep)
+	return rep, err
+}
+
+type lineCounter struct {
+	w     io.Writer
+	lines int
+}
+
+func (l *lineCounter) Write(p []byte) (int, error) {
+	for _, b := range p {
+		if b == '\n' {
+			l.lines++
+		}
+	}
+	return l.w.Write(p)
+}

@@ -1,0 +1,91 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/pool"
+)
+
+// FeedbackRequest is the body of POST /clawmesh/v1/feedback. StepID names
+// the step; without it the session's latest completed main step is meant.
+// At least one of Score and Text is required.
+type FeedbackRequest struct {
+	SessionID string   `json:"session_id,omitempty"`
+	StepID    string   `json:"step_id,omitempty"`
+	Score     *float64 `json:"score,omitempty"` // in [-1, 1]
+	Text      string   `json:"text,omitempty"`
+}
+
+var errSessionMismatch = errors.New("gateway: step belongs to another session")
+
+// ParseFeedback decodes and checks a feedback body.
+func ParseFeedback(b []byte) (FeedbackRequest, error) {
+	var f FeedbackRequest
+	if err := json.Unmarshal(b, &f); err != nil {
+		return f, err
+	}
+	if f.SessionID == "" && f.StepID == "" {
+		return f, errors.New("session_id or step_id is required")
+	}
+	if f.Score == nil && f.Text == "" {
+		return f, errors.New("score or text is required")
+	}
+	if f.Score != nil && (math.IsNaN(*f.Score) || *f.Score < -1 || *f.Score > 1) {
+		return f, errors.New("score must be in [-1, 1]")
+	}
+	return f, nil
+}
+
+// feedback appends explicit feedback to a step.
+func (g *Gateway) feedback(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, false, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST")
+		return
+	}
+	b, err := readAll(r.Body)
+	if err != nil {
+		writeError(w, false, http.StatusRequestEntityTooLarge, "request_too_large", "request_too_large", "request body too large")
+		return
+	}
+	f, err := ParseFeedback(b)
+	if err != nil {
+		writeError(w, false, http.StatusBadRequest, "invalid_request_error", "invalid_feedback", err.Error())
+		return
+	}
+	id := core.StepID(f.StepID)
+	if id == "" {
+		g.mu.Lock()
+		id = g.tr.Last(core.SessionID(f.SessionID))
+		g.mu.Unlock()
+		if id == "" {
+			writeError(w, false, http.StatusNotFound, "not_found_error", "unknown_session", "no completed step in session "+f.SessionID)
+			return
+		}
+	}
+	fb := core.Feedback{Score: f.Score, Text: f.Text, At: g.cfg.Now()}
+	err = g.cfg.Store.Update(r.Context(), id, func(s *core.Step) error {
+		if f.SessionID != "" && s.SessionID != core.SessionID(f.SessionID) {
+			return errSessionMismatch
+		}
+		s.Feedback = append(s.Feedback, fb)
+		return nil
+	})
+	switch {
+	case errors.Is(err, pool.ErrNotFound), errors.Is(err, errSessionMismatch):
+		writeError(w, false, http.StatusNotFound, "not_found_error", "unknown_step", "no step "+string(id)+" in that session")
+		return
+	case err != nil:
+		g.log.Error("recording feedback failed", "step", id, "err", err)
+		writeError(w, false, http.StatusInternalServerError, "api_error", "store_failed", "feedback not stored")
+		return
+	}
+	out, _ := json.Marshal(map[string]core.StepID{"step_id": id})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(out)
+}

@@ -1,0 +1,335 @@
+// Package gateway owns the node's recording LLM proxy: the OpenAI- and
+// Anthropic-compatible HTTP endpoint an agent points its base URL at. Every
+// call is forwarded to the configured upstream, streamed back chunk by chunk
+// with no buffering, and recorded as a core.Step in a Store; calls are tied
+// into sessions and chains by node/session, whose closures (next states) the
+// gateway writes back to the Store.
+//
+// Wire formats (SSE framing, the three APIs' JSON) live in the sse and wire
+// sub-packages; this package adds HTTP, identity, safety and recording.
+//
+// Recording never breaks the agent: if the Store fails, the client's response
+// still completes, the error is logged and counted (Stats.RecordFailures).
+// When the Store works, a step is on disk before the client's response
+// completes: the terminal event of a stream ([DONE], message_stop,
+// response.completed) and the whole body of a non-streaming reply are held
+// back until Store.Put has returned.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node/gateway/wire"
+	"github.com/clawmesh/clawmesh/node/session"
+)
+
+// Store is where steps are recorded. *pool.Pool satisfies it. Put must be
+// durable when it returns. Update must report an unknown id with an error
+// wrapping pool.ErrNotFound for the feedback endpoint to answer 404.
+type Store interface {
+	Put(ctx context.Context, s *core.Step) error
+	Update(ctx context.Context, id core.StepID, fn func(*core.Step) error) error
+}
+
+// AdapterHeader is the response header in which an upstream such as
+// `clawmesh serve` names the adapter version that served a call; the gateway
+// records it as the step's adapter.
+const AdapterHeader = "X-Clawmesh-Adapter"
+
+// Errors returned by New.
+var (
+	ErrConfig = errors.New("gateway: invalid config")
+)
+
+// Config configures a Gateway. The zero value of every field but Upstream
+// and Store means its default.
+type Config struct {
+	// Upstream is the upstream base URL including /v1, e.g.
+	// http://127.0.0.1:11434/v1 (required).
+	Upstream string
+	// Caps says what the upstream can give (logprobs, token ids); the
+	// gateway asks for them and strips them from what the client did not
+	// ask for.
+	Caps wire.Caps
+	// Token, if set, must be presented by clients as
+	// "Authorization: Bearer <Token>" or "x-api-key: <Token>"; the header
+	// that carried it is not forwarded upstream. If empty, the client's own
+	// Authorization is forwarded upstream unchanged.
+	Token string
+	// UpstreamToken, if set, replaces the Authorization sent upstream
+	// ("Bearer <UpstreamToken>").
+	UpstreamToken string
+	// MaxBodyBytes bounds the bodies of API calls and feedback (default 32
+	// MiB); larger → 413. The admin API (pool import) streams and is not bound.
+	MaxBodyBytes int64
+	// ReadHeaderTimeout bounds reading request headers (default 10s).
+	ReadHeaderTimeout time.Duration
+	// StreamIdleTimeout cuts an upstream reply silent this long (default
+	// 5m). Replies that keep flowing are never cut: there is no overall
+	// deadline.
+	StreamIdleTimeout time.Duration
+	// ReplyTimeout bounds a non-streaming call (default 30m): its upstream
+	// is silent until the whole reply is ready, which for a long generation
+	// on a slow local model takes longer than StreamIdleTimeout.
+	ReplyTimeout time.Duration
+	// ShutdownTimeout is how long in-flight requests may run once Run's
+	// context is done (default 60s); after it they are cut.
+	ShutdownTimeout time.Duration
+	// Store records steps (required).
+	Store Store
+	// Sessions configures the session tracker.
+	Sessions session.Options
+	// Adapter returns the adapter version serving now, recorded per step
+	// (nil: none).
+	Adapter func() string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// NewID makes step ids (default: time-sortable ids, 48-bit
+	// milliseconds then 80 random bits, base32).
+	NewID func() core.StepID
+	// Logger receives the gateway's logs (nil: discarded).
+	Logger *slog.Logger
+	// Transport carries upstream requests (default: a keep-alive transport
+	// with many idle connections per host and no compression negotiation).
+	Transport http.RoundTripper
+	// Admin, if set, serves /clawmesh/v1/* paths other than feedback.
+	Admin http.Handler
+	// TickInterval is how often Run lets idle chains time out (default 30s).
+	TickInterval time.Duration
+}
+
+const (
+	defaultMaxBody      = 32 << 20
+	maxEventBytes       = 64 << 20
+	maxUpstreamBody     = 1 << 30
+	defaultTickInterval = 30 * time.Second
+)
+
+func (c *Config) validate() error {
+	if c.Upstream == "" {
+		return fmt.Errorf("%w: Upstream is required", ErrConfig)
+	}
+	u, err := url.Parse(c.Upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%w: Upstream %q is not an http(s) URL", ErrConfig, c.Upstream)
+	}
+	if c.Store == nil {
+		return fmt.Errorf("%w: Store is required", ErrConfig)
+	}
+	for name, d := range map[string]time.Duration{"ReadHeaderTimeout": c.ReadHeaderTimeout, "StreamIdleTimeout": c.StreamIdleTimeout, "ReplyTimeout": c.ReplyTimeout,
+		"ShutdownTimeout": c.ShutdownTimeout, "TickInterval": c.TickInterval} {
+		if d < 0 {
+			return fmt.Errorf("%w: %s is negative", ErrConfig, name)
+		}
+	}
+	if c.MaxBodyBytes < 0 {
+		return fmt.Errorf("%w: MaxBodyBytes is negative", ErrConfig)
+	}
+	return nil
+}
+
+// Stats are the gateway's counters since New.
+type Stats struct {
+	Requests           uint64 // requests served (all routes)
+	Recorded           uint64 // steps put to the Store
+	RecordFailures     uint64 // Store.Put or closure updates that failed
+	UpstreamFailures   uint64 // upstream unreachable, timed out or cut
+	ClientDisconnected uint64 // recorded calls the client abandoned
+}
+
+// Gateway is the recording proxy. It is an http.Handler; Run serves it.
+type Gateway struct {
+	cfg      Config
+	upstream string // without trailing slash
+	log      *slog.Logger
+	client   *http.Client
+
+	mu sync.Mutex // guards tr
+	tr *session.Tracker
+
+	wg sync.WaitGroup // handlers and closure writers in flight
+
+	requests, recorded, recordFailures, upstreamFailures, disconnected atomic.Uint64
+}
+
+// New validates cfg, fills in defaults and returns a Gateway.
+func New(cfg Config) (*Gateway, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = defaultMaxBody
+	}
+	if cfg.ReadHeaderTimeout == 0 {
+		cfg.ReadHeaderTimeout = 10 * time.Second
+	}
+	if cfg.StreamIdleTimeout == 0 {
+		cfg.StreamIdleTimeout = 5 * time.Minute
+	}
+	if cfg.ReplyTimeout == 0 {
+		cfg.ReplyTimeout = 30 * time.Minute
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 60 * time.Second
+	}
+	if cfg.TickInterval == 0 {
+		cfg.TickInterval = defaultTickInterval
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.NewID == nil {
+		now := cfg.Now
+		cfg.NewID = func() core.StepID { return NewStepID(now()) }
+	}
+	if cfg.Adapter == nil {
+		cfg.Adapter = func() string { return "" }
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = DefaultTransport()
+	}
+	tr, err := session.New(cfg.Sessions)
+	if err != nil {
+		return nil, fmt.Errorf("%w: sessions: %w", ErrConfig, err)
+	}
+	return &Gateway{
+		cfg:      cfg,
+		upstream: strings.TrimRight(cfg.Upstream, "/"),
+		log:      cfg.Logger.With("component", "gateway"),
+		client:   &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		tr:       tr,
+	}, nil
+}
+
+// DefaultTransport is the upstream transport used when Config.Transport is
+// nil: keep-alives, many idle connections per host, no proxy from the
+// environment and no transparent compression (the gateway must see the
+// upstream's bytes as they are).
+func DefaultTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        512,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   true,
+	}
+}
+
+// Stats returns the gateway's counters.
+func (g *Gateway) Stats() Stats {
+	return Stats{
+		Requests:           g.requests.Load(),
+		Recorded:           g.recorded.Load(),
+		RecordFailures:     g.recordFailures.Load(),
+		UpstreamFailures:   g.upstreamFailures.Load(),
+		ClientDisconnected: g.disconnected.Load(),
+	}
+}
+
+var idEncoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
+
+// NewStepID returns a time-sortable unique id: 48 bits of Unix milliseconds
+// then 80 bits from crypto/rand, in lower-case Crockford base32 (26
+// characters). Ids made in a later millisecond sort after earlier ones.
+func NewStepID(now time.Time) core.StepID {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
+	rand.Read(b[6:])
+	return core.StepID(idEncoding.EncodeToString(b[:]))
+}
+
+// Run serves on ln until ctx is done. Then it stops accepting, lets
+// in-flight requests and streams finish (up to ShutdownTimeout, then cuts
+// them), closes every open chain without a next state (the tracker lives in
+// memory and would forget them), writes those closures and returns.
+func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           g,
+		ReadHeaderTimeout: g.cfg.ReadHeaderTimeout,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+
+	tick := time.NewTicker(g.cfg.TickInterval)
+	defer tick.Stop()
+	var serveErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-tick.C:
+			g.Tick(context.WithoutCancel(ctx))
+		case err := <-errc:
+			serveErr = err
+			break loop
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		g.log.Warn("shutdown timed out; cutting in-flight requests", "err", err)
+		srv.Close()
+	}
+	g.wg.Wait()
+	// Every chain still open ends here: far enough in the future, every
+	// chain is idle.
+	g.mu.Lock()
+	cl := g.tr.Tick(g.cfg.Now().Add(100 * 365 * 24 * time.Hour))
+	g.mu.Unlock()
+	g.applyClosures(context.WithoutCancel(ctx), cl)
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return serveErr
+	}
+	return nil
+}
+
+// Tick lets idle chains time out now and writes their closures. Run calls it
+// every TickInterval.
+func (g *Gateway) Tick(ctx context.Context) {
+	g.mu.Lock()
+	cl := g.tr.Tick(g.cfg.Now())
+	g.mu.Unlock()
+	g.applyClosures(ctx, cl)
+}
+
+// applyClosures writes closures to the Store: the next state, and State
+// closed if the step is still open.
+func (g *Gateway) applyClosures(ctx context.Context, cl []session.Closure) {
+	for _, c := range cl {
+		ns := c.NextState
+		err := g.cfg.Store.Update(ctx, c.StepID, func(s *core.Step) error {
+			if s.State != core.StateOpen {
+				return nil
+			}
+			s.NextState = ns
+			s.State = core.StateClosed
+			return nil
+		})
+		if err != nil {
+			g.recordFailures.Add(1)
+			g.log.Error("recording a closure failed", "step", c.StepID, "err", err)
+		}
+	}
+}

@@ -1,0 +1,583 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
+	"github.com/clawmesh/clawmesh/node/gateway/wire"
+	"github.com/clawmesh/clawmesh/pool"
+)
+
+func wireCaps(lp, ids bool) wire.Caps { return wire.Caps{Logprobs: lp, TokenIDs: ids} }
+
+const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello"}]}`
+
+func TestNewValidates(t *testing.T) {
+	for _, cfg := range []Config{
+		{Store: newMemStore()},
+		{Upstream: "ftp://x/v1", Store: newMemStore()},
+		{Upstream: "http://127.0.0.1:1/v1"},
+		{Upstream: "http://127.0.0.1:1/v1", Store: newMemStore(), MaxBodyBytes: -1},
+		{Upstream: "http://127.0.0.1:1/v1", Store: newMemStore(), StreamIdleTimeout: -time.Second},
+	} {
+		if _, err := New(cfg); !errors.Is(err, ErrConfig) {
+			t.Errorf("New(%+v) = %v, want ErrConfig", cfg, err)
+		}
+	}
+}
+
+func TestStepIDSortable(t *testing.T) {
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	a, b, c := NewStepID(t0), NewStepID(t0), NewStepID(t0.Add(time.Millisecond))
+	if a == b || len(a) != 26 {
+		t.Fatalf("ids %q %q", a, b)
+	}
+	if !(a < c && b < c) {
+		t.Errorf("ids not time-sortable: %q %q %q", a, b, c)
+	}
+}
+
+func TestTraceID(t *testing.T) {
+	for in, want := range map[string]string{
+		"00-1be91ccc5596bc8940990b686d426835-ea328bf9640005df-01":       "1be91ccc5596bc8940990b686d426835",
+		"00-00000000000000000000000000000000-ea328bf9640005df-01":       "",
+		"00-1BE91CCC5596BC8940990B686D426835-ea328bf9640005df-01":       "",
+		"00-1be91ccc5596bc8940990b686d426835-ea328bf9640005df":          "",
+		"01-1be91ccc5596bc8940990b686d426835-ea328bf9640005df-01-extra": "1be91ccc5596bc8940990b686d426835",
+		"": "",
+	} {
+		if got := traceID(in); got != want {
+			t.Errorf("traceID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestSessionIdentity: path beats header beats body; X-Session-* headers
+// are stripped before forwarding; side turns and trace ids are recorded.
+func TestSessionIdentity(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{}, nil)
+	body := `{"model":"m","user":"body-user","messages":[{"role":"user","content":"hello"}]}`
+	cases := []struct {
+		path    string
+		hdr     map[string]string
+		session core.SessionID
+		turn    core.TurnType
+	}{
+		{"/s/pathsess/v1/chat/completions", map[string]string{"X-Session-Id": "hdr"}, "pathsess", core.TurnMain},
+		{"/v1/chat/completions", map[string]string{"X-Session-Id": "hdr", "X-Turn-Type": "side"}, "hdr", core.TurnSide},
+		{"/v1/chat/completions", nil, "body-user", core.TurnMain},
+	}
+	for i, c := range cases {
+		hdr := map[string]string{"Traceparent": "00-1be91ccc5596bc8940990b686d426835-ea328bf9640005df-01"}
+		for k, v := range c.hdr {
+			hdr[k] = v
+		}
+		st, _, b := post(t, e.url+c.path, body, hdr)
+		if st != 200 {
+			t.Fatalf("case %d: %d %s", i, st, b)
+		}
+		up := lastRequest(t, e.up)
+		if up.Path != "/v1/chat/completions" || up.Header.Get("X-Session-Id") != "" || up.Header.Get("X-Turn-Type") != "" {
+			t.Errorf("case %d: forwarded %s with headers %v", i, up.Path, up.Header)
+		}
+		steps := e.mem.all(t)
+		s := steps[len(steps)-1]
+		if s.SessionID != c.session || s.Turn != c.turn || s.TraceID != "1be91ccc5596bc8940990b686d426835" {
+			t.Errorf("case %d: session %q turn %q trace %q", i, s.SessionID, s.Turn, s.TraceID)
+		}
+	}
+	// The body's fields, most reliable first: metadata.user_id,
+	// prompt_cache_key, user.
+	for i, c := range []struct{ body, want string }{
+		{`{"model":"m","metadata":{"user_id":"meta"},"prompt_cache_key":"pck","user":"u","messages":[{"role":"user","content":"a"}]}`, "meta"},
+		{`{"model":"m","prompt_cache_key":"pck","user":"u","messages":[{"role":"user","content":"b"}]}`, "pck"},
+		{`{"model":"m","metadata":{"user_id":7},"user":"u","messages":[{"role":"user","content":"c"}]}`, "u"},
+	} {
+		if st, _, b := post(t, e.url+"/v1/chat/completions", c.body, nil); st != 200 {
+			t.Fatalf("body case %d: %d %s", i, st, b)
+		}
+		steps := e.mem.all(t)
+		if got := steps[len(steps)-1].SessionID; got != core.SessionID(c.want) {
+			t.Errorf("body case %d: session %q, want %q", i, got, c.want)
+		}
+	}
+	if st, _, _ := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"X-Turn-Type": "sideways"}); st != 400 {
+		t.Errorf("bad X-Turn-Type: %d", st)
+	}
+	if st, _, _ := post(t, e.url+"/v1/chat/completions", `{"messages":`, nil); st != 400 {
+		t.Errorf("bad JSON: %d", st)
+	}
+}
+
+// TestSideTurnNoNextState: a side turn in the middle of a session is
+// recorded but does not become the main step's next state.
+func TestSideTurnNoNextState(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "first"}, {Text: "HEARTBEAT_OK"}, {Text: "second"}}}, nil)
+	h := map[string]string{"X-Session-Id": "s1"}
+	post(t, e.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"}]}`, h)
+	post(t, e.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"first"},{"role":"user","content":"heartbeat"}]}`,
+		map[string]string{"X-Session-Id": "s1", "X-Turn-Type": "side"})
+	post(t, e.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"first"},{"role":"user","content":"b"}]}`, h)
+	steps := e.mem.all(t)
+	if len(steps) != 3 {
+		t.Fatalf("%d steps", len(steps))
+	}
+	if ns := steps[0].NextState; ns == nil || len(ns.Messages) != 1 || ns.Messages[0].Content != "b" || ns.StepID != steps[2].ID {
+		t.Errorf("main step next state %+v, want the user's b from step 3", ns)
+	}
+	if steps[1].Turn != core.TurnSide || steps[1].SessionID != "s1" {
+		t.Errorf("side step %+v", steps[1])
+	}
+}
+
+// TestSessionDone: X-Session-Done on a call supplies the previous step's
+// next state and ends the chain, so the call's own step is closed with none.
+func TestSessionDone(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "first"}, {Text: "bye"}}}, nil)
+	post(t, e.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"}]}`, map[string]string{"X-Session-Id": "d1"})
+	if st, _, b := post(t, e.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"first"},{"role":"user","content":"thanks"}]}`,
+		map[string]string{"X-Session-Id": "d1", "X-Session-Done": "true"}); st != 200 {
+		t.Fatalf("%d %s", st, b)
+	}
+	steps := e.mem.all(t)
+	if len(steps) != 2 {
+		t.Fatalf("%d steps", len(steps))
+	}
+	if ns := steps[0].NextState; steps[0].State != core.StateClosed || ns == nil || len(ns.Messages) != 1 || ns.Messages[0].Content != "thanks" {
+		t.Errorf("first step: state %s, next state %+v", steps[0].State, ns)
+	}
+	if steps[1].State != core.StateClosed || steps[1].NextState != nil {
+		t.Errorf("last step of a done session: state %s, next state %+v", steps[1].State, steps[1].NextState)
+	}
+	if st, _, _ := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Done": "maybe"}); st != 400 {
+		t.Errorf("bad X-Session-Done: %d", st)
+	}
+}
+
+func TestFeedback(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{}, nil)
+	post(t, e.url+"/s/fb/v1/chat/completions", chatBody, nil)
+	id := e.mem.all(t)[0].ID
+	fb := e.url + "/clawmesh/v1/feedback"
+
+	st, _, b := post(t, fb, `{"session_id":"fb","score":1,"text":"great"}`, nil)
+	var out struct {
+		StepID core.StepID `json:"step_id"`
+	}
+	if st != 200 || json.Unmarshal(b, &out) != nil || out.StepID != id {
+		t.Fatalf("feedback by session: %d %s (want step %s)", st, b, id)
+	}
+	if st, _, b := post(t, fb, `{"step_id":"`+string(id)+`","score":-0.5}`, nil); st != 200 {
+		t.Fatalf("feedback by step: %d %s", st, b)
+	}
+	s := e.mem.get(t, id)
+	if len(s.Feedback) != 2 || *s.Feedback[0].Score != 1 || s.Feedback[0].Text != "great" || *s.Feedback[1].Score != -0.5 || s.Feedback[1].At.IsZero() {
+		t.Errorf("feedback recorded %+v", s.Feedback)
+	}
+	for body, want := range map[string]int{
+		`{"session_id":"fb","score":2}`:     400,
+		`{"session_id":"fb"}`:               400,
+		`{"score":1}`:                       400,
+		`not json`:                          400,
+		`{"session_id":"nobody","score":1}`: 404,
+		`{"step_id":"nope","score":1}`:      404,
+		`{"session_id":"other","step_id":"` + string(id) + `","score":1}`: 404,
+	} {
+		if st, _, b := post(t, fb, body, nil); st != want {
+			t.Errorf("%s: %d %s, want %d", body, st, b, want)
+		}
+	}
+}
+
+// TestDisconnectCancelsUpstream: a client that goes away mid-stream cancels
+// the upstream call, and the partial step is recorded.
+func TestDisconnectCancelsUpstream(t *testing.T) {
+	hold := make(chan struct{}) // never released: only the disconnect ends the stream
+	e := newEnv(t, fakeupstream.Script{Chunks: 4, Hold: hold, Turns: []fakeupstream.Turn{{Text: "abcdefgh", HoldAfter: 1}}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(resp.Body)
+	for i := 0; i < 2; i++ { // role chunk, first text chunk
+		if _, err := rd.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		rd.ReadString('\n')
+	}
+	cancel()
+	resp.Body.Close()
+	eventually(t, "upstream cancel", func() bool { return e.up.Canceled() == 1 })
+	eventually(t, "partial step", func() bool { return len(e.mem.all(t)) == 1 })
+	s := e.mem.all(t)[0]
+	if !s.ClientDisconnected || s.State != core.StateClosed || s.Action().Content != "ab" {
+		t.Errorf("disconnected step: disconnected %v state %v action %+v", s.ClientDisconnected, s.State, s.Action())
+	}
+	if e.gw.Stats().ClientDisconnected != 1 {
+		t.Errorf("stats %+v", e.gw.Stats())
+	}
+}
+
+func TestUpstreamDown(t *testing.T) {
+	ln := listen(t)
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) { c.Upstream = dead + "/v1" })
+	st, h, b := post(t, e.url+"/v1/chat/completions", chatBody, nil)
+	var oe struct {
+		Error struct {
+			Message, Type string
+		} `json:"error"`
+	}
+	if st != 502 || !strings.HasPrefix(h.Get("Content-Type"), "application/json") || json.Unmarshal(b, &oe) != nil || oe.Error.Message == "" {
+		t.Errorf("chat: %d %s", st, b)
+	}
+	st, _, b = post(t, e.url+"/v1/messages", `{"model":"c","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	var ae struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type, Message string
+		} `json:"error"`
+	}
+	if st != 502 || json.Unmarshal(b, &ae) != nil || ae.Type != "error" || ae.Error.Type != "api_error" {
+		t.Errorf("messages: %d %s", st, b)
+	}
+	if st, _, _ := post(t, e.url+"/v1/embeddings", `{}`, nil); st != 502 {
+		t.Errorf("pass-through: %d", st)
+	}
+	steps := e.mem.all(t)
+	if len(steps) != 2 || steps[0].Response.Status != 502 || steps[0].Response.Error == nil || steps[0].State != core.StateClosed {
+		t.Errorf("recorded %d steps: %+v", len(steps), steps)
+	}
+}
+
+// TestUpstreamErrors: a non-2xx reply is forwarded verbatim and recorded;
+// a mid-stream error is forwarded and recorded.
+func TestUpstreamErrors(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{
+		{Status: 429, ErrorBody: `{"error":{"message":"slow down","type":"rate_limit","code":"rate_limit"}}`},
+		{Text: "abcdef", StreamErrorAfter: 2},
+		{Text: "abcdef", StreamErrorAfter: 2, DoneAfterError: true},
+	}}, nil)
+	st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, nil)
+	if st != 429 || string(b) != `{"error":{"message":"slow down","type":"rate_limit","code":"rate_limit"}}` {
+		t.Errorf("429 not forwarded verbatim: %d %s", st, b)
+	}
+	st, _, b = post(t, e.url+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
+	if st != 200 || !strings.Contains(string(b), "scripted mid-stream failure") {
+		t.Errorf("mid-stream error not forwarded: %s", b)
+	}
+	// vLLM's [DONE] after the error reaches the client too.
+	st, _, b = post(t, e.url+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"y"}]}`, nil)
+	if st != 200 || !strings.Contains(string(b), "scripted mid-stream failure") || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+		t.Errorf("error then [DONE] not forwarded: %q", b)
+	}
+	steps := e.mem.all(t)
+	if len(steps) != 3 {
+		t.Fatalf("%d steps", len(steps))
+	}
+	if steps[0].Response.Status != 429 || steps[0].Response.Error == nil || steps[0].State != core.StateClosed {
+		t.Errorf("429 step %+v", steps[0].Response)
+	}
+	if steps[1].Response.Error == nil || steps[1].Action().Content != "abcd" {
+		t.Errorf("mid-stream error step %+v", steps[1].Response)
+	}
+}
+
+func TestSafety(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Token = "gw-secret"
+		c.UpstreamToken = "up-secret"
+		c.MaxBodyBytes = 1000
+		// The admin API (a pool import) streams bodies of any size.
+		c.Admin = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n, err := io.Copy(io.Discard, r.Body)
+			fmt.Fprintf(w, "%d %v", n, err)
+		})
+	})
+	u := e.url + "/v1/chat/completions"
+	if st, _, b := post(t, e.url+"/clawmesh/v1/pool/import", strings.Repeat("x", 5000), map[string]string{"Authorization": "Bearer gw-secret"}); st != 200 || string(b) != "5000 <nil>" {
+		t.Errorf("admin body over MaxBodyBytes: %d %s", st, b)
+	}
+	if st, _, _ := post(t, e.url+"/clawmesh/v1/pool/import", "x", nil); st != 401 {
+		t.Errorf("admin without token: %d", st)
+	}
+	if st, _, _ := post(t, u, chatBody, nil); st != 401 {
+		t.Errorf("no token: %d", st)
+	}
+	if st, _, _ := post(t, u, chatBody, map[string]string{"Authorization": "Bearer wrong"}); st != 401 {
+		t.Errorf("wrong token: %d", st)
+	}
+	if st, _, b := post(t, u, chatBody, map[string]string{"Authorization": "Bearer gw-secret"}); st != 200 {
+		t.Errorf("right token: %d %s", st, b)
+	}
+	if a := lastRequest(t, e.up).Header.Get("Authorization"); a != "Bearer up-secret" {
+		t.Errorf("upstream Authorization %q", a)
+	}
+	if st, _, b := post(t, e.url+"/v1/messages", `{"model":"c","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, map[string]string{"X-Api-Key": "gw-secret"}); st != 200 {
+		t.Errorf("x-api-key: %d %s", st, b)
+	}
+	if k := lastRequest(t, e.up).Header.Get("X-Api-Key"); k != "" {
+		t.Errorf("gateway token leaked upstream as x-api-key %q", k)
+	}
+	auth := map[string]string{"Authorization": "Bearer gw-secret"}
+	big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`
+	st, _, b := post(t, u, big, auth)
+	var oe struct {
+		Error struct{ Message string } `json:"error"`
+	}
+	if st != 413 || json.Unmarshal(b, &oe) != nil || oe.Error.Message == "" {
+		t.Errorf("big body: %d %s", st, b)
+	}
+	// Chunked (no Content-Length) big body.
+	req, _ := http.NewRequest(http.MethodPost, u, io.MultiReader(strings.NewReader(big)))
+	req.Header.Set("Authorization", "Bearer gw-secret")
+	req.ContentLength = -1
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 413 {
+		t.Errorf("chunked big body: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	for _, h := range []map[string]string{
+		{"Origin": "http://evil.example"},
+		{"Origin": "http://localhost:1"},
+		{"Sec-Fetch-Site": "cross-site"},
+	} {
+		h["Authorization"] = "Bearer gw-secret"
+		if st, _, _ := post(t, u, chatBody, h); st != 403 {
+			t.Errorf("%v: %d", h, st)
+		}
+	}
+	if st, _, b := post(t, u, chatBody, map[string]string{"Authorization": "Bearer gw-secret", "Origin": e.url}); st != 200 {
+		t.Errorf("same origin: %d %s", st, b)
+	}
+	req, _ = http.NewRequest(http.MethodOptions, u, nil)
+	req.Header.Set("Origin", "http://evil.example")
+	req.Header.Set("Access-Control-Request-Method", "POST")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 403 || resp.Header.Get("Access-Control-Allow-Origin") != "" {
+		t.Errorf("preflight: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if st, _, _ := post(t, e.url+"/v2/chat/completions", chatBody, auth); st != 404 {
+		t.Errorf("unknown route: %d", st)
+	}
+}
+
+func TestPassThroughModels(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{Model: "tiny"}, nil)
+	get := func(base string) (int, []byte) {
+		resp, err := http.Get(base + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	s1, b1 := get(e.url)
+	s2, b2 := get(e.directURL)
+	if s1 != 200 || s1 != s2 || string(b1) != string(b2) {
+		t.Errorf("models: %d %s vs %d %s", s1, b1, s2, b2)
+	}
+	if len(e.mem.all(t)) != 0 {
+		t.Errorf("pass-through was recorded")
+	}
+	req, _ := http.NewRequest(http.MethodGet, e.url+"/s/x/v1/models?limit=2", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if up := lastRequest(t, e.up); resp.StatusCode != 200 || up.Path != "/v1/models" {
+		t.Errorf("session-prefixed models: %d %s", resp.StatusCode, up.Path)
+	}
+}
+
+func TestAdminMount(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Admin = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "admin:"+r.URL.Path) })
+	})
+	resp, err := http.Get(e.url + "/clawmesh/v1/pool/export")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "admin:/clawmesh/v1/pool/export" {
+		t.Errorf("admin got %q", b)
+	}
+}
+
+// TestRecordFailureDoesNotBreakAgent: a Store that fails still lets the
+// client's call complete; the failure is counted.
+func TestRecordFailureDoesNotBreakAgent(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{}, nil)
+	e.mem.mu.Lock()
+	e.mem.fail = errors.New("disk full")
+	e.mem.mu.Unlock()
+	st, _, b := post(t, e.url+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
+	if st != 200 || !strings.Contains(string(b), "data: [DONE]") {
+		t.Errorf("stream with failing store: %d %s", st, b)
+	}
+	if s := e.gw.Stats(); s.RecordFailures != 1 || s.Recorded != 0 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// TestGracefulShutdown: cancelling Run's context while a stream is in
+// flight lets it finish, records it, then Run returns.
+func TestGracefulShutdown(t *testing.T) {
+	hold := make(chan struct{})
+	e := newEnv(t, fakeupstream.Script{Chunks: 4, Hold: hold, Turns: []fakeupstream.Turn{{Text: "abcdefgh", HoldAfter: 2}}}, nil)
+	resp, err := http.Post(e.url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if _, err := rd.ReadString('\n'); err != nil { // the stream is under way
+		t.Fatal(err)
+	}
+	e.stop() // SIGTERM
+	// New connections are refused once shutdown began.
+	eventually(t, "listener closed", func() bool {
+		c, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	select {
+	case err := <-e.done:
+		t.Fatalf("Run returned (%v) while a stream was in flight", err)
+	default:
+	}
+	close(hold)
+	rest, err := io.ReadAll(rd)
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("stream did not finish: %v %q", err, rest)
+	}
+	select {
+	case err := <-e.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		e.done <- nil // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after the stream finished")
+	}
+	steps := e.mem.all(t)
+	if len(steps) != 1 || steps[0].Action().Content != "abcdefgh" || steps[0].ClientDisconnected {
+		t.Fatalf("recorded %+v", steps)
+	}
+	// Run closed the chain still open at shutdown.
+	if steps[0].State != core.StateClosed || steps[0].NextState != nil {
+		t.Errorf("after shutdown: state %v next %+v", steps[0].State, steps[0].NextState)
+	}
+}
+
+// TestRealPool runs a chain against the Pebble pool on disk.
+func TestRealPool(t *testing.T) {
+	p, err := pool.Open(t.TempDir(), pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "one"}, {Text: "two"}}}, func(c *Config) { c.Store = p })
+	post(t, e.url+"/s/disk/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"a"}]}`, nil)
+	post(t, e.url+"/s/disk/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"one"},{"role":"user","content":"b"}]}`, nil)
+	if st, _, b := post(t, e.url+"/clawmesh/v1/feedback", `{"session_id":"disk","score":0.5}`, nil); st != 200 {
+		t.Fatalf("feedback: %d %s", st, b)
+	}
+	if st, _, _ := post(t, e.url+"/clawmesh/v1/feedback", `{"step_id":"unknown","score":0.5}`, nil); st != 404 {
+		t.Errorf("unknown step: %d", st)
+	}
+	steps, err := p.List(context.Background(), pool.Filter{Session: "disk"})
+	if err != nil || len(steps) != 2 {
+		t.Fatalf("list: %d %v", len(steps), err)
+	}
+	first, second := steps[0], steps[1]
+	if first.Action().Content != "one" || first.State != core.StateClosed || first.NextState == nil || first.NextState.Messages[0].Content != "b" {
+		t.Errorf("first step: %+v next %+v", first.State, first.NextState)
+	}
+	if second.ParentID != first.ID || len(second.Feedback) != 1 || *second.Feedback[0].Score != 0.5 {
+		t.Errorf("second step: parent %q feedback %+v", second.ParentID, second.Feedback)
+	}
+}
+
+// TestReplyTimeout: a non-streaming reply may be silent longer than
+// StreamIdleTimeout (the upstream is generating it whole) and is cut only
+// by ReplyTimeout.
+func TestReplyTimeout(t *testing.T) {
+	release := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		wait := release
+		if strings.Contains(string(body), "again") {
+			wait = nil // never released
+		}
+		select {
+		case <-wait:
+		case <-r.Context().Done():
+			return
+		case <-time.After(10 * time.Second):
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"done"},"finish_reason":"stop"}]}`)
+	}))
+	defer slow.Close()
+	edit := func(reply time.Duration) func(*Config) {
+		return func(c *Config) {
+			c.Upstream = slow.URL + "/v1"
+			c.StreamIdleTimeout = 50 * time.Millisecond
+			c.ReplyTimeout = reply
+		}
+	}
+	// Silent for several idle timeouts, then the reply: it arrives.
+	e := newEnv(t, fakeupstream.Script{}, edit(time.Minute))
+	go func() { time.Sleep(300 * time.Millisecond); close(release) }()
+	if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, nil); st != 200 || !strings.Contains(string(b), "done") {
+		t.Fatalf("slow non-streaming reply: %d %s", st, b)
+	}
+	// Silent past ReplyTimeout: 502, and the step says why.
+	e = newEnv(t, fakeupstream.Script{}, edit(100*time.Millisecond))
+	st, _, b := post(t, e.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"again"}]}`, nil)
+	if st != 502 || !strings.Contains(string(b), "sent nothing for 100ms") {
+		t.Fatalf("reply past ReplyTimeout: %d %s", st, b)
+	}
+}
+
+// TestSlowHeaders: a client that never finishes its headers (slowloris) is
+// cut off after ReadHeaderTimeout.
+func TestSlowHeaders(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) { c.ReadHeaderTimeout = 100 * time.Millisecond })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_, err = io.ReadAll(conn)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the gateway kept a connection with unfinished headers open")
+	}
+}

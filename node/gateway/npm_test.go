@@ -1,0 +1,63 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestNpmOpenAISDK streams a chat with tool calls through the gateway with
+// the openai npm SDK and checks it assembles the same reply as directly.
+func TestNpmOpenAISDK(t *testing.T) {
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not on PATH")
+	}
+	dir, err := filepath.Abs(filepath.Join("testdata", "npm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai")); err != nil {
+		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm ci: %v\n%s", err, out)
+		}
+	}
+	e := newEnv(t, agentScript, nil)
+	run := func(base string) map[string]any {
+		cmd := exec.CommandContext(ctx, "node", "stream_chat.mjs", base+"/v1")
+		cmd.Dir = dir
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("node: %v\n%s", err, out)
+		}
+		var v map[string]any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatalf("node printed %s: %v", out, err)
+		}
+		return v
+	}
+	viaGW, direct := run(e.url), run(e.directURL)
+	a, _ := json.Marshal(viaGW)
+	b, _ := json.Marshal(direct)
+	if string(a) != string(b) {
+		t.Fatalf("npm SDK saw different replies:\n gw     %s\n direct %s", a, b)
+	}
+	calls, _ := viaGW["tool_calls"].([]any)
+	if viaGW["content"] != "Let me check." || len(calls) != 2 || viaGW["finish_reason"] != "tool_calls" {
+		t.Errorf("npm SDK reply %s", a)
+	}
+	steps := e.mem.all(t)
+	if len(steps) != 1 || len(steps[0].Action().ToolCalls) != 2 || steps[0].Action().ToolCalls[0].Arguments != `{"command":"ls"}` {
+		t.Errorf("recorded %+v", steps)
+	}
+	if ua := lastRequest(t, e.up).Header.Get("User-Agent"); ua == "" {
+		t.Error("client headers not forwarded")
+	}
+}

@@ -1,0 +1,324 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node/gateway/sse"
+	"github.com/clawmesh/clawmesh/node/gateway/wire"
+	"github.com/clawmesh/clawmesh/node/session"
+)
+
+// errClientGone is the cancel cause when the client went away.
+var errClientGone = errors.New("gateway: client disconnected")
+
+// record forwards a chat completions, responses or messages call and
+// records it as a step.
+func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
+	anthropic := rt.api == core.APIMessages
+	start := g.cfg.Now()
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, anthropic, http.StatusRequestEntityTooLarge, "request_too_large", "request_too_large", "request body too large")
+			return
+		}
+		writeError(w, anthropic, http.StatusBadRequest, "invalid_request_error", "bad_request", "reading the request body: "+err.Error())
+		return
+	}
+	req, err := wire.ParseRequest(rt.api, body)
+	if err != nil {
+		writeError(w, anthropic, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
+		return
+	}
+	who, err := callIdentity(rt, r.Header, req)
+	if err != nil {
+		writeError(w, anthropic, http.StatusBadRequest, "invalid_request_error", "invalid_session_header",
+			"X-Turn-Type must be main or side, X-Session-Done true or false, X-Session-Id printable")
+		return
+	}
+
+	step := &core.Step{
+		ID:       g.cfg.NewID(),
+		Turn:     who.turn,
+		API:      rt.api,
+		State:    core.StateOpen,
+		Request:  req.Normalized,
+		Upstream: g.cfg.Upstream,
+		Model:    req.Model,
+		Adapter:  g.cfg.Adapter(),
+		TraceID:  who.trace,
+		Source:   "gateway",
+		Timings:  core.Timings{Start: start},
+	}
+	g.mu.Lock()
+	asg := g.tr.Begin(session.Call{Now: start, StepID: step.ID, Session: who.session, Source: who.source, Turn: who.turn,
+		Done: who.done, TraceID: who.trace, Messages: req.Normalized.Messages})
+	g.mu.Unlock()
+	step.SessionID, step.ChainID, step.ParentID = asg.Session, asg.Chain, asg.Parent
+
+	// Closures this call caused (the parent's next state) are written while
+	// the upstream works, and joined before the client's reply completes.
+	var closuresDone chan struct{}
+	storeCtx := context.WithoutCancel(r.Context())
+	if len(asg.Closures) > 0 {
+		closuresDone = make(chan struct{})
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			defer close(closuresDone)
+			g.applyClosures(storeCtx, asg.Closures)
+		}()
+	}
+	waitClosures := func() {
+		if closuresDone != nil {
+			<-closuresDone
+		}
+	}
+
+	upBody, err := wire.UpstreamBody(req, body, g.cfg.Caps)
+	if err != nil {
+		g.log.Warn("could not add fields to the upstream request; forwarding it unchanged", "err", err)
+		upBody = body
+	}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	silence := g.cfg.StreamIdleTimeout
+	if !req.Stream {
+		silence = g.cfg.ReplyTimeout
+	}
+	idle := newIdleTimer(silence, cancel)
+	defer idle.stop()
+	u := g.upstream + strings.TrimPrefix(rt.rest, "/v1")
+	if r.URL.RawQuery != "" {
+		u += "?" + r.URL.RawQuery
+	}
+	upReq, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(upBody))
+	if err != nil {
+		waitClosures()
+		writeError(w, anthropic, http.StatusBadRequest, "invalid_request_error", "bad_request", err.Error())
+		g.mu.Lock()
+		g.tr.Abort(step.ID)
+		g.mu.Unlock()
+		return
+	}
+	upReq.Header = g.upstreamHeader(r.Header, true)
+
+	resp, err := g.client.Do(upReq)
+	if err != nil {
+		waitClosures()
+		if r.Context().Err() != nil {
+			step.ClientDisconnected = true
+			g.commit(storeCtx, step, false)
+			return
+		}
+		g.upstreamFailures.Add(1)
+		msg := "upstream unreachable: " + err.Error()
+		if idle.fired.Load() {
+			msg = "upstream sent nothing for " + silence.String()
+		}
+		g.log.Warn("upstream call failed", "step", step.ID, "err", err)
+		step.Response = core.Response{Status: http.StatusBadGateway, Error: errorJSON("upstream_unreachable", msg)}
+		g.commit(storeCtx, step, false)
+		writeError(w, anthropic, http.StatusBadGateway, "api_error", "upstream_unreachable", msg)
+		return
+	}
+	defer resp.Body.Close()
+	// An upstream that names the adapter version that served the call
+	// (clawmesh serve) is more exact than the node's notion of it.
+	if v := resp.Header.Get(AdapterHeader); v != "" {
+		step.Adapter = v
+	}
+	br := &bodyReader{r: resp.Body, idle: idle, now: g.cfg.Now}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && resp.StatusCode/100 == 2 {
+		g.stream(w, r, req, step, resp, br, idle, cancel, waitClosures)
+		return
+	}
+
+	raw, err := readAll(br)
+	if !br.first.IsZero() {
+		step.Timings.TTFT = br.first.Sub(start)
+	}
+	if err != nil {
+		waitClosures()
+		if r.Context().Err() != nil {
+			step.ClientDisconnected = true
+			step.Response = core.Response{Status: resp.StatusCode}
+			g.commit(storeCtx, step, false)
+			return
+		}
+		g.upstreamFailures.Add(1)
+		msg := "upstream reply cut: " + err.Error()
+		step.Response = core.Response{Status: http.StatusBadGateway, Error: errorJSON("upstream_cut", msg)}
+		g.commit(storeCtx, step, false)
+		writeError(w, anthropic, http.StatusBadGateway, "api_error", "upstream_cut", msg)
+		return
+	}
+	cr, clientBody, err := wire.ParseResponse(req, resp.StatusCode, raw, g.cfg.Caps)
+	if err != nil {
+		g.log.Warn("could not parse the upstream reply; forwarding it unchanged", "step", step.ID, "status", resp.StatusCode, "err", err)
+	}
+	if clientBody == nil {
+		clientBody = raw
+	}
+	cr.Status = resp.StatusCode
+	if cr.Error == nil && resp.StatusCode/100 != 2 {
+		cr.Error = errorJSON("upstream_status", string(raw))
+	}
+	step.Response = cr
+	if cr.Model != "" {
+		step.Model = cr.Model
+	}
+	ok := resp.StatusCode/100 == 2 && cr.Error == nil && len(cr.Choices) > 0
+	if r.Context().Err() != nil {
+		step.ClientDisconnected = true
+		ok = false
+	}
+	waitClosures()
+	g.commit(storeCtx, step, ok)
+	if step.ClientDisconnected {
+		return
+	}
+	copyHeader(w.Header(), resp.Header)
+	w.Header().Set("Content-Length", itoa(len(clientBody)))
+	w.WriteHeader(resp.StatusCode)
+	w.Write(clientBody)
+}
+
+// stream relays an SSE reply event by event, flushing each at once. The
+// terminal event is held back until the step is recorded.
+func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Request, step *core.Step, resp *http.Response,
+	br *bodyReader, idle *idleTimer, cancel context.CancelCauseFunc, waitClosures func()) {
+	storeCtx := context.WithoutCancel(r.Context())
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
+	fw.write(nil)
+
+	rd := sse.NewReader(br, maxEventBytes)
+	st := wire.NewStream(req, g.cfg.Caps)
+	var tail []byte
+	var readErr error
+	for {
+		ev, err := rd.Next()
+		if err != nil {
+			if err != io.EOF {
+				readErr = err
+			}
+			break
+		}
+		out, err := st.Event(ev)
+		if err != nil {
+			g.log.Debug("upstream event not understood; forwarded as is", "step", step.ID, "err", err)
+			out = ev.Raw
+		}
+		if st.Done() {
+			tail = out
+			break
+		}
+		if out != nil && !fw.write(out) {
+			cancel(errClientGone)
+			break
+		}
+	}
+	if !br.first.IsZero() {
+		step.Timings.TTFT = br.first.Sub(step.Timings.Start)
+	}
+	cr := st.Response()
+	cr.Status = resp.StatusCode
+	if cr.Model != "" {
+		step.Model = cr.Model
+	}
+	if fw.err != nil || r.Context().Err() != nil {
+		step.ClientDisconnected = true
+	} else if readErr != nil || !st.Done() {
+		g.upstreamFailures.Add(1)
+		msg := "upstream stream ended without its terminal event"
+		if idle.fired.Load() {
+			msg = "upstream stream idle for " + g.cfg.StreamIdleTimeout.String()
+		} else if readErr != nil {
+			msg = "upstream stream cut: " + readErr.Error()
+		}
+		g.log.Warn("upstream stream incomplete", "step", step.ID, "err", msg)
+		if cr.Error == nil {
+			cr.Error = errorJSON("upstream_cut", msg)
+		}
+	}
+	step.Response = cr
+	ok := !step.ClientDisconnected && st.Done() && readErr == nil && cr.Error == nil && len(cr.Choices) > 0
+	waitClosures()
+	g.commit(storeCtx, step, ok)
+	if tail != nil && !step.ClientDisconnected && fw.write(tail) {
+		// What the upstream sends after its terminal event (vLLM's [DONE]
+		// after an error event) goes on to the client as it is, until the
+		// upstream ends the body (or the idle timer cuts it).
+		for {
+			ev, err := rd.Next()
+			if err != nil || !fw.write(ev.Raw) {
+				break
+			}
+		}
+	}
+}
+
+// commit records a finished call: Put, then the tracker learns the reply
+// (ok) or forgets the call (failed, cut or abandoned: such steps are stored
+// closed, as nothing will continue them), and any closures are written.
+// Store failures are logged and counted, never returned: recording must not
+// break the agent.
+func (g *Gateway) commit(ctx context.Context, step *core.Step, ok bool) {
+	now := g.cfg.Now()
+	step.Timings.Total = now.Sub(step.Timings.Start)
+	if !ok {
+		step.State = core.StateClosed
+	}
+	if step.ClientDisconnected {
+		g.disconnected.Add(1)
+	}
+	if err := g.cfg.Store.Put(ctx, step); err != nil {
+		g.recordFailures.Add(1)
+		g.log.Error("RECORDING FAILED: step not stored", "step", step.ID, "session", step.SessionID, "err", err)
+	} else {
+		g.recorded.Add(1)
+	}
+	var cl []session.Closure
+	g.mu.Lock()
+	if ok {
+		actions := make([]core.Message, len(step.Response.Choices))
+		for i, c := range step.Response.Choices {
+			actions[i] = c.Message
+		}
+		cl = g.tr.Complete(step.ID, actions, now)
+	} else {
+		g.tr.Abort(step.ID)
+	}
+	g.mu.Unlock()
+	g.applyClosures(ctx, cl)
+}
+
+// errorJSON is an error object for Response.Error.
+func errorJSON(code, msg string) json.RawMessage {
+	b, _ := json.Marshal(map[string]string{"code": code, "message": msg})
+	return b
+}
+
+func itoa(n int) string {
+	var b [20]byte
+	i := len(b)
+	if n == 0 {
+		return "0"
+	}
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return string(b[i:])
+}

@@ -1,0 +1,71 @@
+package wire
+
+// UpstreamBody returns the body to send upstream: the client's body with,
+// where caps allow and the client did not already ask, "logprobs": true
+// (chat), "return_token_ids": true (vLLM), and for streaming chat
+// "stream_options": {"include_usage": true} so usage is recorded. Every
+// other byte of the client's JSON is preserved: the object is patched, not
+// re-marshalled. The body is returned unchanged (the same slice) when
+// nothing is added. A member the client set to false or null is replaced.
+func UpstreamBody(req *Request, body []byte, caps Caps) ([]byte, error) {
+	add := addedFor(req, caps)
+	if !add.any() {
+		return body, nil
+	}
+	start := skipSpace(body, 0)
+	var edits []edit
+	var logprobs, tokenIDs, streamOpts member
+	var haveLogprobs, haveTokenIDs, haveStreamOpts bool
+	closing, err := eachMember(body, start, func(m member) bool {
+		switch string(m.key) {
+		case "logprobs":
+			logprobs, haveLogprobs = m, true
+		case "return_token_ids":
+			tokenIDs, haveTokenIDs = m, true
+		case "stream_options":
+			streamOpts, haveStreamOpts = m, true
+		}
+		return true
+	})
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	var inserts []string
+	setTrue := func(m member, have bool, key string) {
+		if have {
+			edits = append(edits, edit{start: m.valStart, end: m.valEnd, repl: []byte("true")})
+		} else {
+			inserts = append(inserts, `"`+key+`":true`)
+		}
+	}
+	if add.logprobs {
+		setTrue(logprobs, haveLogprobs, "logprobs")
+	}
+	if add.tokenIDs {
+		setTrue(tokenIDs, haveTokenIDs, "return_token_ids")
+	}
+	if add.usage {
+		switch {
+		case !haveStreamOpts || body[streamOpts.valStart] != '{':
+			if haveStreamOpts {
+				edits = append(edits, edit{start: streamOpts.valStart, end: streamOpts.valEnd, repl: []byte(`{"include_usage":true}`)})
+			} else {
+				inserts = append(inserts, `"stream_options":{"include_usage":true}`)
+			}
+		default:
+			iu, inner, ok, err := findMember(body, streamOpts.valStart, "include_usage")
+			if err != nil {
+				return nil, badRequest("%v", err)
+			}
+			if ok {
+				edits = append(edits, edit{start: iu.valStart, end: iu.valEnd, repl: []byte("true")})
+			} else {
+				edits = append(edits, insertMembers(body, inner, `"include_usage":true`))
+			}
+		}
+	}
+	if len(inserts) > 0 {
+		edits = append(edits, insertMembers(body, closing, inserts...))
+	}
+	return apply(body, edits), nil
+}

@@ -1,0 +1,188 @@
+// Package wire owns the gateway's knowledge of the LLM wire formats: OpenAI
+// chat completions, OpenAI Responses and Anthropic Messages. It parses a
+// client's request into core.Request, patches the body sent upstream to ask
+// for what learning needs (log-probs, token ids, usage), accumulates a
+// streamed or whole response into core.Response, and removes from what the
+// client receives exactly what the gateway added and the client did not ask
+// for.
+//
+// Everything here is pure: no I/O, no goroutines, no clock. The HTTP server
+// in package gateway calls it.
+//
+// Bytes are forwarded verbatim wherever possible. When something must be
+// added to a request or stripped from a response, the JSON is edited in
+// place (see jsonedit.go) so that every other byte, field order and number
+// spelling survive.
+//
+// Stripping follows what the servers themselves send when a field was not
+// asked for: a "logprobs" value becomes null (OpenAI and vLLM send
+// "logprobs":null), vLLM token ids are removed from stream chunks (vLLM omits
+// unset fields there) and set to null in whole responses (where vLLM writes
+// them as null), and the "usage":null that OpenAI adds to every chunk when
+// usage is requested is removed along with the final usage-only chunk.
+package wire
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+)
+
+// Caps says what the upstream accepts beyond the plain API.
+type Caps struct {
+	Logprobs bool // the upstream accepts OpenAI "logprobs": true on chat completions
+	TokenIDs bool // the upstream accepts vLLM's "return_token_ids": true
+}
+
+// Request is a parsed client request.
+type Request struct {
+	API          core.APIKind // core.APIChat, core.APIResponses, core.APIMessages
+	Stream       bool
+	Model        string
+	N            int // choices asked for (chat n), default 1
+	Normalized   core.Request
+	IncludeUsage bool // the client asked stream_options.include_usage
+	WantLogprobs bool // the client itself asked for logprobs
+	WantTokenIDs bool // the client itself asked for return_token_ids
+	// Session hints from the body, in precedence order.
+	MetadataUserID, PromptCacheKey, User string
+}
+
+// Errors. ParseRequest errors wrap ErrBadRequest; ParseResponse and
+// Stream.Event errors wrap ErrBadResponse.
+var (
+	ErrBadRequest  = errors.New("wire: bad request")
+	ErrBadResponse = errors.New("wire: bad upstream response")
+)
+
+func badRequest(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
+}
+
+func badResponse(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadResponse, fmt.Sprintf(format, args...))
+}
+
+// added says what the gateway adds to a request's upstream body, given the
+// request and the upstream's capabilities. UpstreamBody, Stream and
+// ParseResponse all derive it the same way, so what is added is exactly
+// what is stripped.
+type added struct {
+	logprobs, tokenIDs, usage bool
+}
+
+func addedFor(req *Request, caps Caps) added {
+	if req == nil || req.API != core.APIChat {
+		return added{}
+	}
+	return added{
+		logprobs: caps.Logprobs && !req.WantLogprobs,
+		tokenIDs: caps.TokenIDs && !req.WantTokenIDs,
+		usage:    req.Stream && !req.IncludeUsage,
+	}
+}
+
+func (a added) any() bool { return a.logprobs || a.tokenIDs || a.usage }
+
+// ErrorBody builds an OpenAI-style error JSON
+// {"error":{"message":..,"type":..,"code":..}}; code is null when empty.
+func ErrorBody(typ, code, msg string) []byte {
+	var e struct {
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	e.Error.Message, e.Error.Type = msg, typ
+	if code != "" {
+		e.Error.Code = &code
+	}
+	b, _ := json.Marshal(e) // cannot fail: strings only
+	return b
+}
+
+// errorJSON returns raw as the error to record when it is JSON, else raw as
+// a JSON string.
+func errorJSON(raw []byte) json.RawMessage {
+	t := strings.TrimSpace(string(raw))
+	if t != "" && json.Valid([]byte(t)) {
+		return json.RawMessage(t)
+	}
+	b, _ := json.Marshal(string(raw))
+	return b
+}
+
+// textOf returns the text of a JSON value that is either a string or an
+// array of content parts. Text parts (any part with a "text" string and a
+// type among textTypes, or no type) are concatenated without separator, as
+// chat templates do; other parts are returned verbatim.
+func textOf(raw json.RawMessage, textTypes ...string) (string, []core.Part, error) {
+	raw = trimJSON(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil, nil
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", nil, err
+		}
+		return s, nil, nil
+	case '[':
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return "", nil, err
+		}
+		var sb strings.Builder
+		var parts []core.Part
+		for _, it := range items {
+			var p struct {
+				Type string  `json:"type"`
+				Text *string `json:"text"`
+			}
+			if err := json.Unmarshal(it, &p); err != nil {
+				return "", nil, err
+			}
+			if p.Text != nil && (p.Type == "" || contains(textTypes, p.Type)) {
+				sb.WriteString(*p.Text)
+				continue
+			}
+			parts = append(parts, core.Part{Type: p.Type, Raw: append(json.RawMessage(nil), trimJSON(it)...)})
+		}
+		return sb.String(), parts, nil
+	}
+	return "", nil, fmt.Errorf("content must be a string or an array, got %.20s", raw)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func trimJSON(b []byte) []byte {
+	i, j := 0, len(b)
+	for i < j && isSpace(b[i]) {
+		i++
+	}
+	for j > i && isSpace(b[j-1]) {
+		j--
+	}
+	return b[i:j]
+}
+
+// rawOrNil returns a copy of raw, or nil when it is absent or null.
+func rawOrNil(raw json.RawMessage) json.RawMessage {
+	raw = trimJSON(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	return append(json.RawMessage(nil), raw...)
+}

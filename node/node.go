@@ -1,0 +1,387 @@
+// Package node is a device's clawmesh node. It composes the gateway the
+// agent talks to, the DataPool that records every call, the reward runner
+// that scores closed steps in the background, and the admin endpoints that
+// let `clawmesh pool ...` read a pool the running node holds.
+//
+// A Node owns its subsystems and closes them in reverse order of opening.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node/gateway"
+	"github.com/clawmesh/clawmesh/node/gateway/wire"
+	"github.com/clawmesh/clawmesh/node/session"
+	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/reward"
+)
+
+// Defaults.
+const (
+	DefaultListen        = "127.0.0.1:8400"
+	DefaultScoreInterval = 2 * time.Second
+	DefaultRetention     = 10 * time.Minute
+)
+
+// ErrConfig reports an invalid Config.
+var ErrConfig = errors.New("node: bad config")
+
+// AddrFile is the file in the data directory where a running node writes
+// its listen address, so that `clawmesh pool ...` can reach it while the
+// node holds the pool.
+const AddrFile = "node.addr"
+
+// Config configures a Node. The zero value of each field means its default.
+type Config struct {
+	// DataDir holds the pool (DataDir/pool) and the plugin compilation cache
+	// (DataDir/cache). Required.
+	DataDir string
+	// Listen is the gateway's address; default 127.0.0.1:8400. A port of 0
+	// picks a free one (see Node.Addr).
+	Listen string
+	// Upstream is the LLM server's base URL including /v1. Required.
+	Upstream string
+	// UpstreamKind names the upstream's flavour, which decides what the
+	// gateway may ask it for: "openai" (default: logprobs on chat),
+	// "vllm" or "sglang" (logprobs and token ids), "clawmesh" (the
+	// embedded engine: logprobs and token ids), "ollama" or "llamacpp"
+	// or "none" (nothing extra).
+	UpstreamKind string
+	// Token, if set, is required from clients as a bearer token.
+	Token string
+	// UpstreamToken, if set, replaces the Authorization sent upstream.
+	UpstreamToken string
+	// MaxAge and MaxBytes are the pool's retention policy (0: unlimited).
+	MaxAge   time.Duration
+	MaxBytes int64
+	// Plugins are the reward plugins; nil means the built-ins.
+	Plugins []reward.PluginConfig
+	// NoScoring turns the background scorer off.
+	NoScoring bool
+	// ScoreInterval is how often closed steps are looked for; default 2s.
+	ScoreInterval time.Duration
+	// IdleTimeout closes a chain after this long without a call; default
+	// the session tracker's (30m).
+	IdleTimeout time.Duration
+	// JudgeModel is the model name sent upstream for the reward plugins'
+	// judge calls; "" sends none (servers with one model accept that).
+	JudgeModel string
+	// Adapter reports the adapter version serving now ("" if none).
+	Adapter func() string
+	Logger  *slog.Logger
+	Now     func() time.Time
+}
+
+// Caps maps an upstream kind to what the gateway may ask of it.
+func Caps(kind string) (wire.Caps, error) {
+	switch strings.ToLower(kind) {
+	case "", "openai":
+		return wire.Caps{Logprobs: true}, nil
+	case "vllm", "sglang", "clawmesh":
+		return wire.Caps{Logprobs: true, TokenIDs: true}, nil
+	case "ollama", "llamacpp", "llama.cpp", "none":
+		return wire.Caps{}, nil
+	}
+	return wire.Caps{}, fmt.Errorf("%w: unknown upstream kind %q (want openai, vllm, sglang, clawmesh, ollama, llamacpp or none)", ErrConfig, kind)
+}
+
+// Validate checks c and fills nothing in.
+func (c *Config) Validate() error {
+	if c.DataDir == "" {
+		return fmt.Errorf("%w: no data directory", ErrConfig)
+	}
+	if c.Upstream == "" {
+		return fmt.Errorf("%w: no upstream (e.g. http://127.0.0.1:11434/v1)", ErrConfig)
+	}
+	if !strings.HasPrefix(c.Upstream, "http://") && !strings.HasPrefix(c.Upstream, "https://") {
+		return fmt.Errorf("%w: upstream %q must be an http:// or https:// URL", ErrConfig, c.Upstream)
+	}
+	if _, err := Caps(c.UpstreamKind); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Node is a running device node.
+type Node struct {
+	cfg    Config
+	log    *slog.Logger
+	now    func() time.Time
+	pool   *pool.Pool
+	reward *reward.Runner
+	gw     *gateway.Gateway
+
+	mu   sync.Mutex
+	addr net.Addr
+}
+
+// New opens the node's pool and reward runner and builds its gateway. The
+// caller runs it with Run and closes it with Close.
+func New(ctx context.Context, cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.ScoreInterval == 0 {
+		cfg.ScoreInterval = DefaultScoreInterval
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	n := &Node{cfg: cfg, log: log.With("component", "node"), now: cfg.Now}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: data dir: %w", err)
+	}
+	p, err := pool.Open(filepath.Join(cfg.DataDir, "pool"), pool.Options{
+		Logger: log, Now: cfg.Now, MaxAge: cfg.MaxAge, MaxBytes: cfg.MaxBytes,
+	})
+	if err != nil {
+		return nil, err
+	}
+	n.pool = p
+	if err := n.closeOrphans(ctx); err != nil {
+		n.Close(ctx)
+		return nil, err
+	}
+	caps, _ := Caps(cfg.UpstreamKind)
+	gw, err := gateway.New(gateway.Config{
+		Upstream:      cfg.Upstream,
+		Caps:          caps,
+		Token:         cfg.Token,
+		UpstreamToken: cfg.UpstreamToken,
+		Store:         p,
+		Sessions:      session.Options{IdleTimeout: cfg.IdleTimeout},
+		Adapter:       cfg.Adapter,
+		Now:           cfg.Now,
+		Logger:        log,
+		Admin:         n.adminHandler(),
+	})
+	if err != nil {
+		n.Close(ctx)
+		return nil, err
+	}
+	n.gw = gw
+	if !cfg.NoScoring {
+		plugins := cfg.Plugins
+		if plugins == nil {
+			plugins = reward.Builtins()
+		}
+		r, err := reward.New(ctx, reward.Options{
+			Plugins:  plugins,
+			CacheDir: filepath.Join(cfg.DataDir, "cache", "wazero"),
+			Judge:    n.judge,
+			Now:      cfg.Now,
+			Logger:   log,
+		})
+		if err != nil {
+			n.Close(ctx)
+			return nil, err
+		}
+		n.reward = r
+	}
+	return n, nil
+}
+
+// closeOrphans closes the steps left open on disk when the node starts: the
+// session tracker that could have given them a next state lived in the
+// memory of a node that is gone (a crash, a kill -9), so their chains ended
+// there, as an idle timeout would have ended them. Steps imported open are
+// closed the same way at the next start.
+func (n *Node) closeOrphans(ctx context.Context) error {
+	open, err := n.pool.List(ctx, pool.Filter{State: core.StateOpen})
+	if err != nil {
+		return fmt.Errorf("node: listing open steps: %w", err)
+	}
+	for _, st := range open {
+		err := n.pool.Update(ctx, st.ID, func(s *core.Step) error {
+			if s.State == core.StateOpen {
+				s.State = core.StateClosed
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("node: closing step %s left open: %w", st.ID, err)
+		}
+	}
+	if len(open) > 0 {
+		n.log.Info("closed steps left open by the previous run", "steps", len(open))
+	}
+	return nil
+}
+
+// Pool returns the node's DataPool.
+func (n *Node) Pool() *pool.Pool { return n.pool }
+
+// Addr is the gateway's listen address once Run has bound it, else nil.
+func (n *Node) Addr() net.Addr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.addr
+}
+
+// Run listens on cfg.Listen and serves until ctx is done; in-flight
+// requests and streams are allowed to finish before it returns.
+func (n *Node) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", n.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("node: listen: %w", err)
+	}
+	return n.Serve(ctx, ln)
+}
+
+// Serve is Run on a listener the caller made.
+func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
+	n.mu.Lock()
+	n.addr = ln.Addr()
+	n.mu.Unlock()
+	addrPath := filepath.Join(n.cfg.DataDir, AddrFile)
+	if err := writeFileAtomic(addrPath, []byte(ln.Addr().String()+"\n")); err != nil {
+		n.log.Warn("cannot write address file", "err", err)
+	}
+	defer os.Remove(addrPath)
+	n.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", n.cfg.Upstream)
+
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	if n.reward != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.scoreLoop(bg) }()
+	}
+	if n.cfg.MaxAge > 0 || n.cfg.MaxBytes > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.retentionLoop(bg) }()
+	}
+	err := n.gw.Run(ctx, ln)
+	stop()
+	wg.Wait()
+	return err
+}
+
+// Close releases the reward runner and the pool, in that order.
+func (n *Node) Close(ctx context.Context) error {
+	var errs []error
+	if n.reward != nil {
+		errs = append(errs, n.reward.Close(ctx))
+	}
+	if n.pool != nil {
+		errs = append(errs, n.pool.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// ReloadPlugins swaps the reward plugins without a restart: steps being
+// scored finish with the old set, later ones use the new. nil means the
+// built-ins.
+func (n *Node) ReloadPlugins(ctx context.Context, plugins []reward.PluginConfig) error {
+	if n.reward == nil {
+		return fmt.Errorf("node: scoring is off")
+	}
+	if plugins == nil {
+		plugins = reward.Builtins()
+	}
+	return n.reward.Reload(ctx, plugins)
+}
+
+// scoreLoop scores closed steps until ctx is done.
+func (n *Node) scoreLoop(ctx context.Context) {
+	t := time.NewTicker(n.cfg.ScoreInterval)
+	defer t.Stop()
+	for {
+		if _, err := n.ScoreClosed(ctx, 256); err != nil && ctx.Err() == nil {
+			n.log.Warn("scoring", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ScoreClosed scores up to limit closed steps and marks them scored. It
+// returns how many it scored.
+func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
+	if n.reward == nil {
+		return 0, nil
+	}
+	steps, err := n.pool.List(ctx, pool.Filter{State: core.StateClosed, Limit: limit})
+	if err != nil {
+		return 0, err
+	}
+	done := 0
+	for _, s := range steps {
+		if ctx.Err() != nil {
+			return done, ctx.Err()
+		}
+		r := n.reward.Score(ctx, s)
+		err := n.pool.Update(ctx, s.ID, func(st *core.Step) error {
+			if st.State != core.StateClosed {
+				return errSkip
+			}
+			st.Reward = &r
+			st.State = core.StateScored
+			return nil
+		})
+		if err != nil && !errors.Is(err, errSkip) {
+			return done, err
+		}
+		done++
+	}
+	return done, nil
+}
+
+var errSkip = errors.New("node: skip")
+
+func (n *Node) retentionLoop(ctx context.Context) {
+	t := time.NewTicker(DefaultRetention)
+	defer t.Stop()
+	for {
+		if d, err := n.pool.ApplyRetention(ctx); err != nil && ctx.Err() == nil {
+			n.log.Warn("retention", "err", err)
+		} else if d > 0 {
+			n.log.Info("retention dropped steps", "n", d)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// writeFileAtomic writes data to path via a temporary file and a rename.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ReadAddr returns the address a running node wrote into dataDir.
+func ReadAddr(dataDir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, AddrFile))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+var _ http.Handler = (*gateway.Gateway)(nil)

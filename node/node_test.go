@@ -1,0 +1,148 @@
+package node_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/reward"
+)
+
+// startNode runs a node in front of a scripted upstream and returns it with
+// its gateway's base URL.
+func startNode(t *testing.T, script fakeupstream.Script, cfg node.Config) (*node.Node, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	up := fakeupstream.New(script)
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Run(ctx, upLn)
+	cfg.DataDir = t.TempDir()
+	cfg.Upstream = "http://" + upLn.Addr().String() + "/v1"
+	n, err := node.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- n.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		n.Close(context.Background())
+	})
+	return n, "http://" + ln.Addr().String()
+}
+
+func post(t *testing.T, url, body string, hdr ...string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: status %d", url, resp.StatusCode)
+	}
+}
+
+// TestScoresClosedSteps records a turn the user corrects and one whose tool
+// failed, and checks that the node's built-in WASM plugins score them with
+// the right sign and an OPD hint, and that open steps are left alone.
+func TestScoresClosedSteps(t *testing.T) {
+	n, base := startNode(t, fakeupstream.Script{Turns: []fakeupstream.Turn{
+		{Text: "The capital of Australia is Sydney."},
+		{ToolCalls: []fakeupstream.ToolCall{{ID: "call_1", Name: "exec", Arguments: `{"command":"make"}`}}},
+		{Text: "Fixed."},
+	}}, node.Config{ScoreInterval: time.Hour})
+	ctx := context.Background()
+	chat := base + "/v1/chat/completions"
+	sys := `{"role":"system","content":"You are helpful."}`
+	u1 := `{"role":"user","content":"What is the capital of Australia?"}`
+	a1 := `{"role":"assistant","content":"The capital of Australia is Sydney."}`
+	u2 := `{"role":"user","content":"No, that's wrong. You should have checked: it is Canberra. Now build the project."}`
+	tc := `{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"exec","arguments":"{\"command\":\"make\"}"}}]}`
+	tr := `{"role":"tool","tool_call_id":"call_1","content":"make: *** [all] Error 2\nerror: undefined reference to main (exit status 2)"}`
+	post(t, chat, `{"model":"m","messages":[`+sys+`,`+u1+`]}`)
+	post(t, chat, `{"model":"m","messages":[`+sys+`,`+u1+`,`+a1+`,`+u2+`]}`)
+	post(t, chat, `{"model":"m","messages":[`+sys+`,`+u1+`,`+a1+`,`+u2+`,`+tc+`,`+tr+`]}`)
+
+	scored, err := n.ScoreClosed(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scored != 2 {
+		t.Fatalf("scored %d steps, want the 2 closed ones", scored)
+	}
+	steps, err := n.Pool().List(ctx, pool.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) != 3 {
+		t.Fatalf("%d steps", len(steps))
+	}
+	var corrected, failed *core.Step
+	for _, s := range steps {
+		switch {
+		case strings.Contains(s.Action().Content, "Sydney"):
+			corrected = s
+		case len(s.Action().ToolCalls) == 1:
+			failed = s
+		default:
+			if s.State != core.StateOpen || s.Reward != nil {
+				t.Errorf("the last step has no next state yet: state %s, reward %v", s.State, s.Reward)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name string
+		s    *core.Step
+	}{{"corrected answer", corrected}, {"failed tool call", failed}} {
+		s := c.s
+		if s == nil || s.State != core.StateScored || s.Reward == nil || s.Reward.Value == nil {
+			t.Fatalf("%s: not scored: %+v", c.name, s)
+		}
+		if *s.Reward.Value >= 0 {
+			t.Errorf("%s: reward %+.2f, want negative; scores %+v", c.name, *s.Reward.Value, s.Reward.Scores)
+		}
+		if s.Reward.Hint == "" {
+			t.Errorf("%s: no hint for on-policy distillation; scores %+v", c.name, s.Reward.Scores)
+		}
+		if len(s.Reward.Scores) < 3 {
+			t.Errorf("%s: %d plugin scores, want one per enabled built-in", c.name, len(s.Reward.Scores))
+		}
+		for _, sc := range s.Reward.Scores {
+			if len(sc.Hash) != 64 {
+				t.Errorf("%s: plugin %s has no content hash", c.name, sc.Plugin)
+			}
+		}
+	}
+	if !strings.Contains(failed.Reward.Hint, "Error 2") && !strings.Contains(failed.Reward.Hint, "undefined reference") {
+		t.Errorf("the tool error should be the failed call's hint, got %q", failed.Reward.Hint)
+	}
+
+	// Scoring again finds nothing new; reloading to no plugins works live.
+	if again, _ := n.ScoreClosed(ctx, 100); again != 0 {
+		t.Errorf("rescored %d steps", again)
+	}
+	if err := n.ReloadPlugins(ctx, []reward.PluginConfig{{Builtin: "feedback", Enabled: true}}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,182 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+)
+
+// IngestResult is what BenchIngest measured.
+type IngestResult struct {
+	Writers     int           `json:"writers"`
+	Steps       int           `json:"steps"`
+	Elapsed     time.Duration `json:"elapsed_ns"`
+	StepsPerSec float64       `json:"steps_per_sec"`
+	P50         time.Duration `json:"p50_ns"` // Put latency
+	P99         time.Duration `json:"p99_ns"`
+	Stats       Stats         `json:"stats"` // the pool afterwards
+}
+
+// BenchIngest opens (creating) a pool in dir and measures synced Puts of
+// realistic steps: conversations that resend a 40,000-character system
+// prompt, a dozen tools and their growing history at every call. writers
+// goroutines share the steps between them. It uses the wall clock; dir
+// should be a fresh directory on the disk to be measured.
+func BenchIngest(ctx context.Context, dir string, writers, steps int) (IngestResult, error) {
+	if writers <= 0 || steps <= 0 {
+		return IngestResult{}, fmt.Errorf("pool: bench: writers and steps must be positive, got %d and %d", writers, steps)
+	}
+	p, err := Open(dir, Options{})
+	if err != nil {
+		return IngestResult{}, err
+	}
+	defer p.Close()
+
+	gen := NewStepGen("bench", 12)
+	lat := make([]time.Duration, steps)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	start := time.Now()
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= steps {
+					return
+				}
+				s := gen.Step(i)
+				t0 := time.Now()
+				if err := p.Put(ctx, s); err != nil {
+					errs <- err
+					return
+				}
+				lat[i] = time.Since(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return IngestResult{}, fmt.Errorf("pool: bench: %w", err)
+	}
+	slices.Sort(lat)
+	res := IngestResult{
+		Writers:     writers,
+		Steps:       steps,
+		Elapsed:     elapsed,
+		StepsPerSec: float64(steps) / elapsed.Seconds(),
+		P50:         lat[len(lat)/2],
+		P99:         lat[min(len(lat)-1, len(lat)*99/100)],
+	}
+	if res.Stats, err = p.Stats(ctx); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// StepGen makes realistic synthetic steps, deterministically from an index:
+// step i belongs to session i/PerSession and carries that conversation's
+// shared system prompt (about 40,000 characters), twelve tools and a history
+// that grows by a user message and an assistant reply per step. Steps of
+// different sessions share the system prompt and tools too, as the calls of
+// one agent do. It is used by BenchIngest, the benchmarks and tests.
+type StepGen struct {
+	Prefix     string // id and session prefix
+	PerSession int    // steps per session
+	Base       time.Time
+	system     string
+	tools      []core.Tool
+}
+
+// NewStepGen returns a generator whose ids start with prefix.
+func NewStepGen(prefix string, perSession int) *StepGen {
+	var sb strings.Builder
+	for i := 0; sb.Len() < 40000; i++ {
+		fmt.Fprintf(&sb, "Rule %d: when the user asks about topic %d, consult the notes in section %d, "+
+			"cite them, and keep the answer short unless asked otherwise.\n", i, i*7%97, i%13)
+	}
+	tools := make([]core.Tool, 12)
+	for i := range tools {
+		params, _ := json.Marshal(map[string]any{
+			"type": "object",
+			"properties": map[string]any{
+				"path":  map[string]string{"type": "string", "description": "file path"},
+				"query": map[string]string{"type": "string", "description": "what to look for"},
+			},
+			"required": []string{"path"},
+		})
+		tools[i] = core.Tool{
+			Name:        fmt.Sprintf("tool_%02d", i),
+			Description: fmt.Sprintf("Tool number %d: reads, searches or edits the workspace.", i),
+			Parameters:  params,
+		}
+	}
+	return &StepGen{
+		Prefix:     prefix,
+		PerSession: max(perSession, 1),
+		Base:       time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		system:     sb.String(),
+		tools:      tools,
+	}
+}
+
+// Step returns step i.
+func (g *StepGen) Step(i int) *core.Step {
+	sess, turn := i/g.PerSession, i%g.PerSession
+	msgs := []core.Message{{Role: core.RoleSystem, Content: g.system}}
+	for t := 0; t <= turn; t++ {
+		msgs = append(msgs, core.Message{Role: core.RoleUser, Content: g.user(sess, t)})
+		if t < turn {
+			msgs = append(msgs, g.reply(sess, t))
+		}
+	}
+	var next *core.NextState
+	if turn+1 < g.PerSession {
+		next = &core.NextState{Messages: []core.Message{{Role: core.RoleUser, Content: g.user(sess, turn+1)}}}
+	}
+	state := core.StateOpen
+	if next != nil {
+		state = core.StateClosed
+	}
+	return &core.Step{
+		ID:        core.StepID(fmt.Sprintf("%s-%06d-%03d", g.Prefix, sess, turn)),
+		SessionID: core.SessionID(fmt.Sprintf("%s-s%06d", g.Prefix, sess)),
+		Turn:      core.TurnMain,
+		API:       core.APIChat,
+		State:     state,
+		Request:   core.Request{Model: "qwen3-8b", Messages: msgs, Tools: g.tools, Params: json.RawMessage(`{"temperature":0.7}`)},
+		Response: core.Response{
+			ID:      fmt.Sprintf("chatcmpl-%d", i),
+			Model:   "qwen3-8b",
+			Choices: []core.Choice{{Index: 0, Message: g.reply(sess, turn), FinishReason: "stop"}},
+			Usage:   &core.Usage{PromptTokens: 10000 + 200*turn, CompletionTokens: 120, TotalTokens: 10120 + 200*turn},
+			Status:  200,
+		},
+		Model:     "qwen3-8b",
+		Timings:   core.Timings{Start: g.Base.Add(time.Duration(i) * time.Second), TTFT: 150 * time.Millisecond, Total: 2 * time.Second},
+		NextState: next,
+		Source:    "gateway",
+	}
+}
+
+func (g *StepGen) user(sess, turn int) string {
+	return fmt.Sprintf("Session %d, turn %d: please look at file src/module_%d.go and explain what function f%d does.", sess, turn, turn%17, sess*31+turn)
+}
+
+func (g *StepGen) reply(sess, turn int) core.Message {
+	return core.Message{
+		Role:    core.RoleAssistant,
+		Content: fmt.Sprintf("In session %d at turn %d: f%d validates its input, %s", sess, turn, sess*31+turn, strings.Repeat("then transforms the records and returns them. ", 8)),
+	}
+}

@@ -1,0 +1,409 @@
+// Package pool is clawmesh's DataPool: it owns the recorded steps of one
+// device, stored in Pebble under the node's data directory. It keeps each
+// step's life cycle (open → closed → scored → batched → shipped, or dropped
+// by retention), the indices by state, session and time, the deduplicated
+// message and tools blobs that steps of a conversation share, retention, and
+// the JSONL export and import of steps (schema core.SchemaVersion, see
+// docs/step-schema.md).
+//
+// Durability: Put, Update and Import return only after a synced write, so a
+// reply the agent received is never lost, even if the process is killed.
+// Concurrent writers are group-committed by Pebble's commit pipeline, which
+// folds the synced batches waiting on the WAL into a single fsync
+// (BenchmarkPutParallel64 against BenchmarkPut shows it); the pool therefore
+// does no batching of its own and only serializes writes to the same step.
+//
+// Deduplication: every message (request, reply and next state) and every
+// tools list is stored once under the sha256 of its canonical JSON; a step
+// record holds only the hashes. Blobs no step references any more are swept
+// by ApplyRetention.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+)
+
+// Sentinel errors, matched with errors.Is.
+var (
+	// ErrClosed: the pool has been closed.
+	ErrClosed = errors.New("pool: closed")
+	// ErrNotFound: no such step (also returned, wrapped, for a step that
+	// retention dropped).
+	ErrNotFound = errors.New("pool: step not found")
+	// ErrLocked: the directory is held by another process (a running
+	// node). Callers fall back to asking the node over HTTP.
+	ErrLocked = errors.New("pool: directory locked by another process")
+	// ErrInvalid: a step that cannot be stored (fails core.Step.Validate,
+	// or is otherwise unusable).
+	ErrInvalid = errors.New("pool: invalid step")
+)
+
+// Options configure a Pool. The zero value means defaults.
+type Options struct {
+	// Logger receives the pool's and Pebble's logs. Nil discards them.
+	Logger *slog.Logger
+	// Now is the clock, used for step times that were left zero and for
+	// retention by age. Default time.Now.
+	Now func() time.Time
+	// MaxAge is the retention by age: ApplyRetention drops steps whose time
+	// (Timings.Start) is older than this. 0 keeps steps forever.
+	MaxAge time.Duration
+	// MaxBytes is the retention by size: beyond this many bytes of step data
+	// (step records plus the blobs they reference, as Stats.Bytes counts
+	// them), ApplyRetention drops the oldest steps first, shipped ones before
+	// all others. 0 means no limit.
+	MaxBytes int64
+	// FS is the filesystem Pebble runs on. Nil means the disk. vfs.NewMem()
+	// is for unit tests only.
+	FS vfs.FS
+}
+
+func (o *Options) validate() error {
+	if o.MaxAge < 0 {
+		return fmt.Errorf("pool: MaxAge %v is negative", o.MaxAge)
+	}
+	if o.MaxBytes < 0 {
+		return fmt.Errorf("pool: MaxBytes %d is negative", o.MaxBytes)
+	}
+	return nil
+}
+
+// stripes is the number of per-step write locks; writes to steps whose ids
+// fall on different stripes commit concurrently.
+const stripes = 256
+
+// Pool is an open DataPool. It is safe for concurrent use.
+type Pool struct {
+	db   *pebble.DB
+	lock *pebble.Lock
+	opts Options
+	log  *slog.Logger
+	now  func() time.Time
+
+	// life guards closed: operations hold it shared while they run, Close
+	// takes it exclusively.
+	life   sync.RWMutex
+	closed bool
+
+	seed    maphash.Seed
+	stripes [stripes]sync.Mutex
+
+	// cache holds decoded blobs for reads.
+	cache *decodedCache
+
+	// gc coordinates blob writes with the blob sweep; see sweep.go.
+	gc gcState
+
+	// retention serializes ApplyRetention runs.
+	retention sync.Mutex
+
+	// testHookSwept, if set, runs between the sweep's scan and its deletes.
+	testHookSwept func()
+}
+
+// Open opens (creating if needed) the pool in dir. If another process holds
+// dir, Open fails at once with an error wrapping ErrLocked.
+func Open(dir string, opts Options) (*Pool, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "pool")
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	fs := opts.FS
+	if fs == nil {
+		fs = vfs.Default
+	}
+	if err := fs.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("pool: open %s: %w", dir, err)
+	}
+	// Take Pebble's directory lock ourselves so a held lock is recognised and
+	// reported as ErrLocked (the lock is a non-blocking fcntl lock: this
+	// never waits).
+	lock, err := pebble.LockDirectory(dir, fs)
+	if err != nil {
+		if isLockHeld(err) {
+			return nil, fmt.Errorf("%w: %s: %v", ErrLocked, dir, err)
+		}
+		return nil, fmt.Errorf("pool: lock %s: %w", dir, err)
+	}
+	popts := &pebble.Options{
+		FS:     fs,
+		Lock:   lock,
+		Logger: pebbleLogger{log},
+	}
+	db, err := pebble.Open(dir, popts)
+	if err != nil {
+		_ = lock.Close()
+		return nil, fmt.Errorf("pool: open %s: %w", dir, err)
+	}
+	p := &Pool{db: db, lock: lock, opts: opts, log: log, now: now, seed: maphash.MakeSeed(), cache: newDecodedCache(decodedCacheBytes)}
+	log.Debug("opened", "dir", dir)
+	return p, nil
+}
+
+// isLockHeld reports whether err from pebble.LockDirectory means another
+// holder: fcntl answers EAGAIN or EACCES, and Pebble itself refuses a second
+// lock of the same file within one process.
+func isLockHeld(err error) bool {
+	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
+		strings.Contains(err.Error(), "lock held by current process")
+}
+
+// Close flushes nothing (every write is already synced) and releases the
+// directory. Operations in progress finish first.
+func (p *Pool) Close() error {
+	p.life.Lock()
+	defer p.life.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.closed = true
+	err := p.db.Close()
+	if lerr := p.lock.Close(); err == nil {
+		err = lerr
+	}
+	if err != nil {
+		return fmt.Errorf("pool: close: %w", err)
+	}
+	return nil
+}
+
+// enter starts an operation; the returned function ends it.
+func (p *Pool) enter(ctx context.Context) (func(), error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p.life.RLock()
+	if p.closed {
+		p.life.RUnlock()
+		return nil, ErrClosed
+	}
+	return p.life.RUnlock, nil
+}
+
+func (p *Pool) stripe(id core.StepID) *sync.Mutex {
+	return &p.stripes[maphash.String(p.seed, string(id))%stripes]
+}
+
+// Put inserts s, or replaces the step with the same id. It returns once the
+// write is synced. Put fills in, in s itself, what was left zero: State
+// becomes open and Timings.Start becomes Now(). A step in state dropped
+// cannot be put.
+func (p *Pool) Put(ctx context.Context, s *core.Step) error {
+	done, err := p.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if s.State == core.StateUnknown {
+		s.State = core.StateOpen
+	}
+	if s.Timings.Start.IsZero() {
+		s.Timings.Start = p.now()
+	}
+	if err := checkStorable(s); err != nil {
+		return err
+	}
+	mu := p.stripe(s.ID)
+	mu.Lock()
+	defer mu.Unlock()
+	return p.writeLocked(s, pebble.Sync)
+}
+
+func checkStorable(s *core.Step) error {
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if s.State == core.StateDropped {
+		return fmt.Errorf("%w: step %s: state dropped is set by retention only", ErrInvalid, s.ID)
+	}
+	return nil
+}
+
+// oldHeader reads the header of the record now stored for id, if any.
+func (p *Pool) oldHeader(id core.StepID) (header, bool, error) {
+	rec, err := getCopy(p.db, stepKey(id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return header{}, false, nil
+	}
+	if err != nil {
+		return header{}, false, err
+	}
+	h, _, err := decodeHeader(rec)
+	if err != nil {
+		return header{}, false, fmt.Errorf("step %s: %w", id, err)
+	}
+	return h, true, nil
+}
+
+// writeLocked stores s, replacing any record for its id and moving its index
+// entries. The caller holds s.ID's stripe lock.
+func (p *Pool) writeLocked(s *core.Step, sync *pebble.WriteOptions) error {
+	enc, err := encodeStep(s)
+	if err != nil {
+		return err
+	}
+	old, exists, err := p.oldHeader(s.ID)
+	if err != nil {
+		return fmt.Errorf("pool: put: %w", err)
+	}
+
+	b := p.db.NewBatch()
+	defer b.Close()
+	if exists {
+		deleteIndex(b, s.ID, old)
+	}
+	setIndex(b, s.ID, enc.hdr)
+	if err := b.Set(stepKey(s.ID), enc.record, nil); err != nil {
+		return fmt.Errorf("pool: put: %w", err)
+	}
+
+	// Blobs: write only those not yet stored. The sweep must not delete a
+	// blob between our check and our commit; see gcState.
+	p.gc.enterWrite()
+	defer p.gc.exitWrite()
+	for _, bl := range enc.blobs {
+		p.gc.touch(bl.key)
+		_, closer, err := p.db.Get(bl.key)
+		if err == nil {
+			closer.Close()
+			continue
+		}
+		if !errors.Is(err, pebble.ErrNotFound) {
+			return fmt.Errorf("pool: put: %w", err)
+		}
+		if err := b.Set(bl.key, bl.data, nil); err != nil {
+			return fmt.Errorf("pool: put: %w", err)
+		}
+	}
+	if err := b.Commit(sync); err != nil {
+		return fmt.Errorf("pool: put: %w", err)
+	}
+	return nil
+}
+
+// setIndex adds the index entries for a record with header h.
+func setIndex(b *pebble.Batch, id core.StepID, h header) {
+	_ = b.Set(stateKey(h.state, h.t, id), nil, nil)
+	if h.state == core.StateDropped {
+		return // tombstones are only in the state index
+	}
+	_ = b.Set(sessionKey(h.session, h.t, id), nil, nil)
+	_ = b.Set(timeKey(h.t, id), nil, nil)
+}
+
+// deleteIndex removes the index entries setIndex added for h.
+func deleteIndex(b *pebble.Batch, id core.StepID, h header) {
+	_ = b.Delete(stateKey(h.state, h.t, id), nil)
+	if h.state == core.StateDropped {
+		return
+	}
+	_ = b.Delete(sessionKey(h.session, h.t, id), nil)
+	_ = b.Delete(timeKey(h.t, id), nil)
+}
+
+// Get returns the full step with the given id. For a step retention dropped
+// it returns an error wrapping ErrNotFound.
+func (p *Pool) Get(ctx context.Context, id core.StepID) (*core.Step, error) {
+	done, err := p.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	return p.get(p.db, id)
+}
+
+func (p *Pool) get(r getter, id core.StepID) (*core.Step, error) {
+	rec, err := getCopy(r, stepKey(id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pool: get %s: %w", id, err)
+	}
+	d, err := decodeRecord(rec)
+	if err != nil {
+		return nil, fmt.Errorf("pool: get %s: %w", id, err)
+	}
+	if d.state == core.StateDropped {
+		return nil, fmt.Errorf("%w: %s was dropped by retention", ErrNotFound, id)
+	}
+	s, err := d.materialize(r, p.cache)
+	if err != nil {
+		return nil, fmt.Errorf("pool: get %s: %w", id, err)
+	}
+	return s, nil
+}
+
+// Update applies fn to the stored step with the given id and writes the
+// result back, synced. Updates (and Puts) of the same step are serialized;
+// the indices follow changes of State, session and time. fn must not change
+// the id, and must not call back into the pool (the step's write lock is
+// held); if fn returns an error nothing is written and Update returns it.
+func (p *Pool) Update(ctx context.Context, id core.StepID, fn func(*core.Step) error) error {
+	done, err := p.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	mu := p.stripe(id)
+	mu.Lock()
+	defer mu.Unlock()
+	s, err := p.get(p.db, id)
+	if err != nil {
+		return err
+	}
+	if err := fn(s); err != nil {
+		return err
+	}
+	if s.ID != id {
+		return fmt.Errorf("%w: update of %s changed its id to %s", ErrInvalid, id, s.ID)
+	}
+	if s.Timings.Start.IsZero() {
+		s.Timings.Start = p.now()
+	}
+	if err := checkStorable(s); err != nil {
+		return err
+	}
+	return p.writeLocked(s, pebble.Sync)
+}
+
+// pebbleLogger routes Pebble's logs to slog.
+type pebbleLogger struct{ log *slog.Logger }
+
+func (l pebbleLogger) Infof(format string, args ...any) {
+	l.log.Debug(fmt.Sprintf(format, args...), "from", "pebble")
+}
+
+func (l pebbleLogger) Errorf(format string, args ...any) {
+	l.log.Error(fmt.Sprintf(format, args...), "from", "pebble")
+}
+
+func (l pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	l.log.Error(msg, "from", "pebble")
+	panic("pebble: " + msg)
+}
+
+var _ io.Closer = (*Pool)(nil)

