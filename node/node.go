@@ -62,6 +62,10 @@ type Config struct {
 	Token string
 	// UpstreamToken, if set, replaces the Authorization sent upstream.
 	UpstreamToken string
+	// AllowedHosts are the host names, beyond loopback names and IP
+	// addresses, that clients may reach the gateway by when it has no Token
+	// (see gateway.Config.AllowedHosts).
+	AllowedHosts []string
 	// MaxAge and MaxBytes are the pool's retention policy (0: unlimited).
 	MaxAge   time.Duration
 	MaxBytes int64
@@ -166,6 +170,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		Caps:          caps,
 		Token:         cfg.Token,
 		UpstreamToken: cfg.UpstreamToken,
+		AllowedHosts:  cfg.AllowedHosts,
 		Store:         p,
 		Sessions:      session.Options{IdleTimeout: cfg.IdleTimeout},
 		Adapter:       cfg.Adapter,

@@ -23,6 +23,8 @@ import (
 //	upstream_kind = "ollama"
 //	token         = ""
 //	judge_model   = "qwen3:8b"
+//	allowed_hosts = ["macmini.lan"]
+//	idle_timeout  = "30m"
 //
 //	[retention]
 //	max_age   = "720h"
@@ -34,13 +36,15 @@ import (
 //	enabled = true
 //	judge   = false
 type fileConfig struct {
-	Data          string `toml:"data"`
-	Listen        string `toml:"listen"`
-	Upstream      string `toml:"upstream"`
-	UpstreamKind  string `toml:"upstream_kind"`
-	Token         string `toml:"token"`
-	UpstreamToken string `toml:"upstream_token"`
-	JudgeModel    string `toml:"judge_model"`
+	Data          string   `toml:"data"`
+	Listen        string   `toml:"listen"`
+	Upstream      string   `toml:"upstream"`
+	UpstreamKind  string   `toml:"upstream_kind"`
+	Token         string   `toml:"token"`
+	UpstreamToken string   `toml:"upstream_token"`
+	JudgeModel    string   `toml:"judge_model"`
+	AllowedHosts  []string `toml:"allowed_hosts"`
+	IdleTimeout   string   `toml:"idle_timeout"`
 	Retention     struct {
 		MaxAge   string `toml:"max_age"`
 		MaxBytes int64  `toml:"max_bytes"`
@@ -69,6 +73,8 @@ type settings struct {
 	Token         string
 	UpstreamToken string
 	JudgeModel    string
+	AllowedHosts  []string
+	IdleTimeout   time.Duration
 	MaxAge        time.Duration
 	MaxBytes      int64
 	Plugins       []reward.PluginConfig // nil: built-ins
@@ -155,6 +161,16 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 	}
 	if s.JudgeModel == "" {
 		s.JudgeModel = fc.JudgeModel
+	}
+	if len(s.AllowedHosts) == 0 {
+		s.AllowedHosts = fc.AllowedHosts
+	}
+	if fc.IdleTimeout != "" && !set["idle-timeout"] {
+		d, err := time.ParseDuration(fc.IdleTimeout)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("config %s: idle_timeout %q: want a positive duration such as 30m", path, fc.IdleTimeout)
+		}
+		s.IdleTimeout = d
 	}
 	if s.Data == "" {
 		s.Data = defaultDataDir()

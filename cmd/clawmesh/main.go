@@ -144,6 +144,13 @@ func parse(fs *flag.FlagSet, args []string) error {
 }
 
 func runVersion(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("version", "Usage: clawmesh version\n\nPrints the version of this clawmesh binary.\n", stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr("unexpected arguments %q", fs.Args())
+	}
 	fmt.Fprintln(stdout, "clawmesh", version)
 	return nil
 }

@@ -33,6 +33,9 @@ func TestSettingsPrecedence(t *testing.T) {
 listen = "127.0.0.1:9001"
 upstream = "http://file/v1"
 upstream_kind = "vllm"
+token = "file-token"
+allowed_hosts = ["macmini.lan"]
+idle_timeout = "45m"
 [retention]
 max_age = "48h"
 [[plugins]]
@@ -45,6 +48,7 @@ enabled = false
 	t.Setenv("CLAWMESH_DATA", data)
 	t.Setenv("CLAWMESH_UPSTREAM", "http://env/v1")
 	t.Setenv("CLAWMESH_LISTEN", "")
+	t.Setenv("CLAWMESH_TOKEN", "env-token")
 
 	var s settings
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
@@ -52,7 +56,8 @@ enabled = false
 	fs.StringVar(&s.Upstream, "upstream", "", "")
 	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "")
 	fs.DurationVar(&s.MaxAge, "max-age", 0, "")
-	if err := fs.Parse([]string{"--upstream-kind", "ollama"}); err != nil {
+	fs.DurationVar(&s.IdleTimeout, "idle-timeout", 0, "")
+	if err := fs.Parse([]string{"--upstream-kind", "ollama", "--token", "flag-token"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.resolve(fs); err != nil {
@@ -70,8 +75,14 @@ enabled = false
 	if s.UpstreamKind != "ollama" {
 		t.Errorf("upstream kind %q: the flag beats the file", s.UpstreamKind)
 	}
-	if s.MaxAge != 48*time.Hour {
-		t.Errorf("max age %v", s.MaxAge)
+	if s.Token != "flag-token" {
+		t.Errorf("token %q: the flag beats the environment and the file", s.Token)
+	}
+	if s.MaxAge != 48*time.Hour || s.IdleTimeout != 45*time.Minute {
+		t.Errorf("max age %v, idle timeout %v: want the file's", s.MaxAge, s.IdleTimeout)
+	}
+	if len(s.AllowedHosts) != 1 || s.AllowedHosts[0] != "macmini.lan" {
+		t.Errorf("allowed hosts %q", s.AllowedHosts)
 	}
 	if len(s.Plugins) != 2 || s.Plugins[0].Path != filepath.Join(data, "p.wasm") || s.Plugins[0].Weight != 0.5 || !s.Plugins[0].Enabled ||
 		s.Plugins[1].Builtin != "toolerror" || s.Plugins[1].Enabled || s.Plugins[1].Weight != 1 {
@@ -116,7 +127,11 @@ func TestUsage(t *testing.T) {
 	if code != 1 || !strings.Contains(errs, "no pool") {
 		t.Errorf("stats of a missing pool: code %d, %q", code, errs)
 	}
-	for _, cmd := range []string{"node", "pool", "bench", "reward"} {
+	_, errs, code = runCLI(t, "node", "--upstream", "http://x/v1", "--allow-host", "a/b", "--data", t.TempDir())
+	if code != 2 || !strings.Contains(errs, "not a host name") {
+		t.Errorf("bad --allow-host: code %d, %q", code, errs)
+	}
+	for _, cmd := range []string{"node", "serve", "pool", "bench", "reward", "version"} {
 		out, errs, code := runCLI(t, cmd, "--help")
 		if code != 0 || !strings.Contains(out+errs, "Usage: clawmesh "+cmd) && !strings.Contains(out+errs, "clawmesh "+cmd) {
 			t.Errorf("%s --help: code %d, %q", cmd, code, out+errs)

@@ -48,6 +48,16 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "upstream flavour: openai, vllm, sglang, clawmesh, ollama, llamacpp, none (decides whether logprobs and token ids are asked for; default openai)")
 	fs.StringVar(&s.UpstreamToken, "upstream-token", "", "bearer token sent to the upstream instead of the client's")
 	fs.StringVar(&s.JudgeModel, "judge-model", "", "model name for reward plugins' judge calls (default: none sent)")
+	fs.Func("allow-host", "a host name, beyond loopback names and IP addresses, that clients may reach the gateway by when it has no --token (repeat, or separate by commas); other names are refused, against DNS rebinding", func(v string) error {
+		for _, h := range strings.Split(v, ",") {
+			if h = strings.TrimSpace(h); h == "" || strings.ContainsAny(h, "/: ") {
+				return fmt.Errorf("%q is not a host name", h)
+			}
+			s.AllowedHosts = append(s.AllowedHosts, strings.TrimSpace(h))
+		}
+		return nil
+	})
+	fs.DurationVar(&s.IdleTimeout, "idle-timeout", 0, "close a session's chain after this long without a call; its last step then has no next state (default 30m)")
 	fs.DurationVar(&s.MaxAge, "max-age", 0, "retention: drop steps older than this (e.g. 720h; 0 keeps them)")
 	fs.Int64Var(&s.MaxBytes, "max-bytes", 0, "retention: keep the pool under this many bytes (0: no limit)")
 	noScore := fs.Bool("no-scoring", false, "do not score closed steps in the background")
@@ -64,6 +74,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if s.Upstream == "" {
 		return usageErr("--upstream is required (or CLAWMESH_UPSTREAM, or upstream in the config file)")
 	}
+	if s.IdleTimeout < 0 {
+		return usageErr("--idle-timeout must be positive")
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return usageErr("--log: %v", err)
@@ -79,6 +92,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		UpstreamKind:  s.UpstreamKind,
 		Token:         s.Token,
 		UpstreamToken: s.UpstreamToken,
+		AllowedHosts:  s.AllowedHosts,
+		IdleTimeout:   s.IdleTimeout,
 		JudgeModel:    s.JudgeModel,
 		MaxAge:        s.MaxAge,
 		MaxBytes:      s.MaxBytes,

@@ -73,6 +73,11 @@ type Config struct {
 	// UpstreamToken, if set, replaces the Authorization sent upstream
 	// ("Bearer <UpstreamToken>").
 	UpstreamToken string
+	// AllowedHosts are host names, beyond loopback names and IP addresses,
+	// that clients may reach the gateway by (the Host header) when it has no
+	// Token; other names are refused with 403 so that a DNS-rebound web page
+	// cannot use it. With a Token every name is accepted.
+	AllowedHosts []string
 	// MaxBodyBytes bounds the bodies of API calls and feedback (default 32
 	// MiB); larger → 413. The admin API (pool import) streams and is not bound.
 	MaxBodyBytes int64

@@ -581,3 +581,64 @@ func TestSlowHeaders(t *testing.T) {
 		t.Fatal("the gateway kept a connection with unfinished headers open")
 	}
 }
+
+// TestDNSRebinding: with no token, a request that names the gateway by
+// anything but a loopback name, an IP address or an allowed host is refused,
+// whether or not it carries an Origin (a rebound page's GET often has none),
+// on the API and the admin routes alike.
+func TestDNSRebinding(t *testing.T) {
+	admin := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "pool") })
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Admin = admin
+		c.AllowedHosts = []string{"macmini.lan"}
+	})
+	get := func(url, host string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Host = host
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, c := range []struct {
+		host string
+		want int
+	}{
+		{"attacker.example:8400", 403},
+		{"attacker.example", 403},
+		{"127.0.0.1.attacker.example:80", 403},
+		{"localhost.attacker.example:8400", 403},
+		{"localhost:8400", 200},
+		{"app.localhost:8400", 200},
+		{"127.0.0.1:8400", 200},
+		{"[::1]:8400", 200},
+		{"192.168.1.5:8400", 200},
+		{"MacMini.lan:8400", 200},
+	} {
+		if st := get(e.url+"/clawmesh/v1/pool/stats", c.host); st != c.want {
+			t.Errorf("admin, Host %s: %d, want %d", c.host, st, c.want)
+		}
+		if st := get(e.url+"/v1/models", c.host); st != c.want {
+			t.Errorf("models, Host %s: %d, want %d", c.host, st, c.want)
+		}
+	}
+	if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"Host": "attacker.example:8400"}); st != 403 || !strings.Contains(string(b), "--allow-host") {
+		t.Errorf("chat by a foreign name: %d %s", st, b)
+	}
+	if n := len(e.mem.all(t)); n != 0 {
+		t.Errorf("a refused call was recorded: %d steps", n)
+	}
+
+	// With a token, any name passes the host check; the token still decides.
+	tok := newEnv(t, fakeupstream.Script{}, func(c *Config) { c.Token = "s"; c.Admin = admin })
+	if st, _, _ := post(t, tok.url+"/v1/chat/completions", chatBody, map[string]string{"Host": "macmini.example:8400", "Authorization": "Bearer s"}); st != 200 {
+		t.Errorf("token, foreign name: %d", st)
+	}
+	if st, _, _ := post(t, tok.url+"/v1/chat/completions", chatBody, map[string]string{"Host": "macmini.example:8400"}); st != 401 {
+		t.Errorf("no token, foreign name: %d", st)
+	}
+}

@@ -170,6 +170,10 @@ func post(t testing.TB, url, body string, hdr map[string]string) (int, http.Head
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	resp, err := http.DefaultClient.Do(req)

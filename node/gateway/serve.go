@@ -84,6 +84,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, anthropic, http.StatusForbidden, "permission_error", "forbidden", "cross-origin requests are refused")
 		return
 	}
+	if !g.hostAllowed(r.Host) {
+		writeError(w, anthropic, http.StatusForbidden, "permission_error", "forbidden",
+			"the gateway answers to loopback names and IP addresses only; name this host with --allow-host, or set a --token")
+		return
+	}
 	if !ok {
 		writeError(w, false, http.StatusNotFound, "not_found_error", "not_found", "no route for "+r.URL.Path)
 		return
@@ -145,6 +150,32 @@ func (g *Gateway) sameOrigin(r *http.Request) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// hostAllowed refuses DNS rebinding: a web page whose name the attacker
+// re-points at 127.0.0.1 reaches the gateway as a "same-origin" request with
+// its own name in Host and often no Origin header at all. Without a token the
+// gateway therefore answers only to IP literals (which no DNS answer can
+// stand for), localhost and *.localhost, and the names in AllowedHosts. With
+// a token any name passes here: a rebound page cannot know the token.
+func (g *Gateway) hostAllowed(hostport string) bool {
+	if g.cfg.Token != "" {
+		return true
+	}
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if host == "" || host == "localhost" || strings.HasSuffix(host, ".localhost") || net.ParseIP(host) != nil {
+		return true
+	}
+	for _, a := range g.cfg.AllowedHosts {
+		if strings.EqualFold(strings.TrimSuffix(a, "."), host) {
+			return true
+		}
+	}
+	return false
 }
 
 // authorized checks the gateway token; via names the header that carried it.
