@@ -227,5 +227,7 @@ func (c *call) chatStream() {
 			return
 		}
 	}
-	c.send(f, "", []byte("[DONE]"))
+	if !c.t.NoDone {
+		c.send(f, "", []byte("[DONE]"))
+	}
 }

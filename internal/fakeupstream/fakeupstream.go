@@ -45,6 +45,9 @@ type Turn struct {
 	// DoneAfterError sends a chat stream's "data: [DONE]" after that error
 	// event, as vLLM does.
 	DoneAfterError bool
+	// NoDone ends a chat stream after its finish reasons (and usage) with
+	// no "data: [DONE]", as some OpenAI-compatible servers do.
+	NoDone bool
 	// HoldAfter > 0 makes a stream wait, after that many text chunks, until
 	// Script.Hold is closed (or yields a value) or the client goes away.
 	HoldAfter int

@@ -299,6 +299,40 @@ func TestUpstreamErrors(t *testing.T) {
 	}
 }
 
+// TestStreamWithoutDone: a chat stream that ends after its finish reason
+// with no [DONE] (some servers omit it) is a complete reply that chains and
+// gets its next state; one that ends before its finish reason is cut.
+func TestStreamWithoutDone(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{
+		{Text: "first", NoDone: true},
+		{Text: "second", NoDone: true},
+		{Text: "abcdef", StreamErrorAfter: 2},
+	}}, nil)
+	h := map[string]string{"X-Session-Id": "nd"}
+	st, _, b := post(t, e.url+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a"}]}`, h)
+	if st != 200 || strings.Contains(string(b), "[DONE]") || !strings.Contains(string(b), `"finish_reason":"stop"`) {
+		t.Fatalf("stream without [DONE] not relayed as it was: %d %q", st, b)
+	}
+	post(t, e.url+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"first"},{"role":"user","content":"b"}]}`, h)
+	post(t, e.url+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"c"}]}`, nil)
+	steps := e.mem.all(t)
+	if len(steps) != 3 {
+		t.Fatalf("%d steps", len(steps))
+	}
+	if r := steps[0].Response; r.Error != nil || steps[0].Action().Content != "first" || r.Choices[0].FinishReason != "stop" {
+		t.Errorf("first step: error %s, action %+v", r.Error, steps[0].Action())
+	}
+	if ns := steps[0].NextState; ns == nil || len(ns.Messages) != 1 || ns.Messages[0].Content != "b" || ns.StepID != steps[1].ID {
+		t.Errorf("first step's next state %+v, want the user's b", ns)
+	}
+	if steps[1].State != core.StateOpen {
+		t.Errorf("second step: state %s, want open (its chain goes on)", steps[1].State)
+	}
+	if r := steps[2].Response; r.Error == nil || steps[2].State != core.StateClosed {
+		t.Errorf("stream cut before its finish reason: error %s, state %s", r.Error, steps[2].State)
+	}
+}
+
 func TestSafety(t *testing.T) {
 	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
 		c.Token = "gw-secret"

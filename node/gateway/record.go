@@ -231,14 +231,14 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 	if !br.first.IsZero() {
 		step.Timings.TTFT = br.first.Sub(step.Timings.Start)
 	}
+	step.ClientDisconnected = fw.err != nil || r.Context().Err() != nil
+	complete := st.Done() || (readErr == nil && !step.ClientDisconnected && st.End())
 	cr := st.Response()
 	cr.Status = resp.StatusCode
 	if cr.Model != "" {
 		step.Model = cr.Model
 	}
-	if fw.err != nil || r.Context().Err() != nil {
-		step.ClientDisconnected = true
-	} else if readErr != nil || !st.Done() {
+	if !step.ClientDisconnected && (readErr != nil || !complete) {
 		g.upstreamFailures.Add(1)
 		msg := "upstream stream ended without its terminal event"
 		if idle.fired.Load() {
@@ -252,7 +252,7 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 		}
 	}
 	step.Response = cr
-	ok := !step.ClientDisconnected && st.Done() && readErr == nil && cr.Error == nil && len(cr.Choices) > 0
+	ok := !step.ClientDisconnected && complete && readErr == nil && cr.Error == nil && len(cr.Choices) > 0
 	waitClosures()
 	g.commit(storeCtx, step, ok)
 	if tail != nil && !step.ClientDisconnected && fw.write(tail) {

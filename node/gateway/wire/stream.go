@@ -22,6 +22,7 @@ const maxChoices = 1024
 type Stream struct {
 	api  core.APIKind
 	add  added
+	n    int // choices asked for (chat)
 	done bool
 	resp core.Response
 
@@ -36,11 +37,30 @@ type Stream struct {
 // NewStream returns an accumulator for a streaming response to req, sent
 // upstream with UpstreamBody(req, body, caps).
 func NewStream(req *Request, caps Caps) *Stream {
-	s := &Stream{api: core.APIChat, add: addedFor(req, caps)}
+	s := &Stream{api: core.APIChat, add: addedFor(req, caps), n: 1}
 	if req != nil {
 		s.api = req.API
+		s.n = max(req.N, 1)
 	}
 	return s
+}
+
+// End tells the stream that the upstream body ended cleanly, and reports
+// Done. Some OpenAI-compatible servers end a chat stream without [DONE]:
+// one whose every asked-for choice has finished (a finish_reason seen) is
+// then complete all the same. A chat stream with a choice still unfinished,
+// or any other API's stream without its terminal event, stays incomplete.
+func (s *Stream) End() bool {
+	if s.done || s.api != core.APIChat || len(s.chat) < s.n {
+		return s.done
+	}
+	for _, c := range s.chat {
+		if c.finish == "" {
+			return false
+		}
+	}
+	s.done = true
+	return true
 }
 
 // Done reports whether the terminal event was seen: [DONE], message_stop,

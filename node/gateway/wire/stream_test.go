@@ -593,3 +593,45 @@ func readEvents(t *testing.T, b []byte) []sse.Event {
 	t.Fatal("too many events")
 	return nil
 }
+
+// TestStreamEndWithoutDone: End completes a chat stream without [DONE] only
+// when every asked-for choice has its finish reason.
+func TestStreamEndWithoutDone(t *testing.T) {
+	delta := func(i int, text, finish string) string {
+		f := "null"
+		if finish != "" {
+			f = `"` + finish + `"`
+		}
+		return fmt.Sprintf(`{"id":"c","object":"chat.completion.chunk","choices":[{"index":%d,"delta":{"content":%q},"finish_reason":%s}]}`, i, text, f)
+	}
+	for _, c := range []struct {
+		name   string
+		extra  string
+		chunks []string
+		want   bool
+	}{
+		{"finished", "", []string{delta(0, "a", ""), delta(0, "b", "stop")}, true},
+		{"unfinished", "", []string{delta(0, "a", ""), delta(0, "b", "")}, false},
+		{"nothing", "", nil, false},
+		{"one of two finished", `,"n":2`, []string{delta(0, "a", "stop"), delta(1, "b", "")}, false},
+		{"one of two seen", `,"n":2`, []string{delta(0, "a", "stop")}, false},
+		{"both finished", `,"n":2`, []string{delta(0, "a", "stop"), delta(1, "b", "length")}, true},
+	} {
+		_, st, _ := run(t, chatReq(t, c.extra), Caps{}, sseOf(c.chunks...))
+		if st.Done() {
+			t.Fatalf("%s: Done before End with no [DONE]", c.name)
+		}
+		if got := st.End(); got != c.want || st.Done() != c.want {
+			t.Errorf("%s: End %v, Done %v, want %v", c.name, got, st.Done(), c.want)
+		}
+		if r := st.Response(); c.want && len(r.Choices) > 0 && r.Choices[0].Fidelity == core.FidelityPartial {
+			t.Errorf("%s: a complete stream's choices are marked partial", c.name)
+		}
+	}
+	// Other APIs need their terminal event.
+	msg := mustParse(t, core.APIMessages, `{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	_, st, _ := run(t, msg, Caps{}, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"model\":\"m\",\"content\":[]}}\n\n")
+	if st.End() {
+		t.Error("a Messages stream without message_stop ended complete")
+	}
+}
