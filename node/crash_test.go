@@ -166,7 +166,8 @@ func TestCrashKill9(t *testing.T) {
 	t.Logf("%d replies received whole before SIGKILL, all in the pool (%d steps recorded)", len(got), len(steps))
 
 	// The killed node left its last steps open; a node started on the same
-	// data closes them (their chains ended with the process).
+	// data resumes them (a continuation would give them their next state),
+	// and closes those idle past the timeout.
 	open := 0
 	for _, s := range steps {
 		if s.State == core.StateOpen {
@@ -181,16 +182,26 @@ func TestCrashKill9(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n.Close(context.Background())
 	left, err := n.Pool().List(context.Background(), pool.Filter{State: core.StateOpen})
+	if err != nil || len(left) != open {
+		t.Fatalf("after a restart %d steps are open, %d were left open (%v)", len(left), open, err)
+	}
+	n.Close(context.Background())
+	time.Sleep(5 * time.Millisecond)
+	n, err = node.New(context.Background(), node.Config{DataDir: data, Upstream: "http://127.0.0.1:1/v1", NoScoring: true, IdleTimeout: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	left, err = n.Pool().List(context.Background(), pool.Filter{State: core.StateOpen})
 	if err != nil || len(left) != 0 {
-		t.Fatalf("after a restart %d steps are still open (%v)", len(left), err)
+		t.Fatalf("after a restart with a 1ms idle timeout %d steps are still open (%v)", len(left), err)
 	}
 	after, _ := n.Pool().List(context.Background(), pool.Filter{})
 	if len(after) != len(steps) {
 		t.Fatalf("%d steps after the restart, %d before", len(after), len(steps))
 	}
-	t.Logf("the restart closed %d steps left open", open)
+	t.Logf("the restarts resumed, then closed as idle, %d steps left open", open)
 }
 
 // completeCall makes one chat call and reports the response id if the reply

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -160,10 +161,6 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.pool = p
-	if err := n.closeOrphans(ctx); err != nil {
-		n.Close(ctx)
-		return nil, err
-	}
 	caps, _ := Caps(cfg.UpstreamKind)
 	gw, err := gateway.New(gateway.Config{
 		Upstream:      cfg.Upstream,
@@ -183,6 +180,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.gw = gw
+	if err := n.resume(ctx); err != nil {
+		n.Close(ctx)
+		return nil, err
+	}
 	if !cfg.NoScoring {
 		plugins := cfg.Plugins
 		if plugins == nil {
@@ -204,17 +205,27 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// closeOrphans closes the steps left open on disk when the node starts: the
-// session tracker that could have given them a next state lived in the
-// memory of a node that is gone (a crash, a kill -9), so their chains ended
-// there, as an idle timeout would have ended them. Steps imported open are
-// closed the same way at the next start.
-func (n *Node) closeOrphans(ctx context.Context) error {
+// resume hands the steps left open on disk to the gateway: the previous
+// run (stopped, or killed) recorded them, and their chains may go on now.
+// Those idle past the timeout close, as they would have in a running node;
+// open steps that cannot be continued (side turns, replies with no choice,
+// steps imported open) close without a next state.
+func (n *Node) resume(ctx context.Context) error {
 	open, err := n.pool.List(ctx, pool.Filter{State: core.StateOpen})
 	if err != nil {
 		return fmt.Errorf("node: listing open steps: %w", err)
 	}
+	if len(open) == 0 {
+		return nil
+	}
+	sort.Slice(open, func(i, j int) bool { return open[i].ID < open[j].ID })
+	var resumable []*core.Step
+	closed := 0
 	for _, st := range open {
+		if st.Source == "gateway" && st.Turn != core.TurnSide && len(st.Response.Choices) > 0 {
+			resumable = append(resumable, st)
+			continue
+		}
 		err := n.pool.Update(ctx, st.ID, func(s *core.Step) error {
 			if s.State == core.StateOpen {
 				s.State = core.StateClosed
@@ -224,10 +235,10 @@ func (n *Node) closeOrphans(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("node: closing step %s left open: %w", st.ID, err)
 		}
+		closed++
 	}
-	if len(open) > 0 {
-		n.log.Info("closed steps left open by the previous run", "steps", len(open))
-	}
+	resumed := n.gw.Resume(ctx, resumable)
+	n.log.Info("steps left open by the previous run", "resumed", resumed, "closed", closed)
 	return nil
 }
 

@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -57,7 +58,11 @@ func post(t *testing.T, url, body string, hdr ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, err = io.Copy(io.Discard, resp.Body) // the whole reply, as an agent reads it
 	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if resp.StatusCode != 200 {
 		t.Fatalf("%s: status %d", url, resp.StatusCode)
 	}
@@ -144,5 +149,84 @@ func TestScoresClosedSteps(t *testing.T) {
 	}
 	if err := n.ReloadPlugins(ctx, []reward.PluginConfig{{Builtin: "feedback", Enabled: true}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRestartResumesChains: a node stopped between two turns of a
+// conversation (an upgrade, a reboot) does not lose the first turn's next
+// state: the node started on the same data resumes the open chains, for
+// sessions matched by message prefix and for explicit ones alike.
+func TestRestartResumesChains(t *testing.T) {
+	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "first"}}})
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	upCtx, upCancel := context.WithCancel(context.Background())
+	defer upCancel()
+	go up.Run(upCtx, upLn)
+	data := t.TempDir()
+	cfg := node.Config{DataDir: data, Upstream: "http://" + upLn.Addr().String() + "/v1", NoScoring: true}
+	run := func(calls func(chat string)) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		n, err := node.New(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- n.Serve(ctx, ln) }()
+		calls("http://" + ln.Addr().String() + "/v1/chat/completions")
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sys := `{"role":"system","content":"You are helpful."}`
+	u1 := `{"role":"user","content":"hello"}`
+	a1 := `{"role":"assistant","content":"first"}`
+	run(func(chat string) {
+		post(t, chat, `{"model":"m","messages":[`+sys+`,`+u1+`]}`)
+		post(t, chat, `{"model":"m","stream":true,"messages":[{"role":"user","content":"pinned"}]}`, "X-Session-Id", "pinned")
+	})
+	run(func(chat string) {
+		post(t, chat, `{"model":"m","messages":[`+sys+`,`+u1+`,`+a1+`,{"role":"user","content":"and then?"}]}`)
+		post(t, chat, `{"model":"m","messages":[{"role":"user","content":"pinned"},`+a1+`,{"role":"user","content":"more"}]}`, "X-Session-Id", "pinned")
+	})
+
+	p, err := pool.Open(data+"/pool", pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	steps, err := p.List(context.Background(), pool.Filter{})
+	if err != nil || len(steps) != 4 {
+		t.Fatalf("%d steps (%v)", len(steps), err)
+	}
+	byText := map[string]*core.Step{}
+	for _, s := range steps {
+		byText[s.Request.Messages[len(s.Request.Messages)-1].Content] = s
+	}
+	for _, c := range []struct{ first, next string }{{"hello", "and then?"}, {"pinned", "more"}} {
+		s, cont := byText[c.first], byText[c.next]
+		if s == nil || cont == nil {
+			t.Fatalf("steps %v", byText)
+		}
+		if s.State != core.StateClosed || s.NextState == nil || len(s.NextState.Messages) != 1 || s.NextState.Messages[0].Content != c.next || s.NextState.StepID != cont.ID {
+			t.Errorf("%s: state %s, next state %+v: want %q from the call after the restart", c.first, s.State, s.NextState, c.next)
+		}
+		if cont.SessionID != s.SessionID || cont.ParentID != s.ID || cont.ChainID != s.ChainID {
+			t.Errorf("%s: continuation in session %s chain %s parent %s, want %s %s %s", c.first, cont.SessionID, cont.ChainID, cont.ParentID, s.SessionID, s.ChainID, s.ID)
+		}
+		if cont.State != core.StateOpen {
+			t.Errorf("%s: the continuation is %s, want open (its chain goes on)", c.next, cont.State)
+		}
 	}
 }

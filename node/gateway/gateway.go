@@ -263,8 +263,8 @@ func NewStepID(now time.Time) core.StepID {
 
 // Run serves on ln until ctx is done. Then it stops accepting, lets
 // in-flight requests and streams finish (up to ShutdownTimeout, then cuts
-// them), closes every open chain without a next state (the tracker lives in
-// memory and would forget them), writes those closures and returns.
+// them) and returns. Chains still open stay open in the Store: the next run
+// Resumes them.
 func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           g,
@@ -298,16 +298,41 @@ loop:
 		srv.Close()
 	}
 	g.wg.Wait()
-	// Every chain still open ends here: far enough in the future, every
-	// chain is idle.
-	g.mu.Lock()
-	cl := g.tr.Tick(g.cfg.Now().Add(100 * 365 * 24 * time.Hour))
-	g.mu.Unlock()
-	g.applyClosures(context.WithoutCancel(ctx), cl)
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr
 	}
 	return nil
+}
+
+// Resume makes steps that an earlier run recorded and left open (the
+// node stopped or crashed before their chains went on) continuable again:
+// a call that continues one supplies its next state as if the gateway had
+// never stopped. steps must be open main steps, oldest first; others are
+// skipped. Those whose idle timeout has passed close now, without a next
+// state. Call it before Run. It reports how many steps it restored.
+func (g *Gateway) Resume(ctx context.Context, steps []*core.Step) int {
+	var cl []session.Closure
+	n := 0
+	g.mu.Lock()
+	for _, st := range steps {
+		if st.State != core.StateOpen || st.Turn == core.TurnSide || len(st.Response.Choices) == 0 {
+			continue
+		}
+		actions := make([]core.Message, len(st.Response.Choices))
+		for i, c := range st.Response.Choices {
+			actions[i] = c.Message
+		}
+		cl = append(cl, g.tr.Restore(session.Restored{
+			StepID: st.ID, Session: st.SessionID, Chain: st.ChainID, Parent: st.ParentID, Turn: st.Turn,
+			TraceID: st.TraceID, Messages: st.Request.Messages, Actions: actions,
+			Completed: st.Timings.Start.Add(st.Timings.Total),
+		})...)
+		n++
+	}
+	cl = append(cl, g.tr.Tick(g.cfg.Now())...)
+	g.mu.Unlock()
+	g.applyClosures(ctx, cl)
+	return n
 }
 
 // Tick lets idle chains time out now and writes their closures. Run calls it

@@ -521,8 +521,8 @@ func TestGracefulShutdown(t *testing.T) {
 	if len(steps) != 1 || steps[0].Action().Content != "abcdefgh" || steps[0].ClientDisconnected {
 		t.Fatalf("recorded %+v", steps)
 	}
-	// Run closed the chain still open at shutdown.
-	if steps[0].State != core.StateClosed || steps[0].NextState != nil {
+	// The chain stays open on disk for the next run to resume.
+	if steps[0].State != core.StateOpen || steps[0].NextState != nil {
 		t.Errorf("after shutdown: state %v next %+v", steps[0].State, steps[0].NextState)
 	}
 }

@@ -381,39 +381,95 @@ func (t *Tracker) Begin(c Call) Assignment {
 		sess.first, sess.hasFirst = keys[0], true
 	}
 	st.req = t.tree.extend(n, keys[depth:])
+	t.register(st)
+	a := st.assignment()
+	a.Closures = t.bound(sess, out)
+	return a
+}
+
+// register adds a placed step to the tables: its request path in the tree
+// (st.req set), its session, its trace.
+func (t *Tracker) register(st *step) {
+	sess := st.sess
 	st.req.reqs = append(st.req.reqs, st)
 	t.steps[st.id] = st
 	t.inflight++
 	sess.push(st)
-	if c.TraceID != "" {
-		if r := t.traces[c.TraceID]; r != nil && r.sess == sess {
+	if st.trace != "" {
+		if r := t.traces[st.trace]; r != nil && r.sess == sess {
 			r.n++
 		} else {
 			// The trace now leads to this session (rare: one trace in
 			// several sessions); count its steps that carry it.
 			r := &traceRef{sess: sess}
 			for o := sess.head; o != nil; o = o.next {
-				if o.trace == c.TraceID {
+				if o.trace == st.trace {
 					r.n++
 				}
 			}
-			t.traces[c.TraceID] = r
+			t.traces[st.trace] = r
 		}
 	}
 	t.touch(sess)
+}
 
-	// Bounds: oldest steps of this session, then least recently used
-	// sessions (never this one: it is the most recent).
+// bound enforces the bounds after sess grew: its oldest steps, then the
+// least recently used sessions (never sess: it is the most recent).
+func (t *Tracker) bound(sess *session, out []Closure) []Closure {
 	for sess.n > t.opts.MaxSteps {
 		out = t.forget(sess.head, out)
 	}
 	for len(t.sessions) > t.opts.MaxSessions {
 		out = t.evict(t.lruLRU, out)
 	}
+	return out
+}
 
-	a := st.assignment()
-	a.Closures = out
-	return a
+// Restored is a step recorded by an earlier run and still open: what Restore
+// needs to make it continuable again.
+type Restored struct {
+	StepID   core.StepID
+	Session  core.SessionID
+	Chain    core.ChainID
+	Parent   core.StepID
+	Turn     core.TurnType
+	TraceID  string
+	Messages []core.Message // the request's messages
+	Actions  []core.Message // the reply, one per choice
+	// Completed is when the reply completed; the idle timeout runs from it.
+	Completed time.Time
+}
+
+// Restore re-registers an open step that an earlier run of the tracker
+// (a node since restarted) knew, so that a call continuing it supplies its
+// next state as if nothing had happened. Restore steps oldest first, before
+// new calls are begun; a restored step's parent is linked if it was restored
+// too. A step whose idle timeout has passed closes at the next Tick. Ids
+// already known are ignored.
+func (t *Tracker) Restore(r Restored) []Closure {
+	if _, ok := t.steps[r.StepID]; ok {
+		return nil
+	}
+	t.canon(r.Messages)
+	sess := t.sessions[r.Session]
+	if sess == nil {
+		sess = t.newSession(r.Session)
+	}
+	st := &step{id: r.StepID, turn: r.Turn, trace: r.TraceID, chain: r.Chain, parID: r.Parent, segment: sess.segment, heapIdx: -1, sess: sess}
+	if p := t.steps[r.Parent]; p != nil && p.sess == sess {
+		st.parent = p
+		if st.main() {
+			p.mainKids++
+			st.counted = true
+		}
+	}
+	if st.main() && !sess.hasFirst && len(t.keys) > 0 {
+		sess.first, sess.hasFirst = t.keys[0], true
+	}
+	st.req = t.tree.extend(&t.tree.root, t.keys)
+	t.register(st)
+	out := t.bound(sess, nil)
+	return append(out, t.Complete(r.StepID, r.Actions, r.Completed)...)
 }
 
 // Complete records the reply (or replies, for n>1: any of them may be the one

@@ -177,3 +177,61 @@ func TestSourceString(t *testing.T) {
 		}
 	}
 }
+
+// TestRestore: steps an earlier tracker left open, restored into a new one,
+// are continued by new calls as if the tracker had never stopped: by
+// message prefix and by explicit session, a restored parent chains, and a
+// restored step whose idle timeout has passed closes at the next Tick.
+func TestRestore(t *testing.T) {
+	t0 := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	msg := func(role, text string) core.Message { return core.Message{Role: role, Content: text} }
+	sys, u1, a1 := msg(core.RoleSystem, "sys"), msg(core.RoleUser, "one"), msg(core.RoleAssistant, "reply one")
+	u2, a2 := msg(core.RoleUser, "two"), msg(core.RoleAssistant, "reply two")
+	tr, err := New(Options{IdleTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []Restored{
+		// A prefix-matched session: two open steps, the second continuing
+		// the first (its parent is restored too, and already closed on disk
+		// would be fine as well).
+		{StepID: "a1", Session: "s-a1", Chain: "c-a1", Turn: core.TurnMain, Messages: []core.Message{sys, u1}, Actions: []core.Message{a1}, Completed: t0},
+		// An explicit session.
+		{StepID: "x1", Session: "explicit", Chain: "c-x1", Turn: core.TurnMain, Messages: []core.Message{msg(core.RoleUser, "hi")}, Actions: []core.Message{msg(core.RoleAssistant, "hello")}, Completed: t0},
+		// Idle for longer than the timeout by the time of the restart.
+		{StepID: "old", Session: "s-old", Chain: "c-old", Turn: core.TurnMain, Messages: []core.Message{msg(core.RoleUser, "old")}, Actions: []core.Message{msg(core.RoleAssistant, "stale")}, Completed: t0.Add(-2 * time.Hour)},
+	} {
+		if cl := tr.Restore(r); len(cl) != 0 {
+			t.Fatalf("restoring %s closed %+v", r.StepID, cl)
+		}
+	}
+	if cl := tr.Restore(Restored{StepID: "a1", Session: "s-a1"}); cl != nil {
+		t.Errorf("restoring a known id again: %+v", cl)
+	}
+	now := t0.Add(time.Minute)
+	cl := tr.Tick(now)
+	if len(cl) != 1 || cl[0].StepID != "old" || cl[0].NextState != nil {
+		t.Fatalf("tick after restore: %+v, want the stale step closed", cl)
+	}
+
+	// A new call continuing a1 by prefix: a1 gets its next state.
+	a := tr.Begin(Call{Now: now, StepID: "a2", Turn: core.TurnMain, Messages: []core.Message{sys, u1, a1, u2}})
+	if a.Session != "s-a1" || a.Parent != "a1" || a.Chain != "c-a1" {
+		t.Errorf("continuation of a restored step: %+v", a)
+	}
+	if len(a.Closures) != 1 || a.Closures[0].StepID != "a1" || a.Closures[0].NextState == nil ||
+		len(a.Closures[0].NextState.Messages) != 1 || a.Closures[0].NextState.Messages[0].Content != "two" {
+		t.Errorf("restored step's next state: %+v", a.Closures)
+	}
+	tr.Complete("a2", []core.Message{a2}, now)
+
+	// The explicit session goes on too.
+	a = tr.Begin(Call{Now: now, StepID: "x2", Session: "explicit", Source: SourceHeader, Turn: core.TurnMain,
+		Messages: []core.Message{msg(core.RoleUser, "hi"), msg(core.RoleAssistant, "hello"), msg(core.RoleUser, "more")}})
+	if a.Parent != "x1" || len(a.Closures) != 1 || a.Closures[0].StepID != "x1" || a.Closures[0].NextState == nil {
+		t.Errorf("explicit session after restore: %+v", a)
+	}
+	if err := tr.check(); err != nil {
+		t.Fatal(err)
+	}
+}
