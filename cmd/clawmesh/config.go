@@ -35,6 +35,11 @@ import (
 //	weight  = 1.0
 //	enabled = true
 //	judge   = false
+//	[plugins.config]        # passed to the plugin as meta.config
+//	votes = 3
+//
+// A key the file does not know is an error, so that a misspelt setting is
+// not silently ignored.
 type fileConfig struct {
 	Data          string   `toml:"data"`
 	Listen        string   `toml:"listen"`
@@ -59,6 +64,8 @@ type filePlugin struct {
 	Weight  float64 `toml:"weight"`
 	Enabled *bool   `toml:"enabled"`
 	Judge   bool    `toml:"judge"`
+	// Config reaches the plugin as meta.config: strings, numbers, booleans.
+	Config map[string]any `toml:"config"`
 }
 
 // settings are the values shared by the commands that touch a node: the
@@ -130,13 +137,19 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 		path = filepath.Join(expandHome(data), "config.toml")
 	}
 	var fc fileConfig
-	if _, err := toml.DecodeFile(expandHome(path), &fc); err != nil {
+	if md, err := toml.DecodeFile(expandHome(path), &fc); err != nil {
 		if !explicit && errors.Is(err, fs.ErrNotExist) {
 			// No config file: defaults only.
 		} else {
 			return fmt.Errorf("config %s: %w", path, err)
 		}
 	} else {
+		for _, k := range md.Undecoded() {
+			if len(k) >= 3 && k[0] == "plugins" && k[2] == "config" {
+				continue // checked below, per plugin
+			}
+			return fmt.Errorf("config %s: unknown key %q", path, k.String())
+		}
 		s.Config = path
 	}
 	file := func(name string, dst *string, v string) {
@@ -192,6 +205,17 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 			pc := reward.PluginConfig{Name: p.Name, Path: p.Path, Builtin: p.Builtin, Weight: p.Weight, Enabled: p.Enabled == nil || *p.Enabled, Judge: p.Judge}
 			if pc.Path == "" && pc.Builtin == "" {
 				return fmt.Errorf("config %s: plugins[%d]: needs path or builtin", path, i)
+			}
+			for k, v := range p.Config {
+				switch v.(type) {
+				case string, int64, float64, bool:
+				default:
+					return fmt.Errorf("config %s: plugins[%d].config.%s: want a string, number or boolean, got %T", path, i, k, v)
+				}
+				if pc.Config == nil {
+					pc.Config = map[string]string{}
+				}
+				pc.Config[k] = fmt.Sprint(v)
 			}
 			if pc.Path != "" && !filepath.IsAbs(pc.Path) {
 				pc.Path = filepath.Join(base, expandHome(pc.Path))

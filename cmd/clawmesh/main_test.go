@@ -44,6 +44,12 @@ weight = 0.5
 [[plugins]]
 builtin = "toolerror"
 enabled = false
+[[plugins]]
+builtin = "judge"
+judge = true
+[plugins.config]
+votes = 5
+style = "strict"
 `), 0o600)
 	t.Setenv("CLAWMESH_DATA", data)
 	t.Setenv("CLAWMESH_UPSTREAM", "http://env/v1")
@@ -84,8 +90,9 @@ enabled = false
 	if len(s.AllowedHosts) != 1 || s.AllowedHosts[0] != "macmini.lan" {
 		t.Errorf("allowed hosts %q", s.AllowedHosts)
 	}
-	if len(s.Plugins) != 2 || s.Plugins[0].Path != filepath.Join(data, "p.wasm") || s.Plugins[0].Weight != 0.5 || !s.Plugins[0].Enabled ||
-		s.Plugins[1].Builtin != "toolerror" || s.Plugins[1].Enabled || s.Plugins[1].Weight != 1 {
+	if len(s.Plugins) != 3 || s.Plugins[0].Path != filepath.Join(data, "p.wasm") || s.Plugins[0].Weight != 0.5 || !s.Plugins[0].Enabled ||
+		s.Plugins[1].Builtin != "toolerror" || s.Plugins[1].Enabled || s.Plugins[1].Weight != 1 ||
+		!s.Plugins[2].Judge || s.Plugins[2].Config["votes"] != "5" || s.Plugins[2].Config["style"] != "strict" {
 		t.Errorf("plugins %+v", s.Plugins)
 	}
 }
@@ -103,6 +110,16 @@ func TestSettingsErrors(t *testing.T) {
 	t.Setenv("CLAWMESH_CONFIG", bad)
 	if err := s.resolve(fs); err == nil || !strings.Contains(err.Error(), "bad.toml") {
 		t.Errorf("a malformed config file: err = %v, want one naming the file", err)
+	}
+	for body, want := range map[string]string{
+		"upstrem = \"http://x/v1\"":                                   `unknown key "upstrem"`,
+		"[[plugins]]\nbuiltin = \"judge\"\nvotes = 3":                 `unknown key "plugins.votes"`,
+		"[[plugins]]\nbuiltin = \"judge\"\n[plugins.config]\nx = [1]": "plugins[0].config.x",
+	} {
+		os.WriteFile(bad, []byte(body), 0o600)
+		if err := s.resolve(fs); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: err = %v, want %q", body, err, want)
+		}
 	}
 }
 
