@@ -177,8 +177,15 @@ func TestNativeMatchesJinja2(t *testing.T) {
 	if _, err := os.Stat(qwenConfig); err != nil {
 		t.Skip("Qwen3 tokenizer_config.json not installed")
 	}
-	py, err := exec.LookPath("python3")
-	if err != nil || exec.Command(py, "-c", "import jinja2").Run() != nil {
+	// The python3 first on PATH, else the system's (Debian's python3-jinja2).
+	py := ""
+	for _, cand := range []string{"python3", "/usr/bin/python3"} {
+		if p, err := exec.LookPath(cand); err == nil && exec.Command(p, "-c", "import jinja2").Run() == nil {
+			py = p
+			break
+		}
+	}
+	if py == "" {
 		t.Skip("python3 with jinja2 not available")
 	}
 	cs := convos()
@@ -305,8 +312,18 @@ func TestTemplateErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := tpl.Render([]core.Message{user("a"), asst("b")}, nil, false)
-	if err != nil || got != "[user:a][assistant:b]</s>" {
-		t.Errorf("list template: %q, %v", got, err)
+	if err != nil || got != "[user:a][assistant:b]</s>" || tpl.EndOfTurn() != "</s>" {
+		t.Errorf("list template: %q, end of turn %q, %v", got, tpl.EndOfTurn(), err)
+	}
+	// A ChatML template whose eos_token is not <|im_end|> (Qwen's base
+	// models): turns still end with <|im_end|>.
+	p = filepath.Join(dir, "base.json")
+	os.WriteFile(p, []byte(`{"chat_template":"{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}","eos_token":"<|endoftext|>"}`), 0o644)
+	if tpl, err = FromTokenizerConfig(p); err != nil {
+		t.Fatal(err)
+	}
+	if tpl.EndOfTurn() != "<|im_end|>" {
+		t.Errorf("ChatML template with eos <|endoftext|>: end of turn %q", tpl.EndOfTurn())
 	}
 }
 

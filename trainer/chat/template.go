@@ -103,7 +103,18 @@ func FromTokenizerConfig(path string) (*Template, error) {
 	if bos := tokenString(cfg.BOS); bos != "" {
 		vars["bos_token"] = bos
 	}
-	return NewTemplate(src, TemplateOptions{EndOfTurn: eos, Vars: vars})
+	return NewTemplate(src, TemplateOptions{EndOfTurn: endOfTurn(src, eos), Vars: vars})
+}
+
+// endOfTurn is what closes an assistant turn in templates written with src:
+// ChatML's <|im_end|> when the template writes it (Qwen's base models name
+// <|endoftext|> as their eos_token, yet their template ends every turn with
+// <|im_end|>), else the eos_token.
+func endOfTurn(src, eos string) string {
+	if strings.Contains(src, "<|im_end|>") {
+		return "<|im_end|>"
+	}
+	return eos
 }
 
 // chatTemplateSource accepts a template string or the list form
