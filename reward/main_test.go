@@ -10,7 +10,7 @@ import (
 )
 
 // testDir holds what the package's tests share: the compilation cache (so
-// the built-ins compile once per run) and the hostile plugin.
+// the built-ins compile once per run) and the plugins built from testdata.
 var testDir string
 
 func TestMain(m *testing.M) {
@@ -26,7 +26,13 @@ func TestMain(m *testing.M) {
 
 func cacheDir() string { return filepath.Join(testDir, "cache") }
 
-var hostile struct {
+// built caches the plugins built from testdata, by directory, for the run.
+var built struct {
+	mu    sync.Mutex
+	paths map[string]*builtPlugin
+}
+
+type builtPlugin struct {
 	once sync.Once
 	path string
 	err  error
@@ -35,17 +41,35 @@ var hostile struct {
 // hostilePlugin builds testdata/hostile with the Go toolchain, once.
 func hostilePlugin(t testing.TB) string {
 	t.Helper()
+	return testdataPlugin(t, "hostile")
+}
+
+// testdataPlugin builds the Go plugin in testdata/<name> with the Go
+// toolchain, once per run, and returns the .wasm's path. It skips the test
+// if there is no toolchain on PATH.
+func testdataPlugin(t testing.TB, name string) string {
+	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go toolchain on PATH to build the hostile plugin")
+		t.Skipf("no go toolchain on PATH to build the %s plugin", name)
 	}
-	hostile.once.Do(func() {
-		hostile.path = filepath.Join(testDir, "hostile.wasm")
-		_, hostile.err = Build(context.Background(), "testdata/hostile", hostile.path, os.Stderr)
+	built.mu.Lock()
+	if built.paths == nil {
+		built.paths = map[string]*builtPlugin{}
+	}
+	b := built.paths[name]
+	if b == nil {
+		b = &builtPlugin{}
+		built.paths[name] = b
+	}
+	built.mu.Unlock()
+	b.once.Do(func() {
+		b.path = filepath.Join(testDir, name+".wasm")
+		_, b.err = Build(context.Background(), filepath.Join("testdata", name), b.path, os.Stderr)
 	})
-	if hostile.err != nil {
-		t.Fatal(hostile.err)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return hostile.path
+	return b.path
 }
 
 // writeWasm writes b to a file in t's temp dir.
