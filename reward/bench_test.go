@@ -46,9 +46,12 @@ func BenchmarkScoreEmpty(b *testing.B) {
 }
 
 // BenchmarkScoreBuiltin is a Go plugin of the kit (correction): Go's wasip1
-// runtime plus JSON in the guest.
+// runtime and the flat layout. The baseline beside it runs the same plugin
+// with wazero's own deadline check at every loop head instead of metering.
 func BenchmarkScoreBuiltin(b *testing.B) {
-	benchScore(b, PluginConfig{Builtin: "correction", Enabled: true}, Options{})
+	cfg := PluginConfig{Builtin: "correction", Enabled: true}
+	b.Run("metered", func(b *testing.B) { benchScore(b, cfg, Options{}) })
+	b.Run("loop-checks", func(b *testing.B) { benchScore(b, cfg, Options{loopChecks: true}) })
 }
 
 // BenchmarkScoreSmall is a small Go plugin of the kit: the polite example
@@ -61,7 +64,9 @@ func BenchmarkScoreSmall(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	benchScore(b, PluginConfig{Path: out, Enabled: true}, Options{})
+	cfg := PluginConfig{Path: out, Enabled: true}
+	b.Run("metered", func(b *testing.B) { benchScore(b, cfg, Options{}) })
+	b.Run("loop-checks", func(b *testing.B) { benchScore(b, cfg, Options{loopChecks: true}) })
 }
 
 // BenchmarkScoreBuiltinLongContext is the built-in on a step whose context

@@ -271,3 +271,52 @@ func TestJSONPluginEndToEnd(t *testing.T) {
 		t.Errorf("no next state: %v %q", fmtVal(sc.Value), sc.Reason)
 	}
 }
+
+// TestJudgeComputeBudget checks how a judge plugin's time is bounded: the
+// time its judge calls take does not count against its deadline (a slow
+// judge still gets its votes counted), but its own computing does (a judge
+// plugin that spins is stopped at about the deadline, not at the end of
+// the judge timeout).
+func TestJudgeComputeBudget(t *testing.T) {
+	ctx := context.Background()
+	steps := readTestSteps(t)
+	// Each judge call takes 60 ms: three of them are nearly twice the
+	// deadline.
+	slow := func(ctx context.Context, prompt string) (string, error) {
+		select {
+		case <-time.After(60 * time.Millisecond):
+			return "Score: -1", nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	r := newTestRunner(t, Options{
+		Plugins:      []PluginConfig{{Builtin: "judge", Enabled: true, Judge: true}},
+		Deadline:     DefaultDeadline,
+		JudgeTimeout: 20 * time.Second,
+		Judge:        slow,
+	})
+	start := time.Now()
+	sc, _ := r.ScorePlugin(ctx, "judge", steps["01-correction"])
+	t.Logf("slow judge: %v %q in %v", fmtVal(sc.Value), sc.Reason, time.Since(start).Round(time.Millisecond))
+	if sc.Value == nil || *sc.Value != -1 {
+		t.Errorf("slow judge: %v %q, want -1", fmtVal(sc.Value), sc.Reason)
+	}
+
+	// A plugin permitted to judge that spins instead.
+	r = newTestRunner(t, Options{
+		Plugins:      []PluginConfig{{Name: "hostile", Path: hostilePlugin(t), Enabled: true, Judge: true}},
+		Deadline:     DefaultDeadline,
+		JudgeTimeout: 20 * time.Second,
+	})
+	start = time.Now()
+	sc, _ = r.ScorePlugin(ctx, "hostile", stepSaying("spin"))
+	took := time.Since(start)
+	t.Logf("spinning judge plugin: %q in %v", sc.Reason, took.Round(time.Millisecond))
+	if sc.Value != nil || sc.Reason != "deadline exceeded" {
+		t.Errorf("spinning judge plugin: %v %q, want deadline exceeded", fmtVal(sc.Value), sc.Reason)
+	}
+	if took > containBound {
+		t.Errorf("spinning judge plugin took %v, want at most %v (deadline %v, judge timeout 20s)", took, containBound, DefaultDeadline)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/reward/internal/meter"
 	"github.com/clawmesh/clawmesh/wasm-rewards/builtin"
 )
 
@@ -67,8 +68,12 @@ func newHost(opts Options) (*host, error) {
 	} else {
 		cache = wazero.NewCompilationCache()
 	}
+	// No WithCloseOnContextDone: its check at every loop iteration is an
+	// exit from the compiled code into Go, which costs more than most
+	// plugins' own work. Plugins are metered instead (see meter and
+	// refuel), and the deadline is checked at every refill.
 	cfg := wazero.NewRuntimeConfig().
-		WithCloseOnContextDone(true).
+		WithCloseOnContextDone(opts.loopChecks).
 		WithMemoryLimitPages(uint32(opts.MemoryLimit >> 16)).
 		WithCompilationCache(cache)
 	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
@@ -87,7 +92,35 @@ func newHost(opts Options) (*host, error) {
 		h.close(ctx)
 		return nil, fmt.Errorf("reward: host module: %w", err)
 	}
+	_, err = rt.NewHostModuleBuilder(meter.ImportModule).
+		NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(h.refuel),
+		nil, []api.ValueType{api.ValueTypeI64}).Export(meter.ImportName).
+		Instantiate(ctx)
+	if err != nil {
+		h.close(ctx)
+		return nil, fmt.Errorf("reward: meter module: %w", err)
+	}
 	return h, nil
+}
+
+// fuelChunk is the fuel refuel grants: about a quarter of a million
+// WebAssembly instructions, well under a millisecond of most code, so the
+// deadline is checked at least that often while a plugin computes.
+const fuelChunk = 1 << 18
+
+// refuel is called by a metered plugin that ran out of fuel. It stops the
+// call if its time is up, and grants another chunk otherwise.
+func (h *host) refuel(ctx context.Context, _ api.Module, stack []uint64) {
+	switch err := ctx.Err(); {
+	case errors.Is(err, context.DeadlineExceeded):
+		panic(sys.NewExitError(sys.ExitCodeDeadlineExceeded))
+	case err != nil:
+		panic(sys.NewExitError(sys.ExitCodeContextCanceled))
+	}
+	if cs := stateOf(ctx); cs != nil && cs.judge && time.Now().After(cs.computeEnd.Add(cs.judging)) {
+		panic(sys.NewExitError(sys.ExitCodeDeadlineExceeded))
+	}
+	stack[0] = fuelChunk
 }
 
 func (h *host) close(ctx context.Context) error {
@@ -107,6 +140,11 @@ type callState struct {
 	judgeCtx context.Context // created at the first judge call
 	cancel   context.CancelFunc
 	logged   int
+
+	// A judge plugin's own computing has the same deadline as any
+	// plugin's: the time its judge calls took does not count.
+	computeEnd time.Time     // when Deadline runs out, judge calls aside
+	judging    time.Duration // time spent in judge calls so far
 }
 
 type callKey struct{}
@@ -151,7 +189,9 @@ func (h *host) hostJudge(ctx context.Context, mod api.Module, stack []uint64) {
 	if cs.judgeCtx.Err() != nil {
 		return
 	}
+	start := time.Now()
 	reply, err := h.opts.Judge(cs.judgeCtx, string(prompt))
+	cs.judging += time.Since(start)
 	if err != nil {
 		h.log.Info("judge call failed", "plugin", cs.plugin, "err", err)
 		return
@@ -218,6 +258,12 @@ func (h *host) load(ctx context.Context, c PluginConfig, poolSize int) *plugin {
 	}
 	sum := sha256.Sum256(bin)
 	p.hash = hex.EncodeToString(sum[:])
+	if !h.opts.loopChecks {
+		if bin, err = meter.Instrument(bin); err != nil {
+			p.broken = "compile: " + err.Error()
+			return p
+		}
+	}
 	code, err := h.rt.CompileModule(ctx, bin)
 	if err != nil {
 		p.broken = "compile: " + firstLine(err.Error())
@@ -370,7 +416,8 @@ func (p *plugin) call(ctx context.Context, in []byte) ([]byte, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	cs := &callState{plugin: p.cfg.Name, judge: p.cfg.Judge, inst: inst}
+	cs := &callState{plugin: p.cfg.Name, judge: p.cfg.Judge, inst: inst,
+		computeEnd: time.Now().Add(p.h.opts.Deadline)}
 	defer func() {
 		if cs.cancel != nil {
 			cs.cancel()

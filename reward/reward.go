@@ -113,6 +113,11 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives plugin logs and failures. Default: discard.
 	Logger *slog.Logger
+
+	// loopChecks replaces metering with wazero's own deadline check at
+	// every loop head (WithCloseOnContextDone): the baseline the benchmarks
+	// compare metering with.
+	loopChecks bool
 }
 
 func (o *Options) validate() error {
