@@ -4,7 +4,9 @@
 //
 // Plugins run with no filesystem, no network and no environment; the clock
 // and randomness they see through WASI are deterministic; every call has a
-// deadline and every instance a memory cap. A plugin that traps, overruns,
+// deadline and every instance a memory cap. Plugins are instrumented before
+// they are compiled (reward/internal/meter) so that the deadline also stops
+// code that never calls out. A plugin that traps, overruns,
 // returns junk or lacks the ABI's exports abstains with a logged reason and
 // affects nothing else. The plugin set can be swapped at run time (Reload);
 // calls in flight finish on the set they started with.

@@ -11,9 +11,8 @@ import (
 // The flat layout of ABI version 2 (see ABI.md): the input and the result are
 // fixed-size records whose strings are (offset, length) pairs into the same
 // buffer. Decoding one is a few loads per field and per message, never a
-// pass over the text: under wazero's deadline checks every loop iteration a
-// guest runs is an exit to the host, so a JSON decoder costs at least one
-// such exit per input byte, and a step's context runs to tens of kilobytes.
+// pass over the text: a JSON decoder's cost grows with every input byte, and
+// a step's context runs to tens of kilobytes.
 
 // Sizes of the flat records, in bytes.
 const (
@@ -76,9 +75,8 @@ var ErrFlat = errors.New("rewards: malformed flat input")
 
 // flatReader reads records out of one flat buffer. An out-of-bounds read
 // returns a zero value and is remembered (bad, what, at) rather than
-// reported through a call: under the host's deadline checks a guest pays
-// for every call, so u32 stays small enough to inline and message reads its
-// record without calls.
+// reported through a call, so u32 stays small enough to inline and message
+// reads its record without calls.
 type flatReader struct {
 	b    []byte
 	s    *flatScratch
@@ -163,8 +161,8 @@ func (r *flatReader) message(at uint32, m *Message) {
 		return
 	}
 	// One record, read without calls: sub is inlined.
-	// The five strings are read by straight-line code: a call or a loop
-	// would each cost an exit to the host.
+	// The five strings are read by straight-line code, without a call or
+	// a loop.
 	b, rec, le := r.b, r.b[at:at+flatMessage], binary.LittleEndian
 	size := uint64(len(b))
 	o0, n0 := uint64(le.Uint32(rec[msgRole:])), uint64(le.Uint32(rec[msgRole+4:]))

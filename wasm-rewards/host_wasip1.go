@@ -9,7 +9,7 @@ import (
 var (
 	// input is the buffer the host writes each input into, reused from call
 	// to call: a plugin then makes little garbage, and the Go runtime's
-	// collector, slow under the host's deadline checks, seldom runs.
+	// collector seldom runs.
 	input []byte
 	// pinned keeps the buffers handed out during a call (judge replies)
 	// alive until it returns.
