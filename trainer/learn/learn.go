@@ -296,7 +296,7 @@ func (l *Learner) Train(ctx context.Context, steps []*core.Step) (Report, error)
 			if s.OldLogprobs != nil {
 				it.old = slices.Clone(s.OldLogprobs)
 				for t, m := range s.LossMask {
-					if m && it.old[t] == 0 {
+					if m && isNaN32(it.old[t]) {
 						it.gaps = true
 					}
 				}
@@ -328,7 +328,7 @@ func (l *Learner) Train(ctx context.Context, steps []*core.Step) (Report, error)
 				continue
 			}
 			for t, m := range it.s.LossMask {
-				if m && it.old[t] == 0 {
+				if m && isNaN32(it.old[t]) {
 					it.old[t] = lps[k][t]
 				}
 			}
@@ -543,6 +543,8 @@ func narrow(xs []float64) []float32 {
 	}
 	return out
 }
+
+func isNaN32(x float32) bool { return x != x }
 
 func finite32(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
 

@@ -93,7 +93,8 @@ func newFixture(t *testing.T) *fixture {
 type stepSpec struct {
 	prompt, reply, adapter, hint string
 	reward                       *float64
-	record                       int // 0: no tokens, 1: exact with end token, 2: exact without it
+	record                       int  // 0: no tokens, 1: exact with end token, 2: exact without it
+	certain                      bool // recorded log-probs of 0: the policy was sure of every token
 }
 
 func rew(v float64) *float64 { return &v }
@@ -108,8 +109,12 @@ func (fx *fixture) step(id string, s stepSpec) *core.Step {
 		if s.record == 1 {
 			ids = append(ids, fx.end)
 		}
+		lp := recordedLogprob
+		if s.certain {
+			lp = 0
+		}
 		for _, id := range ids {
-			c.Tokens = append(c.Tokens, core.TokenLogprob{ID: id, Logprob: recordedLogprob})
+			c.Tokens = append(c.Tokens, core.TokenLogprob{ID: id, Logprob: lp})
 		}
 		c.Fidelity = core.FidelityExact
 	}
@@ -204,11 +209,13 @@ func TestTrainOldLogprobs(t *testing.T) {
 		fx.step("exact", stepSpec{prompt: "hi", reply: "Hello there", reward: rew(1), record: 1}),
 		fx.step("cut", stepSpec{prompt: "hi", reply: "Hello there", reward: rew(1), record: 2}),
 		fx.step("none", stepSpec{prompt: "hi", reply: "Hello there", reward: rew(1)}),
+		// A recorded log-prob of 0 is a certainty, not a gap.
+		fx.step("certain", stepSpec{prompt: "hi", reply: "Hello there", reward: rew(1), record: 1, certain: true}),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Recorded != 2 || rep.Recomputed != 2 {
+	if rep.Recorded != 3 || rep.Recomputed != 2 {
 		t.Fatalf("recorded %d, recomputed %d", rep.Recorded, rep.Recomputed)
 	}
 	// One recomputation pass, with the adapter, for "cut" and "none" only.
@@ -222,7 +229,7 @@ func TestTrainOldLogprobs(t *testing.T) {
 		t.Fatalf("policy logprob calls %+v", policy)
 	}
 	b := fx.eng.batches[0]
-	for i, name := range []string{"exact", "cut", "none"} {
+	for i, name := range []string{"exact", "cut", "none", "certain"} {
 		s := b[i]
 		last := len(s.Tokens) - 1
 		for t2, m := range s.LossMask {
@@ -230,6 +237,9 @@ func TestTrainOldLogprobs(t *testing.T) {
 				continue
 			}
 			want := float32(recordedLogprob)
+			if name == "certain" {
+				want = 0
+			}
 			if name == "none" || name == "cut" && t2 == last {
 				want = fx.eng.lp(s.Tokens[t2], t2, false)
 			}

@@ -9,6 +9,7 @@ package sample
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -43,8 +44,9 @@ type Sample struct {
 	// calls) up to and including the end-of-turn token.
 	LossMask []bool
 	// OldLogprobs are the rollout's log-probabilities per token (len ==
-	// len(Tokens), 0 on the prompt and wherever the rollout gave none),
-	// set only when the choice was recorded with exact fidelity and its
+	// len(Tokens), 0 on the prompt, NaN on the response tokens the rollout
+	// gave none for: a recorded 0 is a token the policy was sure of), set
+	// only when the choice was recorded with exact fidelity and its
 	// token ids equal the re-tokenized response; nil means the trainer must
 	// recompute them.
 	OldLogprobs []float32
@@ -206,6 +208,9 @@ func (b *Builder) oldLogprobs(c core.Choice, resp []int, offset int) []float32 {
 			continue
 		}
 		lp := make([]float32, offset+len(resp))
+		for i := offset; i < len(lp); i++ {
+			lp[i] = float32(math.NaN())
+		}
 		for i, t := range c.Tokens {
 			lp[offset+k+i] = float32(t.Logprob)
 		}

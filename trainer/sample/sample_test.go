@@ -227,9 +227,16 @@ func TestOldLogprobs(t *testing.T) {
 		p := got[0].PromptLen
 		for i, v := range lp {
 			r := i - p
-			want := float32(0)
-			if r >= c.from && r < c.to {
+			want := float32(0) // the prompt
+			switch {
+			case r >= c.from && r < c.to:
 				want = float32(-0.1 * float64(r-c.from+1))
+			case r >= 0: // response tokens the rollout gave no log-prob for
+				if !math.IsNaN(float64(v)) {
+					t.Errorf("%s: logprob[%d] = %v, want NaN (not recorded)", c.name, i, v)
+					break
+				}
+				continue
 			}
 			if math.Abs(float64(v-want)) > 1e-6 {
 				t.Errorf("%s: logprob[%d] = %v, want %v", c.name, i, v, want)
