@@ -3,7 +3,9 @@
 // call is forwarded to the configured upstream, streamed back chunk by chunk
 // with no buffering, and recorded as a core.Step in a Store; calls are tied
 // into sessions and chains by node/session, whose closures (next states) the
-// gateway writes back to the Store.
+// gateway writes back to the Store. A Responses call that names a
+// previous_response_id is recorded with the conversation that response ended
+// (remembered for the most recent responses), not only the input it sends.
 //
 // Wire formats (SSE framing, the three APIs' JSON) live in the sse and wire
 // sub-packages; this package adds HTTP, identity, safety and recording.
@@ -163,8 +165,9 @@ type Gateway struct {
 	log      *slog.Logger
 	client   *http.Client
 
-	mu sync.Mutex // guards tr
-	tr *session.Tracker
+	mu    sync.Mutex // guards tr and convs
+	tr    *session.Tracker
+	convs conversations
 
 	wg sync.WaitGroup // handlers and closure writers in flight
 

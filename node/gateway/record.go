@@ -45,6 +45,17 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 
+	if req.PreviousResponseID != "" {
+		g.mu.Lock()
+		msgs, ok := g.convs.join(req.PreviousResponseID, req.Normalized.Messages)
+		g.mu.Unlock()
+		if ok {
+			req.Normalized.Messages = msgs
+		} else {
+			g.log.Debug("previous_response_id not known (too old, or from before a restart): recording the call's own input only",
+				"previous_response_id", req.PreviousResponseID)
+		}
+	}
 	step := &core.Step{
 		ID:       g.cfg.NewID(),
 		Turn:     who.turn,
@@ -291,6 +302,7 @@ func (g *Gateway) commit(ctx context.Context, step *core.Step, ok bool) {
 	var cl []session.Closure
 	g.mu.Lock()
 	if ok {
+		g.convs.add(step)
 		actions := make([]core.Message, len(step.Response.Choices))
 		for i, c := range step.Response.Choices {
 			actions[i] = c.Message

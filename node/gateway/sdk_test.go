@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/anthropics/anthropic-sdk-go"
@@ -332,5 +333,63 @@ func TestChatNChoices(t *testing.T) {
 		if len(s.Response.Choices) != 2 || s.Response.Choices[0].Message.Content != "alpha beta gamma" || s.Response.Choices[1].Message.Content != "alpha beta gamma (1)" {
 			t.Errorf("stream=%s: recorded choices %+v", stream, s.Response.Choices)
 		}
+	}
+}
+
+// TestResponsesPreviousResponseID continues a Responses conversation the
+// way the SDK does with server-side state: the second call names the first
+// response and sends only the user's next message. The gateway records the
+// second step with the whole context, in the same chain, and the user's
+// message becomes the first step's next state.
+func TestResponsesPreviousResponseID(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{
+		{Text: "Hi there.", ToolCalls: []fakeupstream.ToolCall{{Name: "exec", Arguments: `{"command":"date"}`}}},
+		{Text: "You are welcome."},
+	}}, nil)
+	gc := openaiClient(e.url)
+	r1, err := gc.Responses.New(context.Background(), responses.ResponseNewParams{Model: "m",
+		Instructions: openai.String("Be brief."), Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hello")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gc.Responses.New(context.Background(), responses.ResponseNewParams{Model: "m",
+		Instructions: openai.String("Be brief."), PreviousResponseID: openai.String(r1.ID),
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("thanks")}}); err != nil {
+		t.Fatal(err)
+	}
+	steps := e.mem.all(t)
+	if len(steps) != 2 {
+		t.Fatalf("%d steps", len(steps))
+	}
+	first, second := steps[0], steps[1]
+	var roles []string
+	for _, m := range second.Request.Messages {
+		roles = append(roles, m.Role+":"+m.Content)
+	}
+	want := []string{"system:Be brief.", "user:hello", "assistant:Hi there.", "user:thanks"}
+	if strings.Join(roles, "|") != strings.Join(want, "|") {
+		t.Fatalf("second step's context %q, want %q", roles, want)
+	}
+	if tc := second.Request.Messages[2].ToolCalls; len(tc) != 1 || tc[0].Name != "exec" {
+		t.Errorf("the first reply's tool call is not in the context: %+v", second.Request.Messages[2])
+	}
+	if second.SessionID != first.SessionID || second.ChainID != first.ChainID || second.ParentID != first.ID {
+		t.Errorf("second step: session %s chain %s parent %s; first: session %s chain %s id %s",
+			second.SessionID, second.ChainID, second.ParentID, first.SessionID, first.ChainID, first.ID)
+	}
+	if ns := first.NextState; ns == nil || len(ns.Messages) != 1 || ns.Messages[0].Content != "thanks" || ns.StepID != second.ID {
+		t.Errorf("first step's next state %+v", first.NextState)
+	}
+
+	// A previous_response_id the gateway never saw: the call is recorded
+	// with what it sent, as a new chain.
+	if _, err := gc.Responses.New(context.Background(), responses.ResponseNewParams{Model: "m",
+		PreviousResponseID: openai.String("resp_unknown"),
+		Input:              responses.ResponseNewParamsInputUnion{OfString: openai.String("again")}}); err != nil {
+		t.Fatal(err)
+	}
+	steps = e.mem.all(t)
+	if third := steps[2]; len(third.Request.Messages) != 1 || third.Request.Messages[0].Content != "again" || third.ChainID == first.ChainID {
+		t.Errorf("unknown previous response: context %+v chain %s", third.Request.Messages, third.ChainID)
 	}
 }

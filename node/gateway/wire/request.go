@@ -427,9 +427,10 @@ var responsesTextTypes = []string{"input_text", "output_text", "text", "summary_
 
 type responsesRequest struct {
 	hints
-	Instructions json.RawMessage   `json:"instructions"`
-	Input        json.RawMessage   `json:"input"`
-	Tools        []json.RawMessage `json:"tools"`
+	Instructions       json.RawMessage   `json:"instructions"`
+	Input              json.RawMessage   `json:"input"`
+	Tools              []json.RawMessage `json:"tools"`
+	PreviousResponseID string            `json:"previous_response_id"`
 }
 
 func parseResponsesRequest(body []byte) (*Request, error) {
@@ -437,7 +438,7 @@ func parseResponsesRequest(body []byte) (*Request, error) {
 	if err := json.Unmarshal(body, &rr); err != nil {
 		return nil, badRequest("%v", err)
 	}
-	req := &Request{}
+	req := &Request{PreviousResponseID: rr.PreviousResponseID}
 	rr.hints.fill(req)
 	var msgs []core.Message
 	if ins := trimJSON(rr.Instructions); len(ins) > 0 && ins[0] == '[' {

@@ -49,6 +49,10 @@ type Request struct {
 	WantTokenIDs bool // the client itself asked for return_token_ids
 	// Session hints from the body, in precedence order.
 	MetadataUserID, PromptCacheKey, User string
+	// PreviousResponseID is a Responses call's previous_response_id: the
+	// upstream holds the conversation so far, and Normalized.Messages has
+	// only what this call adds to it.
+	PreviousResponseID string
 }
 
 // Errors. ParseRequest errors wrap ErrBadRequest; ParseResponse and
