@@ -5,11 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/reward"
 )
 
@@ -123,12 +125,21 @@ For every step of FILE (JSONL as 'clawmesh pool export' writes it) and every
 plugin, prints the score or "abstain" with the reason, the hint if any, and
 the time the call took. With --builtin the built-in plugins run too.
 
-Example:
-  clawmesh reward test polite.wasm --steps steps.jsonl --builtin`, stderr)
+Plugins may not call the judge (an LLM) unless --judge names an
+OpenAI-compatible server to ask; then every plugin named here may, and with
+--builtin the built-in PRM judge runs too.
+
+Examples:
+  clawmesh reward test polite.wasm --steps steps.jsonl --builtin
+  clawmesh reward test myjudge.wasm --steps steps.jsonl --judge http://127.0.0.1:11434/v1 --judge-model qwen3:8b`, stderr)
 	stepsPath := fs.String("steps", "", "JSONL file of steps (required; - for stdin)")
 	withBuiltin := fs.Bool("builtin", false, "also run the built-in plugins")
 	deadline := fs.Duration("deadline", reward.DefaultDeadline, "deadline of one plugin call")
 	memory := fs.Uint64("memory-mib", reward.DefaultMemoryLimit>>20, "memory cap of a plugin instance, MiB")
+	judgeURL := fs.String("judge", "", "base URL of an OpenAI-compatible server (ending in /v1) that judge calls ask; permits judge to the plugins")
+	judgeModel := fs.String("judge-model", "", "model name sent with judge calls")
+	judgeTimeout := fs.Duration("judge-timeout", reward.DefaultJudgeTimeout, "time budget of the judge calls of one plugin call")
+	judgeToken := fs.String("judge-token", "", "bearer token for the --judge server (default $CLAWMESH_UPSTREAM_TOKEN)")
 	pos, err := parseAll(fs, args)
 	if err != nil {
 		return err
@@ -138,6 +149,18 @@ Example:
 	}
 	if len(pos) == 0 && !*withBuiltin {
 		return usageErr("name at least one PLUGIN.wasm, or --builtin")
+	}
+	var judge func(context.Context, string) (string, error)
+	if *judgeURL != "" {
+		u, err := url.Parse(*judgeURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usageErr("--judge must be an http(s) base URL, such as http://127.0.0.1:11434/v1")
+		}
+		token := *judgeToken
+		if token == "" {
+			token = os.Getenv("CLAWMESH_UPSTREAM_TOKEN")
+		}
+		judge = node.Judge(*judgeURL, *judgeModel, token)
 	}
 	var in io.Reader = os.Stdin
 	if *stepsPath != "-" {
@@ -154,17 +177,18 @@ Example:
 	}
 	var plugins []reward.PluginConfig
 	for _, p := range pos {
-		plugins = append(plugins, reward.PluginConfig{Name: strings.TrimSuffix(filepath.Base(p), ".wasm"), Path: p, Enabled: true})
+		plugins = append(plugins, reward.PluginConfig{Name: strings.TrimSuffix(filepath.Base(p), ".wasm"), Path: p, Enabled: true, Judge: judge != nil})
 	}
 	if *withBuiltin {
 		for _, b := range reward.Builtins() {
-			if b.Judge {
-				continue // there is no LLM to ask here
+			if b.Judge && judge == nil {
+				continue // there is no LLM to ask
 			}
 			plugins = append(plugins, b)
 		}
 	}
-	r, err := reward.New(ctx, reward.Options{Plugins: plugins, Deadline: *deadline, MemoryLimit: *memory << 20})
+	r, err := reward.New(ctx, reward.Options{Plugins: plugins, Deadline: *deadline, MemoryLimit: *memory << 20,
+		Judge: judge, JudgeTimeout: *judgeTimeout})
 	if err != nil {
 		return err
 	}

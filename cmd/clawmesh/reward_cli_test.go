@@ -1,14 +1,19 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/reward"
 )
 
@@ -196,5 +201,66 @@ func TestRewardTestCommand(t *testing.T) {
 	}
 	if _, errs, code := runCLI(t, "reward", "test", "--steps", steps); code != 2 || !strings.Contains(errs, "PLUGIN.wasm") {
 		t.Errorf("without a plugin: code %d, %q", code, errs)
+	}
+}
+
+// TestRewardTestJudge runs the built-in PRM judge from `reward test` with
+// --judge pointing at a real HTTP server that speaks chat completions and
+// votes -1: the judge scores every step with a next state (and abstains on
+// the one without), and the prompts
+// it sent show the turn.
+func TestRewardTestJudge(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var prompts []string
+	up := fakeupstream.New(fakeupstream.Script{Respond: func(n int, r fakeupstream.Request) fakeupstream.Turn {
+		mu.Lock()
+		defer mu.Unlock()
+		var body struct {
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		if err := json.Unmarshal(r.Body, &body); err == nil && len(body.Messages) > 0 {
+			prompts = append(prompts, body.Messages[len(body.Messages)-1].Content)
+		}
+		return fakeupstream.Turn{Text: "The answer was wrong.\nScore: -1"}
+	}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Run(ctx, ln)
+	steps := writeRewardTestSteps(t)
+
+	out, errs, code := runCLI(t, "reward", "test", "--steps", steps, "--builtin", "--judge", "http://"+ln.Addr().String()+"/v1", "--judge-model", "m")
+	if code != 0 {
+		t.Fatalf("reward test --judge: code %d, %s", code, errs)
+	}
+	lines, _ := parseRewardLines(t, out)
+	judged := 0
+	for _, l := range lines {
+		if l.plugin != "judge" {
+			continue
+		}
+		judged++
+		want := "-1.00"
+		if l.step == "s-no-reply" {
+			want = "abstain" // nothing followed the turn to judge it by
+		}
+		if l.verdict != want {
+			t.Errorf("%s: judge %s (%s), want %s", l.step, l.verdict, l.why, want)
+		}
+	}
+	if judged != len(rewardTestSteps) {
+		t.Fatalf("%d judge lines for %d steps:\n%s", judged, len(rewardTestSteps), out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(prompts) < 3 || !strings.Contains(prompts[0], "Sydney") {
+		t.Errorf("%d judge prompts; the first: %.300q", len(prompts), strings.Join(prompts, "\n---\n"))
+	}
+
+	if _, errs, code := runCLI(t, "reward", "test", "--steps", steps, "--builtin", "--judge", "localhost:1234"); code != 2 || !strings.Contains(errs, "--judge") {
+		t.Errorf("a --judge that is not a URL: code %d, %q", code, errs)
 	}
 }
