@@ -333,6 +333,9 @@ func showStep(w io.Writer, s *core.Step) {
 			if sc.Reason != "" {
 				fmt.Fprintf(w, "  (%s)", oneLine(sc.Reason, 80))
 			}
+			if len(sc.Labels) > 0 {
+				fmt.Fprintf(w, "  labels: %s", oneLine(strings.Join(sc.Labels, ","), 120))
+			}
 			if sc.Hint != "" {
 				fmt.Fprintf(w, "  hint: %s", oneLine(sc.Hint, 120))
 			}

@@ -99,6 +99,9 @@ func TestPoolShowScoredStep(t *testing.T) {
 			if sc.Reason != "" && !strings.Contains(l, "("+sc.Reason+")") {
 				t.Errorf("%s: %s: line %q lacks the reason %q", how, sc.Plugin, l, sc.Reason)
 			}
+			if len(sc.Labels) > 0 && !strings.Contains(l, "labels: "+strings.Join(sc.Labels, ",")) {
+				t.Errorf("%s: %s: score line %q does not show the labels %q", how, sc.Plugin, l, sc.Labels)
+			}
 			if sc.Hint != "" && !strings.Contains(l, "hint: "+sc.Hint) {
 				t.Errorf("%s: %s: line %q lacks the hint %q", how, sc.Plugin, l, sc.Hint)
 			}
