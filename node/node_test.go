@@ -143,10 +143,32 @@ func TestScoresClosedSteps(t *testing.T) {
 		t.Errorf("the tool error should be the failed call's hint, got %q", failed.Reward.Hint)
 	}
 
-	// Scoring again finds nothing new; reloading to no plugins works live.
+	// Scoring again finds nothing new.
 	if again, _ := n.ScoreClosed(ctx, 100); again != 0 {
 		t.Errorf("rescored %d steps", again)
 	}
+
+	// Feedback that comes after the step was scored is not lost: the step
+	// is scored again, with it.
+	post(t, base+"/clawmesh/v1/feedback", `{"step_id":"`+string(corrected.ID)+`","score":1,"text":"/good"}`)
+	if again, err := n.ScoreClosed(ctx, 100); err != nil || again != 1 {
+		t.Fatalf("after late feedback: rescored %d steps (%v), want 1", again, err)
+	}
+	s, err := n.Pool().Get(ctx, corrected.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fb *core.Score
+	for i, sc := range s.Reward.Scores {
+		if sc.Plugin == "feedback" {
+			fb = &s.Reward.Scores[i]
+		}
+	}
+	if s.State != core.StateScored || fb == nil || fb.Value == nil || *fb.Value <= 0 {
+		t.Errorf("after late feedback: state %s, feedback plugin %+v", s.State, fb)
+	}
+
+	// Reloading to another plugin set works live.
 	if err := n.ReloadPlugins(ctx, []reward.PluginConfig{{Builtin: "feedback", Enabled: true}}); err != nil {
 		t.Fatal(err)
 	}

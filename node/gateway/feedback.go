@@ -40,7 +40,8 @@ func ParseFeedback(b []byte) (FeedbackRequest, error) {
 	return f, nil
 }
 
-// feedback appends explicit feedback to a step.
+// feedback appends explicit feedback to a step, and sends a step already
+// scored back to be scored again.
 func (g *Gateway) feedback(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -73,6 +74,12 @@ func (g *Gateway) feedback(w http.ResponseWriter, r *http.Request) {
 			return errSessionMismatch
 		}
 		s.Feedback = append(s.Feedback, fb)
+		if s.State == core.StateScored {
+			// Scored before the feedback came: back to closed, so that
+			// the scorer scores it again with the feedback. (A step
+			// already batched for training keeps its state.)
+			s.State = core.StateClosed
+		}
 		return nil
 	})
 	switch {
