@@ -79,6 +79,10 @@ type Config struct {
 	// IdleTimeout closes a chain after this long without a call; default
 	// the session tracker's (30m).
 	IdleTimeout time.Duration
+	// DrainTimeout is how long, once the node is told to stop, in-flight
+	// calls and streams may go on before they are cut; default the
+	// gateway's (60s).
+	DrainTimeout time.Duration
 	// JudgeModel is the model name sent upstream for the reward plugins'
 	// judge calls; "" sends none (servers with one model accept that).
 	JudgeModel string
@@ -163,17 +167,18 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n.pool = p
 	caps, _ := Caps(cfg.UpstreamKind)
 	gw, err := gateway.New(gateway.Config{
-		Upstream:      cfg.Upstream,
-		Caps:          caps,
-		Token:         cfg.Token,
-		UpstreamToken: cfg.UpstreamToken,
-		AllowedHosts:  cfg.AllowedHosts,
-		Store:         p,
-		Sessions:      session.Options{IdleTimeout: cfg.IdleTimeout},
-		Adapter:       cfg.Adapter,
-		Now:           cfg.Now,
-		Logger:        log,
-		Admin:         n.adminHandler(),
+		Upstream:        cfg.Upstream,
+		Caps:            caps,
+		Token:           cfg.Token,
+		UpstreamToken:   cfg.UpstreamToken,
+		AllowedHosts:    cfg.AllowedHosts,
+		Store:           p,
+		Sessions:        session.Options{IdleTimeout: cfg.IdleTimeout},
+		ShutdownTimeout: cfg.DrainTimeout,
+		Adapter:         cfg.Adapter,
+		Now:             cfg.Now,
+		Logger:          log,
+		Admin:           n.adminHandler(),
 	})
 	if err != nil {
 		n.Close(ctx)

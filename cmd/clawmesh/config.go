@@ -25,6 +25,7 @@ import (
 //	judge_model   = "qwen3:8b"
 //	allowed_hosts = ["macmini.lan"]
 //	idle_timeout  = "30m"
+//	drain_timeout = "60s"
 //
 //	[retention]
 //	max_age   = "720h"
@@ -50,6 +51,7 @@ type fileConfig struct {
 	JudgeModel    string   `toml:"judge_model"`
 	AllowedHosts  []string `toml:"allowed_hosts"`
 	IdleTimeout   string   `toml:"idle_timeout"`
+	DrainTimeout  string   `toml:"drain_timeout"`
 	Retention     struct {
 		MaxAge   string `toml:"max_age"`
 		MaxBytes int64  `toml:"max_bytes"`
@@ -82,6 +84,7 @@ type settings struct {
 	JudgeModel    string
 	AllowedHosts  []string
 	IdleTimeout   time.Duration
+	DrainTimeout  time.Duration
 	MaxAge        time.Duration
 	MaxBytes      int64
 	Plugins       []reward.PluginConfig // nil: built-ins
@@ -184,6 +187,13 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 			return fmt.Errorf("config %s: idle_timeout %q: want a positive duration such as 30m", path, fc.IdleTimeout)
 		}
 		s.IdleTimeout = d
+	}
+	if fc.DrainTimeout != "" && !set["drain-timeout"] {
+		d, err := time.ParseDuration(fc.DrainTimeout)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("config %s: drain_timeout %q: want a positive duration such as 60s", path, fc.DrainTimeout)
+		}
+		s.DrainTimeout = d
 	}
 	if s.Data == "" {
 		s.Data = defaultDataDir()

@@ -36,6 +36,7 @@ upstream_kind = "vllm"
 token = "file-token"
 allowed_hosts = ["macmini.lan"]
 idle_timeout = "45m"
+drain_timeout = "90s"
 [retention]
 max_age = "48h"
 [[plugins]]
@@ -63,7 +64,8 @@ style = "strict"
 	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "")
 	fs.DurationVar(&s.MaxAge, "max-age", 0, "")
 	fs.DurationVar(&s.IdleTimeout, "idle-timeout", 0, "")
-	if err := fs.Parse([]string{"--upstream-kind", "ollama", "--token", "flag-token"}); err != nil {
+	fs.DurationVar(&s.DrainTimeout, "drain-timeout", 0, "")
+	if err := fs.Parse([]string{"--upstream-kind", "ollama", "--token", "flag-token", "--drain-timeout", "5s"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.resolve(fs); err != nil {
@@ -86,6 +88,9 @@ style = "strict"
 	}
 	if s.MaxAge != 48*time.Hour || s.IdleTimeout != 45*time.Minute {
 		t.Errorf("max age %v, idle timeout %v: want the file's", s.MaxAge, s.IdleTimeout)
+	}
+	if s.DrainTimeout != 5*time.Second {
+		t.Errorf("drain timeout %v: the flag beats the file", s.DrainTimeout)
 	}
 	if len(s.AllowedHosts) != 1 || s.AllowedHosts[0] != "macmini.lan" {
 		t.Errorf("allowed hosts %q", s.AllowedHosts)

@@ -58,6 +58,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return nil
 	})
 	fs.DurationVar(&s.IdleTimeout, "idle-timeout", 0, "close a session's chain after this long without a call; its last step then has no next state (default 30m)")
+	fs.DurationVar(&s.DrainTimeout, "drain-timeout", 0, "on SIGTERM or SIGINT, let in-flight calls and streams run this long before cutting them (default 60s)")
 	fs.DurationVar(&s.MaxAge, "max-age", 0, "retention: drop steps older than this (e.g. 720h; 0 keeps them)")
 	fs.Int64Var(&s.MaxBytes, "max-bytes", 0, "retention: keep the pool under this many bytes (0: no limit)")
 	noScore := fs.Bool("no-scoring", false, "do not score closed steps in the background")
@@ -77,6 +78,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if s.IdleTimeout < 0 {
 		return usageErr("--idle-timeout must be positive")
 	}
+	if s.DrainTimeout < 0 {
+		return usageErr("--drain-timeout must be positive")
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return usageErr("--log: %v", err)
@@ -94,6 +98,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		UpstreamToken: s.UpstreamToken,
 		AllowedHosts:  s.AllowedHosts,
 		IdleTimeout:   s.IdleTimeout,
+		DrainTimeout:  s.DrainTimeout,
 		JudgeModel:    s.JudgeModel,
 		MaxAge:        s.MaxAge,
 		MaxBytes:      s.MaxBytes,
