@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -161,6 +162,46 @@ func TestUsage(t *testing.T) {
 	}
 }
 
+// runTestNode starts a node (no scoring) on data in front of upstream,
+// serving on a loopback port, and waits until it has written its address
+// file, through which the CLI finds it. stop stops and closes it and returns
+// what Serve returned; the test's cleanup calls it if the test did not.
+func runTestNode(t *testing.T, data, upstream string) (addr string, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	n, err := node.New(ctx, node.Config{DataDir: data, Upstream: upstream, NoScoring: true})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		n.Close(context.Background())
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- n.Serve(ctx, ln) }()
+	var once sync.Once
+	var serveErr error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			serveErr = <-done
+			n.Close(context.Background())
+		})
+		return serveErr
+	}
+	t.Cleanup(func() { stop() })
+	for i := 0; i < 100; i++ {
+		if _, err := node.ReadAddr(data); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return ln.Addr().String(), stop
+}
+
 // TestPoolWhileRunningAndStopped records calls through a running node, then
 // uses the pool commands both while the node holds the pool (through its
 // admin API) and after it stopped (opening the directory), and imports the
@@ -176,26 +217,10 @@ func TestPoolWhileRunningAndStopped(t *testing.T) {
 	go up.Run(ctx, upLn)
 
 	data := t.TempDir()
-	n, err := node.New(ctx, node.Config{DataDir: data, Upstream: "http://" + upLn.Addr().String() + "/v1", NoScoring: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- n.Serve(runCtx, ln) }()
-	for i := 0; i < 100; i++ {
-		if _, err := node.ReadAddr(data); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	addr, stop := runTestNode(t, data, "http://"+upLn.Addr().String()+"/v1")
 	for i := 0; i < 3; i++ {
 		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)
-		req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/s/cli/v1/chat/completions", strings.NewReader(body))
+		req, _ := http.NewRequest("POST", "http://"+addr+"/s/cli/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -235,11 +260,9 @@ func TestPoolWhileRunningAndStopped(t *testing.T) {
 		t.Errorf("import while running: %d %s %q", code, errs, out)
 	}
 
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	n.Close(ctx)
 
 	stopped, errs, code := runCLI(t, "pool", "export", "--data", data)
 	if code != 0 {

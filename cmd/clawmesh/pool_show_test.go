@@ -6,14 +6,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/pool"
 )
 
@@ -138,30 +136,7 @@ func TestPoolShowScoredStep(t *testing.T) {
 	}
 
 	// The same through a running node's admin API.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	n, err := node.New(ctx, node.Config{DataDir: data, Upstream: "http://127.0.0.1:9/v1", NoScoring: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- n.Serve(runCtx, ln) }()
-	defer func() {
-		stop()
-		<-done
-		n.Close(context.Background())
-	}()
-	for i := 0; i < 100; i++ {
-		if _, err := node.ReadAddr(data); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	runTestNode(t, data, "http://127.0.0.1:9/v1")
 	running, errs, code := runCLI(t, "pool", "show", id, "--data", data)
 	if code != 0 {
 		t.Fatalf("pool show while running: code %d, %s", code, errs)
