@@ -11,6 +11,7 @@ require (
 	github.com/openai/openai-go/v3 v3.96.0
 	github.com/tetratelabs/wazero v1.12.0
 	golang.org/x/text v0.42.0
+	gonum.org/v1/gonum v0.16.0
 )
 
 require (

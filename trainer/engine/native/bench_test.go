@@ -68,7 +68,7 @@ func TestBench(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !(r.MatmulGFLOPS > 0 && r.TrainTokensPerSec > 0 && r.GenTokensPerSec > 0 && r.TrainGFLOPS > 0) {
+	if !(r.MatmulGFLOPS > 0 && r.GonumGFLOPS > 0 && r.TrainTokensPerSec > 0 && r.GenTokensPerSec > 0 && r.TrainGFLOPS > 0) {
 		t.Fatalf("result %+v", r)
 	}
 	if _, err := Bench(context.Background(), BenchConfig{Model: "huge"}); err == nil {
