@@ -157,6 +157,10 @@ type peftConfig struct {
 	UseDoRA           bool     `json:"use_dora"`
 	ModulesToSave     []string `json:"modules_to_save"`
 	LayersToTransform []int    `json:"layers_to_transform"`
+	// Per-module overrides of the rank and scale: refused, since a loader
+	// that ignored them would apply the wrong scale without an error.
+	RankPattern  map[string]json.RawMessage `json:"rank_pattern"`
+	AlphaPattern map[string]json.RawMessage `json:"alpha_pattern"`
 }
 
 func tensorName(l int, m module, ab string) string {
@@ -202,8 +206,8 @@ func (ad *adapter) export(dir, baseModel string) error {
 
 // loadAdapter reads a PEFT LoRA directory for a model of shape c. It accepts
 // target modules given as short names ("q_proj") and F32, BF16 or F16
-// tensors; it rejects DoRA, biases, layer subsets and extra saved modules,
-// which the engine does not implement.
+// tensors; it rejects DoRA, biases, layer subsets, extra saved modules and
+// per-module rank or alpha patterns, which the engine does not implement.
 func loadAdapter(dir string, c Config) (*adapter, error) {
 	cb, err := os.ReadFile(filepath.Join(dir, adapterConfigFile))
 	if err != nil {
@@ -214,7 +218,8 @@ func loadAdapter(dir string, c Config) (*adapter, error) {
 		return nil, fmt.Errorf("%w: %s: %v", engine.ErrAdapter, adapterConfigFile, err)
 	}
 	if pc.PeftType != "LORA" || pc.UseDoRA || (pc.Bias != "" && pc.Bias != "none") ||
-		len(pc.ModulesToSave) > 0 || len(pc.LayersToTransform) > 0 || pc.FanInFanOut {
+		len(pc.ModulesToSave) > 0 || len(pc.LayersToTransform) > 0 || pc.FanInFanOut ||
+		len(pc.RankPattern) > 0 || len(pc.AlphaPattern) > 0 {
 		return nil, fmt.Errorf("%w: unsupported peft config %s", engine.ErrAdapter, cb)
 	}
 	lc := LoRAConfig{Rank: pc.R, Alpha: pc.LoraAlpha, Targets: pc.TargetModules}

@@ -82,10 +82,16 @@ type hfConfig struct {
 	TorchDType    string          `json:"torch_dtype,omitempty"`
 	// Features the engine does not implement; a model using them is refused
 	// rather than run wrongly.
-	AttentionBias    bool            `json:"attention_bias,omitempty"`
-	RopeScaling      json.RawMessage `json:"rope_scaling,omitempty"`
-	UseSlidingWindow bool            `json:"use_sliding_window,omitempty"`
-	HiddenAct        string          `json:"hidden_act,omitempty"`
+	AttentionBias bool            `json:"attention_bias,omitempty"`
+	RopeScaling   json.RawMessage `json:"rope_scaling,omitempty"`
+	// RopeParameters is where newer transformers releases write the RoPE
+	// settings ({"rope_type": "default", "rope_theta": ...}).
+	RopeParameters *struct {
+		RopeType  string  `json:"rope_type"`
+		RopeTheta float64 `json:"rope_theta"`
+	} `json:"rope_parameters,omitempty"`
+	UseSlidingWindow bool   `json:"use_sliding_window,omitempty"`
+	HiddenAct        string `json:"hidden_act,omitempty"`
 }
 
 func (c Config) marshal() ([]byte, error) {
@@ -116,13 +122,26 @@ func (c Config) marshal() ([]byte, error) {
 	return json.MarshalIndent(m, "", "  ")
 }
 
+// hfQwen3Defaults are transformers' Qwen3Config defaults for the keys where
+// they differ from Config.defaults (which serves configs built in Go): a
+// config.json that leaves them out means these, as it does to transformers.
+var hfQwen3Defaults = Config{KVHeads: 32, HeadDim: 128, RopeTheta: 10000}
+
 func parseConfig(b []byte) (Config, error) {
-	var h hfConfig
+	h := hfConfig{Config: hfQwen3Defaults} // what the JSON does not set stays
 	if err := json.Unmarshal(b, &h); err != nil {
 		return Config{}, fmt.Errorf("%w: config.json: %v", ErrConfig, err)
 	}
 	// hfConfig embeds Config, whose fields decode through the embedding.
 	c := h.Config
+	if rp := h.RopeParameters; rp != nil {
+		if rp.RopeType != "" && rp.RopeType != "default" {
+			return Config{}, fmt.Errorf("%w: unsupported feature (rope_parameters.rope_type %q)", ErrConfig, rp.RopeType)
+		}
+		if rp.RopeTheta != 0 {
+			c.RopeTheta = rp.RopeTheta
+		}
+	}
 	if h.AttentionBias || h.UseSlidingWindow || (len(h.RopeScaling) > 0 && string(h.RopeScaling) != "null") ||
 		(h.HiddenAct != "" && h.HiddenAct != "silu") {
 		return Config{}, fmt.Errorf("%w: unsupported feature (attention bias, sliding window, rope scaling or activation %q)", ErrConfig, h.HiddenAct)

@@ -145,9 +145,22 @@ func TestHFDirectoryRoundTrip(t *testing.T) {
 	if _, err := parseConfig([]byte(`{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"rope_scaling":{"type":"yarn"}}`)); !errors.Is(err, ErrConfig) {
 		t.Fatalf("rope scaling accepted: %v", err)
 	}
-	c2, err := parseConfig([]byte(`{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"eos_token_id":7}`))
-	if err != nil || c2.HeadDim != 4 || c2.KVHeads != 2 || !slices.Equal(c2.EOS, []int{7}) {
+	// Keys left out mean what transformers' Qwen3Config makes of them:
+	// head_dim 128, rope_theta 10000, 32 KV heads (too many here).
+	c2, err := parseConfig([]byte(`{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":1,"eos_token_id":7}`))
+	if err != nil || c2.HeadDim != 128 || c2.KVHeads != 1 || c2.RopeTheta != 10000 || !slices.Equal(c2.EOS, []int{7}) {
 		t.Fatalf("parseConfig: %+v %v", c2, err)
+	}
+	if _, err := parseConfig([]byte(`{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2}`)); !errors.Is(err, ErrConfig) {
+		t.Fatalf("2 heads with the default 32 KV heads accepted: %v", err)
+	}
+	// RoPE settings where newer transformers write them.
+	c3, err := parseConfig([]byte(`{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":2,"head_dim":4,"rope_parameters":{"rope_type":"default","rope_theta":1000000}}`))
+	if err != nil || c3.RopeTheta != 1e6 || c3.HeadDim != 4 {
+		t.Fatalf("rope_parameters: %+v %v", c3, err)
+	}
+	if _, err := parseConfig([]byte(`{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":2,"rope_parameters":{"rope_type":"yarn","rope_theta":1000000,"factor":4}}`)); !errors.Is(err, ErrConfig) {
+		t.Fatalf("yarn rope_parameters accepted: %v", err)
 	}
 }
 
@@ -297,6 +310,17 @@ func TestAdapterExportLoad(t *testing.T) {
 	}
 	if err := other.LoadAdapter(ctx, t.TempDir()); !errors.Is(err, engine.ErrAdapter) {
 		t.Fatalf("missing adapter: %v", err)
+	}
+	// Per-module overrides the engine cannot apply are refused, not ignored.
+	full, _ := json.Marshal(pc)
+	for _, extra := range []string{`"alpha_pattern":{"q_proj":32}`, `"rank_pattern":{"v_proj":8}`, `"use_dora":true`} {
+		cfg := append(full[:len(full)-1:len(full)-1], ","+extra+"}"...)
+		if err := os.WriteFile(filepath.Join(dir, "adapter_config.json"), cfg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.LoadAdapter(ctx, dir); !errors.Is(err, engine.ErrAdapter) {
+			t.Errorf("adapter with %s: %v", extra, err)
+		}
 	}
 }
 
