@@ -72,7 +72,10 @@ type Script struct {
 	// PromptTokens is the reported prompt token count (default 10).
 	PromptTokens int
 	// VLLM writes non-streaming chat replies as vLLM does: "token_ids" per
-	// choice and "prompt_token_ids" always present, null unless asked for.
+	// choice and "prompt_token_ids" always present, null unless asked for;
+	// and Responses output_text parts as vLLM does: "logprobs" null unless
+	// asked for (OpenAI writes []), and never any in the streamed done part
+	// and item.
 	VLLM bool
 	// Hold releases streams waiting after Turn.HoldAfter chunks.
 	Hold <-chan struct{}
@@ -223,8 +226,9 @@ type params struct {
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	Logprobs       bool `json:"logprobs"`
-	ReturnTokenIDs bool `json:"return_token_ids"`
+	Logprobs       bool            `json:"logprobs"`
+	ReturnTokenIDs bool            `json:"return_token_ids"`
+	Include        json.RawMessage `json:"include"` // Responses
 }
 
 func errObj(typ, msg string) map[string]any {

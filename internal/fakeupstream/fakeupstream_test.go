@@ -259,3 +259,44 @@ func TestModelsAndNotFound(t *testing.T) {
 		t.Errorf("status %d", resp.StatusCode)
 	}
 }
+
+// TestResponsesLogprobs: asked for with include, the output_text log-probs
+// come one per streamed piece, in the whole response and in every delta;
+// unasked they are [] as OpenAI writes them, or null as vLLM does.
+func TestResponsesLogprobs(t *testing.T) {
+	for _, vllm := range []bool{false, true} {
+		s := New(Script{Chunks: 2, VLLM: vllm, Turns: []Turn{{Text: "abcd"}}})
+		srv := httptest.NewServer(s)
+		c := openai.NewClient(option.WithBaseURL(srv.URL+"/v1"), option.WithAPIKey("k"), option.WithMaxRetries(0))
+		params := responses.ResponseNewParams{Model: "m", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
+		r, err := c.Responses.New(context.Background(), params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unasked := map[bool]string{false: `"logprobs":[]`, true: `"logprobs":null`}[vllm]
+		if !strings.Contains(r.RawJSON(), unasked) {
+			t.Errorf("vllm=%v: unasked %s", vllm, r.RawJSON())
+		}
+		params.Include = []responses.ResponseIncludable{responses.ResponseIncludableMessageOutputTextLogprobs}
+		r, err = c.Responses.New(context.Background(), params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lps := r.Output[0].Content[0].Logprobs; len(lps) != 2 || lps[0].Token != "ab" || lps[1].Token != "cd" || lps[1].Logprob >= lps[0].Logprob || len(lps[1].Bytes) != 2 {
+			t.Errorf("vllm=%v: log-probs %+v", vllm, lps)
+		}
+		st := c.Responses.NewStreaming(context.Background(), params)
+		var pieces []string
+		for st.Next() {
+			if ev := st.Current(); ev.Type == "response.output_text.delta" {
+				if d := ev.AsResponseOutputTextDelta(); len(d.Logprobs) == 1 && d.Logprobs[0].Token == d.Delta {
+					pieces = append(pieces, d.Delta)
+				}
+			}
+		}
+		if err := st.Err(); err != nil || strings.Join(pieces, "|") != "ab|cd" {
+			t.Errorf("vllm=%v: deltas with log-probs %q (%v)", vllm, pieces, err)
+		}
+		srv.Close()
+	}
+}

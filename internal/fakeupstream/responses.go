@@ -1,12 +1,63 @@
 package fakeupstream
 
-import "net/http"
+import (
+	"encoding/json"
+	"net/http"
+)
 
 func (c *call) respID() string { return "resp_fake_" + itoa(c.n) }
 
-func (c *call) respTextItem(text string) map[string]any {
+// respWantLogprobs reports whether the request's include asks for the
+// log-probs of output_text parts.
+func (c *call) respWantLogprobs() bool {
+	var inc []string
+	if json.Unmarshal(c.p.Include, &inc) != nil {
+		return false
+	}
+	for _, v := range inc {
+		if v == "message.output_text.logprobs" {
+			return true
+		}
+	}
+	return false
+}
+
+// respLogprobList is the log-probs of pieces, the first being piece first
+// of the text, in the Responses shape: output_text parts carry each token's
+// bytes, output_text.delta and .done events do not.
+func respLogprobList(pieces []string, first int, bytes bool) []any {
+	out := make([]any, 0, len(pieces))
+	for k, p := range pieces {
+		lp := map[string]any{"token": p, "logprob": tokenLogprob(first + k), "top_logprobs": []any{}}
+		if bytes {
+			bs := make([]int, len(p))
+			for i := 0; i < len(p); i++ {
+				bs[i] = int(p[i])
+			}
+			lp["bytes"] = bs
+		}
+		out = append(out, lp)
+	}
+	return out
+}
+
+// respPartLogprobs is the "logprobs" of the output_text part holding the
+// whole text, in a whole response (and, streaming, OpenAI's done events):
+// the tokens' log-probs when asked for, else [] as OpenAI writes it or null
+// as vLLM does.
+func (c *call) respPartLogprobs() any {
+	if c.respWantLogprobs() {
+		return respLogprobList(SplitText(c.t.Text, c.s.script.Chunks), 0, true)
+	}
+	if c.s.script.VLLM {
+		return nil
+	}
+	return []any{}
+}
+
+func (c *call) respTextItem(text string, logprobs any) map[string]any {
 	return map[string]any{"type": "message", "id": "msg_fake_" + itoa(c.n), "status": "completed", "role": "assistant",
-		"content": []any{map[string]any{"type": "output_text", "text": text, "annotations": []any{}}}}
+		"content": []any{map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": logprobs}}}
 }
 
 func (c *call) respFuncItem(j int, args string, status string) map[string]any {
@@ -37,7 +88,7 @@ func (c *call) respOutput() []any {
 		out = append(out, c.respReasoningItem())
 	}
 	if c.t.Text != "" {
-		out = append(out, c.respTextItem(c.t.Text))
+		out = append(out, c.respTextItem(c.t.Text, c.respPartLogprobs()))
 	}
 	for j := range c.t.ToolCalls {
 		out = append(out, c.respFuncItem(j, c.toolCall(j).Arguments, "completed"))
@@ -80,10 +131,12 @@ func (c *call) responsesStream() {
 		added := map[string]any{"type": "message", "id": itemID, "status": "in_progress", "role": "assistant", "content": []any{}}
 		if !ev("response.output_item.added", map[string]any{"output_index": oi, "item": added}) ||
 			!ev("response.content_part.added", map[string]any{"item_id": itemID, "output_index": oi, "content_index": 0,
-				"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}}) {
+				"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}, "logprobs": []any{}}}) {
 			return
 		}
-		for k, p := range SplitText(c.t.Text, c.s.script.Chunks) {
+		want := c.respWantLogprobs()
+		pieces := SplitText(c.t.Text, c.s.script.Chunks)
+		for k, p := range pieces {
 			if c.t.StreamErrorAfter > 0 && k == c.t.StreamErrorAfter {
 				ev("error", map[string]any{"code": "server_error", "message": "scripted mid-stream failure", "param": nil})
 				return
@@ -91,14 +144,28 @@ func (c *call) responsesStream() {
 			if !c.beforeChunk(k) {
 				return
 			}
-			if !ev("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": oi, "content_index": 0, "delta": p, "logprobs": []any{}}) {
+			lps := []any{}
+			if want {
+				lps = respLogprobList([]string{p}, k, false)
+			}
+			if !ev("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": oi, "content_index": 0, "delta": p, "logprobs": lps}) {
 				return
 			}
 		}
-		part := map[string]any{"type": "output_text", "text": c.t.Text, "annotations": []any{}}
-		if !ev("response.output_text.done", map[string]any{"item_id": itemID, "output_index": oi, "content_index": 0, "text": c.t.Text, "logprobs": []any{}}) ||
+		// The done events: OpenAI repeats the log-probs there (or [] when
+		// not asked); vLLM writes [] in output_text.done and none (null) in
+		// the done part and item, asked or not.
+		doneLps, partLps := any([]any{}), c.respPartLogprobs()
+		switch {
+		case c.s.script.VLLM:
+			partLps = nil
+		case want:
+			doneLps = respLogprobList(pieces, 0, false)
+		}
+		part := map[string]any{"type": "output_text", "text": c.t.Text, "annotations": []any{}, "logprobs": partLps}
+		if !ev("response.output_text.done", map[string]any{"item_id": itemID, "output_index": oi, "content_index": 0, "text": c.t.Text, "logprobs": doneLps}) ||
 			!ev("response.content_part.done", map[string]any{"item_id": itemID, "output_index": oi, "content_index": 0, "part": part}) ||
-			!ev("response.output_item.done", map[string]any{"output_index": oi, "item": c.respTextItem(c.t.Text)}) {
+			!ev("response.output_item.done", map[string]any{"output_index": oi, "item": c.respTextItem(c.t.Text, partLps)}) {
 			return
 		}
 		oi++

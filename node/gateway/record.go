@@ -94,7 +94,8 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 	}
 
-	upBody, err := wire.UpstreamBody(req, body, g.cfg.Caps)
+	caps := g.cfg.Caps
+	upBody, err := wire.UpstreamBody(req, body, caps)
 	if err != nil {
 		g.log.Warn("could not add fields to the upstream request; forwarding it unchanged", "err", err)
 		upBody = body
@@ -111,7 +112,15 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 	if r.URL.RawQuery != "" {
 		u += "?" + r.URL.RawQuery
 	}
-	upReq, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(upBody))
+	upHeader := g.upstreamHeader(r.Header, true)
+	newUpReq := func(b []byte) (*http.Request, error) {
+		hr, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(b))
+		if err == nil {
+			hr.Header = upHeader.Clone()
+		}
+		return hr, err
+	}
+	upReq, err := newUpReq(upBody)
 	if err != nil {
 		waitClosures()
 		writeError(w, anthropic, http.StatusBadRequest, "invalid_request_error", "bad_request", err.Error())
@@ -120,9 +129,23 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		g.mu.Unlock()
 		return
 	}
-	upReq.Header = g.upstreamHeader(r.Header, true)
 
 	resp, err := g.client.Do(upReq)
+	if err == nil && wire.Refused(req, caps, resp.StatusCode) {
+		// The upstream may refuse what the gateway asked for (vLLM refuses
+		// Responses log-probs for gpt-oss models): ask again as the client
+		// did, so that the client gets what it would have got without the
+		// gateway, and record the call without log-probs.
+		g.log.Debug("upstream refused the call with the fields the gateway added; sending it again as the client sent it",
+			"step", step.ID, "status", resp.StatusCode)
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		caps = wire.Caps{}
+		idle.reset()
+		if upReq, err = newUpReq(body); err == nil { // cannot fail: the URL was good a moment ago
+			resp, err = g.client.Do(upReq)
+		}
+	}
 	if err != nil {
 		waitClosures()
 		if r.Context().Err() != nil {
@@ -149,7 +172,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	br := &bodyReader{r: resp.Body, idle: idle, now: g.cfg.Now}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && resp.StatusCode/100 == 2 {
-		g.stream(w, r, req, step, resp, br, idle, cancel, waitClosures)
+		g.stream(w, r, req, caps, step, resp, br, idle, cancel, waitClosures)
 		return
 	}
 
@@ -172,7 +195,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		writeError(w, anthropic, http.StatusBadGateway, "api_error", "upstream_cut", msg)
 		return
 	}
-	cr, clientBody, err := wire.ParseResponse(req, resp.StatusCode, raw, g.cfg.Caps)
+	cr, clientBody, err := wire.ParseResponse(req, resp.StatusCode, raw, caps)
 	if err != nil {
 		g.log.Warn("could not parse the upstream reply; forwarding it unchanged", "step", step.ID, "status", resp.StatusCode, "err", err)
 	}
@@ -205,7 +228,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 
 // stream relays an SSE reply event by event, flushing each at once. The
 // terminal event is held back until the step is recorded.
-func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Request, step *core.Step, resp *http.Response,
+func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Request, caps wire.Caps, step *core.Step, resp *http.Response,
 	br *bodyReader, idle *idleTimer, cancel context.CancelCauseFunc, waitClosures func()) {
 	storeCtx := context.WithoutCancel(r.Context())
 	copyHeader(w.Header(), resp.Header)
@@ -214,7 +237,7 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 	fw.write(nil)
 
 	rd := sse.NewReader(br, maxEventBytes)
-	st := wire.NewStream(req, g.cfg.Caps)
+	st := wire.NewStream(req, caps)
 	var tail []byte
 	var readErr error
 	for {

@@ -393,3 +393,160 @@ func TestResponsesPreviousResponseID(t *testing.T) {
 		t.Errorf("unknown previous response: context %+v chain %s", third.Request.Messages, third.ChainID)
 	}
 }
+
+// responsesEvents runs one streaming Responses call and returns every
+// event's raw JSON and the completed response.
+func responsesEvents(t *testing.T, c openai.Client, p responses.ResponseNewParams) ([]string, *responses.Response) {
+	t.Helper()
+	st := c.Responses.NewStreaming(context.Background(), p)
+	var raws []string
+	var done *responses.Response
+	for st.Next() {
+		ev := st.Current()
+		raws = append(raws, ev.RawJSON())
+		if ev.Type == "response.completed" {
+			r := ev.Response
+			done = &r
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return raws, done
+}
+
+// TestResponsesLogprobs: with an upstream that can give log-probs, the
+// gateway asks a Responses call for them (include), records them, and the
+// client that did not ask gets the very bytes it would get directly, whole
+// or streamed, from an upstream that writes unasked log-probs as OpenAI
+// does ([]) or as vLLM does (null); a client that asks gets them.
+func TestResponsesLogprobs(t *testing.T) {
+	words := []string{"one ", "two ", "three"} // the fake's three pieces of the text
+	for _, vllm := range []bool{false, true} {
+		t.Run(map[bool]string{false: "openai", true: "vllm"}[vllm], func(t *testing.T) {
+			e := newEnv(t, fakeupstream.Script{Chunks: 3, VLLM: vllm, Turns: []fakeupstream.Turn{{Text: "one two three"}}},
+				func(c *Config) { c.Caps = wireCaps(true, vllm) })
+			gc, dc := openaiClient(e.url), openaiClient(e.directURL)
+			p := responses.ResponseNewParams{Model: "m", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("count")}}
+			checkStep := func(what string) {
+				t.Helper()
+				var up struct {
+					Include []string `json:"include"`
+				}
+				if err := json.Unmarshal(lastRequest(t, e.up).Body, &up); err != nil || len(up.Include) != 1 || up.Include[0] != "message.output_text.logprobs" {
+					t.Errorf("%s: upstream was not asked for log-probs: %s", what, lastRequest(t, e.up).Body)
+				}
+				steps := e.mem.all(t)
+				c := steps[len(steps)-1].Response.Choices[0]
+				if c.Fidelity != core.FidelityLogprob || len(c.Tokens) != len(words) {
+					t.Fatalf("%s: tokens %+v fidelity %q", what, c.Tokens, c.Fidelity)
+				}
+				for i, tok := range c.Tokens {
+					if tok.Token != words[i] || tok.ID != -1 || tok.Logprob != -0.125*float64(i+1) {
+						t.Errorf("%s: token %d = %+v", what, i, tok)
+					}
+				}
+			}
+
+			// Not asked: the gateway's bytes are the direct ones.
+			r1, err := gc.Responses.New(context.Background(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r2, err := dc.Responses.New(context.Background(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r1.RawJSON() != r2.RawJSON() {
+				t.Fatalf("bodies differ:\n gw     %s\n direct %s", r1.RawJSON(), r2.RawJSON())
+			}
+			if strings.Contains(r1.RawJSON(), `"logprob":`) {
+				t.Fatalf("log-probs reached the client: %s", r1.RawJSON())
+			}
+			checkStep("whole")
+			evGW, _ := responsesEvents(t, gc, p)
+			evDirect, _ := responsesEvents(t, dc, p)
+			if len(evGW) != len(evDirect) {
+				t.Fatalf("%d events through the gateway, %d direct", len(evGW), len(evDirect))
+			}
+			for i := range evGW {
+				if evGW[i] != evDirect[i] {
+					t.Fatalf("event %d differs:\n gw     %s\n direct %s", i, evGW[i], evDirect[i])
+				}
+				if strings.Contains(evGW[i], `"logprob":`) {
+					t.Fatalf("log-probs reached the client: %s", evGW[i])
+				}
+			}
+			checkStep("streamed")
+
+			// Asked: the client gets them, as directly.
+			p.Include = []responses.ResponseIncludable{responses.ResponseIncludableMessageOutputTextLogprobs}
+			r3, err := gc.Responses.New(context.Background(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r4, err := dc.Responses.New(context.Background(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r3.RawJSON() != r4.RawJSON() {
+				t.Fatalf("bodies differ:\n gw     %s\n direct %s", r3.RawJSON(), r4.RawJSON())
+			}
+			if lps := r3.Output[0].Content[0].Logprobs; len(lps) != len(words) || lps[1].Token != words[1] || lps[1].Logprob != -0.25 {
+				t.Fatalf("client asked for log-probs, got %+v", lps)
+			}
+			checkStep("whole, asked")
+			evGW, done := responsesEvents(t, gc, p)
+			evDirect, _ = responsesEvents(t, dc, p)
+			if strings.Join(evGW, "\n") != strings.Join(evDirect, "\n") || done == nil || len(done.Output[0].Content[0].Logprobs) != len(words) {
+				t.Fatalf("streams differ, or no log-probs in the completed response:\n%s", strings.Join(evGW, "\n"))
+			}
+			checkStep("streamed, asked")
+		})
+	}
+}
+
+// TestResponsesLogprobsRefused: an upstream that refuses the log-probs the
+// gateway asks for (vLLM does, for gpt-oss models) is sent the call again
+// as the client sent it; the client gets what it would get directly, and
+// the step is recorded without log-probs. A client that asked for them
+// itself gets the refusal.
+func TestResponsesLogprobsRefused(t *testing.T) {
+	const refusal = `{"error":{"message":"logprobs are not supported with gpt-oss models","type":"invalid_request_error","param":"logprobs","code":400}}`
+	script := fakeupstream.Script{VLLM: true, Respond: func(n int, r fakeupstream.Request) fakeupstream.Turn {
+		if bytes.Contains(r.Body, []byte("message.output_text.logprobs")) {
+			return fakeupstream.Turn{Status: 400, ErrorBody: refusal}
+		}
+		return fakeupstream.Turn{Text: "Hi there."}
+	}}
+	e := newEnv(t, script, func(c *Config) { c.Caps = wireCaps(true, true) })
+	for _, stream := range []string{"false", "true"} {
+		body := `{"model":"gpt-oss","stream":` + stream + `,"input":"hi"}`
+		asked := `{"model":"gpt-oss","stream":` + stream + `,"input":"hi","include":["message.output_text.logprobs"]}`
+		before := len(e.up.Requests())
+		st, _, viaGW := post(t, e.url+"/v1/responses", body, nil)
+		// The direct twin counts the refused call too, so that ids match.
+		if st, _, b := post(t, e.directURL+"/v1/responses", asked, nil); st != 400 || string(b) != refusal {
+			t.Fatalf("direct refusal: %d %s", st, b)
+		}
+		_, _, direct := post(t, e.directURL+"/v1/responses", body, nil)
+		if st != 200 || !bytes.Equal(viaGW, direct) {
+			t.Fatalf("stream=%s: status %d, bodies differ:\n gw     %s\n direct %s", stream, st, viaGW, direct)
+		}
+		reqs := e.up.Requests()[before:]
+		if len(reqs) != 2 || !bytes.Contains(reqs[0].Body, []byte(`"include":["message.output_text.logprobs"]`)) || string(reqs[1].Body) != body {
+			t.Fatalf("stream=%s: upstream got %d requests, the last %s", stream, len(reqs), reqs[len(reqs)-1].Body)
+		}
+		steps := e.mem.all(t)
+		s := steps[len(steps)-1]
+		if c := s.Response.Choices; s.Response.Status != 200 || s.Response.Error != nil || len(c) != 1 || c[0].Message.Content != "Hi there." ||
+			c[0].Tokens != nil || c[0].Fidelity != core.FidelityNone {
+			t.Errorf("stream=%s: recorded %+v", stream, s.Response)
+		}
+	}
+	before := len(e.up.Requests())
+	st, _, b := post(t, e.url+"/v1/responses", `{"model":"gpt-oss","input":"hi","include":["message.output_text.logprobs"]}`, nil)
+	if st != 400 || string(b) != refusal || len(e.up.Requests()) != before+1 {
+		t.Errorf("client that asked: %d %s, %d upstream requests", st, b, len(e.up.Requests())-before)
+	}
+}

@@ -270,7 +270,8 @@ func (d *deletions) edits(dst []edit) []edit {
 }
 
 // insertMembers returns the edit adding members (each `"key":value`) at the
-// end of the object whose closing brace is at b[closing].
+// end of the object whose closing brace is at b[closing], or elements (each
+// a value) at the end of the array whose closing bracket is there.
 func insertMembers(b []byte, closing int, members ...string) edit {
 	i := closing - 1
 	for i >= 0 && isSpace(b[i]) {
@@ -278,7 +279,9 @@ func insertMembers(b []byte, closing int, members ...string) edit {
 	}
 	var repl []byte
 	for k, m := range members {
-		if k > 0 || (i >= 0 && b[i] != '{') {
+		// No comma right after the opening brace or bracket: no value can
+		// end in either, so that is an empty object or array.
+		if k > 0 || (i >= 0 && b[i] != '{' && b[i] != '[') {
 			repl = append(repl, ',')
 		}
 		repl = append(repl, m...)

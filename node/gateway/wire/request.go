@@ -431,7 +431,13 @@ type responsesRequest struct {
 	Input              json.RawMessage   `json:"input"`
 	Tools              []json.RawMessage `json:"tools"`
 	PreviousResponseID string            `json:"previous_response_id"`
+	Include            json.RawMessage   `json:"include"`
 }
+
+// includeLogprobs is the Responses "include" value that asks for the
+// log-probs of output_text parts (the OpenAI API reference, "Create a model
+// response", include; vLLM's ResponsesRequest.is_include_output_logprobs).
+const includeLogprobs = "message.output_text.logprobs"
 
 func parseResponsesRequest(body []byte) (*Request, error) {
 	var rr responsesRequest
@@ -440,6 +446,20 @@ func parseResponsesRequest(body []byte) (*Request, error) {
 	}
 	req := &Request{PreviousResponseID: rr.PreviousResponseID}
 	rr.hints.fill(req)
+	switch inc := trimJSON(rr.Include); {
+	case len(inc) == 0 || string(inc) == "null":
+	case inc[0] == '[':
+		var vals []json.RawMessage
+		if json.Unmarshal(inc, &vals) == nil {
+			for _, v := range vals {
+				if stringOf(v) == includeLogprobs {
+					req.WantLogprobs = true
+				}
+			}
+		}
+	default:
+		req.includeOdd = true
+	}
 	var msgs []core.Message
 	if ins := trimJSON(rr.Instructions); len(ins) > 0 && ins[0] == '[' {
 		// Instructions given as input items.

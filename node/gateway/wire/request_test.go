@@ -229,6 +229,16 @@ func FuzzParseRequest(f *testing.F) {
 	for i, s := range seeds {
 		f.Add([]byte(s), uint8(i), true, true)
 	}
+	// Responses calls with include (which 2).
+	for _, s := range []string{
+		`{"input":"x","include":["reasoning.encrypted_content"] ,"top_logprobs":2}`,
+		`{"input":"x","include":[ ]}`,
+		`{"input":"x","include":["message.output_text.logprobs"]}`,
+		`{"input":"x","include":"message.output_text.logprobs"}`,
+		`{"include":[1,null,{}],"include":null}`,
+	} {
+		f.Add([]byte(s), uint8(2), true, false)
+	}
 	apis := []core.APIKind{core.APIChat, core.APIMessages, core.APIResponses}
 	f.Fuzz(func(t *testing.T, body []byte, which uint8, lp, ids bool) {
 		api := apis[int(which)%len(apis)]

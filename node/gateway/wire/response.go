@@ -48,7 +48,12 @@ func ParseResponse(req *Request, status int, body []byte, caps Caps) (core.Respo
 	if !add.logprobs && !add.tokenIDs {
 		return resp, body, nil
 	}
-	out, err := stripChat(body, add, false)
+	var out []byte
+	if api == core.APIResponses {
+		out, err = stripResponses(body, add)
+	} else {
+		out, err = stripChat(body, add, false)
+	}
 	if err != nil {
 		return resp, body, badResponse("%v", err)
 	}
@@ -132,6 +137,151 @@ func stripChat(b []byte, add added, chunk bool) ([]byte, error) {
 		return nil, err
 	}
 	return apply(b, edits), nil
+}
+
+// stripResponses removes from a whole Responses response the log-probs the
+// gateway asked for: those of its output_text parts (see responsesStrip).
+func stripResponses(b []byte, add added) ([]byte, error) {
+	rs := responsesStrip{add: add}
+	rs.response(b, skipSpace(b, 0))
+	if rs.err != nil {
+		return nil, rs.err
+	}
+	return apply(b, rs.edits), nil
+}
+
+// responsesStrip collects the edits that remove, from a Responses response
+// or event, the log-probs the client did not ask for. Where they sit, as the
+// OpenAI API reference and the openai-go SDK (ResponseOutputText,
+// ResponseTextDeltaEvent, ResponseTextDoneEvent) give them: "logprobs" of
+// an output_text content part, an array of {token, logprob, bytes,
+// top_logprobs}; and "logprobs" of the output_text.delta and .done events,
+// an array of {token, logprob, top_logprobs}. What replaces them is what
+// the upstream sends when they are not asked for (OpenAI, and vLLM's
+// serving_responses.py):
+//
+//   - the "logprobs" of response.output_text.delta and .done events become
+//     [] (the OpenAI API has the member in every such event; vLLM writes []
+//     there when not asked, and always [] in .done);
+//   - the "logprobs" of an output_text content part, in a whole response
+//     (the non-streaming body; response.completed and the like), an output
+//     item (response.output_item.added / .done) or a part
+//     (response.content_part.added / .done) become [] as OpenAI writes
+//     them, or null as vLLM does (ResponseOutputText with logprobs None,
+//     serialized with its nulls): added.partsNull.
+//
+// A null or empty array is left as it is: nothing was asked for there
+// (vLLM's response.content_part.added part has "logprobs":[] whether asked
+// or not).
+type responsesStrip struct {
+	add   added
+	edits []edit
+	err   error
+}
+
+func (rs *responsesStrip) fail(err error) {
+	if rs.err == nil && err != nil {
+		rs.err = err
+	}
+}
+
+// emptyArray reports whether b[vs:ve] is an empty array.
+func emptyArray(b []byte, vs, ve int) bool {
+	return b[vs] == '[' && skipSpace(b, vs+1) == ve-1
+}
+
+// set replaces the value b[vs:ve] with repl, unless it is null or an empty
+// array.
+func (rs *responsesStrip) set(b []byte, vs, ve int, repl string) {
+	if isNull(b, vs, ve) || emptyArray(b, vs, ve) {
+		return
+	}
+	rs.edits = append(rs.edits, edit{start: vs, end: ve, repl: []byte(repl)})
+}
+
+// event handles one streaming event, of type typ.
+func (rs *responsesStrip) event(b []byte, typ string) {
+	_, err := eachMember(b, skipSpace(b, 0), func(m member) bool {
+		if b[m.valStart] != '{' && b[m.valStart] != '[' {
+			return true
+		}
+		switch string(m.key) {
+		case "logprobs":
+			if typ == "response.output_text.delta" || typ == "response.output_text.done" {
+				rs.set(b, m.valStart, m.valEnd, "[]")
+			}
+		case "response":
+			rs.response(b, m.valStart)
+		case "item":
+			rs.item(b, m.valStart)
+		case "part":
+			rs.part(b, m.valStart)
+		}
+		return true
+	})
+	rs.fail(err)
+}
+
+// response handles the response object at b[start]: its output items.
+func (rs *responsesStrip) response(b []byte, start int) {
+	rs.each(b, start, "output", rs.item)
+}
+
+// item handles the output item at b[start]: its content parts.
+func (rs *responsesStrip) item(b []byte, start int) {
+	rs.each(b, start, "content", rs.part)
+}
+
+// each calls fn with every object in the array that is member key of the
+// object at b[start] (when it is one).
+func (rs *responsesStrip) each(b []byte, start int, key string, fn func(b []byte, start int)) {
+	if b[start] != '{' {
+		return
+	}
+	_, err := eachMember(b, start, func(m member) bool {
+		if string(m.key) == key && b[m.valStart] == '[' {
+			rs.fail(eachElement(b, m.valStart, func(vs, _ int) {
+				if b[vs] == '{' {
+					fn(b, vs)
+				}
+			}))
+		}
+		return true
+	})
+	rs.fail(err)
+}
+
+// part handles the content part at b[start]: an output_text part's
+// log-probs.
+func (rs *responsesStrip) part(b []byte, start int) {
+	if b[start] != '{' {
+		return
+	}
+	var lps []member // all of them, should the key be repeated
+	var typ string
+	_, err := eachMember(b, start, func(m member) bool {
+		switch string(m.key) {
+		case "type":
+			typ = stringOf(b[m.valStart:m.valEnd])
+		case "logprobs":
+			lps = append(lps, m)
+		}
+		return true
+	})
+	if err != nil {
+		rs.fail(err)
+		return
+	}
+	if typ != "output_text" {
+		return
+	}
+	repl := "[]"
+	if rs.add.partsNull {
+		repl = "null"
+	}
+	for _, m := range lps {
+		rs.set(b, m.valStart, m.valEnd, repl)
+	}
 }
 
 // --- shared shapes ---

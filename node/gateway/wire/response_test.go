@@ -122,10 +122,24 @@ func TestParseResponseMessages(t *testing.T) {
 }
 
 func TestParseResponseResponses(t *testing.T) {
+	const lps = `[{"token":"Hel","logprob":-0.1,"bytes":[72,101,108],"top_logprobs":[]},{"token":"lo","logprob":-0.2,"bytes":[108,111],"top_logprobs":[]}]`
+	body := `{"id":"resp_9","object":"response","created_at":1,"status":"completed","error":null,"incomplete_details":null,"model":"gpt-5-2025","output":[{"id":"rs_1","type":"reasoning","summary":[{"type":"summary_text","text":"Think."}]},{"id":"msg_1","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","annotations":[],"text":"Hello","logprobs":` + lps + `}]},{"id":"ws_1","type":"web_search_call","status":"completed"}],"usage":{"input_tokens":8,"input_tokens_details":{"cached_tokens":0},"output_tokens":4,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":12}}`
+	// The client asked for the log-probs: the body goes as it is.
+	asked := mustParse(t, core.APIResponses, `{"model":"gpt-5","input":"x","include":["message.output_text.logprobs"]}`)
+	if _, out, err := ParseResponse(asked, 200, []byte(body), Caps{Logprobs: true}); err != nil || string(out) != body {
+		t.Fatalf("asked: %s (%v)", out, err)
+	}
+	// The gateway asked: they are recorded and stripped, as OpenAI writes
+	// them unasked ([]) or as vLLM does (null).
 	req := mustParse(t, core.APIResponses, `{"model":"gpt-5","input":"x"}`)
-	body := `{"id":"resp_9","object":"response","created_at":1,"status":"completed","error":null,"incomplete_details":null,"model":"gpt-5-2025","output":[{"id":"rs_1","type":"reasoning","summary":[{"type":"summary_text","text":"Think."}]},{"id":"msg_1","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","annotations":[],"text":"Hello","logprobs":[{"token":"Hel","logprob":-0.1,"bytes":[72,101,108],"top_logprobs":[]},{"token":"lo","logprob":-0.2,"bytes":[108,111],"top_logprobs":[]}]}]},{"id":"ws_1","type":"web_search_call","status":"completed"}],"usage":{"input_tokens":8,"input_tokens_details":{"cached_tokens":0},"output_tokens":4,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":12}}`
-	resp, out, err := ParseResponse(req, 200, []byte(body), Caps{Logprobs: true})
-	if err != nil || string(out) != body {
+	for caps, unasked := range map[Caps]string{{Logprobs: true}: "[]", {Logprobs: true, TokenIDs: true}: "null"} {
+		_, out, err := ParseResponse(req, 200, []byte(body), caps)
+		if want := strings.Replace(body, lps, unasked, 1); err != nil || string(out) != want {
+			t.Fatalf("%+v: got\n%s\nwant\n%s (%v)", caps, out, want, err)
+		}
+	}
+	resp, _, err := ParseResponse(req, 200, []byte(body), Caps{Logprobs: true})
+	if err != nil {
 		t.Fatal(err)
 	}
 	c := resp.Choices[0]
@@ -160,6 +174,8 @@ func FuzzParseResponse(f *testing.F) {
 	f.Add(uint8(1), uint8(0), []byte(`{"type":"message","content":[{"type":"tool_use","id":"t","name":"n","input":{}}],"stop_reason":"tool_use"}`))
 	f.Add(uint8(2), uint8(0), []byte(`{"status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"x"}]}]}`))
 	f.Add(uint8(0), uint8(1), []byte(`{"choices":[{"logprobs":{"content":[]},"token_ids":[1]},{"logprobs":null}],"prompt_token_ids":[1],"prompt_token_ids":[2]}`))
+	f.Add(uint8(2), uint8(1), []byte(`{"status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"ab","logprobs":[{"token":"a","logprob":-1,"bytes":[97],"top_logprobs":[]},{"token":"b","logprob":-2,"bytes":[98],"top_logprobs":[]}]},{"type":"refusal","refusal":"no","logprobs":[{}]}]}]}`))
+	f.Add(uint8(2), uint8(3), []byte(`{"output":[{"type":"message","content":[{"logprobs":[ ],"type":"output_text","text":"","logprobs":[{"token":"x","logprob":0}]}]},{"type":"reasoning","content":"odd"}],"output":[]}`))
 	apis := []core.APIKind{core.APIChat, core.APIMessages, core.APIResponses}
 	f.Fuzz(func(t *testing.T, which, flags uint8, body []byte) {
 		req := &Request{API: apis[int(which)%len(apis)], N: 1}

@@ -84,7 +84,7 @@ func (s *Stream) Event(ev sse.Event) ([]byte, error) {
 	case core.APIMessages:
 		return ev.Raw, s.messagesEvent(ev.Name, data)
 	case core.APIResponses:
-		return ev.Raw, s.responsesEvent(ev.Name, data)
+		return s.responsesEvent(&ev, data)
 	}
 	return s.chatEvent(&ev, data)
 }
@@ -519,15 +519,35 @@ type responsesEvent struct {
 	Logprobs    []logprobJSON   `json:"logprobs"`
 }
 
-func (s *Stream) responsesEvent(name string, data []byte) error {
+// responsesEvent records one Responses event and returns what to forward:
+// ev.Raw, or the event without the log-probs the gateway asked for and the
+// client did not. An event that cannot be understood (a response.completed
+// whose output does not parse, say) goes as it came, log-probs and all.
+func (s *Stream) responsesEvent(ev *sse.Event, data []byte) ([]byte, error) {
 	var e responsesEvent
 	if err := json.Unmarshal(data, &e); err != nil {
-		return badResponse("responses event: %v", err)
+		return ev.Raw, badResponse("responses event: %v", err)
 	}
 	typ := e.Type
 	if typ == "" {
-		typ = name
+		typ = ev.Name
 	}
+	if err := s.recordResponses(typ, &e, data); err != nil || !s.add.logprobs {
+		return ev.Raw, err
+	}
+	rs := responsesStrip{add: s.add}
+	rs.event(data, typ)
+	if rs.err != nil {
+		return ev.Raw, badResponse("%s: %v", typ, rs.err)
+	}
+	if len(rs.edits) == 0 {
+		return ev.Raw, nil
+	}
+	return ev.WithData(apply(data, rs.edits)), nil
+}
+
+// recordResponses takes what one Responses event, of type typ, says.
+func (s *Stream) recordResponses(typ string, e *responsesEvent, data []byte) error {
 	switch typ {
 	case "response.created", "response.in_progress", "response.queued":
 		var r struct {
@@ -606,6 +626,13 @@ func (s *Stream) responsesResponse() core.Response {
 		if r.Model == "" {
 			r.Model = s.resp.Model
 		}
+		// The deltas' log-probs are those of the tokens the client saw
+		// streamed; they win over the full response's, which a server may
+		// give only in part (vLLM builds it from its last engine output).
+		if lps := s.deltaLogprobs(); len(lps) > 0 && len(r.Choices) > 0 {
+			r.Choices = append([]core.Choice(nil), r.Choices...)
+			r.Choices[0].Tokens, r.Choices[0].Fidelity = tokensOf(lps, nil)
+		}
 		return r
 	}
 	// No full response (cut off, or it came without output): rebuild from
@@ -652,7 +679,8 @@ func (s *Stream) responsesResponse() core.Response {
 		items[i] = it
 	}
 	ch := responsesChoice(items, raws)
-	if len(lps) > 0 && ch.Fidelity == core.FidelityNone {
+	if len(lps) > 0 {
+		// As above: the deltas' log-probs win over the items'.
 		ch.Tokens, ch.Fidelity = tokensOf(lps, nil)
 	}
 	if s.final != nil {
@@ -665,6 +693,17 @@ func (s *Stream) responsesResponse() core.Response {
 	}
 	r.Choices = []core.Choice{ch}
 	return r
+}
+
+// deltaLogprobs returns the log-probs the deltas carried, items in order.
+func (s *Stream) deltaLogprobs() []logprobJSON {
+	accs := append([]*itemAcc(nil), s.items...)
+	sort.SliceStable(accs, func(i, j int) bool { return accs[i].index < accs[j].index })
+	var lps []logprobJSON
+	for _, a := range accs {
+		lps = append(lps, a.lps...)
+	}
+	return lps
 }
 
 func emptyChoice(c core.Choice) bool {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -536,6 +537,8 @@ func FuzzStream(f *testing.F) {
 	f.Add(uint8(0), uint8(7), []byte(genChat(chunkOpts{usageNull: true, logprobs: true, tokenIDs: true}, false, 2, []string{"a", "b"}, true)))
 	f.Add(uint8(1), uint8(0), []byte("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"n\",\"input\":{}}}\n\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\"}}\n\n"))
 	f.Add(uint8(2), uint8(0), []byte(responsesStream+responsesCompleted))
+	f.Add(uint8(2), uint8(1), []byte(respGen{words: []string{"a", "b"}, logprobs: true}.String()))
+	f.Add(uint8(2), uint8(3), []byte(respGen{words: []string{"a"}, logprobs: true, vllm: true, completedLps: "[{}]"}.String()))
 	f.Add(uint8(0), uint8(3), []byte(sseOf(`{"choices":[{"index":5,"delta":{"tool_calls":[{"index":3,"id":"x","function":{"arguments":{"a":[1]}}}]},"logprobs":{"content":[{"token":"token_id:7","logprob":-1}]}}],"usage":null}`, `{"choices":[],"usage":{"total_tokens":1}}`, `{"error":null}`)))
 	apis := []core.APIKind{core.APIChat, core.APIMessages, core.APIResponses}
 	f.Fuzz(func(t *testing.T, which, flags uint8, in []byte) {
@@ -634,4 +637,134 @@ func TestStreamEndWithoutDone(t *testing.T) {
 	if st.End() {
 		t.Error("a Messages stream without message_stop ended complete")
 	}
+}
+
+// respGen describes a Responses stream of one message whose text comes in
+// words, as OpenAI writes it or as vLLM does (vllm), with the log-probs
+// asked for (logprobs) or not. Unasked, OpenAI writes [] in every
+// output_text part and event; vLLM writes [] in the events and the added
+// part, and null in the other parts. noDeltaLps leaves the deltas without
+// log-probs even when asked; completedLps, when not "", replaces those of
+// the response.completed part.
+type respGen struct {
+	words          []string
+	logprobs, vllm bool
+	noDeltaLps     bool
+	completedLps   string
+}
+
+func (g respGen) String() string {
+	var all []string
+	for i, w := range g.words {
+		all = append(all, fmt.Sprintf(`{"token":%q,"logprob":-0.%d5,"top_logprobs":[]}`, w, i+1))
+	}
+	text := strings.Join(g.words, "")
+	unasked := "[]"
+	if g.vllm {
+		unasked = "null"
+	}
+	part, done, item := unasked, "[]", unasked
+	if g.logprobs {
+		part = "[" + strings.Join(all, ",") + "]"
+		if !g.vllm {
+			done, item = part, part
+		}
+	}
+	if g.completedLps != "" {
+		part = g.completedLps
+	}
+	ev := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	var sb strings.Builder
+	sb.WriteString(ev("response.created", `{"type":"response.created","sequence_number":0,"response":{"id":"resp_2","object":"response","status":"in_progress","model":"qwen3","output":[],"top_logprobs":0}}`))
+	sb.WriteString(ev("response.output_item.added", `{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"msg_2","type":"message","status":"in_progress","role":"assistant","content":[]}}`))
+	sb.WriteString(ev("response.content_part.added", `{"type":"response.content_part.added","sequence_number":2,"item_id":"msg_2","output_index":0,"content_index":0,"part":{"type":"output_text","annotations":[],"logprobs":[],"text":""}}`))
+	for i, w := range g.words {
+		lp := "[]"
+		if g.logprobs && !g.noDeltaLps {
+			lp = "[" + all[i] + "]"
+		}
+		sb.WriteString(ev("response.output_text.delta", fmt.Sprintf(`{"type":"response.output_text.delta","sequence_number":%d,"item_id":"msg_2","output_index":0,"content_index":0,"delta":%q,"logprobs":%s,"obfuscation":"x"}`, 3+i, w, lp)))
+	}
+	n := 3 + len(g.words)
+	sb.WriteString(ev("response.output_text.done", fmt.Sprintf(`{"type":"response.output_text.done","sequence_number":%d,"item_id":"msg_2","output_index":0,"content_index":0,"text":%q,"logprobs":%s}`, n, text, done)))
+	sb.WriteString(ev("response.content_part.done", fmt.Sprintf(`{"type":"response.content_part.done","sequence_number":%d,"item_id":"msg_2","output_index":0,"content_index":0,"part":{"type":"output_text","annotations":[],"logprobs":%s,"text":%q}}`, n+1, item, text)))
+	sb.WriteString(ev("response.output_item.done", fmt.Sprintf(`{"type":"response.output_item.done","sequence_number":%d,"output_index":0,"item":{"id":"msg_2","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","annotations":[],"logprobs":%s,"text":%q}]}}`, n+2, item, text)))
+	sb.WriteString(ev("response.completed", fmt.Sprintf(`{"type":"response.completed","sequence_number":%d,"response":{"id":"resp_2","object":"response","status":"completed","model":"qwen3","output":[{"id":"msg_2","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","annotations":[],"logprobs":%s,"text":%q}]}],"top_logprobs":0,"usage":{"input_tokens":5,"output_tokens":3,"total_tokens":8}}}`, n+3, part, text)))
+	return sb.String()
+}
+
+// TestStreamResponsesLogprobs: the log-probs the gateway asked for are
+// recorded from the deltas and stripped from every event, so that the
+// client receives, byte for byte, the stream the upstream sends unasked
+// (OpenAI's or vLLM's); a client that asked gets them untouched.
+func TestStreamResponsesLogprobs(t *testing.T) {
+	words := []string{"Par", "is", "."}
+	events := 3 + len(words) + 4
+	unasked := mustParse(t, core.APIResponses, `{"model":"qwen3","stream":true,"input":"capital?"}`)
+	asked := mustParse(t, core.APIResponses, `{"model":"qwen3","stream":true,"input":"capital?","include":["message.output_text.logprobs"]}`)
+	check := func(t *testing.T, r core.Response, fidelity core.Fidelity) {
+		t.Helper()
+		c := r.Choices[0]
+		if c.Message.Content != "Paris." || c.Fidelity != fidelity || len(c.Tokens) != len(words) {
+			t.Fatalf("choice = %s", js(c))
+		}
+		for i, tok := range c.Tokens {
+			if tok.Token != words[i] || tok.ID != -1 || math.Abs(tok.Logprob-(-0.15-0.1*float64(i))) > 1e-9 {
+				t.Fatalf("token %d = %+v", i, tok)
+			}
+		}
+	}
+	for _, vllm := range []bool{false, true} {
+		caps := Caps{Logprobs: true, TokenIDs: vllm}
+		t.Run(fmt.Sprintf("vllm=%v/gateway asked", vllm), func(t *testing.T) {
+			client, st, _ := run(t, unasked, caps, respGen{words: words, logprobs: true, vllm: vllm}.String())
+			if want := (respGen{words: words, vllm: vllm}).String(); client != want {
+				t.Fatalf("client got\n%s\nwant\n%s", client, want)
+			}
+			if !st.Done() {
+				t.Fatal("not done")
+			}
+			check(t, st.Response(), core.FidelityLogprob)
+		})
+		t.Run(fmt.Sprintf("vllm=%v/client asked", vllm), func(t *testing.T) {
+			up := respGen{words: words, logprobs: true, vllm: vllm}.String()
+			client, st, zc := run(t, asked, caps, up)
+			if client != up || zc != events {
+				t.Fatalf("stream changed (%d zero-copy)", zc)
+			}
+			check(t, st.Response(), core.FidelityLogprob)
+		})
+	}
+	t.Run("upstream without log-probs", func(t *testing.T) {
+		up := respGen{words: words}.String()
+		client, st, zc := run(t, unasked, Caps{Logprobs: true}, up)
+		if client != up || zc != events {
+			t.Fatalf("stream changed (%d zero-copy)", zc)
+		}
+		if c := st.Response().Choices[0]; c.Fidelity != core.FidelityNone || c.Tokens != nil {
+			t.Fatalf("choice = %s", js(c))
+		}
+	})
+	t.Run("completed with fewer log-probs than the deltas", func(t *testing.T) {
+		// The deltas' win: they are the tokens the client saw streamed.
+		_, st, _ := run(t, unasked, Caps{Logprobs: true, TokenIDs: true},
+			respGen{words: words, logprobs: true, vllm: true, completedLps: `[{"token":".","logprob":-0.35,"bytes":[46],"top_logprobs":[]}]`}.String())
+		check(t, st.Response(), core.FidelityLogprob)
+	})
+	t.Run("only the completed response has them", func(t *testing.T) {
+		_, st, _ := run(t, unasked, Caps{Logprobs: true}, respGen{words: words, logprobs: true, noDeltaLps: true}.String())
+		check(t, st.Response(), core.FidelityLogprob)
+	})
+	t.Run("cut off", func(t *testing.T) {
+		up := respGen{words: words, logprobs: true}.String()
+		up = up[:strings.Index(up, "event: response.output_text.done")]
+		client, st, _ := run(t, unasked, Caps{Logprobs: true}, up)
+		if strings.Contains(client, `"logprob":`) {
+			t.Fatalf("log-probs reached the client: %s", client)
+		}
+		if st.Done() {
+			t.Fatal("done without response.completed")
+		}
+		check(t, st.Response(), core.FidelityPartial)
+	})
 }

@@ -1,16 +1,22 @@
 package wire
 
+import "github.com/clawmesh/clawmesh/internal/core"
+
 // UpstreamBody returns the body to send upstream: the client's body with,
 // where caps allow and the client did not already ask, "logprobs": true
 // (chat), "return_token_ids": true (vLLM), and for streaming chat
-// "stream_options": {"include_usage": true} so usage is recorded. Every
-// other byte of the client's JSON is preserved: the object is patched, not
+// "stream_options": {"include_usage": true} so usage is recorded; for a
+// Responses call, "message.output_text.logprobs" in "include". Every other
+// byte of the client's JSON is preserved: the object is patched, not
 // re-marshalled. The body is returned unchanged (the same slice) when
 // nothing is added. A member the client set to false or null is replaced.
 func UpstreamBody(req *Request, body []byte, caps Caps) ([]byte, error) {
 	add := addedFor(req, caps)
 	if !add.any() {
 		return body, nil
+	}
+	if req.API == core.APIResponses {
+		return addInclude(body)
 	}
 	start := skipSpace(body, 0)
 	var edits []edit
@@ -68,4 +74,36 @@ func UpstreamBody(req *Request, body []byte, caps Caps) ([]byte, error) {
 		edits = append(edits, insertMembers(body, closing, inserts...))
 	}
 	return apply(body, edits), nil
+}
+
+// addInclude adds includeLogprobs to a Responses body's "include": the
+// member is created (or a null one replaced), or the value appended to the
+// client's array after its last element, the array's other bytes kept.
+// The last "include" member counts, as for encoding/json.
+func addInclude(body []byte) ([]byte, error) {
+	var inc member
+	have := false
+	closing, err := eachMember(body, skipSpace(body, 0), func(m member) bool {
+		if string(m.key) == "include" {
+			inc, have = m, true
+		}
+		return true
+	})
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	const value = `"` + includeLogprobs + `"`
+	var e edit
+	switch {
+	case !have:
+		e = insertMembers(body, closing, `"include":[`+value+`]`)
+	case isNull(body, inc.valStart, inc.valEnd):
+		e = edit{start: inc.valStart, end: inc.valEnd, repl: []byte(`[` + value + `]`)}
+	case body[inc.valStart] == '[':
+		// The array's closing bracket ends its span.
+		e = insertMembers(body, inc.valEnd-1, value)
+	default:
+		return body, nil // not an array: addedFor added nothing
+	}
+	return apply(body, []edit{e}), nil
 }

@@ -34,9 +34,55 @@ func TestUpstreamBody(t *testing.T) {
 			body: `{"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
 		},
 		{
-			name: "responses api never patched",
+			name: "responses without caps",
+			api:  core.APIResponses, caps: Caps{TokenIDs: true},
+			body: `{"stream":true,"input":"hi"}`,
+		},
+		{
+			name: "responses: include created",
 			api:  core.APIResponses, caps: all,
 			body: `{"stream":true,"input":"hi"}`,
+			want: `{"stream":true,"input":"hi","include":["message.output_text.logprobs"]}`,
+		},
+		{
+			name: "responses: appended to the client's include, its bytes kept",
+			api:  core.APIResponses, caps: Caps{Logprobs: true},
+			body: `{"include": [ "reasoning.encrypted_content" ,"file_search_call.results"  ] ,"input":"hi","top_logprobs":3}`,
+			want: `{"include": [ "reasoning.encrypted_content" ,"file_search_call.results","message.output_text.logprobs"  ] ,"input":"hi","top_logprobs":3}`,
+		},
+		{
+			name: "responses: empty include",
+			api:  core.APIResponses, caps: Caps{Logprobs: true},
+			body: "{\"input\":\"hi\",\"include\":[\n]}",
+			want: "{\"input\":\"hi\",\"include\":[\"message.output_text.logprobs\"\n]}",
+		},
+		{
+			name: "responses: null include",
+			api:  core.APIResponses, caps: Caps{Logprobs: true},
+			body: `{"include":null,"input":"hi"}`,
+			want: `{"include":["message.output_text.logprobs"],"input":"hi"}`,
+		},
+		{
+			name: "responses: the last of repeated include members counts",
+			api:  core.APIResponses, caps: Caps{Logprobs: true},
+			body: `{"include":"odd","input":"hi","include":[]}`,
+			want: `{"include":"odd","input":"hi","include":["message.output_text.logprobs"]}`,
+		},
+		{
+			name: "responses: client already asked",
+			api:  core.APIResponses, caps: all,
+			body: `{"input":"hi","include":["reasoning.encrypted_content","message.output_text.logprobs"]}`,
+		},
+		{
+			name: "responses: include not an array is left to the upstream",
+			api:  core.APIResponses, caps: all,
+			body: `{"input":"hi","include":"message.output_text.logprobs"}`,
+		},
+		{
+			name: "responses: pretty-printed, no members",
+			api:  core.APIResponses, caps: all,
+			body: "{\n}\n",
+			want: "{\"include\":[\"message.output_text.logprobs\"]\n}\n",
 		},
 		{
 			name: "all added, unknown fields and numbers preserved",
@@ -132,5 +178,34 @@ func TestUpstreamBodyKeepsEveryOtherByte(t *testing.T) {
 	}
 	if string(got[:len(got)-len(suffix)])+"}" != string(body) {
 		t.Fatal("other bytes changed")
+	}
+}
+
+// TestRefused: only a Responses call to which the gateway added the
+// log-probs include is sent again when refused.
+func TestRefused(t *testing.T) {
+	plain := mustParse(t, core.APIResponses, `{"model":"gpt-oss","input":"hi"}`)
+	asked := mustParse(t, core.APIResponses, `{"model":"gpt-oss","input":"hi","include":["message.output_text.logprobs"]}`)
+	chat := mustParse(t, core.APIChat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	lp := Caps{Logprobs: true, TokenIDs: true}
+	for _, c := range []struct {
+		name   string
+		req    *Request
+		caps   Caps
+		status int
+		want   bool
+	}{
+		{"400", plain, lp, 400, true},
+		{"422", plain, lp, 422, true},
+		{"other status", plain, lp, 500, false},
+		{"ok", plain, lp, 200, false},
+		{"nothing added", plain, Caps{TokenIDs: true}, 400, false},
+		{"client asked", asked, lp, 400, false},
+		{"chat", chat, lp, 400, false},
+		{"no request", nil, lp, 400, false},
+	} {
+		if got := Refused(c.req, c.caps, c.status); got != c.want {
+			t.Errorf("%s: Refused = %v", c.name, got)
+		}
 	}
 }

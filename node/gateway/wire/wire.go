@@ -15,11 +15,15 @@
 // spelling survive.
 //
 // Stripping follows what the servers themselves send when a field was not
-// asked for: a "logprobs" value becomes null (OpenAI and vLLM send
+// asked for: a chat "logprobs" value becomes null (OpenAI and vLLM send
 // "logprobs":null), vLLM token ids are removed from stream chunks (vLLM omits
 // unset fields there) and set to null in whole responses (where vLLM writes
 // them as null), and the "usage":null that OpenAI adds to every chunk when
-// usage is requested is removed along with the final usage-only chunk.
+// usage is requested is removed along with the final usage-only chunk. In
+// the Responses API the log-probs of output_text.delta and output_text.done
+// events become [] (both OpenAI and vLLM send "logprobs":[] there), and those
+// of an output_text content part become [] as OpenAI writes them, or null as
+// vLLM does (see responsesStrip).
 package wire
 
 import (
@@ -33,8 +37,16 @@ import (
 
 // Caps says what the upstream accepts beyond the plain API.
 type Caps struct {
-	Logprobs bool // the upstream accepts OpenAI "logprobs": true on chat completions
-	TokenIDs bool // the upstream accepts vLLM's "return_token_ids": true
+	// Logprobs: the upstream gives OpenAI log-probs when asked, on chat
+	// completions ("logprobs": true) and in the Responses API ("include":
+	// ["message.output_text.logprobs"]). The two go together: OpenAI and
+	// vLLM, which serve both APIs, take both asks; a Responses call whose
+	// include the upstream refuses is sent again without it (Refused).
+	Logprobs bool
+	// TokenIDs: the upstream accepts vLLM's "return_token_ids": true (chat
+	// completions). It also marks a vLLM-like server, whose Responses output
+	// parts carry "logprobs":null when log-probs were not asked for.
+	TokenIDs bool
 }
 
 // Request is a parsed client request.
@@ -45,7 +57,7 @@ type Request struct {
 	N            int // choices asked for (chat n), default 1
 	Normalized   core.Request
 	IncludeUsage bool // the client asked stream_options.include_usage
-	WantLogprobs bool // the client itself asked for logprobs
+	WantLogprobs bool // the client itself asked for logprobs (Responses: include has message.output_text.logprobs)
 	WantTokenIDs bool // the client itself asked for return_token_ids
 	// Session hints from the body, in precedence order.
 	MetadataUserID, PromptCacheKey, User string
@@ -53,6 +65,10 @@ type Request struct {
 	// upstream holds the conversation so far, and Normalized.Messages has
 	// only what this call adds to it.
 	PreviousResponseID string
+	// includeOdd: a Responses call's "include" is neither absent, null nor
+	// an array, so nothing can be added to it (the upstream will refuse the
+	// call anyway).
+	includeOdd bool
 }
 
 // Errors. ParseRequest errors wrap ErrBadRequest; ParseResponse and
@@ -76,17 +92,47 @@ func badResponse(format string, args ...any) error {
 // what is stripped.
 type added struct {
 	logprobs, tokenIDs, usage bool
+	// partsNull (Responses): an output_text part's log-probs, stripped,
+	// become null rather than [].
+	partsNull bool
 }
 
 func addedFor(req *Request, caps Caps) added {
-	if req == nil || req.API != core.APIChat {
+	if req == nil {
 		return added{}
 	}
-	return added{
-		logprobs: caps.Logprobs && !req.WantLogprobs,
-		tokenIDs: caps.TokenIDs && !req.WantTokenIDs,
-		usage:    req.Stream && !req.IncludeUsage,
+	switch req.API {
+	case core.APIChat:
+		return added{
+			logprobs: caps.Logprobs && !req.WantLogprobs,
+			tokenIDs: caps.TokenIDs && !req.WantTokenIDs,
+			usage:    req.Stream && !req.IncludeUsage,
+		}
+	case core.APIResponses:
+		// No token ids: vLLM's return_token_ids is a chat (and completions)
+		// field, not one of its Responses API's.
+		return added{
+			logprobs:  caps.Logprobs && !req.WantLogprobs && !req.includeOdd,
+			partsNull: caps.TokenIDs,
+		}
 	}
+	return added{}
+}
+
+// Refused reports whether an upstream's answer of status to a call sent
+// with UpstreamBody(req, body, caps) may be the upstream refusing what the
+// gateway added, so that the call is worth sending again as the client sent
+// it, under Caps{}. That is a 400 or 422 to a Responses call to which the
+// gateway added the log-probs include: vLLM refuses it with 400 for gpt-oss
+// models ("logprobs are not supported with gpt-oss models", checked before
+// anything is generated), and servers that validate include against the
+// values they know answer 400 or 422. A call refused for another reason is
+// refused again, and the client gets that answer.
+func Refused(req *Request, caps Caps, status int) bool {
+	if status != 400 && status != 422 || req == nil || req.API != core.APIResponses {
+		return false
+	}
+	return addedFor(req, caps).logprobs
 }
 
 func (a added) any() bool { return a.logprobs || a.tokenIDs || a.usage }
