@@ -225,3 +225,11 @@ type Engine interface {
 type Forker interface {
 	Fork() (Engine, error)
 }
+
+// Merger is an engine that can fold its adapter into its base weights: the
+// merged engine's frozen base model is this engine's policy (base plus
+// adapter), and it starts with a fresh adapter, so its policy equals that
+// base. This engine is left as it is.
+type Merger interface {
+	MergeAdapter() (Engine, error)
+}

@@ -273,3 +273,34 @@ func loadAdapter(dir string, c Config) (*adapter, error) {
 	}
 	return ad, nil
 }
+
+// merge returns w with ad folded in: each adapted projection becomes
+// W + s·B·A, a new slice; everything else is shared with w.
+func (w *weights) merge(ad *adapter) *weights {
+	m := *w
+	m.layers = slices.Clone(w.layers)
+	r := ad.rank
+	for l := range m.layers {
+		for mod := module(0); mod < numModules; mod++ {
+			s := ad.slots[l][mod]
+			if !s.on {
+				continue
+			}
+			a, b := ad.A(ad.params, l, mod), ad.B(ad.params, l, mod)
+			src := w.layers[l].proj[mod]
+			dst := make([]float32, len(src))
+			for o := range s.out {
+				bo := b[o*r : (o+1)*r]
+				for i := range s.in {
+					var d float64
+					for k, bk := range bo {
+						d += float64(bk) * float64(a[k*s.in+i])
+					}
+					dst[o*s.in+i] = float32(float64(src[o*s.in+i]) + float64(ad.scale)*d)
+				}
+			}
+			m.layers[l].proj[mod] = dst
+		}
+	}
+	return &m
+}

@@ -66,8 +66,8 @@ func (o Options) validate() (Options, error) {
 	return o, nil
 }
 
-// Engine is the native engine. It implements engine.Engine and
-// engine.Forker.
+// Engine is the native engine. It implements engine.Engine, engine.Forker
+// and engine.Merger.
 type Engine struct {
 	opt Options
 	w   *weights // frozen, shared with forks
@@ -83,6 +83,7 @@ type Engine struct {
 var (
 	_ engine.Engine = (*Engine)(nil)
 	_ engine.Forker = (*Engine)(nil)
+	_ engine.Merger = (*Engine)(nil)
 )
 
 // Open loads the HF model directory dir.
@@ -585,6 +586,24 @@ func (e *Engine) Fork() (engine.Engine, error) {
 		return nil, engine.ErrClosed
 	}
 	return &Engine{opt: e.opt, w: e.w, log: e.log, ad: e.ad.clone(), resets: e.resets}, nil
+}
+
+// MergeAdapter implements engine.Merger, as PEFT's merge_and_unload: it
+// returns a new engine whose frozen base model is e's policy, every adapted
+// projection W replaced by W + s·B·A (summed in float64), with a fresh
+// adapter (so its policy starts equal to its base) drawn from the same
+// Options.Seed. e is unchanged; the new engine shares the weights the
+// adapter does not touch (embeddings, norms, unadapted projections) and is
+// named Options.Name + "+merged".
+func (e *Engine) MergeAdapter() (engine.Engine, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.closed {
+		return nil, engine.ErrClosed
+	}
+	o := e.opt
+	o.Name += "+merged"
+	return newEngine(e.w.merge(e.ad), o)
 }
 
 // Close implements engine.Engine; later calls report engine.ErrClosed.
