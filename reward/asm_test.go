@@ -28,12 +28,15 @@ const (
 	opCall        = 0x10
 	opDrop        = 0x1a
 	opLocalGet    = 0x20
+	opI32Load     = 0x28
+	opI32Store    = 0x36
 	opMemSize     = 0x3f
 	opMemGrow     = 0x40
 	opI32Const    = 0x41
 	opI64Const    = 0x42
 	opI32Ne       = 0x47
 	opI32LeU      = 0x4d
+	opI32Add      = 0x6a
 	blockEmpty    = 0x40
 )
 
@@ -197,6 +200,31 @@ func wasmImporting(mod, fn string) []byte {
 	m := abiPlugin(`{"score":1}`, nil)
 	m.imports = []wimport{{mod: mod, name: fn}}
 	m.funcs[2].body = cat([]byte{opCall, 0}, retResult(`{"score":1}`))
+	return m.bytes()
+}
+
+// wasmCommand is a WASI command: it exports _start, not _initialize.
+func wasmCommand() []byte {
+	m := abiPlugin(`{"score":1}`, nil)
+	m.funcs = append(m.funcs, wfunc{export: "_start"})
+	return m.bytes()
+}
+
+// wasmSlowStartFailing is a plugin that is slow to start and fails every
+// call: its _initialize counts to iterations (in memory at offset 0, since
+// the assembler gives functions no locals), and its clawmesh_score writes
+// "call" to the log through clawmesh.log, then traps.
+func wasmSlowStartFailing(iterations int32) []byte {
+	m := abiPlugin(`{"score":1}`, nil)
+	m.imports = []wimport{{mod: "clawmesh", name: "log", params: []byte{tI32, tI32}}}
+	m.data[resultAt+32] = []byte("call")
+	m.funcs[2].body = cat(i32c(resultAt+32), i32c(4), []byte{opCall, 0, opUnreachable})
+	load := []byte{opI32Load, 2, 0}
+	m.funcs = append(m.funcs, wfunc{export: "_initialize", body: cat(
+		[]byte{opLoop, blockEmpty},
+		i32c(0), i32c(0), load, i32c(1), []byte{opI32Add, opI32Store, 2, 0},
+		i32c(0), load, i32c(iterations), []byte{opI32Ne, opBrIf, 0, opEnd},
+	)})
 	return m.bytes()
 }
 

@@ -9,29 +9,29 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 )
 
-// containBound is how long a contained hostile call may take, start-up of a
-// replacement instance included: the default deadline (100 ms) plus a
-// margin generous enough that a loaded, shared machine never flakes. What
-// the test guards against is a call that is not contained at all (no
-// deadline, no memory cap): that hangs or runs for minutes.
-const containBound = 2 * time.Second
-
 // TestHostileContainedWithinDeadline runs the hostile plugin's infinite loop
 // and memory bomb under the default deadline and memory cap and checks that
-// each call abstains within containBound. The first call of each mode runs
-// on the instance the runner started at load time; that instance is then
+// each call abstains with the reason. The first call of each mode runs on
+// the instance the runner started at load time; that instance is then
 // discarded, so the second call also starts a replacement instance (the Go
-// runtime's _initialize) before it misbehaves, and that start-up is in what
-// is measured. A good input afterwards starts yet another one and scores.
+// runtime's _initialize) before it misbehaves. A good input afterwards
+// starts yet another one and scores.
+//
+// How long each call took is logged, not asserted: the machines the tests
+// run on are shared. That a call stops within its deadline plus a small
+// margin is what the meter guarantees (the host is asked at least every
+// fuelChunk instructions; reward/internal/meter's tests count the refills),
+// and a call that was not contained at all would never return
+// (scoreWithin fails the test then).
 func TestHostileContainedWithinDeadline(t *testing.T) {
 	path := hostilePlugin(t)
-	ctx := context.Background()
 	modes := []struct{ mode, reason string }{
 		{"spin", "deadline exceeded"},
 		{"oom", ""}, // out of memory, or the deadline if that comes first
@@ -49,9 +49,8 @@ func TestHostileContainedWithinDeadline(t *testing.T) {
 		}
 		for i, what := range []string{"pooled instance", "replacement instance"} {
 			start := time.Now()
-			sc, _ := r.ScorePlugin(ctx, "hostile", stepSaying(m.mode))
-			took := time.Since(start)
-			t.Logf("%s, %s: %v (%s)", m.mode, what, took.Round(time.Microsecond), sc.Reason)
+			sc := scoreWithin(t, r, "hostile", stepSaying(m.mode))
+			t.Logf("%s, %s: %v (%s)", m.mode, what, time.Since(start).Round(time.Microsecond), sc.Reason)
 			if sc.Value != nil {
 				t.Errorf("%s call %d: want abstain, got %v", m.mode, i+1, *sc.Value)
 			}
@@ -61,14 +60,10 @@ func TestHostileContainedWithinDeadline(t *testing.T) {
 			if m.reason == "" && !strings.Contains(sc.Reason, "out of memory") && !strings.Contains(sc.Reason, "deadline exceeded") {
 				t.Errorf("%s call %d: reason %q, want out of memory or deadline exceeded", m.mode, i+1, sc.Reason)
 			}
-			if took > containBound {
-				t.Errorf("%s call %d (%s): took %v, want at most %v (deadline %v)", m.mode, i+1, what, took, containBound, DefaultDeadline)
-			}
 		}
 		start := time.Now()
-		sc, _ := r.ScorePlugin(ctx, "hostile", stepSaying("ok"))
-		took := time.Since(start)
-		t.Logf("%s, then a good input on a new instance: %v", m.mode, took.Round(time.Microsecond))
+		sc := scoreWithin(t, r, "hostile", stepSaying("ok"))
+		t.Logf("%s, then a good input on a new instance: %v", m.mode, time.Since(start).Round(time.Microsecond))
 		if sc.Value == nil || *sc.Value != 0.25 {
 			t.Errorf("after %s: good input gave %v %q", m.mode, fmtVal(sc.Value), sc.Reason)
 		}
@@ -86,8 +81,9 @@ func TestHostileMemoryReleased(t *testing.T) {
 	path := hostilePlugin(t)
 	ctx := context.Background()
 	// The default deadline is generous here (newTestRunner's), so that every
-	// run reaches the memory cap rather than its deadline on a slow machine.
-	r := newTestRunner(t, Options{Plugins: []PluginConfig{{Name: "hostile", Path: path, Enabled: true}}})
+	// run reaches the memory cap rather than its deadline on a slow machine;
+	// the plugin fails every call, and is never set aside for it here.
+	r := newTestRunner(t, Options{Plugins: []PluginConfig{{Name: "hostile", Path: path, Enabled: true}}, FailureLimit: -1})
 	if r.opts.MemoryLimit != DefaultMemoryLimit {
 		t.Fatalf("memory limit %d, want the default %d", r.opts.MemoryLimit, DefaultMemoryLimit)
 	}
@@ -275,48 +271,47 @@ func TestJSONPluginEndToEnd(t *testing.T) {
 // TestJudgeComputeBudget checks how a judge plugin's time is bounded: the
 // time its judge calls take does not count against its deadline (a slow
 // judge still gets its votes counted), but its own computing does (a judge
-// plugin that spins is stopped at about the deadline, not at the end of
-// the judge timeout).
+// plugin that spins is stopped at its deadline, not at the end of the judge
+// timeout).
 func TestJudgeComputeBudget(t *testing.T) {
-	ctx := context.Background()
 	steps := readTestSteps(t)
-	// Each judge call takes 60 ms: three of them are nearly twice the
-	// deadline.
+	// Every judge call moves the runner's clock an hour on: were the time
+	// spent judging counted against the deadline, the plugin would be
+	// stopped at the first refill after it. The reply is long, so that the
+	// plugin computes on it (its parsing reads it all) for many refills.
+	var ahead atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }
+	reply := strings.Repeat("the turn was fine, ", 40_000) + "\nScore: -1"
+	calls := 0
 	slow := func(ctx context.Context, prompt string) (string, error) {
-		select {
-		case <-time.After(60 * time.Millisecond):
-			return "Score: -1", nil
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
+		calls++
+		ahead.Add(int64(time.Hour))
+		return reply, nil
 	}
 	r := newTestRunner(t, Options{
 		Plugins:      []PluginConfig{{Builtin: "judge", Enabled: true, Judge: true}},
-		Deadline:     DefaultDeadline,
 		JudgeTimeout: 20 * time.Second,
 		Judge:        slow,
+		Now:          now,
 	})
-	start := time.Now()
-	sc, _ := r.ScorePlugin(ctx, "judge", steps["01-correction"])
-	t.Logf("slow judge: %v %q in %v", fmtVal(sc.Value), sc.Reason, time.Since(start).Round(time.Millisecond))
-	if sc.Value == nil || *sc.Value != -1 {
-		t.Errorf("slow judge: %v %q, want -1", fmtVal(sc.Value), sc.Reason)
+	sc := scoreWithin(t, r, "judge", steps["01-correction"])
+	t.Logf("slow judge: %v %q after %d calls of an hour", fmtVal(sc.Value), sc.Reason, calls)
+	if sc.Value == nil || *sc.Value != -1 || calls != 3 {
+		t.Errorf("slow judge: %v %q after %d judge calls, want -1 after 3", fmtVal(sc.Value), sc.Reason, calls)
 	}
 
-	// A plugin permitted to judge that spins instead.
+	// A plugin permitted to judge that spins instead: its own computing
+	// has the default deadline. Were it bounded by the judge timeout (an
+	// hour) instead, the call would not return and scoreWithin would fail.
 	r = newTestRunner(t, Options{
 		Plugins:      []PluginConfig{{Name: "hostile", Path: hostilePlugin(t), Enabled: true, Judge: true}},
 		Deadline:     DefaultDeadline,
-		JudgeTimeout: 20 * time.Second,
+		JudgeTimeout: time.Hour,
 	})
-	start = time.Now()
-	sc, _ = r.ScorePlugin(ctx, "hostile", stepSaying("spin"))
-	took := time.Since(start)
-	t.Logf("spinning judge plugin: %q in %v", sc.Reason, took.Round(time.Millisecond))
+	start := time.Now()
+	sc = scoreWithin(t, r, "hostile", stepSaying("spin"))
+	t.Logf("spinning judge plugin: %q in %v", sc.Reason, time.Since(start).Round(time.Millisecond))
 	if sc.Value != nil || sc.Reason != "deadline exceeded" {
 		t.Errorf("spinning judge plugin: %v %q, want deadline exceeded", fmtVal(sc.Value), sc.Reason)
-	}
-	if took > containBound {
-		t.Errorf("spinning judge plugin took %v, want at most %v (deadline %v, judge timeout 20s)", took, containBound, DefaultDeadline)
 	}
 }

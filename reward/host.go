@@ -117,7 +117,7 @@ func (h *host) refuel(ctx context.Context, _ api.Module, stack []uint64) {
 	case err != nil:
 		panic(sys.NewExitError(sys.ExitCodeContextCanceled))
 	}
-	if cs := stateOf(ctx); cs != nil && cs.judge && time.Now().After(cs.computeEnd.Add(cs.judging)) {
+	if cs := stateOf(ctx); cs != nil && cs.judge && h.opts.Now().After(cs.computeEnd.Add(cs.judging)) {
 		panic(sys.NewExitError(sys.ExitCodeDeadlineExceeded))
 	}
 	stack[0] = fuelChunk
@@ -139,7 +139,6 @@ type callState struct {
 	inst     *instance
 	judgeCtx context.Context // created at the first judge call
 	cancel   context.CancelFunc
-	logged   int
 
 	// A judge plugin's own computing has the same deadline as any
 	// plugin's: the time its judge calls took does not count.
@@ -160,10 +159,8 @@ func (h *host) hostLog(ctx context.Context, mod api.Module, stack []uint64) {
 	if cs == nil || !ok {
 		return
 	}
-	if n := maxLog - cs.logged; len(b) > n {
-		b = b[:max(n, 0)]
-	}
-	cs.logged += len(b)
+	// clawmesh.log shares the call's log budget with stdout and stderr.
+	b = b[:cs.inst.output.take(len(b))]
 	if len(b) > 0 {
 		h.log.Info("plugin log", "plugin", cs.plugin, "msg", strings.ToValidUTF8(string(b), "\uFFFD"))
 	}
@@ -189,9 +186,9 @@ func (h *host) hostJudge(ctx context.Context, mod api.Module, stack []uint64) {
 	if cs.judgeCtx.Err() != nil {
 		return
 	}
-	start := time.Now()
+	start := h.opts.Now()
 	reply, err := h.opts.Judge(cs.judgeCtx, string(prompt))
-	cs.judging += time.Since(start)
+	cs.judging += h.opts.Now().Sub(start)
 	if err != nil {
 		h.log.Info("judge call failed", "plugin", cs.plugin, "err", err)
 		return
@@ -216,6 +213,14 @@ type plugin struct {
 	fresh  bool
 	free   chan *instance
 	abi    int32 // the ABI version the module answers
+
+	// Consecutive failed calls, and until when the plugin is set aside
+	// after Options.FailureLimit of them.
+	mu       sync.Mutex
+	failures int
+	last     string        // the last failure's reason
+	backoff  time.Duration // the current period set aside
+	until    time.Time
 }
 
 func normalize(c PluginConfig) (PluginConfig, error) {
@@ -371,6 +376,10 @@ func (p *plugin) score(ctx context.Context, in *input) core.Score {
 		sc.Reason = p.broken
 		return sc
 	}
+	if why := p.setAside(); why != "" {
+		sc.Reason = why
+		return sc
+	}
 	var b []byte
 	if p.abi == abiFlat {
 		b = in.encodeFlat(p.cfg)
@@ -389,8 +398,10 @@ func (p *plugin) score(ctx context.Context, in *input) core.Score {
 	if err != nil {
 		sc.Reason = err.Error()
 		p.h.log.Info("plugin abstained", "plugin", p.cfg.Name, "reason", sc.Reason)
+		p.failed(sc.Reason)
 		return sc
 	}
+	p.succeeded()
 	decode := DecodeResult
 	if p.abi == abiFlat {
 		decode = DecodeFlatResult
@@ -405,6 +416,44 @@ func (p *plugin) score(ctx context.Context, in *input) core.Score {
 	return sc
 }
 
+// setAside says why the plugin does not run now, or "" if it does.
+func (p *plugin) setAside() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.until.IsZero() || !p.h.opts.Now().Before(p.until) {
+		return ""
+	}
+	return fmt.Sprintf("disabled after %d consecutive failures, retry at %s (last: %s)",
+		p.failures, p.until.UTC().Format(time.RFC3339), p.last)
+}
+
+// failed counts a failed call and sets the plugin aside after
+// Options.FailureLimit of them in a row: for backoffBase, then twice as
+// long after every retry that fails, up to backoffMax.
+func (p *plugin) failed(reason string) {
+	limit := p.h.opts.FailureLimit
+	if limit < 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failures++
+	p.last = reason
+	if p.failures < limit {
+		return
+	}
+	p.backoff = min(max(2*p.backoff, backoffBase), backoffMax)
+	p.until = p.h.opts.Now().Add(p.backoff)
+	p.h.log.Warn("plugin set aside after consecutive failures; it abstains until then",
+		"plugin", p.cfg.Name, "failures", p.failures, "until", p.until, "last", reason)
+}
+
+func (p *plugin) succeeded() {
+	p.mu.Lock()
+	p.failures, p.last, p.backoff, p.until = 0, "", 0, time.Time{}
+	p.mu.Unlock()
+}
+
 func (p *plugin) call(ctx context.Context, in []byte) ([]byte, error) {
 	inst, err := p.get(ctx)
 	if err != nil {
@@ -417,7 +466,7 @@ func (p *plugin) call(ctx context.Context, in []byte) ([]byte, error) {
 	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	cs := &callState{plugin: p.cfg.Name, judge: p.cfg.Judge, inst: inst,
-		computeEnd: time.Now().Add(p.h.opts.Deadline)}
+		computeEnd: p.h.opts.Now().Add(p.h.opts.Deadline)}
 	defer func() {
 		if cs.cancel != nil {
 			cs.cancel()
@@ -594,7 +643,8 @@ func (inst *instance) run(ctx context.Context, in []byte) ([]byte, error) {
 func (inst *instance) stderrTail() string { return inst.output.tail() }
 
 // logWriter forwards a plugin's stdout and stderr to the log, line by line,
-// up to maxLog bytes per call, and remembers the last line for reasons.
+// and remembers the last line for reasons. It keeps the call's log budget:
+// maxLog bytes of stdout, stderr and clawmesh.log together.
 type logWriter struct {
 	mu      sync.Mutex
 	log     *slog.Logger
@@ -615,10 +665,7 @@ func (w *logWriter) Write(b []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := len(b)
-	if room := maxLog - w.n; len(b) > room {
-		b = b[:max(room, 0)]
-	}
-	w.n += len(b)
+	b = b[:w.takeLocked(len(b))]
 	w.partial = append(w.partial, b...)
 	for {
 		i := bytes.IndexByte(w.partial, '\n')
@@ -629,6 +676,20 @@ func (w *logWriter) Write(b []byte) (int, error) {
 		w.partial = w.partial[i+1:]
 	}
 	return n, nil
+}
+
+// take reserves up to n bytes of the call's log budget and returns how
+// many it got.
+func (w *logWriter) take(n int) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.takeLocked(n)
+}
+
+func (w *logWriter) takeLocked(n int) int {
+	n = min(n, max(maxLog-w.n, 0))
+	w.n += n
+	return n
 }
 
 func (w *logWriter) emit(line []byte) {

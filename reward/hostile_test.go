@@ -61,6 +61,7 @@ func TestHandWrittenPlugins(t *testing.T) {
 		"grow":            wasmGrow(64),
 		"not-wasm":        []byte("\x00asm but not really"),
 		"alloc-oob":       alloc(0x7ffffff0),
+		"command":         wasmCommand(),
 	}
 	want := map[string]string{ // plugin → reason substring; "" = scores
 		"const":           "",
@@ -83,6 +84,7 @@ func TestHandWrittenPlugins(t *testing.T) {
 		"grow":            "",
 		"not-wasm":        "compile:",
 		"alloc-oob":       "out of bounds",
+		"command":         "start: module is a WASI command (exports _start)",
 	}
 	var cfgs []PluginConfig
 	for n, b := range plugins {

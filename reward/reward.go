@@ -37,6 +37,9 @@ var (
 	ErrClosed        = errors.New("reward: runner closed")
 	ErrConfig        = errors.New("reward: invalid config")
 	ErrUnknownPlugin = errors.New("reward: unknown plugin")
+	// ErrUnusable reports, with Options.Strict, an enabled plugin that
+	// cannot be loaded; the error names the plugin and says why.
+	ErrUnusable = errors.New("reward: plugin cannot be loaded")
 )
 
 // Defaults.
@@ -45,6 +48,15 @@ const (
 	DefaultJudgeTimeout = 30 * time.Second
 	DefaultStartTimeout = 5 * time.Second
 	DefaultMemoryLimit  = 64 << 20
+	DefaultFailureLimit = 5
+)
+
+// How long a plugin set aside after repeated failures waits before it is
+// tried again: backoffBase after the first run of failures, twice as long
+// after every failed retry, at most backoffMax.
+const (
+	backoffBase = 10 * time.Second
+	backoffMax  = 10 * time.Minute
 )
 
 // Limits on what crosses the ABI.
@@ -105,6 +117,19 @@ type Options struct {
 	// MemoryLimit caps each instance's linear memory, in bytes (rounded down
 	// to 64 KiB pages). Default DefaultMemoryLimit.
 	MemoryLimit uint64
+	// FailureLimit is how many consecutive failed calls (a trap, an exit,
+	// the deadline, an instance that would not start) set a plugin aside:
+	// it then abstains at once, without running or starting an instance,
+	// for 10 s, twice as long after every retry that fails again (at most
+	// 10 min); a call that succeeds ends it, and so does a Reload. This
+	// bounds what a broken plugin costs, a slow start-up included. 0 means
+	// DefaultFailureLimit; negative never sets a plugin aside.
+	FailureLimit int
+	// Strict makes New and Reload fail (ErrUnusable) when an enabled
+	// plugin cannot be loaded (a missing file, not WebAssembly, missing
+	// exports, a start-up that fails) instead of keeping it to abstain on
+	// every step; Reload then keeps the current set.
+	Strict bool
 	// FreshInstances makes every call run in a new instance, so that no
 	// state a plugin keeps in memory can survive from one call to the next.
 	// Slower; by default instances are reused until they fail.
@@ -137,6 +162,9 @@ func (o *Options) validate() error {
 	}
 	if o.MemoryLimit == 0 {
 		o.MemoryLimit = DefaultMemoryLimit
+	}
+	if o.FailureLimit == 0 {
+		o.FailureLimit = DefaultFailureLimit
 	}
 	if o.MemoryLimit < 1<<16 || o.MemoryLimit > 4<<30 {
 		return fmt.Errorf("%w: memory limit %d outside [64 KiB, 4 GiB]", ErrConfig, o.MemoryLimit)
@@ -177,8 +205,9 @@ type Runner struct {
 }
 
 // New starts a runner with opts.Plugins. A plugin that cannot be loaded
-// (unreadable, not WebAssembly, missing exports) does not fail New: it
-// abstains on every step with the reason. New fails on an invalid config.
+// (unreadable, not WebAssembly, missing exports) does not fail New unless
+// opts.Strict: it abstains on every step with the reason. New fails on an
+// invalid config.
 func New(ctx context.Context, opts Options) (*Runner, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
@@ -198,7 +227,8 @@ func New(ctx context.Context, opts Options) (*Runner, error) {
 }
 
 // Reload swaps in a new plugin set atomically. Calls in flight finish on the
-// old set, which is closed when they are done. On error the old set stays.
+// old set, which is closed when they are done. On error (an invalid config,
+// or with Options.Strict a plugin that cannot be loaded) the old set stays.
 func (r *Runner) Reload(ctx context.Context, plugins []PluginConfig) error {
 	s, err := r.load(ctx, plugins)
 	if err != nil {
@@ -384,9 +414,14 @@ func (r *Runner) load(ctx context.Context, cfgs []PluginConfig) (*set, error) {
 		named[i] = c
 	}
 	pool := runtime.GOMAXPROCS(0)
+	var unusable []error
 	for _, c := range named {
 		p := r.host.load(ctx, c, pool)
-		if p.broken != "" {
+		switch {
+		case p.broken == "":
+		case r.opts.Strict && c.Enabled:
+			unusable = append(unusable, fmt.Errorf("%w: %q: %s", ErrUnusable, c.Name, p.broken))
+		default:
 			r.log.Warn("plugin unusable; it will abstain", "plugin", c.Name, "reason", p.broken)
 		}
 		s.all[c.Name] = p
@@ -394,6 +429,10 @@ func (r *Runner) load(ctx context.Context, cfgs []PluginConfig) (*set, error) {
 		if c.Enabled {
 			s.plugins = append(s.plugins, p)
 		}
+	}
+	if len(unusable) > 0 {
+		s.close(ctx)
+		return nil, errors.Join(unusable...)
 	}
 	return s, nil
 }
