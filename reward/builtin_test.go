@@ -2,12 +2,26 @@ package reward
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/wasm-rewards/builtin"
 )
+
+// builtinHash is the SHA-256 of a built-in's module, as embedded.
+func builtinHash(t testing.TB, name string) string {
+	t.Helper()
+	b, err := builtin.Module(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
 
 func readTestSteps(t testing.TB) map[core.StepID]*core.Step {
 	t.Helper()
@@ -82,9 +96,11 @@ func TestBuiltinsOnRecordedSteps(t *testing.T) {
 		{"07-feedback-endpoint", "feedback", 1, true},
 		{"08-slash-bad", "feedback", -1, true},
 		{"08-slash-bad", "hint", 0, true},
+		{"08-slash-bad", "correction", 0, false}, // explicit feedback is feedback's to score
 		{"09-directive", "hint", 0, true},
 		{"09-directive", "correction", -1, false},
 		{"10-thumbs-up", "feedback", 1, false},
+		{"10-thumbs-up", "correction", 0, false},
 		{"11-exit-code", "toolerror", -1, true},
 		{"12-no-next", "correction", 0, false},
 		{"12-no-next", "hint", 0, false},
@@ -101,8 +117,8 @@ func TestBuiltinsOnRecordedSteps(t *testing.T) {
 		if (sc.Hint != "") != c.wantHint {
 			t.Errorf("%s/%s: hint %q, want hint: %v", c.step, c.plugin, sc.Hint, c.wantHint)
 		}
-		if sc.Hash == "" || sc.Plugin != c.plugin {
-			t.Errorf("%s/%s: score not attributed: %+v", c.step, c.plugin, sc)
+		if sc.Hash != builtinHash(t, c.plugin) || sc.Plugin != c.plugin {
+			t.Errorf("%s/%s: score not attributed (want the hash %s): %+v", c.step, c.plugin, builtinHash(t, c.plugin), sc)
 		}
 		t.Logf("%s/%s: %v %q %q", c.step, c.plugin, fmtVal(sc.Value), sc.Reason, sc.Hint)
 	}

@@ -1,7 +1,9 @@
 // Command correction is the built-in plugin that reads the user's next
 // message: a correction ("no, ...", "that's wrong", "I said ...") or the
 // same question asked again scores negative; the user moving on to
-// something new scores mildly positive; anything else abstains.
+// something new scores mildly positive; anything else abstains, and so does
+// explicit feedback (/good, /bad, a thumbs up or down), which is the
+// feedback plugin's to score.
 package main
 
 import (
@@ -50,6 +52,9 @@ func Score(in *rewards.Input) rewards.Result {
 		return rewards.Abstain("no user reply")
 	}
 	low := strings.ToLower(next)
+	if explicitFeedback(low) {
+		return rewards.Abstain("explicit feedback")
+	}
 	for _, o := range openers {
 		if strings.HasPrefix(low, o) {
 			return rewards.Score(corrected).WithReason("corrected: " + rewards.Trim(next, 120)).WithLabels("correction")
@@ -74,6 +79,18 @@ func Score(in *rewards.Input) rewards.Result {
 		return rewards.Score(movedOn).WithReason("user moved on").WithLabels("moved-on")
 	}
 	return rewards.Abstain("unsure")
+}
+
+// explicitFeedback reports whether the (lower-cased) next message is what
+// the feedback plugin scores: a /good or /bad command, or a short message
+// with a thumbs up or down.
+func explicitFeedback(low string) bool {
+	for _, cmd := range []string{"/good", "/bad"} {
+		if low == cmd || strings.HasPrefix(low, cmd+" ") || strings.HasPrefix(low, cmd+"\n") {
+			return true
+		}
+	}
+	return (strings.Contains(low, "👍") || strings.Contains(low, "👎")) && len([]rune(low)) <= 80
 }
 
 // similarity is the Jaccard index of the two texts' word sets.
