@@ -146,7 +146,7 @@ func (p *Pool) importStep(s *core.Step) (bool, error) {
 	if s.Timings.Start.IsZero() {
 		s.Timings.Start = p.now()
 	}
-	return true, p.writeLocked(s, pebble.NoSync)
+	return true, p.writeLocked([]*core.Step{s}, pebble.NoSync)
 }
 
 // readLine reads one line into buf (without the newline). A line longer than

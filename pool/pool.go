@@ -6,12 +6,14 @@
 // the JSONL export and import of steps (schema core.SchemaVersion, see
 // docs/step-schema.md).
 //
-// Durability: Put, Update and Import return only after a synced write, so a
-// reply the agent received is never lost, even if the process is killed.
-// Concurrent writers are group-committed by Pebble's commit pipeline, which
-// folds the synced batches waiting on the WAL into a single fsync
-// (BenchmarkPutParallel64 against BenchmarkPut shows it); the pool therefore
-// does no batching of its own and only serializes writes to the same step.
+// Durability: Put, Update, Apply and Import return only after a synced write,
+// so a reply the agent received is never lost, even if the process is
+// killed. Concurrent writers are group-committed by Pebble's commit
+// pipeline, which folds the synced batches waiting on the WAL into a single
+// fsync (BenchmarkPutParallel64 against BenchmarkPut shows it); the pool
+// therefore does no batching of its own and only serializes writes to the
+// same step. A writer with several writes for one event (a step and its
+// parent's next state) makes them one commit, one fsync, with Apply.
 //
 // Deduplication: every message (request, reply and next state) and every
 // tools list is stored once under the sha256 of its canonical JSON; a step
@@ -26,6 +28,7 @@ import (
 	"hash/maphash"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +53,9 @@ var (
 	// ErrInvalid: a step that cannot be stored (fails core.Step.Validate,
 	// or is otherwise unusable).
 	ErrInvalid = errors.New("pool: invalid step")
+	// ErrTransition: a write would move a stored step's state backwards
+	// (see Transition).
+	ErrTransition = errors.New("pool: bad transition")
 )
 
 // Options configure a Pool. The zero value means defaults.
@@ -105,6 +111,11 @@ type Pool struct {
 	// cache holds decoded blobs for reads.
 	cache *decodedCache
 
+	// known remembers the content addresses of blobs known to be stored, so
+	// that writes skip encoding, hashing and looking up what every call of
+	// a conversation resends; see knownBlobs.
+	known *knownBlobs
+
 	// gc coordinates blob writes with the blob sweep; see sweep.go.
 	gc gcState
 
@@ -157,7 +168,7 @@ func Open(dir string, opts Options) (*Pool, error) {
 		_ = lock.Close()
 		return nil, fmt.Errorf("pool: open %s: %w", dir, err)
 	}
-	p := &Pool{db: db, lock: lock, opts: opts, log: log, now: now, seed: maphash.MakeSeed(), cache: newDecodedCache(decodedCacheBytes)}
+	p := &Pool{db: db, lock: lock, opts: opts, log: log, now: now, seed: maphash.MakeSeed(), cache: newDecodedCache(decodedCacheBytes), known: newKnownBlobs(knownBlobsMax)}
 	log.Debug("opened", "dir", dir)
 	return p, nil
 }
@@ -202,9 +213,11 @@ func (p *Pool) enter(ctx context.Context) (func(), error) {
 	return p.life.RUnlock, nil
 }
 
-func (p *Pool) stripe(id core.StepID) *sync.Mutex {
-	return &p.stripes[maphash.String(p.seed, string(id))%stripes]
+func (p *Pool) stripeIndex(id core.StepID) uint64 {
+	return maphash.String(p.seed, string(id)) % stripes
 }
+
+func (p *Pool) stripe(id core.StepID) *sync.Mutex { return &p.stripes[p.stripeIndex(id)] }
 
 // Put inserts s, or replaces the step with the same id. It returns once the
 // write is synced. Put fills in, in s itself, what was left zero: State
@@ -228,7 +241,7 @@ func (p *Pool) Put(ctx context.Context, s *core.Step) error {
 	mu := p.stripe(s.ID)
 	mu.Lock()
 	defer mu.Unlock()
-	return p.writeLocked(s, pebble.Sync)
+	return p.writeLocked([]*core.Step{s}, pebble.Sync)
 }
 
 func checkStorable(s *core.Step) error {
@@ -257,49 +270,77 @@ func (p *Pool) oldHeader(id core.StepID) (header, bool, error) {
 	return h, true, nil
 }
 
-// writeLocked stores s, replacing any record for its id and moving its index
-// entries. The caller holds s.ID's stripe lock.
-func (p *Pool) writeLocked(s *core.Step, sync *pebble.WriteOptions) error {
-	enc, err := encodeStep(s)
-	if err != nil {
-		return err
+// Transition reports whether a stored step in state from may be written
+// back in state to. States move forward (open → closed → scored → batched →
+// shipped, steps skipped or not) and stay; the one way back is scored →
+// closed, which sends a step to be scored again (explicit feedback after
+// scoring). Nothing leaves dropped, and only retention drops.
+func Transition(from, to core.State) bool {
+	switch {
+	case from == core.StateDropped || to == core.StateDropped:
+		return false
+	case to >= from:
+		return true
+	default:
+		return from == core.StateScored && to == core.StateClosed
 	}
-	old, exists, err := p.oldHeader(s.ID)
-	if err != nil {
-		return fmt.Errorf("pool: put: %w", err)
-	}
+}
 
+// writeLocked stores steps in one batch committed with opts, replacing any
+// records for their ids and moving their index entries. The caller holds the
+// write locks of every id, and the ids are distinct. A step already stored
+// may only move as Transition allows.
+func (p *Pool) writeLocked(steps []*core.Step, opts *pebble.WriteOptions) error {
 	b := p.db.NewBatch()
 	defer b.Close()
-	if exists {
-		deleteIndex(b, s.ID, old)
-	}
-	setIndex(b, s.ID, enc.hdr)
-	if err := b.Set(stepKey(s.ID), enc.record, nil); err != nil {
-		return fmt.Errorf("pool: put: %w", err)
-	}
-
 	// Blobs: write only those not yet stored. The sweep must not delete a
-	// blob between our check and our commit; see gcState.
+	// blob between our check and our commit; see gcState. The known set
+	// is consulted under the same lock, as the sweep clears it.
 	p.gc.enterWrite()
 	defer p.gc.exitWrite()
-	for _, bl := range enc.blobs {
-		p.gc.touch(bl.key)
-		_, closer, err := p.db.Get(bl.key)
-		if err == nil {
-			closer.Close()
-			continue
+	var refs []blob
+	for _, s := range steps {
+		enc, err := p.encodeStep(s)
+		if err != nil {
+			return err
 		}
-		if !errors.Is(err, pebble.ErrNotFound) {
+		old, exists, err := p.oldHeader(s.ID)
+		if err != nil {
 			return fmt.Errorf("pool: put: %w", err)
 		}
-		if err := b.Set(bl.key, bl.data, nil); err != nil {
+		if exists {
+			if !Transition(old.state, s.State) {
+				return fmt.Errorf("%w: step %s from %s to %s", ErrTransition, s.ID, old.state, s.State)
+			}
+			deleteIndex(b, s.ID, old)
+		}
+		setIndex(b, s.ID, enc.hdr)
+		if err := b.Set(stepKey(s.ID), enc.record, nil); err != nil {
 			return fmt.Errorf("pool: put: %w", err)
 		}
+		for _, bl := range enc.blobs {
+			p.gc.touch(bl.key)
+			if bl.data == nil { // known to be stored
+				continue
+			}
+			_, closer, err := p.db.Get(bl.key)
+			if err == nil {
+				closer.Close()
+				continue
+			}
+			if !errors.Is(err, pebble.ErrNotFound) {
+				return fmt.Errorf("pool: put: %w", err)
+			}
+			if err := b.Set(bl.key, bl.data, nil); err != nil {
+				return fmt.Errorf("pool: put: %w", err)
+			}
+		}
+		refs = append(refs, enc.blobs...)
 	}
-	if err := b.Commit(sync); err != nil {
+	if err := b.Commit(opts); err != nil {
 		return fmt.Errorf("pool: put: %w", err)
 	}
+	p.known.add(refs)
 	return nil
 }
 
@@ -359,34 +400,113 @@ func (p *Pool) get(r getter, id core.StepID) (*core.Step, error) {
 // Update applies fn to the stored step with the given id and writes the
 // result back, synced. Updates (and Puts) of the same step are serialized;
 // the indices follow changes of State, session and time. fn must not change
-// the id, and must not call back into the pool (the step's write lock is
-// held); if fn returns an error nothing is written and Update returns it.
+// the id, must not move the state backwards (see Transition: ErrTransition),
+// and must not call back into the pool (the step's write lock is held); if
+// fn returns an error nothing is written and Update returns it.
 func (p *Pool) Update(ctx context.Context, id core.StepID, fn func(*core.Step) error) error {
+	return p.Apply(ctx, nil, []Change{{ID: id, Fn: fn}})
+}
+
+// Change is an update of one stored step, for Apply: Fn is applied to the
+// step as stored, as Update's fn is.
+type Change struct {
+	ID core.StepID
+	Fn func(*core.Step) error
+}
+
+// Apply writes puts (each as Put would) and changes (each as Update would)
+// in one synced commit: when it returns nil all of them are on disk; when it
+// returns an error, none was written. A step may appear only once in a
+// call. Like Put, Apply fills in the zero State and Timings.Start of puts in
+// the steps themselves.
+//
+// One commit costs one fsync where the same writes made one by one cost one
+// each (the gateway stores a step and its parent's next state together).
+func (p *Pool) Apply(ctx context.Context, puts []*core.Step, changes []Change) error {
 	done, err := p.enter(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	mu := p.stripe(id)
-	mu.Lock()
-	defer mu.Unlock()
-	s, err := p.get(p.db, id)
-	if err != nil {
-		return err
+	ids := make([]core.StepID, 0, len(puts)+len(changes))
+	for _, s := range puts {
+		if s.State == core.StateUnknown {
+			s.State = core.StateOpen
+		}
+		if s.Timings.Start.IsZero() {
+			s.Timings.Start = p.now()
+		}
+		if err := checkStorable(s); err != nil {
+			return err
+		}
+		ids = append(ids, s.ID)
 	}
-	if err := fn(s); err != nil {
-		return err
+	for _, c := range changes {
+		if c.Fn == nil {
+			return fmt.Errorf("%w: change of %s has no function", ErrInvalid, c.ID)
+		}
+		ids = append(ids, c.ID)
 	}
-	if s.ID != id {
-		return fmt.Errorf("%w: update of %s changed its id to %s", ErrInvalid, id, s.ID)
+	if len(ids) == 0 {
+		return nil
 	}
-	if s.Timings.Start.IsZero() {
-		s.Timings.Start = p.now()
+	if len(ids) > 1 {
+		seen := make(map[core.StepID]bool, len(ids))
+		for _, id := range ids {
+			if seen[id] {
+				return fmt.Errorf("%w: step %s written twice in one Apply", ErrInvalid, id)
+			}
+			seen[id] = true
+		}
 	}
-	if err := checkStorable(s); err != nil {
-		return err
+	unlock := p.lockSteps(ids)
+	defer unlock()
+	steps := append(make([]*core.Step, 0, len(ids)), puts...)
+	for _, c := range changes {
+		s, err := p.get(p.db, c.ID)
+		if err != nil {
+			return err
+		}
+		if err := c.Fn(s); err != nil {
+			return err
+		}
+		if s.ID != c.ID {
+			return fmt.Errorf("%w: update of %s changed its id to %s", ErrInvalid, c.ID, s.ID)
+		}
+		if s.Timings.Start.IsZero() {
+			s.Timings.Start = p.now()
+		}
+		if err := checkStorable(s); err != nil {
+			return err
+		}
+		steps = append(steps, s)
 	}
-	return p.writeLocked(s, pebble.Sync)
+	return p.writeLocked(steps, pebble.Sync)
+}
+
+// lockSteps takes the write locks of ids, each stripe once and in stripe
+// order (so that writers of several steps cannot deadlock), and returns
+// what releases them.
+func (p *Pool) lockSteps(ids []core.StepID) func() {
+	if len(ids) == 1 {
+		mu := p.stripe(ids[0])
+		mu.Lock()
+		return mu.Unlock
+	}
+	idx := make([]uint64, len(ids))
+	for i, id := range ids {
+		idx[i] = p.stripeIndex(id)
+	}
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	for _, i := range idx {
+		p.stripes[i].Lock()
+	}
+	return func() {
+		for _, i := range idx {
+			p.stripes[i].Unlock()
+		}
+	}
 }
 
 // pebbleLogger routes Pebble's logs to slog.

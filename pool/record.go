@@ -44,10 +44,13 @@ type header struct {
 	session core.SessionID
 }
 
-// blob is one content-addressed piece of a step, ready to store.
+// blob is one content-addressed piece of a step, ready to store. data is nil
+// for a blob known to be stored already (see knownBlobs).
 type blob struct {
 	key  []byte
 	data []byte
+	fp   fingerprint
+	h    hash
 }
 
 // encoded is a step split into its record and the blobs it references.
@@ -76,17 +79,20 @@ func appendHeader(dst []byte, h header) []byte {
 	return append(dst, h.session...)
 }
 
-// encodeStep splits s into its record and blobs. s is not modified.
-func encodeStep(s *core.Step) (*encoded, error) {
+// encodeStep splits s into its record and blobs. s is not modified. Blobs
+// the known set names are addressed without being encoded again; the caller
+// holds gc's lock shared, as for the existence checks.
+func (p *Pool) encodeStep(s *core.Step) (*encoded, error) {
 	e := &encoded{hdr: header{state: s.State, t: s.Timings.Start, session: s.SessionID}}
 	seen := make(map[hash]bool)
+	fp := p.known.fingerprinter()
 	addMsgs := func(dst []byte, msgs []core.Message) ([]byte, error) {
 		if msgs == nil {
 			return binary.AppendUvarint(dst, 0), nil
 		}
 		dst = binary.AppendUvarint(dst, uint64(len(msgs))+1)
 		for i := range msgs {
-			h, err := e.addBlob(prefixMsg, &msgs[i], seen)
+			h, err := e.addBlob(prefixMsg, &msgs[i], fp.message(&msgs[i]), p.known, seen)
 			if err != nil {
 				return nil, err
 			}
@@ -125,7 +131,7 @@ func encodeStep(s *core.Step) (*encoded, error) {
 	if s.Request.Tools == nil {
 		rec = binary.AppendUvarint(rec, 0)
 	} else {
-		h, err := e.addBlob(prefixTools, s.Request.Tools, seen)
+		h, err := e.addBlob(prefixTools, s.Request.Tools, fp.tools(s.Request.Tools), p.known, seen)
 		if err != nil {
 			return nil, err
 		}
@@ -153,7 +159,16 @@ func encodeStep(s *core.Step) (*encoded, error) {
 	return e, nil
 }
 
-func (e *encoded) addBlob(prefix []byte, v any, seen map[hash]bool) (hash, error) {
+// addBlob adds the blob holding v, whose fingerprint is f, and returns its
+// address.
+func (e *encoded) addBlob(prefix []byte, v any, f fingerprint, known *knownBlobs, seen map[hash]bool) (hash, error) {
+	if h, ok := known.lookup(f); ok {
+		if !seen[h] {
+			seen[h] = true
+			e.blobs = append(e.blobs, blob{key: blobKey(prefix, h), fp: f, h: h})
+		}
+		return h, nil
+	}
 	data, err := canonicalJSON(v)
 	if err != nil {
 		return hash{}, fmt.Errorf("pool: encode blob: %w", err)
@@ -161,7 +176,7 @@ func (e *encoded) addBlob(prefix []byte, v any, seen map[hash]bool) (hash, error
 	h := hash(sha256.Sum256(data))
 	if !seen[h] {
 		seen[h] = true
-		e.blobs = append(e.blobs, blob{key: blobKey(prefix, h), data: data})
+		e.blobs = append(e.blobs, blob{key: blobKey(prefix, h), data: data, fp: f, h: h})
 	}
 	return h, nil
 }

@@ -111,6 +111,9 @@ func (p *Pool) sweepBlobs(ctx context.Context) (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
+	// Writers no longer assume any blob is stored (they are held off until
+	// the deletes are committed).
+	p.known.clear()
 	if err := b.Commit(pebble.Sync); err != nil {
 		return 0, fmt.Errorf("pool: sweep: %w", err)
 	}
