@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+
+	"github.com/clawmesh/clawmesh/internal/core"
 )
 
 // judgeMaxReply bounds what a judge reply may bring back.
@@ -15,9 +18,34 @@ const judgeMaxReply = 1 << 20
 
 // judge asks the upstream LLM one prompt, directly (not through the gateway,
 // so judge calls are not recorded as the agent's steps), and returns the
-// reply's text. Reward plugins reach it through the "judge" host call.
+// reply's text. Reward plugins reach it through the "judge" host call. The
+// model is Config.JudgeModel, else the one the judged step asked for.
 func (n *Node) judge(ctx context.Context, prompt string) (string, error) {
-	return Judge(n.cfg.Upstream, n.cfg.JudgeModel, n.cfg.UpstreamToken)(ctx, prompt)
+	model := n.cfg.JudgeModel
+	if model == "" {
+		model, _ = ctx.Value(stepModelKey{}).(string)
+	}
+	if model == "" {
+		return "", errNoJudgeModel
+	}
+	return Judge(n.cfg.Upstream, model, n.cfg.UpstreamToken)(ctx, prompt)
+}
+
+var errNoJudgeModel = errors.New("node: judge: no model: the step names none and judge_model (--judge-model) is not set")
+
+type stepModelKey struct{}
+
+// withStepModel carries the model step s asked for to the judge calls its
+// scoring makes.
+func withStepModel(ctx context.Context, s *core.Step) context.Context {
+	m := s.Request.Model
+	if m == "" {
+		m = s.Model
+	}
+	if m == "" {
+		m = s.Response.Model
+	}
+	return context.WithValue(ctx, stepModelKey{}, m)
 }
 
 // Judge returns a reward.Options.Judge that asks an OpenAI-compatible

@@ -70,8 +70,16 @@ type Config struct {
 	// MaxAge and MaxBytes are the pool's retention policy (0: unlimited).
 	MaxAge   time.Duration
 	MaxBytes int64
-	// Plugins are the reward plugins; nil means the built-ins.
+	// Plugins are the reward plugins; nil means the built-ins. An enabled
+	// plugin that cannot be loaded (a missing file, not WebAssembly, ...)
+	// makes New fail, naming it (reward.ErrUnusable).
 	Plugins []reward.PluginConfig
+	// PluginDeadline bounds one plugin call, PluginMemoryLimit (bytes) each
+	// plugin instance's memory, JudgeTimeout the judge calls of one plugin
+	// call; zero means reward's defaults (100 ms, 64 MiB, 30 s).
+	PluginDeadline    time.Duration
+	PluginMemoryLimit uint64
+	JudgeTimeout      time.Duration
 	// NoScoring turns the background scorer off.
 	NoScoring bool
 	// ScoreInterval is how often closed steps are looked for; default 2s.
@@ -84,7 +92,7 @@ type Config struct {
 	// gateway's (60s).
 	DrainTimeout time.Duration
 	// JudgeModel is the model name sent upstream for the reward plugins'
-	// judge calls; "" sends none (servers with one model accept that).
+	// judge calls; "" means the model the judged step asked for.
 	JudgeModel string
 	// Adapter reports the adapter version serving now ("" if none).
 	Adapter func() string
@@ -195,15 +203,19 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			plugins = reward.Builtins()
 		}
 		r, err := reward.New(ctx, reward.Options{
-			Plugins:  plugins,
-			CacheDir: filepath.Join(cfg.DataDir, "cache", "wazero"),
-			Judge:    n.judge,
-			Now:      cfg.Now,
-			Logger:   log,
+			Plugins:      plugins,
+			CacheDir:     filepath.Join(cfg.DataDir, "cache", "wazero"),
+			Deadline:     cfg.PluginDeadline,
+			MemoryLimit:  cfg.PluginMemoryLimit,
+			JudgeTimeout: cfg.JudgeTimeout,
+			Strict:       true,
+			Judge:        n.judge,
+			Now:          cfg.Now,
+			Logger:       log,
 		})
 		if err != nil {
 			n.Close(ctx)
-			return nil, err
+			return nil, fmt.Errorf("node: reward plugins: %w", err)
 		}
 		n.reward = r
 	}
@@ -309,7 +321,8 @@ func (n *Node) Close(ctx context.Context) error {
 
 // ReloadPlugins swaps the reward plugins without a restart: steps being
 // scored finish with the old set, later ones use the new. nil means the
-// built-ins.
+// built-ins. If the new set is invalid or an enabled plugin in it cannot be
+// loaded (reward.ErrUnusable, naming it), the set in use stays.
 func (n *Node) ReloadPlugins(ctx context.Context, plugins []reward.PluginConfig) error {
 	if n.reward == nil {
 		return fmt.Errorf("node: scoring is off")
@@ -351,7 +364,7 @@ func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
 		if ctx.Err() != nil {
 			return done, ctx.Err()
 		}
-		r := n.reward.Score(ctx, s)
+		r := n.reward.Score(withStepModel(ctx, s), s)
 		err := n.pool.Update(ctx, s.ID, func(st *core.Step) error {
 			if st.State != core.StateClosed {
 				return errSkip

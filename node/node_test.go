@@ -2,10 +2,14 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,6 +80,8 @@ func TestScoresClosedSteps(t *testing.T) {
 		{Text: "The capital of Australia is Sydney."},
 		{ToolCalls: []fakeupstream.ToolCall{{ID: "call_1", Name: "exec", Arguments: `{"command":"make"}`}}},
 		{Text: "Fixed."},
+		{Text: "Done again."},
+		{Text: "Bye."},
 	}}, node.Config{ScoreInterval: time.Hour})
 	ctx := context.Background()
 	chat := base + "/v1/chat/completions"
@@ -168,9 +174,127 @@ func TestScoresClosedSteps(t *testing.T) {
 		t.Errorf("after late feedback: state %s, feedback plugin %+v", s.State, fb)
 	}
 
-	// Reloading to another plugin set works live.
-	if err := n.ReloadPlugins(ctx, []reward.PluginConfig{{Builtin: "feedback", Enabled: true}}); err != nil {
+	// Reloading to another plugin set works live: the next step is scored
+	// by the new set alone, weights included.
+	if err := n.ReloadPlugins(ctx, []reward.PluginConfig{{Builtin: "feedback", Enabled: true, Weight: 0.5}}); err != nil {
 		t.Fatal(err)
+	}
+	a3 := `{"role":"assistant","content":"Fixed."}`
+	post(t, chat, `{"model":"m","messages":[`+sys+`,`+u1+`,`+a1+`,`+u2+`,`+tc+`,`+tr+`,`+a3+`,{"role":"user","content":"/good"}]}`)
+	fixed := scoreOne(t, n, "Fixed.")
+	if sc := fixed.Reward.Scores; len(sc) != 1 || sc[0].Plugin != "feedback" || sc[0].Weight != 0.5 || sc[0].Value == nil || *sc[0].Value != 1 {
+		t.Fatalf("after the reload: scores %+v, want feedback's alone, +1 at weight 0.5", sc)
+	}
+	if v := fixed.Reward.Value; v == nil || *v != 0.5 {
+		t.Errorf("after the reload: reward %v, want 0.5", v)
+	}
+
+	// A set with a plugin that cannot be loaded is refused, naming it, and
+	// the set in use stays.
+	missing := filepath.Join(t.TempDir(), "polite.wasm")
+	err = n.ReloadPlugins(ctx, []reward.PluginConfig{{Builtin: "correction", Enabled: true}, {Path: missing, Enabled: true}})
+	if !errors.Is(err, reward.ErrUnusable) || !strings.Contains(err.Error(), `"polite"`) || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("reload with a missing plugin: %v, want reward.ErrUnusable naming polite", err)
+	}
+	a4 := `{"role":"assistant","content":"Done again."}`
+	post(t, chat, `{"model":"m","messages":[`+sys+`,`+u1+`,`+a1+`,`+u2+`,`+tc+`,`+tr+`,`+a3+`,{"role":"user","content":"/good"},`+a4+`,{"role":"user","content":"/bad"}]}`)
+	if sc := scoreOne(t, n, "Done again.").Reward.Scores; len(sc) != 1 || sc[0].Plugin != "feedback" || sc[0].Value == nil || *sc[0].Value != -1 {
+		t.Fatalf("after a refused reload: scores %+v, want feedback's alone", sc)
+	}
+}
+
+// scoreOne scores the closed steps and returns the one whose action says
+// action.
+func scoreOne(t *testing.T, n *node.Node, action string) *core.Step {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := n.ScoreClosed(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	steps, err := n.Pool().List(ctx, pool.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range steps {
+		if s.Action().Content == action {
+			if s.State != core.StateScored || s.Reward == nil {
+				t.Fatalf("step %q: state %s, reward %+v", action, s.State, s.Reward)
+			}
+			return s
+		}
+	}
+	t.Fatalf("no step answered %q", action)
+	return nil
+}
+
+// TestNodeRefusesUnusablePlugin: a node whose configuration enables a
+// plugin that cannot be loaded does not start, and says which and why.
+func TestNodeRefusesUnusablePlugin(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "polite", "polite.wasm")
+	_, err := node.New(context.Background(), node.Config{
+		DataDir:  t.TempDir(),
+		Upstream: "http://127.0.0.1:9/v1",
+		Plugins:  []reward.PluginConfig{{Builtin: "feedback", Enabled: true}, {Path: missing, Enabled: true}},
+	})
+	if !errors.Is(err, reward.ErrUnusable) || !strings.Contains(err.Error(), `"polite"`) || !strings.Contains(err.Error(), missing+": no such file") {
+		t.Fatalf("New: %v, want reward.ErrUnusable naming polite and its path", err)
+	}
+	// Disabled, it is no reason not to start.
+	n, err := node.New(context.Background(), node.Config{
+		DataDir:  t.TempDir(),
+		Upstream: "http://127.0.0.1:9/v1",
+		Plugins:  []reward.PluginConfig{{Builtin: "feedback", Enabled: true}, {Path: missing}},
+	})
+	if err != nil {
+		t.Fatalf("New with the plugin disabled: %v", err)
+	}
+	n.Close(context.Background())
+}
+
+// TestJudgeModel checks which model the node's judge asks: the configured
+// judge model, else the model the judged step asked for (never none: a
+// server such as Ollama refuses a request without one).
+func TestJudgeModel(t *testing.T) {
+	for _, c := range []struct{ judgeModel, want string }{{"", "agent-model"}, {"judge-model", "judge-model"}} {
+		var mu sync.Mutex
+		var models []string
+		script := fakeupstream.Script{Respond: func(_ int, r fakeupstream.Request) fakeupstream.Turn {
+			var body struct {
+				Model    string
+				Messages []struct{ Content string }
+			}
+			json.Unmarshal(r.Body, &body)
+			if len(body.Messages) > 0 && strings.Contains(body.Messages[0].Content, "You are judging one turn") {
+				mu.Lock()
+				models = append(models, body.Model)
+				mu.Unlock()
+				return fakeupstream.Turn{Text: "Score: 1"}
+			}
+			return fakeupstream.Turn{Text: "Canberra."}
+		}}
+		n, base := startNode(t, script, node.Config{
+			ScoreInterval: time.Hour,
+			JudgeModel:    c.judgeModel,
+			Plugins:       []reward.PluginConfig{{Builtin: "judge", Enabled: true, Judge: true}},
+		})
+		chat := base + "/v1/chat/completions"
+		u1 := `{"role":"user","content":"What is the capital of Australia?"}`
+		post(t, chat, `{"model":"agent-model","messages":[`+u1+`]}`)
+		post(t, chat, `{"model":"agent-model","messages":[`+u1+`,{"role":"assistant","content":"Canberra."},{"role":"user","content":"thanks"}]}`)
+		s := scoreOne(t, n, "Canberra.")
+		mu.Lock()
+		if sc := s.Reward.Scores; len(sc) != 1 || sc[0].Value == nil || *sc[0].Value != 1 {
+			t.Errorf("judge model %q: scores %+v, want the judge's +1", c.judgeModel, sc)
+		}
+		if len(models) != 3 {
+			t.Errorf("judge model %q: %d judge calls, want 3", c.judgeModel, len(models))
+		}
+		for _, m := range models {
+			if m != c.want {
+				t.Errorf("judge model %q: a judge call asked for model %q, want %q", c.judgeModel, m, c.want)
+			}
+		}
+		mu.Unlock()
 	}
 }
 

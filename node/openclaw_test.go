@@ -2,12 +2,15 @@ package node_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +19,8 @@ import (
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/reward"
+	"github.com/clawmesh/clawmesh/wasm-rewards/builtin"
 )
 
 // TestOpenClawThroughGateway drives the real OpenClaw agent (npm openclaw,
@@ -23,7 +28,8 @@ import (
 // scripted model, for two user turns of one session, and checks what the
 // pool recorded: one session, a chain of steps, the tool result as the first
 // step's next state and the user's next message as the second's, with
-// OpenClaw's volatile internal-context message kept out of both.
+// OpenClaw's volatile internal-context message kept out of both. Then the
+// node's built-in reward plugins score every closed step OpenClaw produced.
 func TestOpenClawThroughGateway(t *testing.T) {
 	bin := os.Getenv("CLAWMESH_OPENCLAW_BIN")
 	nodeDir := os.Getenv("CLAWMESH_NODE_BIN_DIR")
@@ -72,10 +78,11 @@ func TestOpenClawThroughGateway(t *testing.T) {
 
 	data := t.TempDir()
 	n, err := node.New(ctx, node.Config{
-		DataDir:   data,
-		Listen:    "127.0.0.1:0",
-		Upstream:  "http://" + upLn.Addr().String() + "/v1",
-		NoScoring: true,
+		DataDir:  data,
+		Listen:   "127.0.0.1:0",
+		Upstream: "http://" + upLn.Addr().String() + "/v1",
+		// Scored below, by a direct call, once the turns are recorded.
+		ScoreInterval: time.Hour,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -172,6 +179,56 @@ func TestOpenClawThroughGateway(t *testing.T) {
 	if call.State != core.StateClosed || report.State != core.StateClosed {
 		t.Errorf("states %s, %s: the first two steps should be closed", call.State, report.State)
 	}
+
+	// The built-ins score the real recorded turns: every closed step, one
+	// score per enabled built-in, each with its module's hash.
+	want := map[string]string{}
+	for _, p := range reward.Builtins() {
+		if p.Enabled {
+			b, err := builtin.Module(p.Builtin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := sha256.Sum256(b)
+			want[p.Name] = hex.EncodeToString(h[:])
+		}
+	}
+	closed := 0
+	for _, s := range steps {
+		if s.State == core.StateClosed {
+			closed++
+		}
+	}
+	scored, err := n.ScoreClosed(ctx, 1000)
+	if err != nil || scored != closed || closed < 2 {
+		t.Fatalf("scored %d steps (%v), want the %d closed ones (at least the first two main steps)", scored, err, closed)
+	}
+	steps, err = n.Pool().List(ctx, pool.Filter{State: core.StateScored})
+	if err != nil || len(steps) != closed {
+		t.Fatalf("%d scored steps (%v), want %d", len(steps), err, closed)
+	}
+	for _, s := range steps {
+		if s.Reward == nil || len(s.Reward.Scores) != len(want) {
+			t.Errorf("step %s (%s, %s): reward %+v, want one score per enabled built-in (%d)", s.ID, s.Turn, s.API, s.Reward, len(want))
+			continue
+		}
+		for _, sc := range s.Reward.Scores {
+			if sc.Hash != want[sc.Plugin] {
+				t.Errorf("step %s: plugin %q with hash %q, want one of the built-ins with its module's hash", s.ID, sc.Plugin, sc.Hash)
+			}
+			if sc.Value == nil && sc.Reason == "" {
+				t.Errorf("step %s: %s abstained without a reason", s.ID, sc.Plugin)
+			}
+			t.Logf("step %s (%s): %s %v %q", s.ID, s.Turn, sc.Plugin, scoreText(sc.Value), sc.Reason)
+		}
+	}
+}
+
+func scoreText(v *float64) string {
+	if v == nil {
+		return "abstain"
+	}
+	return strconv.FormatFloat(*v, 'f', 2, 64)
 }
 
 func tail(b []byte, n int) string {
