@@ -31,8 +31,13 @@ import (
 //	max_age   = "720h"
 //	max_bytes = 10_000_000_000
 //
+//	[rewards]               # limits of every plugin call; read at start
+//	deadline      = "100ms"
+//	memory_mib    = 64
+//	judge_timeout = "30s"
+//
 //	[[plugins]]
-//	path    = "polite.wasm"
+//	path    = "polite.wasm" # relative to this file's directory
 //	weight  = 1.0
 //	enabled = true
 //	judge   = false
@@ -56,6 +61,11 @@ type fileConfig struct {
 		MaxAge   string `toml:"max_age"`
 		MaxBytes int64  `toml:"max_bytes"`
 	} `toml:"retention"`
+	Rewards struct {
+		Deadline     string `toml:"deadline"`
+		MemoryMiB    int64  `toml:"memory_mib"`
+		JudgeTimeout string `toml:"judge_timeout"`
+	} `toml:"rewards"`
 	Plugins []filePlugin `toml:"plugins"`
 }
 
@@ -88,6 +98,10 @@ type settings struct {
 	MaxAge        time.Duration
 	MaxBytes      int64
 	Plugins       []reward.PluginConfig // nil: built-ins
+	// Limits of every plugin call ([rewards]); zero: reward's defaults.
+	PluginDeadline  time.Duration
+	PluginMemoryMiB int64
+	JudgeTimeout    time.Duration
 }
 
 // envNames maps setting names to their environment variables.
@@ -209,7 +223,29 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 	if fc.Retention.MaxBytes != 0 && !set["max-bytes"] {
 		s.MaxBytes = fc.Retention.MaxBytes
 	}
+	if v := fc.Rewards.Deadline; v != "" && !set["reward-deadline"] {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("config %s: rewards.deadline %q: want a positive duration such as 100ms", path, v)
+		}
+		s.PluginDeadline = d
+	}
+	if v := fc.Rewards.MemoryMiB; v != 0 && !set["reward-memory-mib"] {
+		if v < 1 || v > 4096 {
+			return fmt.Errorf("config %s: rewards.memory_mib %d: want 1 to 4096", path, v)
+		}
+		s.PluginMemoryMiB = v
+	}
+	if v := fc.Rewards.JudgeTimeout; v != "" && !set["judge-timeout"] {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("config %s: rewards.judge_timeout %q: want a positive duration such as 30s", path, v)
+		}
+		s.JudgeTimeout = d
+	}
 	if len(fc.Plugins) > 0 {
+		// A relative path is relative to the config file's directory,
+		// wherever the node was started from.
 		base := filepath.Dir(expandHome(path))
 		for i, p := range fc.Plugins {
 			pc := reward.PluginConfig{Name: p.Name, Path: p.Path, Builtin: p.Builtin, Weight: p.Weight, Enabled: p.Enabled == nil || *p.Enabled, Judge: p.Judge}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/reward"
 )
 
 const nodeHelp = `Usage: clawmesh node [flags]
@@ -34,7 +35,11 @@ CLAWMESH_UPSTREAM_KIND, CLAWMESH_CONFIG), then the config file
 (DATA/config.toml by default), then defaults.
 
 SIGINT or SIGTERM stops accepting new calls, lets in-flight streams finish,
-and exits. SIGHUP reloads the reward plugins from the config file.
+and exits. SIGHUP reloads the reward plugins ([[plugins]]) from the config
+file; a new set with a plugin that cannot be loaded is refused (logged as an
+error, naming it) and the plugins in use stay. A relative plugin path is
+resolved from the config file's directory. The node does not start if an
+enabled plugin cannot be loaded.
 
 Example:
   clawmesh node --upstream http://127.0.0.1:11434/v1 --upstream-kind ollama --data ~/.clawmesh
@@ -47,7 +52,10 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&s.Upstream, "upstream", "", "LLM server base URL including /v1, e.g. http://127.0.0.1:11434/v1 (required)")
 	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "upstream flavour: openai, vllm, sglang, clawmesh, ollama, llamacpp, none (decides whether logprobs and token ids are asked for; default openai)")
 	fs.StringVar(&s.UpstreamToken, "upstream-token", "", "bearer token sent to the upstream instead of the client's")
-	fs.StringVar(&s.JudgeModel, "judge-model", "", "model name for reward plugins' judge calls (default: none sent)")
+	fs.StringVar(&s.JudgeModel, "judge-model", "", "model name for reward plugins' judge calls (default: the model the judged step asked for)")
+	fs.DurationVar(&s.PluginDeadline, "reward-deadline", 0, "deadline of one reward plugin call (default 100ms; [rewards] deadline)")
+	fs.Int64Var(&s.PluginMemoryMiB, "reward-memory-mib", 0, "memory cap of a reward plugin instance, MiB (default 64; [rewards] memory_mib)")
+	fs.DurationVar(&s.JudgeTimeout, "judge-timeout", 0, "time budget of the judge calls of one reward plugin call (default 30s; [rewards] judge_timeout)")
 	fs.Func("allow-host", "a host name, beyond loopback names and IP addresses, that clients may reach the gateway by when it has no --token (repeat, or separate by commas); other names are refused, against DNS rebinding", func(v string) error {
 		for _, h := range strings.Split(v, ",") {
 			if h = strings.TrimSpace(h); h == "" || strings.ContainsAny(h, "/: ") {
@@ -81,6 +89,12 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if s.DrainTimeout < 0 {
 		return usageErr("--drain-timeout must be positive")
 	}
+	if s.PluginDeadline < 0 || s.JudgeTimeout < 0 {
+		return usageErr("--reward-deadline and --judge-timeout must be positive")
+	}
+	if s.PluginMemoryMiB < 0 || s.PluginMemoryMiB > 4096 {
+		return usageErr("--reward-memory-mib must be 1 to 4096")
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return usageErr("--log: %v", err)
@@ -105,6 +119,10 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Plugins:       s.Plugins,
 		NoScoring:     *noScore,
 		Logger:        log,
+
+		PluginDeadline:    s.PluginDeadline,
+		PluginMemoryLimit: uint64(s.PluginMemoryMiB) << 20,
+		JudgeTimeout:      s.JudgeTimeout,
 	})
 	if err != nil {
 		return err
@@ -120,16 +138,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 				return
 			case <-hup:
 			}
-			fresh := settings{Config: s.Config, Data: s.Data}
-			if err := fresh.resolve(newFlags("node", "", io.Discard)); err != nil {
-				log.Error("reload: config", "err", err)
-				continue
-			}
-			if err := n.ReloadPlugins(ctx, fresh.Plugins); err != nil {
-				log.Error("reload: plugins", "err", err)
-				continue
-			}
-			log.Info("reward plugins reloaded", "n", len(fresh.Plugins))
+			reloadPlugins(ctx, s, n, log)
 		}
 	}()
 	runErr := n.Run(ctx)
@@ -142,6 +151,32 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stderr, "clawmesh node: stopped")
 	}
 	return runErr
+}
+
+// reloadPlugins re-reads the config file's plugins and swaps them in, as
+// SIGHUP asks. A config that does not parse, or a set with a plugin that
+// cannot be loaded, is logged as an error and changes nothing.
+func reloadPlugins(ctx context.Context, s settings, n *node.Node, log *slog.Logger) {
+	fresh := settings{Config: s.Config, Data: s.Data}
+	if err := fresh.resolve(newFlags("node", "", io.Discard)); err != nil {
+		log.Error("reward plugins not reloaded; the plugins in use stay", "err", err)
+		return
+	}
+	if err := n.ReloadPlugins(ctx, fresh.Plugins); err != nil {
+		log.Error("reward plugins not reloaded; the plugins in use stay", "config", fresh.Config, "err", err)
+		return
+	}
+	plugins := fresh.Plugins
+	if plugins == nil {
+		plugins = reward.Builtins()
+	}
+	var on []string
+	for _, p := range plugins {
+		if p.Enabled {
+			on = append(on, p.Name)
+		}
+	}
+	log.Info("reward plugins reloaded", "config", fresh.Config, "enabled", strings.Join(on, ","))
 }
 
 func isLoopback(addr string) bool {

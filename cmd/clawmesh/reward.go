@@ -187,8 +187,10 @@ Examples:
 			plugins = append(plugins, b)
 		}
 	}
+	// FailureLimit -1: a plugin that fails is run on every step all the
+	// same, so that each line says why.
 	r, err := reward.New(ctx, reward.Options{Plugins: plugins, Deadline: *deadline, MemoryLimit: *memory << 20,
-		Judge: judge, JudgeTimeout: *judgeTimeout})
+		Judge: judge, JudgeTimeout: *judgeTimeout, FailureLimit: -1})
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -105,18 +104,12 @@ func parseRewardLines(t *testing.T, out string) (lines []rewardLine, summary str
 // and with the built-ins: one line per step and plugin, with the score or
 // "abstain" and its reason, the hint when there is one, and the time.
 func TestRewardTestCommand(t *testing.T) {
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go toolchain on PATH to build the plugin")
-	}
 	wasm := filepath.Join(t.TempDir(), "polite.wasm")
-	out, errs, code := runCLI(t, "reward", "build", filepath.Join("..", "..", "wasm-rewards", "examples", "polite"), "-o", wasm)
-	if code != 0 || strings.TrimSpace(out) != wasm {
-		t.Fatalf("reward build: code %d, stdout %q, stderr %s", code, out, errs)
-	}
+	buildPolite(t, wasm)
 	steps := writeRewardTestSteps(t)
 
 	// The plugin alone: exactly one line per step.
-	out, errs, code = runCLI(t, "reward", "test", wasm, "--steps", steps)
+	out, errs, code := runCLI(t, "reward", "test", wasm, "--steps", steps)
 	if code != 0 {
 		t.Fatalf("reward test: code %d, %s", code, errs)
 	}
