@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -287,25 +288,61 @@ func (r *GatewayResult) Print(w io.Writer) {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
 
-// memStore is an in-memory gateway.Store for measuring the gateway alone.
+// memStore is an in-memory gateway.Store (and gateway.Applier) for measuring
+// the gateway alone. It keeps the pool's rules (storetest checks it) but
+// not copies: a stored step is the caller's.
 type memStore struct {
 	mu    sync.Mutex
 	steps map[core.StepID]*core.Step
 }
 
 func (m *memStore) Put(ctx context.Context, s *core.Step) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.steps[s.ID] = s
-	return nil
+	return m.Apply(ctx, []*core.Step{s}, nil)
 }
 
 func (m *memStore) Update(ctx context.Context, id core.StepID, fn func(*core.Step) error) error {
+	return m.Apply(ctx, nil, []pool.Change{{ID: id, Fn: fn}})
+}
+
+func (m *memStore) Apply(ctx context.Context, puts []*core.Step, changes []pool.Change) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s, ok := m.steps[id]
-	if !ok {
-		return fmt.Errorf("bench: step %s: %w", id, pool.ErrNotFound)
+	out := make(map[core.StepID]*core.Step, len(puts)+len(changes))
+	for _, s := range puts {
+		if s.State == core.StateUnknown {
+			s.State = core.StateOpen
+		}
+		if err := m.check(out, s); err != nil {
+			return err
+		}
+		out[s.ID] = s
 	}
-	return fn(s)
+	for _, c := range changes {
+		old, ok := m.steps[c.ID]
+		if !ok {
+			return fmt.Errorf("bench: step %s: %w", c.ID, pool.ErrNotFound)
+		}
+		s := *old
+		if err := c.Fn(&s); err != nil {
+			return err
+		}
+		if err := m.check(out, &s); err != nil {
+			return err
+		}
+		out[c.ID] = &s
+	}
+	maps.Copy(m.steps, out)
+	return nil
+}
+
+// check refuses a step written twice in one Apply and what pool.Transition
+// refuses.
+func (m *memStore) check(out map[core.StepID]*core.Step, s *core.Step) error {
+	if _, dup := out[s.ID]; dup {
+		return fmt.Errorf("bench: step %s twice: %w", s.ID, pool.ErrInvalid)
+	}
+	if old, ok := m.steps[s.ID]; ok && !pool.Transition(old.State, s.State) {
+		return fmt.Errorf("bench: step %s from %s to %s: %w", s.ID, old.State, s.State, pool.ErrTransition)
+	}
+	return nil
 }

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node/gateway/storetest"
 )
 
 // TestGatewayRuns runs the gateway benchmark briefly with both stores and
@@ -34,4 +37,10 @@ func TestGatewayRuns(t *testing.T) {
 			t.Errorf("print: %s", b.String())
 		}
 	}
+}
+
+// TestMemStoreConformance: the memory store of --memory keeps the pool's
+// rules, so the gateway does the same work against it.
+func TestMemStoreConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Store { return &memStore{steps: map[core.StepID]*core.Step{}} })
 }

@@ -15,7 +15,9 @@
 // When the Store works, a step is on disk before the client's response
 // completes: the terminal event of a stream ([DONE], message_stop,
 // response.completed) and the whole body of a non-streaming reply are held
-// back until Store.Put has returned.
+// back until the step is stored (Store.Put, or Applier.Apply together with
+// the next state it gives the step it continues: one synced write). Steps
+// closed for other reasons (idle, evicted) are written off the reply path.
 package gateway
 
 import (
@@ -37,6 +39,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/node/session"
+	"github.com/clawmesh/clawmesh/pool"
 )
 
 // Store is where steps are recorded. *pool.Pool satisfies it. Put must be
@@ -45,6 +48,15 @@ import (
 type Store interface {
 	Put(ctx context.Context, s *core.Step) error
 	Update(ctx context.Context, id core.StepID, fn func(*core.Step) error) error
+}
+
+// Applier is a Store that writes puts and changes in one durable commit, all
+// or nothing (*pool.Pool does). With one, a call that continues a chain
+// costs one synced write (its step and its parent's next state together)
+// instead of two in series, and closures written in the background share
+// one.
+type Applier interface {
+	Apply(ctx context.Context, puts []*core.Step, changes []pool.Change) error
 }
 
 // AdapterHeader is the response header in which an upstream such as
@@ -169,7 +181,13 @@ type Gateway struct {
 	tr    *session.Tracker
 	convs conversations
 
-	wg sync.WaitGroup // handlers and closure writers in flight
+	wg sync.WaitGroup // handlers and the closure writer in flight
+
+	// later holds closures waiting for the background writer; writing is
+	// true while it runs.
+	laterMu sync.Mutex
+	later   []session.Closure
+	writing bool
 
 	requests, recorded, recordFailures, upstreamFailures, disconnected atomic.Uint64
 }
@@ -348,21 +366,75 @@ func (g *Gateway) Tick(ctx context.Context) {
 }
 
 // applyClosures writes closures to the Store: the next state, and State
-// closed if the step is still open.
+// closed if the step is still open. With an Applier they go in one commit;
+// if that fails (a step is missing), one by one, so that the others land.
 func (g *Gateway) applyClosures(ctx context.Context, cl []session.Closure) {
+	if len(cl) == 0 {
+		return
+	}
+	if a, ok := g.cfg.Store.(Applier); ok && len(cl) > 1 {
+		if a.Apply(ctx, nil, closureChanges(cl)) == nil {
+			return
+		}
+	}
 	for _, c := range cl {
-		ns := c.NextState
-		err := g.cfg.Store.Update(ctx, c.StepID, func(s *core.Step) error {
-			if s.State != core.StateOpen {
-				return nil
-			}
-			s.NextState = ns
-			s.State = core.StateClosed
-			return nil
-		})
-		if err != nil {
+		if err := g.cfg.Store.Update(ctx, c.StepID, closeWith(c.NextState)); err != nil {
 			g.recordFailures.Add(1)
 			g.log.Error("recording a closure failed", "step", c.StepID, "err", err)
 		}
+	}
+}
+
+// closeWith is the change a closure makes to its stored step.
+func closeWith(ns *core.NextState) func(*core.Step) error {
+	return func(s *core.Step) error {
+		if s.State != core.StateOpen {
+			return nil
+		}
+		s.NextState = ns
+		s.State = core.StateClosed
+		return nil
+	}
+}
+
+func closureChanges(cl []session.Closure) []pool.Change {
+	out := make([]pool.Change, len(cl))
+	for i, c := range cl {
+		out[i] = pool.Change{ID: c.StepID, Fn: closeWith(c.NextState)}
+	}
+	return out
+}
+
+// closeLater queues closures for the background writer, starting it if it
+// is not running. What queues while it writes goes in its next commit. Run
+// waits for it before returning.
+func (g *Gateway) closeLater(cl []session.Closure) {
+	if len(cl) == 0 {
+		return
+	}
+	g.laterMu.Lock()
+	g.later = append(g.later, cl...)
+	start := !g.writing
+	g.writing = true
+	g.laterMu.Unlock()
+	if start {
+		g.wg.Add(1)
+		go g.writeLater()
+	}
+}
+
+func (g *Gateway) writeLater() {
+	defer g.wg.Done()
+	for {
+		g.laterMu.Lock()
+		cl := g.later
+		g.later = nil
+		if len(cl) == 0 {
+			g.writing = false
+			g.laterMu.Unlock()
+			return
+		}
+		g.laterMu.Unlock()
+		g.applyClosures(context.Background(), cl)
 	}
 }

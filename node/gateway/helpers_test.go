@@ -35,6 +35,12 @@ func (m *memStore) Put(ctx context.Context, s *core.Step) error {
 	if m.fail != nil {
 		return m.fail
 	}
+	if s.State == core.StateUnknown {
+		s.State = core.StateOpen
+	}
+	if err := m.checkMove(s); err != nil {
+		return err
+	}
 	b, err := json.Marshal(s)
 	if err != nil {
 		return err
@@ -60,11 +66,89 @@ func (m *memStore) Update(ctx context.Context, id core.StepID, fn func(*core.Ste
 	if err := fn(&s); err != nil {
 		return err
 	}
+	if err := m.checkMove(&s); err != nil {
+		return err
+	}
 	b, err := json.Marshal(&s)
 	if err != nil {
 		return err
 	}
 	m.steps[id] = b
+	return nil
+}
+
+// Apply is pool.Pool.Apply in memory: all or nothing.
+func (m *memStore) Apply(ctx context.Context, puts []*core.Step, changes []pool.Change) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail != nil {
+		return m.fail
+	}
+	out := map[core.StepID][]byte{}
+	for _, s := range puts {
+		if s.State == core.StateUnknown {
+			s.State = core.StateOpen
+		}
+		if _, dup := out[s.ID]; dup {
+			return fmt.Errorf("mem: %s twice: %w", s.ID, pool.ErrInvalid)
+		}
+		if err := m.checkMove(s); err != nil {
+			return err
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		out[s.ID] = b
+	}
+	for _, c := range changes {
+		b, ok := m.steps[c.ID]
+		if !ok {
+			return fmt.Errorf("mem: %s: %w", c.ID, pool.ErrNotFound)
+		}
+		if _, dup := out[c.ID]; dup {
+			return fmt.Errorf("mem: %s twice: %w", c.ID, pool.ErrInvalid)
+		}
+		var s core.Step
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		if err := c.Fn(&s); err != nil {
+			return err
+		}
+		if err := m.checkMove(&s); err != nil {
+			return err
+		}
+		nb, err := json.Marshal(&s)
+		if err != nil {
+			return err
+		}
+		out[c.ID] = nb
+	}
+	for _, s := range puts {
+		if _, ok := m.steps[s.ID]; !ok {
+			m.order = append(m.order, s.ID)
+		}
+	}
+	for id, b := range out {
+		m.steps[id] = b
+	}
+	return nil
+}
+
+// checkMove refuses what pool.Transition refuses; the caller holds mu.
+func (m *memStore) checkMove(s *core.Step) error {
+	b, ok := m.steps[s.ID]
+	if !ok {
+		return nil
+	}
+	var old core.Step
+	if err := json.Unmarshal(b, &old); err != nil {
+		return err
+	}
+	if !pool.Transition(old.State, s.State) {
+		return fmt.Errorf("mem: %s from %s to %s: %w", s.ID, old.State, s.State, pool.ErrTransition)
+	}
 	return nil
 }
 

@@ -75,24 +75,15 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 	g.mu.Unlock()
 	step.SessionID, step.ChainID, step.ParentID = asg.Session, asg.Chain, asg.Parent
 
-	// Closures this call caused (the parent's next state) are written while
-	// the upstream works, and joined before the client's reply completes.
-	var closuresDone chan struct{}
+	// The parent's next state is stored with this call's step, in one
+	// commit, before the client's reply completes. Steps that closed for
+	// other reasons (idle, evicted, superseded) are written in the
+	// background: if the node dies first they are still open on disk, and
+	// the next run resumes (and closes) them.
+	chain, others := splitClosures(asg.Closures, asg.Parent)
+	g.closeLater(others)
 	storeCtx := context.WithoutCancel(r.Context())
-	if len(asg.Closures) > 0 {
-		closuresDone = make(chan struct{})
-		g.wg.Add(1)
-		go func() {
-			defer g.wg.Done()
-			defer close(closuresDone)
-			g.applyClosures(storeCtx, asg.Closures)
-		}()
-	}
-	waitClosures := func() {
-		if closuresDone != nil {
-			<-closuresDone
-		}
-	}
+	commit := func(ok bool) { g.commit(storeCtx, step, ok, who.done, chain) }
 
 	caps := g.cfg.Caps
 	upBody, err := wire.UpstreamBody(req, body, caps)
@@ -122,11 +113,11 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	upReq, err := newUpReq(upBody)
 	if err != nil {
-		waitClosures()
 		writeError(w, anthropic, http.StatusBadRequest, "invalid_request_error", "bad_request", err.Error())
 		g.mu.Lock()
 		g.tr.Abort(step.ID)
 		g.mu.Unlock()
+		g.closeLater(chain)
 		return
 	}
 
@@ -147,10 +138,9 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 	}
 	if err != nil {
-		waitClosures()
 		if r.Context().Err() != nil {
 			step.ClientDisconnected = true
-			g.commit(storeCtx, step, false)
+			commit(false)
 			return
 		}
 		g.upstreamFailures.Add(1)
@@ -160,7 +150,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 		g.log.Warn("upstream call failed", "step", step.ID, "err", err)
 		step.Response = core.Response{Status: http.StatusBadGateway, Error: errorJSON("upstream_unreachable", msg)}
-		g.commit(storeCtx, step, false)
+		commit(false)
 		writeError(w, anthropic, http.StatusBadGateway, "api_error", "upstream_unreachable", msg)
 		return
 	}
@@ -172,7 +162,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	br := &bodyReader{r: resp.Body, idle: idle, now: g.cfg.Now}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && resp.StatusCode/100 == 2 {
-		g.stream(w, r, req, caps, step, resp, br, idle, cancel, waitClosures)
+		g.stream(w, r, req, caps, step, resp, br, idle, cancel, commit)
 		return
 	}
 
@@ -181,17 +171,16 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		step.Timings.TTFT = br.first.Sub(start)
 	}
 	if err != nil {
-		waitClosures()
 		if r.Context().Err() != nil {
 			step.ClientDisconnected = true
 			step.Response = core.Response{Status: resp.StatusCode}
-			g.commit(storeCtx, step, false)
+			commit(false)
 			return
 		}
 		g.upstreamFailures.Add(1)
 		msg := "upstream reply cut: " + err.Error()
 		step.Response = core.Response{Status: http.StatusBadGateway, Error: errorJSON("upstream_cut", msg)}
-		g.commit(storeCtx, step, false)
+		commit(false)
 		writeError(w, anthropic, http.StatusBadGateway, "api_error", "upstream_cut", msg)
 		return
 	}
@@ -215,8 +204,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		step.ClientDisconnected = true
 		ok = false
 	}
-	waitClosures()
-	g.commit(storeCtx, step, ok)
+	commit(ok)
 	if step.ClientDisconnected {
 		return
 	}
@@ -229,8 +217,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 // stream relays an SSE reply event by event, flushing each at once. The
 // terminal event is held back until the step is recorded.
 func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Request, caps wire.Caps, step *core.Step, resp *http.Response,
-	br *bodyReader, idle *idleTimer, cancel context.CancelCauseFunc, waitClosures func()) {
-	storeCtx := context.WithoutCancel(r.Context())
+	br *bodyReader, idle *idleTimer, cancel context.CancelCauseFunc, commit func(ok bool)) {
 	copyHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 	fw := &flushWriter{w: w, rc: http.NewResponseController(w)}
@@ -287,8 +274,7 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 	}
 	step.Response = cr
 	ok := !step.ClientDisconnected && complete && readErr == nil && cr.Error == nil && len(cr.Choices) > 0
-	waitClosures()
-	g.commit(storeCtx, step, ok)
+	commit(ok)
 	if tail != nil && !step.ClientDisconnected && fw.write(tail) {
 		// What the upstream sends after its terminal event (vLLM's [DONE]
 		// after an error event) goes on to the client as it is, until the
@@ -302,21 +288,23 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 	}
 }
 
-// commit records a finished call: Put, then the tracker learns the reply
-// (ok) or forgets the call (failed, cut or abandoned: such steps are stored
-// closed, as nothing will continue them), and any closures are written.
-// Store failures are logged and counted, never returned: recording must not
-// break the agent.
-func (g *Gateway) commit(ctx context.Context, step *core.Step, ok bool) {
+// commit records a finished call: the step, with chain (the closure of the
+// step it continues) in the same durable write; then the tracker learns the
+// reply (ok) or forgets the call (failed, cut or abandoned: such steps are
+// stored closed, as nothing will continue them). A step that ends its chain
+// (done) is stored closed at once. Closures of other steps that completing
+// the call brings are written in the background. Store failures are logged
+// and counted, never returned: recording must not break the agent.
+func (g *Gateway) commit(ctx context.Context, step *core.Step, ok, done bool, chain []session.Closure) {
 	now := g.cfg.Now()
 	step.Timings.Total = now.Sub(step.Timings.Start)
-	if !ok {
+	if !ok || done {
 		step.State = core.StateClosed
 	}
 	if step.ClientDisconnected {
 		g.disconnected.Add(1)
 	}
-	if err := g.cfg.Store.Put(ctx, step); err != nil {
+	if err := g.store(ctx, step, chain); err != nil {
 		g.recordFailures.Add(1)
 		g.log.Error("RECORDING FAILED: step not stored", "step", step.ID, "session", step.SessionID, "err", err)
 	} else {
@@ -335,7 +323,46 @@ func (g *Gateway) commit(ctx context.Context, step *core.Step, ok bool) {
 		g.tr.Abort(step.ID)
 	}
 	g.mu.Unlock()
-	g.applyClosures(ctx, cl)
+	own, others := splitClosures(cl, step.ID)
+	if len(own) > 0 && (own[0].NextState != nil || step.State != core.StateClosed) {
+		// The step closed as it completed for a reason it was not stored
+		// with: a continuation of its reply already began (rare: the client
+		// did not wait for the end of the reply), or its session was
+		// evicted while it ran.
+		g.applyClosures(ctx, own)
+	}
+	g.closeLater(others)
+}
+
+// store writes step and the closures in chain, in one commit when the Store
+// can (Applier).
+func (g *Gateway) store(ctx context.Context, step *core.Step, chain []session.Closure) error {
+	if a, ok := g.cfg.Store.(Applier); ok && len(chain) > 0 {
+		err := a.Apply(ctx, []*core.Step{step}, closureChanges(chain))
+		if err == nil {
+			return nil
+		}
+		// The parent may be missing (its own write failed): store the step
+		// on its own, then what of the closures can be.
+		g.log.Warn("storing a step with its parent's next state failed; storing them apart", "step", step.ID, "err", err)
+	}
+	if err := g.cfg.Store.Put(ctx, step); err != nil {
+		return err
+	}
+	g.applyClosures(ctx, chain)
+	return nil
+}
+
+// splitClosures separates the closures of step id from the others.
+func splitClosures(cl []session.Closure, id core.StepID) (own, others []session.Closure) {
+	for _, c := range cl {
+		if id != "" && c.StepID == id {
+			own = append(own, c)
+		} else {
+			others = append(others, c)
+		}
+	}
+	return own, others
 }
 
 // errorJSON is an error object for Response.Error.
