@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/clawmesh/clawmesh/trainer/chat"
 	"github.com/clawmesh/clawmesh/trainer/engine/native"
@@ -37,6 +38,10 @@ start with --adapter, and at any time without dropping a request:
        -d '{"path": "/path/to/adapter", "version": "v3"}'
 Requests in flight finish on the adapter they started with.
 
+Web pages cannot use the server: browsers' cross-origin requests are
+refused, and without --token so are names other than localhost and IP
+addresses (against DNS rebinding; --allow-host adds names).
+
 Examples:
   clawmesh serve --tiny
   clawmesh serve --tiny --save-tiny /tmp/tiny     # also write it as an HF dir
@@ -61,6 +66,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	concurrency := fset.Int("concurrency", 0, "completions generated at once (default: the number of CPUs)")
 	threads := fset.Int("threads", 0, "goroutines per matrix product (default: the number of CPUs)")
 	token := fset.String("token", "", "bearer token clients must send (default: none)")
+	var allowHosts []string
+	fset.Func("allow-host", "a host name, beyond loopback names and IP addresses, that clients may reach the server by when it has no --token (repeat, or separate by commas); other names are refused, against DNS rebinding", func(v string) error {
+		for _, h := range strings.Split(v, ",") {
+			if h = strings.TrimSpace(h); h == "" || strings.ContainsAny(h, "/: ") {
+				return fmt.Errorf("%q is not a host name", h)
+			}
+			allowHosts = append(allowHosts, h)
+		}
+		return nil
+	})
 	logLevel := fset.String("log", "info", "log level: debug, info, warn, error")
 	if err := parse(fset, args); err != nil {
 		return err
@@ -139,6 +154,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		MaxTokens:     *maxTokens,
 		MaxConcurrent: *concurrency,
 		Token:         *token,
+		AllowedHosts:  allowHosts,
 		Logger:        log,
 	})
 	if err != nil {

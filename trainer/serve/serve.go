@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/httpguard"
 	"github.com/clawmesh/clawmesh/trainer/chat"
 	"github.com/clawmesh/clawmesh/trainer/engine"
 )
@@ -84,6 +85,12 @@ type Config struct {
 	MaxBodyBytes int64
 	// Token, if set, is required as "Authorization: Bearer <Token>".
 	Token string
+	// AllowedHosts are host names, beyond localhost, *.localhost and IP
+	// literals, that clients may reach the server by (the Host header) when
+	// it has no Token; other names get 403, so that a DNS-rebound web page
+	// cannot use it. With a Token every name is accepted. Browsers'
+	// cross-origin requests are refused either way (internal/httpguard).
+	AllowedHosts []string
 	// ShutdownTimeout is how long Run lets requests in flight finish after
 	// its context ends (default 30s).
 	ShutdownTimeout time.Duration
@@ -376,6 +383,15 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g := httpguard.Guard{AllowedHosts: s.cfg.AllowedHosts, AnyHost: s.cfg.Token != ""}
+	if err := g.Check(r); err != nil {
+		msg := "cross-origin requests are refused"
+		if errors.Is(err, httpguard.ErrHost) {
+			msg = "the server answers to loopback names and IP addresses only; name this host with --allow-host, or set a --token"
+		}
+		writeError(w, http.StatusForbidden, "permission_error", "forbidden", msg)
+		return
+	}
 	if s.cfg.Token != "" && r.Header.Get("Authorization") != "Bearer "+s.cfg.Token {
 		writeError(w, http.StatusUnauthorized, "authentication_error", "", "missing or wrong bearer token")
 		return
