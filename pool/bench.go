@@ -131,16 +131,32 @@ func NewStepGen(prefix string, perSession int) *StepGen {
 	}
 }
 
-// Step returns step i.
-func (g *StepGen) Step(i int) *core.Step {
-	sess, turn := i/g.PerSession, i%g.PerSession
-	msgs := []core.Message{{Role: core.RoleSystem, Content: g.system}}
+// Messages returns the request messages of turn turn of session sess: the
+// system prompt, the earlier turns (user message and reply) and the turn's
+// user message.
+func (g *StepGen) Messages(sess, turn int) []core.Message {
+	msgs := make([]core.Message, 0, 2*turn+2)
+	msgs = append(msgs, core.Message{Role: core.RoleSystem, Content: g.system})
 	for t := 0; t <= turn; t++ {
 		msgs = append(msgs, core.Message{Role: core.RoleUser, Content: g.user(sess, t)})
 		if t < turn {
-			msgs = append(msgs, g.reply(sess, t))
+			msgs = append(msgs, g.Reply(sess, t))
 		}
 	}
+	return msgs
+}
+
+// Tools returns the tools every request offers (shared, not to be
+// modified).
+func (g *StepGen) Tools() []core.Tool { return g.tools }
+
+// Reply returns the assistant's reply at turn turn of session sess.
+func (g *StepGen) Reply(sess, turn int) core.Message { return g.reply(sess, turn) }
+
+// Step returns step i.
+func (g *StepGen) Step(i int) *core.Step {
+	sess, turn := i/g.PerSession, i%g.PerSession
+	msgs := g.Messages(sess, turn)
 	var next *core.NextState
 	if turn+1 < g.PerSession {
 		next = &core.NextState{Messages: []core.Message{{Role: core.RoleUser, Content: g.user(sess, turn+1)}}}

@@ -26,7 +26,9 @@ the same run. Everything runs locally (loopback, a temporary directory).
             directly and through the gateway (recording into Pebble),
             interleaved; prints added latency p50/p99 for non-streaming calls
             and for streaming ones (time to first and to last byte), and
-            requests/s
+            requests/s, and the disk's synced-write latency (the floor under
+            the durable path); --realistic sends agent-sized requests in
+            sessions that continue call by call
   pool      DataPool ingest: synced step writes per second with concurrent
             writers, and put latency
   engine    the native Go engine: training and generation tokens/s on a
@@ -42,6 +44,7 @@ the same run. Everything runs locally (loopback, a temporary directory).
 Examples:
   clawmesh bench gateway --rate 1000 --duration 10s
   clawmesh bench gateway --memory       # without the synced write per step
+  clawmesh bench gateway --realistic --rate 200
   clawmesh bench pool --writers 64 --steps 20000
   clawmesh bench engine --model tiny
   clawmesh bench learn --rounds 8
@@ -65,6 +68,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fs.DurationVar(&o.Warmup, "warmup", time.Second, "load before measuring")
 		fs.IntVar(&o.Chunks, "chunks", 8, "chunks per streamed reply")
 		fs.BoolVar(&o.Memory, "memory", false, "record into memory instead of the synced Pebble pool (the gateway's own cost)")
+		fs.BoolVar(&o.Realistic, "realistic", false, "agent-sized requests: a 40,000-character system prompt, 12 tools, sessions whose history grows call by call")
+		fs.IntVar(&o.Turns, "turns", 12, "calls per session with --realistic")
+		fs.StringVar(&o.DataDir, "data", "", "directory for the pool (default: a temporary directory, removed after); its disk's fsync is measured too")
 		if err := parse(fs, args); err != nil {
 			return err
 		}

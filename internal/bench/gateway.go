@@ -5,7 +5,9 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +16,8 @@ import (
 	"net/http"
 	"os"
 	"sort"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -40,6 +42,17 @@ type GatewayOptions struct {
 	// Memory records into memory instead of the Pebble pool, to separate the
 	// gateway's own cost from the synced write that makes a step durable.
 	Memory bool
+	// Realistic sends requests the size of an agent's (OpenClaw's): a
+	// 40,000-character system prompt, twelve tools and a history that
+	// grows by a turn per call, in sessions of Turns calls that continue
+	// each other, SessionsAtOnce sessions under way at a time. Without it,
+	// each call is a two-message request that is a session of its own.
+	Realistic bool
+	// Turns per session in the realistic mode; default 12.
+	Turns int
+	// SessionsAtOnce is how many realistic sessions run interleaved;
+	// default 64.
+	SessionsAtOnce int
 }
 
 // Latency summarises one series of measurements.
@@ -61,6 +74,15 @@ type GatewayResult struct {
 	Series   []Series
 	// Memory says steps were recorded in memory, not synced to Pebble.
 	Memory bool
+	// Realistic says requests were agent-sized (see GatewayOptions);
+	// RequestBytes is their mean size.
+	Realistic    bool
+	Turns        int
+	RequestBytes int
+	// Fsync is the latency of a synced 4 KiB write to the pool's disk,
+	// measured before the load: the floor under the durable path's added
+	// latency (zero with Memory).
+	Fsync Latency
 }
 
 // Series is one kind of measurement, direct and through the gateway.
@@ -106,6 +128,12 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 	if o.Chunks <= 0 {
 		o.Chunks = 8
 	}
+	if o.Turns <= 0 {
+		o.Turns = 12
+	}
+	if o.SessionsAtOnce <= 0 {
+		o.SessionsAtOnce = 64
+	}
 	dir := o.DataDir
 	if dir == "" {
 		d, err := os.MkdirTemp("", "clawmesh-bench-")
@@ -118,15 +146,22 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	up := fakeupstream.New(fakeupstream.Script{Chunks: o.Chunks, Turns: []fakeupstream.Turn{{Text: "The quick brown fox jumps over the lazy dog, twice over, to show a streamed reply."}}})
+	load := newLoad(o)
+	up := fakeupstream.New(fakeupstream.Script{Chunks: o.Chunks, Respond: load.respond, Forget: true})
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	go up.Run(ctx, upLn)
 
+	res := &GatewayResult{Rate: o.Rate, Duration: o.Duration, Memory: o.Memory, Realistic: o.Realistic, Turns: o.Turns}
 	var store gateway.Store = &memStore{steps: map[core.StepID]*core.Step{}}
 	if !o.Memory {
+		fs, err := FsyncLatency(dir, 200)
+		if err != nil {
+			return nil, err
+		}
+		res.Fsync = fs
 		p, err := pool.Open(dir, pool.Options{})
 		if err != nil {
 			return nil, err
@@ -182,7 +217,8 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 				base = gwURL
 			}
 			stream := kind == kindDirectStream || kind == kindGatewayStream
-			ttfb, tot, err := oneCall(ctx, client, base, i, stream)
+			body, hdr := load.request(i/2, stream)
+			ttfb, tot, err := oneCall(ctx, client, base, body, hdr)
 			samples[i] = sample{kind: kind, ttfb: ttfb, total: tot, failed: err != nil, measured: i >= warm}
 		}(i, kind)
 	}
@@ -217,7 +253,7 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 		s.AddedP99 = s.Through.P99 - s.Direct.P99
 		return s
 	}
-	res := &GatewayResult{Rate: o.Rate, Duration: o.Duration, Memory: o.Memory}
+	res.RequestBytes = load.meanBytes()
 	res.Series = []Series{
 		mk("non-streaming", byKind[kindDirectPlain], byKind[kindGatewayPlain], ttlb),
 		mk("streaming: first byte", byKind[kindDirectStream], byKind[kindGatewayStream], ttfb),
@@ -233,13 +269,12 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 
 // oneCall makes one chat completion call and returns its time to the first
 // byte of the body and to the end of the body.
-func oneCall(ctx context.Context, c *http.Client, base string, i int, stream bool) (time.Duration, time.Duration, error) {
-	body := fmt.Sprintf(`{"model":"bench","stream":%v,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"request %d: say something"}]}`, stream, i)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/chat/completions", strings.NewReader(body))
+func oneCall(ctx context.Context, c *http.Client, base string, body []byte, hdr http.Header) (time.Duration, time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return 0, 0, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	req.Header = hdr
 	t0 := time.Now()
 	resp, err := c.Do(req)
 	if err != nil {
@@ -261,6 +296,140 @@ func oneCall(ctx context.Context, c *http.Client, base string, i int, stream boo
 	return ttfb, tot, nil
 }
 
+// benchTurnHeader tells the scripted upstream which turn of which session a
+// realistic call is, so that it answers with that turn's reply and the next
+// call's history holds what the upstream really said.
+const benchTurnHeader = "X-Bench-Turn"
+
+// load makes the requests, the same sequence for both targets: call k of a
+// target is turn k/sessions%turns of a session (the realistic mode), or a
+// session of its own. Every session's last call carries X-Session-Done, so
+// that the gateway ends it as an agent would.
+type load struct {
+	realistic       bool
+	turns, sessions int
+	gen             *pool.StepGen
+	head            []byte // realistic: {"model":..,"tools":[..],"messages":[<system>
+
+	bytes, calls atomic.Int64
+}
+
+func newLoad(o GatewayOptions) *load {
+	l := &load{realistic: o.Realistic, turns: o.Turns, sessions: o.SessionsAtOnce}
+	if !l.realistic {
+		return l
+	}
+	l.gen = pool.NewStepGen("bench", o.Turns)
+	type fn struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description,omitempty"`
+		Parameters  json.RawMessage `json:"parameters,omitempty"`
+	}
+	type tool struct {
+		Type     string `json:"type"`
+		Function fn     `json:"function"`
+	}
+	var tools []tool
+	for _, t := range l.gen.Tools() {
+		tools = append(tools, tool{Type: "function", Function: fn{t.Name, t.Description, t.Parameters}})
+	}
+	tj, _ := json.Marshal(tools)
+	sys, _ := json.Marshal(chatMessage{Role: core.RoleSystem, Content: l.gen.Messages(0, 0)[0].Content})
+	l.head = fmt.Appendf(nil, `"model":"bench","tools":%s,"messages":[%s`, tj, sys)
+	return l
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// where returns the session and turn of call k.
+func (l *load) where(k int) (sess, turn int) {
+	block := k / (l.sessions * l.turns)
+	j := k % (l.sessions * l.turns)
+	return block*l.sessions + j%l.sessions, j / l.sessions
+}
+
+// request returns the body and headers of call k.
+func (l *load) request(k int, stream bool) ([]byte, http.Header) {
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	var b []byte
+	if !l.realistic {
+		b = fmt.Appendf(nil, `{"model":"bench","stream":%v,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"request %d: say something"}]}`, stream, k)
+		hdr.Set("X-Session-Done", "true")
+	} else {
+		sess, turn := l.where(k)
+		b = make([]byte, 0, len(l.head)+1024*(turn+1))
+		b = fmt.Appendf(b, `{"stream":%v,`, stream)
+		b = append(b, l.head...)
+		for _, m := range l.gen.Messages(sess, turn)[1:] {
+			mj, _ := json.Marshal(chatMessage{Role: m.Role, Content: m.Content})
+			b = append(append(b, ','), mj...)
+		}
+		b = append(b, "]}"...)
+		hdr.Set(benchTurnHeader, fmt.Sprintf("%d %d", sess, turn))
+		if turn == l.turns-1 {
+			hdr.Set("X-Session-Done", "true")
+		}
+	}
+	l.bytes.Add(int64(len(b)))
+	l.calls.Add(1)
+	return b, hdr
+}
+
+// respond is the upstream's script: a realistic call gets its turn's reply.
+func (l *load) respond(n int, r fakeupstream.Request) fakeupstream.Turn {
+	var sess, turn int
+	if _, err := fmt.Sscanf(r.Header.Get(benchTurnHeader), "%d %d", &sess, &turn); err == nil && l.realistic {
+		return fakeupstream.Turn{Text: l.gen.Reply(sess, turn).Content}
+	}
+	return fakeupstream.Turn{Text: "The quick brown fox jumps over the lazy dog, twice over, to show a streamed reply."}
+}
+
+func (l *load) meanBytes() int {
+	if n := l.calls.Load(); n > 0 {
+		return int(l.bytes.Load() / n)
+	}
+	return 0
+}
+
+// FsyncLatency measures n synced 4 KiB writes to a file in dir: each
+// overwrites a block of a preallocated file and syncs its data (fdatasync
+// where there is one), the cheapest durable write the disk offers and so
+// the floor under a durable write-ahead log's commit.
+func FsyncLatency(dir string, n int) (Latency, error) {
+	f, err := os.CreateTemp(dir, "fsync-probe-")
+	if err != nil {
+		return Latency{}, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	const block, blocks = 4096, 256
+	buf := make([]byte, block)
+	for i := 0; i < blocks; i++ {
+		if _, err := f.Write(buf); err != nil {
+			return Latency{}, err
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return Latency{}, err
+	}
+	ds := make([]time.Duration, n)
+	for i := range ds {
+		buf[0] = byte(i)
+		t0 := time.Now()
+		if _, err := f.WriteAt(buf, int64(i%blocks)*block); err != nil {
+			return Latency{}, err
+		}
+		if err := syncData(f); err != nil {
+			return Latency{}, err
+		}
+		ds[i] = time.Since(t0)
+	}
+	return Latency{N: n, P50: percentile(ds, 0.50), P99: percentile(ds, 0.99)}, nil
+}
+
 func percentile(ds []time.Duration, q float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
@@ -273,11 +442,19 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 // Print writes r as a table.
 func (r *GatewayResult) Print(w io.Writer) {
 	fmt.Fprintf(w, "gateway: open-loop %d req/s direct and %d req/s through the gateway, interleaved, for %s\n", r.Rate, r.Rate, r.Duration)
+	if r.Realistic {
+		fmt.Fprintf(w, "agent-sized requests (mean %d bytes): a 40,000-character system prompt, 12 tools, sessions of %d calls whose history grows\n", r.RequestBytes, r.Turns)
+	} else {
+		fmt.Fprintf(w, "small requests (mean %d bytes), each call a session of its own\n", r.RequestBytes)
+	}
 	store := "a Pebble pool on disk, every step synced before the reply's last byte"
 	if r.Memory {
 		store = "memory (no durability: the gateway's own cost)"
 	}
 	fmt.Fprintf(w, "steps recorded into %s\n", store)
+	if !r.Memory {
+		fmt.Fprintf(w, "the disk: a synced 4 KiB write takes %s p50, %s p99 (the floor under the durable path)\n", ms(r.Fsync.P50), ms(r.Fsync.P99))
+	}
 	fmt.Fprintf(w, "through the gateway: %.0f req/s completed\n\n", r.Achieved)
 	fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7s\n", "", "direct p50", "gw p50", "added p50", "direct p99", "gw p99", "added p99", "errors")
 	for _, s := range r.Series {

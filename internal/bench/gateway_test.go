@@ -3,12 +3,14 @@ package bench
 import (
 	"bytes"
 	"context"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node/gateway/storetest"
+	"github.com/clawmesh/clawmesh/pool"
 )
 
 // TestGatewayRuns runs the gateway benchmark briefly with both stores and
@@ -43,4 +45,58 @@ func TestGatewayRuns(t *testing.T) {
 // rules, so the gateway does the same work against it.
 func TestMemStoreConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Store { return &memStore{steps: map[core.StepID]*core.Step{}} })
+}
+
+// TestGatewayRealistic runs the realistic mode briefly and checks, in the
+// pool it leaves, that the calls formed the chains the load meant: every
+// call but a session's first continues the one before, every step but a
+// session's last was closed with a next state, and the last ones were
+// closed by X-Session-Done.
+func TestGatewayRealistic(t *testing.T) {
+	dir := t.TempDir()
+	r, err := Gateway(context.Background(), GatewayOptions{Rate: 50, Duration: 600 * time.Millisecond, Warmup: 100 * time.Millisecond,
+		DataDir: dir, Realistic: true, Turns: 3, SessionsAtOnce: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range r.Series {
+		if s.Direct.N == 0 || s.Through.N == 0 || s.Direct.Errors+s.Through.Errors > 0 {
+			t.Errorf("%s: %+v", s.Name, s)
+		}
+	}
+	if r.RequestBytes < 40000 || r.Fsync.N == 0 || r.Fsync.P50 <= 0 {
+		t.Errorf("request bytes %d, fsync %+v", r.RequestBytes, r.Fsync)
+	}
+	p, err := pool.Open(dir, pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	steps, err := p.List(context.Background(), pool.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bySession := map[core.SessionID][]*core.Step{}
+	for _, s := range steps {
+		bySession[s.SessionID] = append(bySession[s.SessionID], s)
+	}
+	whole := 0
+	for id, ss := range bySession {
+		if len(ss) != 3 {
+			continue // cut by the end of the run
+		}
+		whole++
+		sort.Slice(ss, func(i, j int) bool { return len(ss[i].Request.Messages) < len(ss[j].Request.Messages) })
+		for i, s := range ss {
+			if i > 0 && s.ParentID != ss[i-1].ID {
+				t.Errorf("session %s turn %d: parent %q, want %q", id, i, s.ParentID, ss[i-1].ID)
+			}
+			if s.State != core.StateClosed || (i < 2) != (s.NextState != nil) {
+				t.Errorf("session %s turn %d: %s, next state %+v", id, i, s.State, s.NextState)
+			}
+		}
+	}
+	if whole == 0 {
+		t.Fatalf("no whole session among %d steps in %d sessions", len(steps), len(bySession))
+	}
 }

@@ -79,6 +79,9 @@ type Script struct {
 	VLLM bool
 	// Hold releases streams waiting after Turn.HoldAfter chunks.
 	Hold <-chan struct{}
+	// Forget keeps no record of requests (Requests returns none): for
+	// benchmarks, whose requests would pile up in memory.
+	Forget bool
 }
 
 // Request is one request the server received.
@@ -153,10 +156,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "read body", http.StatusBadRequest)
 		return
 	}
-	rec := Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
-	s.mu.Lock()
-	s.reqs = append(s.reqs, rec)
-	s.mu.Unlock()
+	rec := Request{Method: r.Method, Path: r.URL.Path, Header: r.Header, Body: body}
+	if !s.script.Forget {
+		rec.Header = r.Header.Clone()
+		s.mu.Lock()
+		s.reqs = append(s.reqs, rec)
+		s.mu.Unlock()
+	}
 
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == "/v1/models":
