@@ -18,20 +18,23 @@ import (
 //	i/st/<state:1><time:8><id>          state index (live steps and tombstones)
 //	i/se/<uvarint len><session><time:8><id>  session index (live steps)
 //	i/t/<time:8><id>                    time index (live steps)
+//	ob/<batch id>                       an outbox batch (JSON), see outbox.go
 //
 // <time:8> is the step time (Timings.Start) in Unix nanoseconds, big endian
 // with the sign bit flipped, so byte order is time order. The id is always the
 // last component, so it needs no terminator and ties in time sort by id.
 var (
-	prefixStep     = []byte("s/")
-	prefixMsg      = []byte("bm/")
-	prefixTools    = []byte("bt/")
-	prefixState    = []byte("i/st/")
-	prefixSession  = []byte("i/se/")
-	prefixTime     = []byte("i/t/")
-	prefixStepEnd  = prefixEnd(prefixStep)
-	prefixMsgEnd   = prefixEnd(prefixMsg)
-	prefixToolsEnd = prefixEnd(prefixTools)
+	prefixStep      = []byte("s/")
+	prefixMsg       = []byte("bm/")
+	prefixTools     = []byte("bt/")
+	prefixState     = []byte("i/st/")
+	prefixSession   = []byte("i/se/")
+	prefixTime      = []byte("i/t/")
+	prefixOutbox    = []byte("ob/")
+	prefixStepEnd   = prefixEnd(prefixStep)
+	prefixMsgEnd    = prefixEnd(prefixMsg)
+	prefixToolsEnd  = prefixEnd(prefixTools)
+	prefixOutboxEnd = prefixEnd(prefixOutbox)
 )
 
 // hash is the content address of a blob: sha256 of its canonical JSON.

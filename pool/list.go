@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -162,6 +163,10 @@ type Stats struct {
 	Bytes     int64 `json:"bytes"`
 	// DiskBytes is the space Pebble uses on disk (tables, WAL, manifest).
 	DiskBytes int64 `json:"disk_bytes"`
+	// Batches counts outbox batches, BatchesShipped those of them marked
+	// shipped.
+	Batches        int `json:"batches"`
+	BatchesShipped int `json:"batches_shipped"`
 }
 
 // Stats scans the pool and summarizes it.
@@ -208,6 +213,20 @@ func (p *Pool) Stats(ctx context.Context) (Stats, error) {
 		if err != nil {
 			return Stats{}, fmt.Errorf("pool: stats: %w", err)
 		}
+	}
+	err = scan(ctx, snap, prefixOutbox, prefixOutboxEnd, func(k, v []byte) error {
+		var b Batch
+		if err := json.Unmarshal(v, &b); err != nil {
+			return fmt.Errorf("batch %q: %w: %v", k, errCorrupt, err)
+		}
+		st.Batches++
+		if !b.Shipped.IsZero() {
+			st.BatchesShipped++
+		}
+		return nil
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("pool: stats: %w", err)
 	}
 	st.Bytes = st.StepBytes + st.BlobBytes
 	st.DiskBytes = int64(p.db.Metrics().DiskSpaceUsage())

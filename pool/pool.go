@@ -1,7 +1,9 @@
 // Package pool is clawmesh's DataPool: it owns the recorded steps of one
 // device, stored in Pebble under the node's data directory. It keeps each
 // step's life cycle (open → closed → scored → batched → shipped, or dropped
-// by retention), the indices by state, session and time, the deduplicated
+// by retention; states only move forward, see Transition), the outbox
+// batches that take scored steps to batched and then shipped (Batch,
+// MarkShipped), the indices by state, session and time, the deduplicated
 // message and tools blobs that steps of a conversation share, retention, and
 // the JSONL export and import of steps (schema core.SchemaVersion, see
 // docs/step-schema.md).
@@ -56,6 +58,8 @@ var (
 	// ErrTransition: a write would move a stored step's state backwards
 	// (see Transition).
 	ErrTransition = errors.New("pool: bad transition")
+	// ErrNoBatch: no outbox batch has that id.
+	ErrNoBatch = errors.New("pool: batch not found")
 )
 
 // Options configure a Pool. The zero value means defaults.
@@ -121,6 +125,9 @@ type Pool struct {
 
 	// retention serializes ApplyRetention runs.
 	retention sync.Mutex
+
+	// outbox serializes the outbox's batch writers.
+	outbox sync.Mutex
 
 	// testHookSwept, if set, runs between the sweep's scan and its deletes.
 	testHookSwept func()
@@ -291,8 +298,19 @@ func Transition(from, to core.State) bool {
 // write locks of every id, and the ids are distinct. A step already stored
 // may only move as Transition allows.
 func (p *Pool) writeLocked(steps []*core.Step, opts *pebble.WriteOptions) error {
+	return p.writeWith(steps, nil, opts)
+}
+
+// writeWith is writeLocked that also sets the key-value pairs in extra
+// (other records that must change with the steps) in the same batch.
+func (p *Pool) writeWith(steps []*core.Step, extra [][2][]byte, opts *pebble.WriteOptions) error {
 	b := p.db.NewBatch()
 	defer b.Close()
+	for _, kv := range extra {
+		if err := b.Set(kv[0], kv[1], nil); err != nil {
+			return fmt.Errorf("pool: put: %w", err)
+		}
+	}
 	// Blobs: write only those not yet stored. The sweep must not delete a
 	// blob between our check and our commit; see gcState. The known set
 	// is consulted under the same lock, as the sweep clears it.

@@ -367,4 +367,5 @@ func printStats(w io.Writer, st pool.Stats) {
 	fmt.Fprintf(w, "messages  %d referenced, %d stored (shared %s)\n", st.MessagesReferenced, st.MessagesStored, ratio(st.MessagesReferenced, st.MessagesStored))
 	fmt.Fprintf(w, "tools     %d lists referenced, %d stored (shared %s)\n", st.ToolListsReferenced, st.ToolListsStored, ratio(st.ToolListsReferenced, st.ToolListsStored))
 	fmt.Fprintf(w, "bytes     %d of step data (%d in step records, %d in shared blobs), %d on disk\n", st.Bytes, st.StepBytes, st.BlobBytes, st.DiskBytes)
+	fmt.Fprintf(w, "outbox    %d batches, %d shipped\n", st.Batches, st.BatchesShipped)
 }

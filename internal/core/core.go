@@ -27,6 +27,10 @@ type SessionID string
 // continue each other (a prefix-matched path through the conversation tree).
 type ChainID string
 
+// BatchID identifies an outbox batch: steps taken together to leave the
+// device. The pool makes it from the batch's content (sha256, hex).
+type BatchID string
+
 // TurnType says whether a step is part of the conversation proper ("main") or
 // housekeeping such as heartbeats and memory flushes ("side"). Side turns are
 // recorded but never supply another step's next state.
