@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"strings"
 	"time"
@@ -35,11 +34,12 @@ the same run. Everything runs locally (loopback, a temporary directory).
             tiny and a small (0.5B-shaped, 2 layers) model, with the
             arithmetic rate achieved against the measured matmul rate
   learn     the learning recipes side by side: Binary RL, on-policy
-            distillation and both combined, each from the same tiny random
-            policy, on a user who prefers replies that start with a word
-            and hints "Reply with exactly: OK"; prints mean reward, the
-            probability of a preferred first token and log p("OK") without
-            the hint, before and after
+            distillation and both combined, on a user who prefers replies
+            that start with a word and hints "Reply with OK."; each starts
+            from the same tiny model, first taught to read the hint (so
+            that OPD's default teacher, the frozen base, can teach it);
+            prints mean reward, the probability of a preferred first token
+            and log p("OK") without the hint, before and after
 
 Examples:
   clawmesh bench gateway --rate 1000 --duration 10s
@@ -158,10 +158,10 @@ func benchLearn(ctx context.Context, stdout io.Writer, rounds int, seed uint64, 
 	recipes := []loss.Recipe{loss.RecipeRL, loss.RecipeOPD, loss.RecipeCombined}
 	cmp, err := learn.CompareRecipes(ctx, eng, tok, recipes, learn.PreferenceOptions{
 		Seed: 7, Rounds: rounds, Alone: alone,
-		// The teacher is a fork taught to obey the hint, so its log-probs
-		// are trusted whole (no bound on the OPD advantage).
-		Learn: learn.Options{OPDBound: math.Inf(1), Engine: engine.Recipe{LR: 3e-3}},
-	}, 5)
+		// The default teacher (the frozen base, which HintReader taught to
+		// read the hint) and the default OPD bound.
+		Learn: learn.Options{Engine: engine.Recipe{LR: 3e-3}},
+	}, learn.TeachOptions{})
 	if err != nil {
 		return err
 	}
@@ -170,7 +170,10 @@ func benchLearn(ctx context.Context, stdout io.Writer, rounds int, seed uint64, 
 		mode = "each reply alone, against a running reward baseline"
 	}
 	fmt.Fprintf(stdout, "learning recipes on the tiny model (%d rounds of 4 prompts x 8 replies; %s);\n", rounds, mode)
-	fmt.Fprintf(stdout, "OPD teacher: a fork taught the hint, log p(target | hint) %.2f → %.2f\n\n", cmp.TeacherBefore, cmp.TeacherAfter)
+	l := cmp.Lesson
+	fmt.Fprintf(stdout, "base model first taught to read the hint %q and merged; OPD's teacher is that frozen base:\n", learn.DefaultHint)
+	fmt.Fprintf(stdout, "log p(target | hint) %.2f → %.2f, log p(target) without the hint %.2f → %.2f\n\n",
+		l.HintedBefore, l.HintedAfter, l.UnhintedBefore, l.UnhintedAfter)
 	cmp.Print(stdout)
 	fmt.Fprintf(stdout, "\n(%s)\n", time.Since(start).Round(time.Millisecond))
 	return nil

@@ -38,7 +38,8 @@ const DefaultStaleness = 2
 
 // Options configures a Learner. The zero value means the defaults: Binary RL,
 // equal weights, the loss package's OPD bound, the engine's default recipe,
-// K = DefaultStaleness, one epoch, one mini-batch, the base model as teacher.
+// K = DefaultStaleness, one epoch, one mini-batch, GRPO groups of the
+// samples that share a prompt, the base model as teacher.
 type Options struct {
 	// Recipe picks where the advantages come from (default loss.RecipeRL).
 	Recipe loss.Recipe
@@ -63,12 +64,9 @@ type Options struct {
 	// in one step). A batch of n samples gives ceil(n/MiniBatch) steps per
 	// epoch.
 	MiniBatch int
-	// GroupByContext makes samples of different steps that share their
-	// context (the same prompt tokens) one GRPO group, normalised together,
-	// as if the steps were n > 1 choices of one request. By default only
-	// the choices of one step form a group, and a lone sample is corrected
-	// by the running baseline.
-	GroupByContext bool
+	// Grouping says which samples form one GRPO group, normalised together
+	// (default GroupByContext: those that share a prompt).
+	Grouping Grouping
 	// Teacher scores OPD responses under the hint-enhanced context, with
 	// its adapter (Logprobs with base=false). nil means the frozen base
 	// model of the trained engine (Logprobs with base=true), the default
@@ -89,6 +87,31 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Grouping says which samples of a batch form one GRPO group: their
+// rewards are normalised together (reward minus the group's mean, over its
+// standard deviation). A sample alone in its group is corrected by the
+// running reward baseline instead.
+type Grouping int
+
+const (
+	// GroupByContext groups the samples that share their context (the same
+	// prompt tokens), whether they are the n > 1 choices of one request or
+	// separate requests with the same prompt. The default.
+	GroupByContext Grouping = iota
+	// GroupByStep groups only the choices of one step.
+	GroupByStep
+)
+
+func (g Grouping) String() string {
+	switch g {
+	case GroupByContext:
+		return "context"
+	case GroupByStep:
+		return "step"
+	}
+	return "Grouping(" + strconv.Itoa(int(g)) + ")"
+}
+
 // Validate reports the first option out of range, wrapping ErrInvalidOptions.
 func (o Options) Validate() error {
 	switch {
@@ -96,6 +119,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: recipe %v", ErrInvalidOptions, o.Recipe)
 	case math.IsNaN(o.OPDBound) || o.OPDBound < 0:
 		return fmt.Errorf("%w: OPDBound %v", ErrInvalidOptions, o.OPDBound)
+	case o.Grouping < GroupByContext || o.Grouping > GroupByStep:
+		return fmt.Errorf("%w: grouping %v", ErrInvalidOptions, o.Grouping)
 	case o.Epochs < 0:
 		return fmt.Errorf("%w: Epochs %d", ErrInvalidOptions, o.Epochs)
 	case o.MiniBatch < 0:
@@ -458,13 +483,13 @@ func (l *Learner) Train(ctx context.Context, steps []*core.Step) (Report, error)
 	return rep, nil
 }
 
-// groups names each item's GRPO group: the step's own group (its choices),
-// or with GroupByContext the prompt tokens shared across steps.
+// groups names each item's GRPO group: the prompt tokens it shares with
+// other items (GroupByContext), or its step (GroupByStep).
 func (l *Learner) groups(items []*item) []string {
 	out := make([]string, len(items))
 	for i, it := range items {
 		out[i] = it.s.Group
-		if l.o.GroupByContext {
+		if l.o.Grouping == GroupByContext {
 			var b strings.Builder
 			b.WriteString("ctx:")
 			for _, t := range it.s.Tokens[:it.s.PromptLen] {

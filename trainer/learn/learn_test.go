@@ -312,9 +312,12 @@ func TestTrainOPDAlignment(t *testing.T) {
 }
 
 func TestTrainRLAdvantages(t *testing.T) {
-	for _, grouped := range []bool{false, true} {
+	// Options{} is the default: the two steps share a prompt, so they form
+	// one group.
+	for _, o := range []Options{{Grouping: GroupByStep}, {}} {
+		grouped := o.Grouping == GroupByContext
 		fx := newFixture(t)
-		l, err := New(fx.eng, fx.b, Options{GroupByContext: grouped})
+		l, err := New(fx.eng, fx.b, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -405,6 +408,8 @@ func TestOptionsValidate(t *testing.T) {
 		{OPDBound: math.NaN()},
 		{Epochs: -1},
 		{MiniBatch: -2},
+		{Grouping: GroupByStep + 1},
+		{Grouping: -1},
 		{Weights: loss.Weights{RL: math.NaN()}},
 		{Engine: engine.Recipe{LR: -1}},
 	} {

@@ -2,14 +2,12 @@ package learn
 
 import (
 	"context"
-	"math"
 	"strings"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/engine/native"
 	"github.com/clawmesh/clawmesh/trainer/loss"
-	"github.com/clawmesh/clawmesh/trainer/sample"
 	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
 
@@ -34,7 +32,9 @@ func tinyEngine(t testing.TB, seed uint64) (*native.Engine, *tokenizer.Tokenizer
 		t.Fatal("tiny tokenizer has no <|im_end|>")
 	}
 	cfg.EOS = []int{id}
-	eng, err := native.NewTiny(cfg, seed, native.Options{Seed: seed + 100})
+	// Two threads, whatever the machine: a native engine's sums depend on
+	// its thread count, so this makes every run of a test the same run.
+	eng, err := native.NewTiny(cfg, seed, native.Options{Seed: seed + 100, Threads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,28 +42,30 @@ func tinyEngine(t testing.TB, seed uint64) (*native.Engine, *tokenizer.Tokenizer
 	return eng, tok
 }
 
-// hintTeacher forks eng and teaches the fork to obey DefaultHint: the
-// stand-in for an instruction-following base model.
-func hintTeacher(t *testing.T, eng *native.Engine, tok *tokenizer.Tokenizer) engine.Engine {
+// minHintGap is how much more likely, in nats, the taught base must find
+// the target with the hint than without it: enough that a teacher scoring
+// under the hinted context says something the plain context does not
+// (observed: 25 to 35 over seeds 1–6).
+const minHintGap = 10.0
+
+// hintReader teaches a copy of the tiny model of seed to read DefaultHint
+// and merges it (HintReader): a frozen base that answers DefaultTarget when
+// hinted, and not otherwise.
+func hintReader(t *testing.T, seed uint64) (engine.Forker, *tokenizer.Tokenizer) {
 	t.Helper()
-	teacher, err := eng.Fork()
+	eng, tok := tinyEngine(t, seed)
+	hr, lesson, err := HintReader(context.Background(), eng, tok, PreferenceOptions{}, TeachOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { teacher.Close() })
-	r, err := ChatML()
-	if err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() { hr.Close() })
+	t.Logf("hint lesson: log p(%q | hint) %.2f → %.2f, without the hint %.2f → %.2f",
+		DefaultTarget, lesson.HintedBefore, lesson.HintedAfter, lesson.UnhintedBefore, lesson.UnhintedAfter)
+	if lesson.HintedAfter < -1 || lesson.Gap() < minHintGap {
+		t.Fatalf("the base did not learn to read the hint: log p(%q) %.3f with it, %.3f without (gap %.2f < %v)",
+			DefaultTarget, lesson.HintedAfter, lesson.UnhintedAfter, lesson.Gap(), minHintGap)
 	}
-	b := sample.NewBuilder(tok, r, sample.Options{})
-	before, after, err := TeachHint(context.Background(), teacher, b, DefaultPrompts, DefaultHint, DefaultTarget, 5, engine.Recipe{LR: 1e-2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !(after > before) || after < -1 {
-		t.Fatalf("teacher did not learn the hint: log p(OK | hint) %.3f → %.3f", before, after)
-	}
-	return teacher
+	return hr.(engine.Forker), tok
 }
 
 func meanRounds(rs []RoundReport) float64 {
@@ -72,6 +74,25 @@ func meanRounds(rs []RoundReport) float64 {
 		s += r.MeanReward
 	}
 	return s / float64(len(rs))
+}
+
+// Binary RL must raise the evaluated mean reward (±1) and the probability
+// of a preferred first token by at least these. Observed on the tiny model
+// (seed 1): −0.31 → +0.81 and 0.32 → 0.92–0.95, grouped or alone.
+const (
+	minRewardGain = 0.25
+	minPrefGain   = 0.15
+)
+
+func checkLearned(t *testing.T, rep PreferenceReport) {
+	t.Helper()
+	if g := rep.After.MeanReward - rep.Before.MeanReward; g < minRewardGain {
+		t.Errorf("evaluated mean reward %.3f → %.3f: gained %.3f, want at least %.2f", rep.Before.MeanReward, rep.After.MeanReward, g, minRewardGain)
+	}
+	if g := rep.After.PreferredProb - rep.Before.PreferredProb; g < minPrefGain {
+		t.Errorf("probability of the preferred behaviour %.3f → %.3f: gained %.3f, want at least %.2f",
+			rep.Before.PreferredProb, rep.After.PreferredProb, g, minPrefGain)
+	}
 }
 
 func TestBinaryRLLearnsPreference(t *testing.T) {
@@ -93,15 +114,11 @@ func TestBinaryRLLearnsPreference(t *testing.T) {
 	t.Logf("before %+v", rep.Before)
 	t.Logf("after  %+v", rep.After)
 	first, last := meanRounds(rep.Rounds[:3]), meanRounds(rep.Rounds[len(rep.Rounds)-3:])
-	if !(last > first) {
-		t.Errorf("mean reward of the last rounds %.3f not above the first rounds' %.3f", last, first)
+	t.Logf("mean reward of the first three rounds %+.3f, of the last three %+.3f", first, last)
+	if last-first < minRewardGain {
+		t.Errorf("mean reward of the last rounds %.3f not %.2f above the first rounds' %.3f", last, minRewardGain, first)
 	}
-	if !(rep.After.MeanReward > rep.Before.MeanReward) {
-		t.Errorf("evaluated mean reward %.3f → %.3f", rep.Before.MeanReward, rep.After.MeanReward)
-	}
-	if !(rep.After.PreferredProb > rep.Before.PreferredProb) {
-		t.Errorf("probability of the preferred behaviour %.3f → %.3f", rep.Before.PreferredProb, rep.After.PreferredProb)
-	}
+	checkLearned(t, rep)
 	// The gateway's recordings were used, not thrown away.
 	if rep.Rounds[0].Train.Recorded == 0 {
 		t.Errorf("no sample used its recorded log-probs")
@@ -125,34 +142,59 @@ func TestBinaryRLAloneLearnsPreference(t *testing.T) {
 	}
 	t.Logf("before %+v", rep.Before)
 	t.Logf("after  %+v", rep.After)
-	if !(rep.After.MeanReward > rep.Before.MeanReward) || !(rep.After.PreferredProb > rep.Before.PreferredProb) {
-		t.Errorf("alone: mean reward %.3f → %.3f, P(preferred) %.3f → %.3f", rep.Before.MeanReward, rep.After.MeanReward,
-			rep.Before.PreferredProb, rep.After.PreferredProb)
-	}
+	checkLearned(t, rep)
 }
 
+// TestOPDMovesTowardHint is on-policy distillation with the default
+// teacher: the frozen base model (one that reads the hint, see hintReader)
+// scores the policy's replies under the hint-enhanced context. The policy,
+// a fresh adapter on that base, never sees the hint and must move towards
+// what the base does when hinted. A control run, the same but for a hint
+// format that adds nothing to the teacher's context, shows that the move
+// comes from the hint reaching the teacher.
 func TestOPDMovesTowardHint(t *testing.T) {
-	eng, tok := tinyEngine(t, 2)
-	teacher := hintTeacher(t, eng, tok)
-	rep, err := RunPreference(context.Background(), eng, tok, PreferenceOptions{
-		Seed: 7, Rounds: 8,
-		Learn: Options{Recipe: loss.RecipeOPD, Teacher: teacher, OPDBound: math.Inf(1), Engine: engine.Recipe{LR: learnLR}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range rep.Rounds {
-		t.Logf("round %d: mean reward %+.3f, mean advantage %+.3f, loss %+.4f, KL %.4f",
-			r.Round, r.MeanReward, r.Train.Advantages.MeanAdv, r.Train.Loss, r.Train.KL)
-		// No reward at all: only the hint teaches.
-		if r.Train.Rewarded != 0 || r.Train.Hinted != r.Train.Used || r.Train.Used != 32 {
-			t.Fatalf("round %d: %+v", r.Round, r.Train)
+	base, tok := hintReader(t, 2)
+	run := func(name string, format func(string) string) PreferenceReport {
+		student, err := base.Fork()
+		if err != nil {
+			t.Fatal(err)
 		}
+		defer student.Close()
+		rep, err := RunPreference(context.Background(), student, tok, PreferenceOptions{
+			Seed: 7, Rounds: 8, HintFormat: format,
+			// Teacher nil: the frozen base; OPDBound 0: the default bound.
+			Learn: Options{Recipe: loss.RecipeOPD, Engine: engine.Recipe{LR: learnLR}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Rounds {
+			t.Logf("%s round %d: mean reward %+.3f, mean advantage %+.3f, loss %+.4f, KL %.4f",
+				name, r.Round, r.MeanReward, r.Train.Advantages.MeanAdv, r.Train.Loss, r.Train.KL)
+			// No reward at all: only the hint teaches.
+			if r.Train.Rewarded != 0 || r.Train.Hinted != r.Train.Used || r.Train.Used != 32 {
+				t.Fatalf("%s round %d: %+v", name, r.Round, r.Train)
+			}
+		}
+		t.Logf("%s before %+v", name, rep.Before)
+		t.Logf("%s after  %+v", name, rep.After)
+		return rep
 	}
-	t.Logf("before %+v", rep.Before)
-	t.Logf("after  %+v", rep.After)
-	if !(rep.After.TargetLogprob > rep.Before.TargetLogprob+1) {
-		t.Errorf("log p(%q) without the hint %.3f → %.3f: did not rise", DefaultTarget, rep.Before.TargetLogprob, rep.After.TargetLogprob)
+	hinted := run("hinted", nil)
+	control := run("control", func(string) string { return "" })
+	if hinted.Before != control.Before {
+		t.Fatalf("the runs started from different policies: %+v, %+v", hinted.Before, control.Before)
+	}
+	rise := hinted.After.TargetLogprob - hinted.Before.TargetLogprob
+	ctl := control.After.TargetLogprob - control.Before.TargetLogprob
+	t.Logf("log p(%q) without the hint: %+.2f nats with the hint reaching the teacher, %+.2f without", DefaultTarget, rise, ctl)
+	// Observed: a rise of 9 to 18 nats over seeds, and none in the control.
+	if rise < 5 {
+		t.Errorf("log p(%q) without the hint %.3f → %.3f: rose by %.2f nats, want at least 5",
+			DefaultTarget, hinted.Before.TargetLogprob, hinted.After.TargetLogprob, rise)
+	}
+	if rise-ctl < 5 {
+		t.Errorf("log p(%q) rose by %.2f nats with the hint and %.2f without: the hint made too little difference", DefaultTarget, rise, ctl)
 	}
 }
 
@@ -164,13 +206,13 @@ func TestRecipesSideBySide(t *testing.T) {
 	recipes := []loss.Recipe{loss.RecipeRL, loss.RecipeOPD, loss.RecipeCombined}
 	cmp, err := CompareRecipes(context.Background(), eng, tok, recipes, PreferenceOptions{
 		Seed: 7, Rounds: 8,
-		Learn: Options{OPDBound: math.Inf(1), Engine: engine.Recipe{LR: learnLR}},
-	}, 5)
+		Learn: Options{Engine: engine.Recipe{LR: learnLR}},
+	}, TeachOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !(cmp.TeacherAfter > cmp.TeacherBefore) {
-		t.Fatalf("teacher did not learn the hint: %.3f → %.3f", cmp.TeacherBefore, cmp.TeacherAfter)
+	if cmp.Lesson.Gap() < minHintGap {
+		t.Fatalf("the base did not learn to read the hint: %+v", cmp.Lesson)
 	}
 	for i, rep := range cmp.Reports {
 		if len(rep.Rounds) != 8 || rep.Recipe != recipes[i] {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 	"unicode"
@@ -80,11 +81,16 @@ type PreferenceOptions struct {
 	// Learn.Engine.LR means 1e-2, fit for the tiny model.
 	Learn Options
 	// Alone trains every reply alone against the running reward baseline,
-	// as in live use; by default the replies to one prompt form a GRPO
-	// group (Learn.GroupByContext).
+	// as in live use (Learn.Grouping = GroupByStep); by default the replies
+	// to one prompt form a GRPO group (Learn.Grouping's default).
 	Alone bool
 	// Renderer is the chat template (nil: ChatML).
 	Renderer chat.Renderer
+	// HintFormat turns the hint into the text added to the teacher's
+	// context (sample.Options.HintFormat; nil: sample's default). A format
+	// that returns "" gives the teacher the student's own context: the
+	// control of the OPD tests.
+	HintFormat func(hint string) string
 	// OnRound, when set, sees every round's report as it completes.
 	OnRound func(RoundReport)
 	// Now stamps rewards (default time.Now).
@@ -119,7 +125,9 @@ func (o PreferenceOptions) withDefaults() (PreferenceOptions, error) {
 	if o.Learn.Engine.LR == 0 {
 		o.Learn.Engine.LR = 1e-2
 	}
-	o.Learn.GroupByContext = o.Learn.GroupByContext || !o.Alone
+	if o.Alone {
+		o.Learn.Grouping = GroupByStep
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -136,6 +144,10 @@ func (o PreferenceOptions) withDefaults() (PreferenceOptions, error) {
 			ErrInvalidOptions, len(o.Prompts), o.Rounds, o.Samples, o.MaxTokens, o.Temperature)
 	}
 	return o, nil
+}
+
+func (o PreferenceOptions) builder(tok *tokenizer.Tokenizer) *sample.Builder {
+	return sample.NewBuilder(tok, o.Renderer, sample.Options{HintFormat: o.HintFormat})
 }
 
 // Eval measures the policy on the scenario.
@@ -183,7 +195,7 @@ func RunPreference(ctx context.Context, eng engine.Engine, tok *tokenizer.Tokeni
 	if err != nil {
 		return PreferenceReport{}, err
 	}
-	b := sample.NewBuilder(tok, o.Renderer, sample.Options{})
+	b := o.builder(tok)
 	l, err := New(eng, b, o.Learn)
 	if err != nil {
 		return PreferenceReport{}, err
@@ -389,15 +401,66 @@ func (sc *scenario) eval(ctx context.Context, round int) (Eval, error) {
 	return ev, nil
 }
 
+// HintLesson reports TeachHint: the reply's mean log-probability over the
+// prompts with the hint in the context and without it, before and after.
+type HintLesson struct {
+	HintedBefore, HintedAfter     float64
+	UnhintedBefore, UnhintedAfter float64
+}
+
+// Gap is how much more likely the reply is with the hint than without it
+// after teaching (nats): how well the taught model reads the hint.
+func (h HintLesson) Gap() float64 { return h.HintedAfter - h.UnhintedAfter }
+
+// TeachOptions configures TeachHint. The zero value means the defaults.
+type TeachOptions struct {
+	// Steps is how many optimizer steps teach (default 12).
+	Steps int
+	// LR is the learning rate (default 3e-3).
+	LR float64
+	// Anchors is how many of its own replies per prompt the model samples
+	// before teaching, to hold its behaviour without the hint (default 8).
+	Anchors int
+	// AnchorTokens bounds an anchor reply (default 6).
+	AnchorTokens int
+	// Seed draws the anchor replies.
+	Seed uint64
+}
+
+func (o TeachOptions) withDefaults() TeachOptions {
+	if o.Steps == 0 {
+		o.Steps = 12
+	}
+	if o.LR == 0 {
+		o.LR = 3e-3
+	}
+	if o.Anchors == 0 {
+		o.Anchors = 8
+	}
+	if o.AnchorTokens == 0 {
+		o.AnchorTokens = 6
+	}
+	return o
+}
+
 // TeachHint trains eng's adapter to answer reply to each prompt when the
-// context carries hint (added the way sample.Builder adds hints), by
-// maximising the reply's likelihood: clipped policy-gradient steps with
-// advantage 1 on the reply's tokens. A tiny random base model cannot read a
-// hint; an engine taught this way stands in for an instruction-following
-// model as the OPD teacher (Options.Teacher). It returns the reply's mean
-// log-probability under the hinted contexts before and after.
-func TeachHint(ctx context.Context, eng engine.Engine, b *sample.Builder, prompts []string, hint, reply string, steps int, rc engine.Recipe) (before, after float64, err error) {
-	var batch []engine.TrainSample
+// context carries hint (added the way b adds hints to a teacher's
+// context), and only then. Each step raises the reply's likelihood after
+// the hinted context (advantage +1) and holds, with a KL penalty towards
+// the policy eng had before teaching, the likelihood of the reply and of
+// the model's own sampled replies after the plain context: what the model
+// learns is to read the hint, not to say reply whatever it is asked, and
+// without the hint it behaves as it did. A tiny random model cannot read a
+// hint; one taught this way stands in for an instruction-following model
+// (see HintReader).
+func TeachHint(ctx context.Context, eng engine.Engine, b *sample.Builder, prompts []string, hint, reply string, o TeachOptions) (HintLesson, error) {
+	o = o.withDefaults()
+	var lesson HintLesson
+	if o.Steps < 0 || !(o.LR > 0) || o.Anchors < 0 || o.AnchorTokens < 1 {
+		return lesson, fmt.Errorf("%w: teach options %+v", ErrInvalidOptions, o)
+	}
+	fail := func(err error) (HintLesson, error) { return lesson, fmt.Errorf("learn: teach hint: %w", err) }
+	var hinted, plain, anchors []engine.TrainSample
 	for i, p := range prompts {
 		st := &core.Step{ID: core.StepID("hint-" + strconv.Itoa(i)),
 			Request:  core.Request{Messages: []core.Message{{Role: core.RoleUser, Content: p}}},
@@ -405,85 +468,163 @@ func TeachHint(ctx context.Context, eng engine.Engine, b *sample.Builder, prompt
 			Reward:   &core.Reward{Hint: hint}}
 		smps, err := b.Build(st)
 		if err != nil {
-			return 0, 0, fmt.Errorf("learn: teach hint: %w", err)
+			return fail(err)
 		}
 		s := smps[0]
-		n := len(s.TeacherTokens)
-		ts := engine.TrainSample{Tokens: s.TeacherTokens, LossMask: make([]bool, n), Advantages: make([]float32, n)}
-		for t := s.TeacherPromptLen; t < n; t++ {
-			ts.LossMask[t], ts.Advantages[t] = true, 1
+		if s.TeacherTokens == nil {
+			return fail(fmt.Errorf("empty hint %q", hint))
 		}
-		batch = append(batch, ts)
-	}
-	mean := func() (float64, error) {
-		seqs := make([][]int, len(batch))
-		for i, s := range batch {
-			seqs[i] = s.Tokens
-		}
-		lps, err := eng.Logprobs(ctx, seqs, false)
-		if err != nil {
-			return 0, err
-		}
-		var m float64
-		for i, s := range batch {
-			for t, on := range s.LossMask {
-				if on {
-					m += float64(lps[i][t]) / float64(len(batch))
-				}
+		hinted = append(hinted, replySample(s.TeacherTokens, s.TeacherPromptLen, 1))
+		plain = append(plain, replySample(s.Tokens, s.PromptLen, 0))
+		prompt := s.Tokens[:s.PromptLen]
+		for k := range o.Anchors {
+			ids, _, err := eng.Generate(ctx, prompt, engine.GenOptions{MaxTokens: o.AnchorTokens, Temperature: 1,
+				Seed: o.Seed ^ uint64(i)<<32 ^ uint64(k)})
+			if err != nil {
+				return fail(err)
+			}
+			if len(ids) > 0 {
+				anchors = append(anchors, replySample(slices.Concat(prompt, ids), len(prompt), 0))
 			}
 		}
-		return m, nil
 	}
-	if before, err = mean(); err != nil {
-		return 0, 0, fmt.Errorf("learn: teach hint: %w", err)
+	held := slices.Concat(plain, anchors)
+	seqs := make([][]int, len(held))
+	for i, s := range held {
+		seqs[i] = s.Tokens
 	}
-	for range steps {
+	refs, err := eng.Logprobs(ctx, seqs, false)
+	if err != nil {
+		return fail(err)
+	}
+	for i := range held {
+		held[i].RefLogprobs = refs[i]
+	}
+	means := func() (h, u float64, err error) {
+		if h, err = replyLogprobs(ctx, eng, hinted); err != nil {
+			return 0, 0, err
+		}
+		u, err = replyLogprobs(ctx, eng, plain)
+		return h, u, err
+	}
+	if lesson.HintedBefore, lesson.UnhintedBefore, err = means(); err != nil {
+		return fail(err)
+	}
+	rc := engine.Recipe{LR: o.LR, Loss: loss.Config{KLCoef: 1}}
+	batch := slices.Concat(hinted, held)
+	for range o.Steps {
 		if _, err := eng.TrainStep(ctx, batch, rc); err != nil {
-			return before, 0, fmt.Errorf("learn: teach hint: %w", err)
+			return fail(err)
 		}
 	}
-	if after, err = mean(); err != nil {
-		return before, 0, fmt.Errorf("learn: teach hint: %w", err)
+	if lesson.HintedAfter, lesson.UnhintedAfter, err = means(); err != nil {
+		return fail(err)
 	}
-	return before, after, nil
+	return lesson, nil
+}
+
+// replySample trains tokens[promptLen:] with advantage adv.
+func replySample(tokens []int, promptLen int, adv float32) engine.TrainSample {
+	n := len(tokens)
+	ts := engine.TrainSample{Tokens: tokens, LossMask: make([]bool, n), Advantages: make([]float32, n)}
+	for t := promptLen; t < n; t++ {
+		ts.LossMask[t], ts.Advantages[t] = true, adv
+	}
+	return ts
+}
+
+// replyLogprobs returns the policy's log-probability of the samples' masked
+// tokens, averaged over the samples.
+func replyLogprobs(ctx context.Context, eng engine.Engine, batch []engine.TrainSample) (float64, error) {
+	seqs := make([][]int, len(batch))
+	for i, s := range batch {
+		seqs[i] = s.Tokens
+	}
+	lps, err := eng.Logprobs(ctx, seqs, false)
+	if err != nil {
+		return 0, err
+	}
+	var mean float64
+	for i, s := range batch {
+		for t, on := range s.LossMask {
+			if on {
+				mean += float64(lps[i][t]) / float64(len(batch))
+			}
+		}
+	}
+	return mean, nil
+}
+
+// HintReader returns a new engine whose frozen base model reads o's hint:
+// a fork of base is taught by TeachHint (with t) and its adapter merged into the weights (engine.Merger). It stands in for
+// the instruction-following base model of a real deployment. On it, OPD
+// with the default teacher (Options.Teacher nil) scores with that frozen
+// base under the hinted context, while the policy, its fresh adapter,
+// starts from the base's behaviour without the hint: the setting in which
+// the base is the teacher and its scores never go stale. base's forks
+// must be engine.Mergers (the native engine's are); base is not
+// changed.
+func HintReader(ctx context.Context, base engine.Forker, tok *tokenizer.Tokenizer, o PreferenceOptions, t TeachOptions) (engine.Engine, HintLesson, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, HintLesson{}, err
+	}
+	pupil, err := base.Fork()
+	if err != nil {
+		return nil, HintLesson{}, err
+	}
+	defer pupil.Close()
+	mg, ok := pupil.(engine.Merger)
+	if !ok {
+		return nil, HintLesson{}, fmt.Errorf("%w: %T cannot merge its adapter", ErrInvalidOptions, pupil)
+	}
+	lesson, err := TeachHint(ctx, pupil, o.builder(tok), o.Prompts, o.Hint, o.Target, t)
+	if err != nil {
+		return nil, lesson, err
+	}
+	merged, err := mg.MergeAdapter()
+	if err != nil {
+		return nil, lesson, fmt.Errorf("learn: merge the taught adapter: %w", err)
+	}
+	return merged, lesson, nil
 }
 
 // Comparison is the preference scenario run once per recipe, each run from
 // the same starting policy.
 type Comparison struct {
 	Reports []PreferenceReport
-	// TeacherBefore and TeacherAfter are the teacher's log p(Target | hint)
-	// before and after it was taught the hint (both 0 when none was).
-	TeacherBefore, TeacherAfter float64
+	// Lesson is how the base model was taught the hint (zero when it was
+	// not).
+	Lesson HintLesson
 }
 
 // CompareRecipes runs RunPreference with o once per recipe, each time on a
-// fork of base (so every run starts from base's policy as it is, and base
-// is not trained). With teach > 0, one more fork is first taught to obey
-// o.Hint by TeachHint (teach steps) and scores OPD as the teacher: the
-// stand-in for an instruction-following base model, which a random tiny
-// model is not; o.Learn.Teacher, if set, is used as it is instead.
-func CompareRecipes(ctx context.Context, base engine.Forker, tok *tokenizer.Tokenizer, recipes []loss.Recipe, o PreferenceOptions, teach int) (Comparison, error) {
+// fork of the same engine (so every run starts from the same policy, and
+// base is not trained). Unless o.Learn.Teacher is set, that engine is
+// HintReader(base, teach): a base model that reads the hint, so that OPD's
+// default teacher, the frozen base, has something to teach. With
+// o.Learn.Teacher set it is base, and the teacher is used as it is.
+func CompareRecipes(ctx context.Context, base engine.Forker, tok *tokenizer.Tokenizer, recipes []loss.Recipe, o PreferenceOptions, teach TeachOptions) (Comparison, error) {
 	var cmp Comparison
 	o, err := o.withDefaults()
 	if err != nil {
 		return cmp, err
 	}
-	if o.Learn.Teacher == nil && teach > 0 {
-		teacher, err := base.Fork()
+	from := base
+	if o.Learn.Teacher == nil {
+		hr, lesson, err := HintReader(ctx, base, tok, o, teach)
 		if err != nil {
-			return cmp, err
+			return cmp, fmt.Errorf("learn: teaching the base the hint: %w", err)
 		}
-		defer teacher.Close()
-		b := sample.NewBuilder(tok, o.Renderer, sample.Options{})
-		cmp.TeacherBefore, cmp.TeacherAfter, err = TeachHint(ctx, teacher, b, o.Prompts, o.Hint, o.Target, teach, engine.Recipe{LR: 1e-2})
-		if err != nil {
-			return cmp, fmt.Errorf("learn: teaching the teacher: %w", err)
+		defer hr.Close()
+		cmp.Lesson = lesson
+		var ok bool
+		if from, ok = hr.(engine.Forker); !ok {
+			return cmp, fmt.Errorf("%w: %T cannot fork", ErrInvalidOptions, hr)
 		}
-		o.Learn.Teacher = teacher
 	}
 	for _, rc := range recipes {
-		student, err := base.Fork()
+		student, err := from.Fork()
 		if err != nil {
 			return cmp, err
 		}
