@@ -246,7 +246,7 @@ type Reward struct {
 // Timings of the upstream call as the gateway saw it.
 type Timings struct {
 	Start time.Time     `json:"start"`
-	TTFT  time.Duration `json:"ttft_ns,omitempty"`  // time to first byte of the response
+	TTFT  time.Duration `json:"ttft_ns,omitempty"`  // time to the first token of the reply (see docs/step-schema.md)
 	Total time.Duration `json:"total_ns,omitempty"` // until the response completed
 }
 

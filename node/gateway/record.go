@@ -168,6 +168,8 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 
 	raw, err := readAll(br)
 	if !br.first.IsZero() {
+		// A reply that is not streamed arrives whole: its first byte is
+		// as near as the gateway sees to its first token.
 		step.Timings.TTFT = br.first.Sub(start)
 	}
 	if err != nil {
@@ -240,6 +242,11 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 			g.log.Debug("upstream event not understood; forwarded as is", "step", step.ID, "err", err)
 			out = ev.Raw
 		}
+		if step.Timings.TTFT == 0 && st.Produced() {
+			// The first token: the first event with some of the reply
+			// (not the role-only chunk or message_start before it).
+			step.Timings.TTFT = g.cfg.Now().Sub(step.Timings.Start)
+		}
 		if st.Done() {
 			tail = out
 			break
@@ -248,9 +255,6 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 			cancel(errClientGone)
 			break
 		}
-	}
-	if !br.first.IsZero() {
-		step.Timings.TTFT = br.first.Sub(step.Timings.Start)
 	}
 	step.ClientDisconnected = fw.err != nil || r.Context().Err() != nil
 	complete := st.Done() || (readErr == nil && !step.ClientDisconnected && st.End())

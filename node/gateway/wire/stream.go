@@ -25,6 +25,9 @@ type Stream struct {
 	n    int // choices asked for (chat)
 	done bool
 	resp core.Response
+	// produced: some of the reply itself (text, reasoning, a tool call) has
+	// arrived.
+	produced bool
 
 	chat     []*chatAcc // by first appearance; looked up by index
 	blocks   []*blockAcc
@@ -66,6 +69,12 @@ func (s *Stream) End() bool {
 // Done reports whether the terminal event was seen: [DONE], message_stop,
 // response.completed / incomplete / failed, or an error.
 func (s *Stream) Done() bool { return s.done }
+
+// Produced reports whether some of the reply itself has arrived: text,
+// reasoning or a tool call, as opposed to the events that announce a reply
+// (a role-only first chunk, message_start, response.created) and carry no
+// token of it. The event that makes it true marks the time to first token.
+func (s *Stream) Produced() bool { return s.produced }
 
 // Event takes one upstream event and returns the bytes to forward to the
 // client: ev.Raw itself when nothing needs stripping (the common case, no
@@ -197,6 +206,7 @@ func (s *Stream) chatEvent(ev *sse.Event, data []byte) ([]byte, error) {
 			return ev.Raw, badResponse("chat chunk: more than %d choices", maxChoices)
 		}
 		d := &ch.Delta
+		n := acc.content.Len() + acc.reasoning.Len()
 		if d.Content != nil {
 			acc.content.WriteString(*d.Content)
 		}
@@ -204,6 +214,9 @@ func (s *Stream) chatEvent(ev *sse.Event, data []byte) ([]byte, error) {
 			acc.reasoning.WriteString(*d.ReasoningContent)
 		} else if len(d.Reasoning) > 0 {
 			acc.reasoning.WriteString(stringOf(d.Reasoning))
+		}
+		if acc.content.Len()+acc.reasoning.Len() > n || len(d.ToolCalls) > 0 || d.FunctionCall != nil {
+			s.produced = true
 		}
 		for _, tc := range d.ToolCalls {
 			idx := len(acc.calls) // no index: a call of its own
@@ -398,6 +411,9 @@ func (s *Stream) messagesEvent(name string, data []byte) error {
 		case b.Thinking != nil:
 			acc.text.WriteString(*b.Thinking)
 		}
+		if acc.text.Len() > 0 || (b.Type != "text" && b.Type != "thinking") {
+			s.produced = true // text at once, or a tool call (or other block) begun
+		}
 		if b.Type != "text" && b.Type != "thinking" && b.Type != "tool_use" {
 			acc.raw = rawOrNil(e.ContentBlock)
 		}
@@ -410,11 +426,14 @@ func (s *Stream) messagesEvent(name string, data []byte) error {
 			switch {
 			case d.Text != nil:
 				acc.text.WriteString(*d.Text)
+				s.produced = s.produced || *d.Text != ""
 			case d.Thinking != nil:
 				acc.text.WriteString(*d.Thinking)
+				s.produced = s.produced || *d.Thinking != ""
 			case d.PartialJSON != nil:
 				acc.input = append(acc.input, *d.PartialJSON...)
 				acc.deltas = true
+				s.produced = true
 			}
 		}
 	case "message_delta":
@@ -569,6 +588,9 @@ func (s *Stream) recordResponses(typ string, e *responsesEvent, data []byte) err
 		acc.item, acc.raw = it, rawOrNil(e.Item)
 		if typ == "response.output_item.done" {
 			acc.done = true
+			s.produced = true // an item whole, deltas or not
+		} else if it.Type != "message" && it.Type != "reasoning" {
+			s.produced = true // a tool call begun
 		}
 	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta",
 		"response.custom_tool_call_input.delta", "response.reasoning_summary_text.delta", "response.reasoning_text.delta":
@@ -576,8 +598,10 @@ func (s *Stream) recordResponses(typ string, e *responsesEvent, data []byte) err
 		if acc == nil {
 			return badResponse("responses event: more than %d items", maxChoices)
 		}
+		n := acc.text.Len()
 		acc.text.WriteString(stringOf(e.Delta))
 		acc.lps = append(acc.lps, e.Logprobs...)
+		s.produced = s.produced || acc.text.Len() > n
 	case "response.function_call_arguments.done":
 		acc := s.item(e.OutputIndex)
 		if acc != nil && e.Arguments != nil {
