@@ -50,7 +50,12 @@ func (g *Gateway) feedback(w http.ResponseWriter, r *http.Request) {
 	}
 	b, err := readAll(r.Body)
 	if err != nil {
-		writeError(w, false, http.StatusRequestEntityTooLarge, "request_too_large", "request_too_large", "request body too large")
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, false, http.StatusRequestEntityTooLarge, "request_too_large", "request_too_large", "request body too large")
+			return
+		}
+		writeError(w, false, http.StatusBadRequest, "invalid_request_error", "bad_request", "reading the request body: "+err.Error())
 		return
 	}
 	f, err := ParseFeedback(b)
