@@ -31,7 +31,7 @@ func init() {
 		{"serve", "serve a model with the native Go engine: an OpenAI-compatible LLM server with hot adapter swap", runServe},
 		{"pool", "inspect, export and import the DataPool (stats, ls, show, export, import)", runPool},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
-		{"bench", "measure the parts (gateway, pool, engine)", runBench},
+		{"bench", "measure the parts (gateway, pool, engine, learn)", runBench},
 		{"version", "print the version", runVersion},
 	}
 }
