@@ -153,7 +153,7 @@ func TestBinaryRLAloneLearnsPreference(t *testing.T) {
 // format that adds nothing to the teacher's context, shows that the move
 // comes from the hint reaching the teacher.
 func TestOPDMovesTowardHint(t *testing.T) {
-	base, tok := hintReader(t, 2)
+	base, tok := hintReader(t, 3)
 	run := func(name string, format func(string) string) PreferenceReport {
 		student, err := base.Fork()
 		if err != nil {
@@ -188,7 +188,8 @@ func TestOPDMovesTowardHint(t *testing.T) {
 	rise := hinted.After.TargetLogprob - hinted.Before.TargetLogprob
 	ctl := control.After.TargetLogprob - control.Before.TargetLogprob
 	t.Logf("log p(%q) without the hint: %+.2f nats with the hint reaching the teacher, %+.2f without", DefaultTarget, rise, ctl)
-	// Observed: a rise of 9 to 18 nats over seeds, and none in the control.
+	// Observed: a rise of 15 nats (seed 3; 3 to 17 over seeds 1–6, see
+	// RATIONALE.md), and none in the control.
 	if rise < 5 {
 		t.Errorf("log p(%q) without the hint %.3f → %.3f: rose by %.2f nats, want at least 5",
 			DefaultTarget, hinted.Before.TargetLogprob, hinted.After.TargetLogprob, rise)

@@ -1,12 +1,14 @@
 // Package sample owns turning recorded steps into training samples: the
-// token ids of a step's context and of each of its actions, rendered with
-// the model's chat template, a loss mask over the action, the rollout's old
+// token ids of a step's context, rendered with the model's chat template,
+// and of each of its actions, as the rollout recorded them or else
+// rendered, a loss mask over the action, the rollout's old
 // log-probabilities when they can be trusted, the reward and hint, and for
 // on-policy distillation a teacher context (the hint added) followed by the
 // same action tokens.
 package sample
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -40,15 +42,15 @@ type Sample struct {
 	// PromptLen is where the response starts in Tokens.
 	PromptLen int
 	// LossMask is true exactly on the response: the assistant action of
-	// this step as the template renders it (a <think> block, content, tool
-	// calls) up to and including the end-of-turn token.
+	// this step up to and including the end-of-turn token, either as the
+	// rollout produced it (its recorded token ids) or as the template
+	// renders it (a <think> block, content, tool calls); see Build.
 	LossMask []bool
 	// OldLogprobs are the rollout's log-probabilities per token (len ==
 	// len(Tokens), 0 on the prompt, NaN on the response tokens the rollout
 	// gave none for: a recorded 0 is a token the policy was sure of), set
-	// only when the choice was recorded with exact fidelity and its
-	// token ids equal the re-tokenized response; nil means the trainer must
-	// recompute them.
+	// only when the choice was recorded with exact fidelity; nil means the
+	// trainer must recompute them.
 	OldLogprobs []float32
 	Reward      float32
 	HasReward   bool
@@ -99,6 +101,25 @@ func NewBuilder(tok *tokenizer.Tokenizer, r chat.Renderer, opts Options) *Builde
 }
 
 // Build returns one sample per choice of s, in choice order.
+//
+// A sample's prompt is the context rendered with the generation prompt, as
+// a server renders it. Its response is, for a choice recorded with exact
+// fidelity, the recorded token ids themselves, followed by the template's
+// end-of-turn token when the rollout left it out: the very sequence the
+// model was fed and produced, the one its recorded log-probs were computed
+// on. That holds whatever the template would make of the text (Qwen3's
+// strips a reply's leading newlines and puts an empty <think> block before
+// a reply without one; a sampled run of tokens need not be the one the
+// tokenizer picks for its text). Other choices are rendered by the
+// template, and their log-probs recomputed by the trainer.
+//
+// The exception is a request that turned thinking off
+// (chat_template_kwargs.enable_thinking false, as vLLM and SGLang take it):
+// the server then put the template's empty <think> block at the end of the
+// generation prompt, so the model generated after it. Such a choice is
+// rendered by the template, which writes the block, and its recording is
+// kept where its ids are that rendering after the block (see
+// oldLogprobs).
 func (b *Builder) Build(s *core.Step) ([]Sample, error) {
 	if s == nil || len(s.Request.Messages) == 0 {
 		return nil, ErrNoContext
@@ -138,7 +159,16 @@ func (b *Builder) Build(s *core.Step) ([]Sample, error) {
 			return nil, fmt.Errorf("%w: step %s choice %d: %w", ErrRender, s.ID, i, err)
 		}
 		p := b.tok.Encode(prompt)
-		resp := b.tok.Encode(completion)
+		var (
+			resp []int
+			old  []float32
+		)
+		if ids := recordedIDs(c); ids != nil && !thinkingOff(s.Request.Params) {
+			resp, old = b.fromRollout(ids, c, len(p))
+		} else {
+			resp = b.tok.Encode(completion)
+			old = b.oldLogprobs(c, resp, len(p))
+		}
 		n := len(p) + len(resp)
 		if n > b.opts.MaxTokens || len(teacherPrompt)+len(resp) > b.opts.MaxTokens {
 			return nil, fmt.Errorf("%w: step %s choice %d: %d tokens, teacher %d, max %d",
@@ -159,7 +189,7 @@ func (b *Builder) Build(s *core.Step) ([]Sample, error) {
 		for j := len(p); j < n; j++ {
 			smp.LossMask[j] = true
 		}
-		smp.OldLogprobs = b.oldLogprobs(c, resp, len(p))
+		smp.OldLogprobs = old
 		if teacherPrompt != nil {
 			smp.TeacherTokens = slices.Concat(teacherPrompt, resp)
 			smp.TeacherPromptLen = len(teacherPrompt)
@@ -180,14 +210,9 @@ func (b *Builder) withHint(ctx []core.Message, hint string) []core.Message {
 	return append(msgs, core.Message{Role: core.RoleUser, Content: strings.TrimLeft(b.opts.HintFormat(hint), "\n")})
 }
 
-// oldLogprobs aligns the rollout's token log-probabilities with the
-// re-tokenized response resp (which starts at offset in the sample). The
-// rollout's ids must equal resp, or resp without its final end-of-turn
-// token (servers often omit the stop token), or resp after a leading
-// template-inserted block that holds only tags and whitespace (an empty
-// <think></think> the template adds for a model that did not think). Any
-// other difference means the recorded tokens are not this text: nil.
-func (b *Builder) oldLogprobs(c core.Choice, resp []int, offset int) []float32 {
+// recordedIDs returns the token ids of a choice recorded with exact
+// fidelity, or nil.
+func recordedIDs(c core.Choice) []int {
 	if c.Fidelity != core.FidelityExact || len(c.Tokens) == 0 {
 		return nil
 	}
@@ -197,6 +222,77 @@ func (b *Builder) oldLogprobs(c core.Choice, resp []int, offset int) []float32 {
 			return nil
 		}
 		ids[i] = t.ID
+	}
+	return ids
+}
+
+// fromRollout makes the response of a recorded choice from its ids: the
+// ids, then the end-of-turn token unless they end with it or with another
+// special token (an end of sequence). It returns the response and the old
+// log-probs of a sample whose response starts at offset: the recorded ones,
+// NaN for an end-of-turn token the rollout did not produce.
+func (b *Builder) fromRollout(ids []int, c core.Choice, offset int) ([]int, []float32) {
+	resp := ids
+	if end, ok := b.endOfTurn(); ok {
+		if last := ids[len(ids)-1]; last != end && !b.tok.IsSpecial(last) {
+			resp = append(slices.Clone(ids), end)
+		}
+	}
+	lp := make([]float32, offset+len(resp))
+	for i := offset + len(ids); i < len(lp); i++ {
+		lp[i] = float32(math.NaN())
+	}
+	for i, t := range c.Tokens {
+		lp[offset+i] = float32(t.Logprob)
+	}
+	return resp, lp
+}
+
+// endOfTurn returns the id of the renderer's end-of-turn token, when it
+// has one that is a single token.
+func (b *Builder) endOfTurn() (int, bool) {
+	te, ok := b.r.(chat.TurnEnder)
+	if !ok || te.EndOfTurn() == "" {
+		return 0, false
+	}
+	if id, ok := b.tok.TokenID(te.EndOfTurn()); ok {
+		return id, true
+	}
+	if ids := b.tok.Encode(te.EndOfTurn()); len(ids) == 1 {
+		return ids[0], true
+	}
+	return 0, false
+}
+
+// thinkingOff reports whether request params turn the template's thinking
+// off: {"chat_template_kwargs": {"enable_thinking": false}}.
+func thinkingOff(params json.RawMessage) bool {
+	if len(params) == 0 {
+		return false
+	}
+	var p struct {
+		Kwargs struct {
+			EnableThinking *bool `json:"enable_thinking"`
+		} `json:"chat_template_kwargs"`
+	}
+	if json.Unmarshal(params, &p) != nil {
+		return false
+	}
+	return p.Kwargs.EnableThinking != nil && !*p.Kwargs.EnableThinking
+}
+
+// oldLogprobs aligns the rollout's token log-probabilities with the
+// re-tokenized response resp (which starts at offset in the sample). The
+// rollout's ids must equal resp, or resp without its final end-of-turn
+// token (servers often omit the stop token), or resp after a leading
+// template-inserted block that holds only tags and whitespace (the empty
+// <think></think> a server puts in the generation prompt when thinking is
+// off). Any other difference means the recorded tokens are not this text:
+// nil.
+func (b *Builder) oldLogprobs(c core.Choice, resp []int, offset int) []float32 {
+	ids := recordedIDs(c)
+	if ids == nil {
+		return nil
 	}
 	for _, trimEnd := range []int{0, 1} {
 		body := resp[:len(resp)-trimEnd]

@@ -173,10 +173,22 @@ func TestGroup(t *testing.T) {
 	}
 }
 
+// thinkingOffParams is how vLLM and SGLang are asked to render Qwen3 with
+// thinking off: the empty <think> block goes into the generation prompt.
+var thinkingOffParams = []byte(`{"max_tokens": 64, "chat_template_kwargs": {"enable_thinking": false}}`)
+
+// TestOldLogprobs covers requests with thinking off, whose replies are
+// rendered by the template and keep their recordings only where the ids
+// match.
 func TestOldLogprobs(t *testing.T) {
 	b, tok := builder(t, Options{})
 	ctx := []core.Message{{Role: core.RoleUser, Content: "Weather?"}}
 	action := core.Message{Role: core.RoleAssistant, Content: "Sunny in Paris."}
+	step := func(ctx []core.Message, choices ...core.Message) *core.Step {
+		s := step(ctx, choices...)
+		s.Request.Params = thinkingOffParams
+		return s
+	}
 	base, err := b.Build(step(ctx, action))
 	if err != nil {
 		t.Fatal(err)
@@ -242,6 +254,104 @@ func TestOldLogprobs(t *testing.T) {
 				t.Errorf("%s: logprob[%d] = %v, want %v", c.name, i, v, want)
 				break
 			}
+		}
+	}
+}
+
+// TestRolloutTokens covers exactly recorded replies: the sample is the
+// generation prompt followed by the recorded ids, whatever the template
+// would make of the reply's text, with the end-of-turn token added when the
+// rollout left it out.
+func TestRolloutTokens(t *testing.T) {
+	b, tok := builder(t, Options{})
+	end, _ := tok.TokenID("<|im_end|>")
+	eos, ok := tok.TokenID("<|endoftext|>")
+	if !ok {
+		t.Fatal("tiny tokenizer has no <|endoftext|>")
+	}
+	ctx := []core.Message{{Role: core.RoleUser, Content: "Weather?"}}
+	prompt, err := chat.Qwen3().Render(ctx, []core.Tool{weatherTool}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := tok.Encode(prompt)
+	var chars []int // "Sunny" one byte at a time: not how the tokenizer writes it
+	for _, c := range "Sunny" {
+		chars = append(chars, tok.Encode(string(c))...)
+	}
+	if slices.Equal(chars, tok.Encode("Sunny")) {
+		t.Fatal("the tokenizer writes Sunny one byte at a time: pick another word")
+	}
+	cases := []struct {
+		name    string
+		content string
+		ids     []int
+		addEnd  bool
+	}{
+		// Qwen3's template would strip the newlines and add a <think> block.
+		{"leading newlines", "\n\nSunny.", tok.Encode("\n\nSunny."), true},
+		{"with its end of turn", "Sunny.", append(tok.Encode("Sunny."), end), false},
+		{"ended by end of sequence", "Sunny.", append(tok.Encode("Sunny."), eos), false},
+		{"tokens the tokenizer would merge", "Sunny", chars, true},
+		{"a think block of its own", "Sunny.", tok.Encode("<think>\nhm\n</think>\n\nSunny."), true},
+	}
+	for _, c := range cases {
+		s := step(ctx, core.Message{Role: core.RoleAssistant, Content: c.content})
+		s.Reward = &core.Reward{Hint: "be brief"}
+		ch := &s.Response.Choices[0]
+		ch.Fidelity = core.FidelityExact
+		for i, id := range c.ids {
+			ch.Tokens = append(ch.Tokens, core.TokenLogprob{ID: id, Logprob: -0.1 * float64(i+1)})
+		}
+		got, err := b.Build(s)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		g := got[0]
+		want := slices.Clone(c.ids)
+		if c.addEnd {
+			want = append(want, end)
+		}
+		if !slices.Equal(g.Tokens[:g.PromptLen], p) || !slices.Equal(g.Tokens[g.PromptLen:], want) {
+			t.Errorf("%s: tokens %v (prompt %d), want %v then %v", c.name, g.Tokens, g.PromptLen, p, want)
+			continue
+		}
+		if !slices.Equal(g.TeacherTokens[g.TeacherPromptLen:], want) {
+			t.Errorf("%s: teacher response %v, want %v", c.name, g.TeacherTokens[g.TeacherPromptLen:], want)
+		}
+		for i := range g.Tokens {
+			r := i - g.PromptLen
+			if g.LossMask[i] != (r >= 0) {
+				t.Errorf("%s: mask[%d] = %v", c.name, i, g.LossMask[i])
+			}
+			lp := float64(g.OldLogprobs[i])
+			switch {
+			case r < 0:
+				if lp != 0 {
+					t.Errorf("%s: prompt logprob[%d] = %v", c.name, i, lp)
+				}
+			case r < len(c.ids):
+				if math.Abs(lp+0.1*float64(r+1)) > 1e-6 {
+					t.Errorf("%s: logprob[%d] = %v, want the recorded %v", c.name, i, lp, -0.1*float64(r+1))
+				}
+			case !math.IsNaN(lp):
+				t.Errorf("%s: logprob of the added end of turn = %v, want NaN", c.name, lp)
+			}
+		}
+	}
+
+	// Without exact ids the template renders the reply, and the trainer
+	// recomputes its log-probs.
+	for _, f := range []core.Fidelity{core.FidelityNone, core.FidelityLogprob, core.FidelityPartial} {
+		s := step(ctx, core.Message{Role: core.RoleAssistant, Content: "\n\nSunny."})
+		s.Response.Choices[0].Fidelity = f
+		s.Response.Choices[0].Tokens = []core.TokenLogprob{{ID: -1, Logprob: -1}}
+		got, err := b.Build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := masked(tok, got[0]); a != "<think>\n\n</think>\n\nSunny.<|im_end|>" || got[0].OldLogprobs != nil {
+			t.Errorf("fidelity %q: action %q, logprobs %v", f, a, got[0].OldLogprobs)
 		}
 	}
 }
