@@ -171,7 +171,7 @@ func benchLearn(ctx context.Context, stdout io.Writer, rounds int, seed uint64, 
 	}
 	fmt.Fprintf(stdout, "learning recipes on the tiny model (%d rounds of 4 prompts x 8 replies; %s);\n", rounds, mode)
 	l := cmp.Lesson
-	fmt.Fprintf(stdout, "base model first taught to read the hint %q and merged; OPD's teacher is that frozen base:\n", learn.DefaultHint)
+	fmt.Fprintf(stdout, "OPD teacher: the frozen base model, first taught to read the hint %q (the adapter merged):\n", learn.DefaultHint)
 	fmt.Fprintf(stdout, "log p(target | hint) %.2f → %.2f, log p(target) without the hint %.2f → %.2f\n\n",
 		l.HintedBefore, l.HintedAfter, l.UnhintedBefore, l.UnhintedAfter)
 	cmp.Print(stdout)

@@ -42,31 +42,40 @@ func waitHTTP(t *testing.T, url string) {
 	t.Fatalf("%s never answered", url)
 }
 
-// TestNodeInFrontOfServe runs `clawmesh serve --tiny` and a node in front of
-// it (upstream kind clawmesh), and checks that steps are recorded with exact
-// token ids and log-probs and with the adapter version that served them,
-// across a hot adapter swap.
-func TestNodeInFrontOfServe(t *testing.T) {
+// serveAndNode runs `clawmesh serve --tiny` (with extra flags) and a node in
+// front of it (upstream kind clawmesh, no scoring) until the test ends, and
+// returns the model server's and the gateway's addresses.
+func serveAndNode(t *testing.T, serveArgs ...string) (modelAddr, gwAddr string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	modelAddr := freeAddr(t)
+	modelAddr = freeAddr(t)
 	serveDone := make(chan int, 1)
 	go func() {
-		code := run(ctx, []string{"serve", "--tiny", "--listen", modelAddr, "--log", "error"}, io.Discard, io.Discard)
-		serveDone <- code
+		args := append([]string{"serve", "--tiny", "--listen", modelAddr, "--log", "error"}, serveArgs...)
+		serveDone <- run(ctx, args, io.Discard, io.Discard)
 	}()
-	defer func() { cancel(); <-serveDone }()
+	t.Cleanup(func() { cancel(); <-serveDone })
 	waitHTTP(t, "http://"+modelAddr+"/v1/models")
 
 	data := t.TempDir()
-	gwAddr := freeAddr(t)
+	gwAddr = freeAddr(t)
 	nodeDone := make(chan int, 1)
 	go func() {
 		nodeDone <- run(ctx, []string{"node", "--upstream", "http://" + modelAddr + "/v1", "--upstream-kind", "clawmesh",
 			"--listen", gwAddr, "--data", data, "--no-scoring", "--log", "error"}, io.Discard, io.Discard)
 	}()
-	defer func() { cancel(); <-nodeDone }()
+	t.Cleanup(func() { cancel(); <-nodeDone })
 	waitHTTP(t, "http://"+gwAddr+"/v1/models")
+	return modelAddr, gwAddr
+}
+
+// TestNodeInFrontOfServe runs `clawmesh serve --tiny` and a node in front of
+// it (upstream kind clawmesh), and checks that steps are recorded with exact
+// token ids and log-probs and with the adapter version that served them,
+// across a hot adapter swap.
+func TestNodeInFrontOfServe(t *testing.T) {
+	ctx := context.Background()
+	modelAddr, gwAddr := serveAndNode(t)
 
 	call := func(i int) {
 		body := fmt.Sprintf(`{"model":"tiny","stream":%v,"max_tokens":12,"seed":%d,"messages":[{"role":"user","content":"hello number %d"}]}`, i%2 == 0, i, i)
