@@ -83,7 +83,8 @@ func TestGuardRefusesWebPages(t *testing.T) {
 }
 
 // TestGuardNamesAndToken checks the Host rule's exceptions: names in
-// AllowedHosts, and any name when a token is required.
+// AllowedHosts, and any name when a token is required, but only with the
+// token.
 func TestGuardNamesAndToken(t *testing.T) {
 	eng, tok := newTinyEngine(t, 1)
 	_, allowed := startServer(t, Config{Model: eng, Tokenizer: tok, AllowedHosts: []string{"trainer.lan"}})
@@ -111,6 +112,8 @@ func TestGuardNamesAndToken(t *testing.T) {
 		{allowed, "other.lan", "", http.StatusForbidden},
 		{tokened, "any.name:1", "s3cret", http.StatusOK},
 		{tokened, "any.name:1", "", http.StatusUnauthorized},
+		{tokened, "127.0.0.1", "s3cre", http.StatusUnauthorized},
+		{tokened, "127.0.0.1", "s3cret2", http.StatusUnauthorized},
 	} {
 		if got := get(tc.base, tc.host, tc.auth); got != tc.want {
 			t.Errorf("Host %q on %s (token %q): %d, want %d", tc.host, tc.base, tc.auth, got, tc.want)

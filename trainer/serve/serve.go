@@ -10,6 +10,7 @@ package serve
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -392,7 +393,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "permission_error", "forbidden", msg)
 		return
 	}
-	if s.cfg.Token != "" && r.Header.Get("Authorization") != "Bearer "+s.cfg.Token {
+	if s.cfg.Token != "" && !tokenOK(r.Header.Get("Authorization"), s.cfg.Token) {
 		writeError(w, http.StatusUnauthorized, "authentication_error", "", "missing or wrong bearer token")
 		return
 	}
@@ -401,6 +402,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// tokenOK compares an Authorization header with "Bearer " + token in
+// constant time, so that response times do not reveal the token.
+func tokenOK(header, token string) bool {
+	got, ok := strings.CutPrefix(header, "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
