@@ -17,9 +17,25 @@ for d in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
 done
 
 # The real OpenClaw agent for the end-to-end test (SKIP_OPENCLAW=1 skips it).
+# A failed setup fails the run, and CLAWMESH_REQUIRE_OPENCLAW=1 makes the test
+# fail rather than skip if what the setup printed is missing.
 if [ -z "${SKIP_OPENCLAW:-}" ]; then
   echo "== OpenClaw"
-  eval "$(scripts/setup-openclaw.sh | sed 's/^/export /')"
+  if ! openclaw_env=$(scripts/setup-openclaw.sh); then
+    echo "OpenClaw setup failed (SKIP_OPENCLAW=1 runs the tests without it)" >&2
+    exit 1
+  fi
+  while IFS= read -r line; do
+    case $line in
+      CLAWMESH_*=*) export "$line" ;;
+      *) echo "scripts/setup-openclaw.sh printed an unexpected line: $line" >&2; exit 1 ;;
+    esac
+  done <<< "$openclaw_env"
+  if [ -z "${CLAWMESH_OPENCLAW_BIN:-}" ] || [ -z "${CLAWMESH_NODE_BIN_DIR:-}" ]; then
+    echo "scripts/setup-openclaw.sh did not print CLAWMESH_OPENCLAW_BIN and CLAWMESH_NODE_BIN_DIR" >&2
+    exit 1
+  fi
+  export CLAWMESH_REQUIRE_OPENCLAW=1
 fi
 
 echo "== go vet"
