@@ -166,6 +166,9 @@ func (b *Builder) Build(s *core.Step) ([]Sample, error) {
 		if ids := recordedIDs(c); ids != nil && !thinkingOff(s.Request.Params) {
 			resp, old = b.fromRollout(ids, c, len(p))
 		} else {
+			if cutShort(c) {
+				completion = b.withoutEnd(completion)
+			}
 			resp = b.tok.Encode(completion)
 			old = b.oldLogprobs(c, resp, len(p))
 		}
@@ -226,14 +229,30 @@ func recordedIDs(c core.Choice) []int {
 	return ids
 }
 
+// cutShort reports whether the model did not end the reply itself: the
+// upstream stopped it at its token limit. Such a reply is trained as it
+// was cut, with no end-of-turn token after it: the model did not choose to
+// stop there, and a reward must not teach it to.
+func cutShort(c core.Choice) bool { return c.FinishReason == "length" }
+
+// withoutEnd returns a rendered completion without the renderer's
+// end-of-turn marker at its end (see chat.ActionSpan).
+func (b *Builder) withoutEnd(completion string) string {
+	if te, ok := b.r.(chat.TurnEnder); ok && te.EndOfTurn() != "" {
+		return strings.TrimSuffix(completion, te.EndOfTurn())
+	}
+	return completion
+}
+
 // fromRollout makes the response of a recorded choice from its ids: the
 // ids, then the end-of-turn token unless they end with it or with another
-// special token (an end of sequence). It returns the response and the old
-// log-probs of a sample whose response starts at offset: the recorded ones,
-// NaN for an end-of-turn token the rollout did not produce.
+// special token (an end of sequence), or the reply was cut short. It
+// returns the response and the old log-probs of a sample whose response
+// starts at offset: the recorded ones, NaN for an end-of-turn token the
+// rollout did not produce.
 func (b *Builder) fromRollout(ids []int, c core.Choice, offset int) ([]int, []float32) {
 	resp := ids
-	if end, ok := b.endOfTurn(); ok {
+	if end, ok := b.endOfTurn(); ok && !cutShort(c) {
 		if last := ids[len(ids)-1]; last != end && !b.tok.IsSpecial(last) {
 			resp = append(slices.Clone(ids), end)
 		}

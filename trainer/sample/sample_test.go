@@ -287,19 +287,23 @@ func TestRolloutTokens(t *testing.T) {
 		content string
 		ids     []int
 		addEnd  bool
+		finish  string
 	}{
 		// Qwen3's template would strip the newlines and add a <think> block.
-		{"leading newlines", "\n\nSunny.", tok.Encode("\n\nSunny."), true},
-		{"with its end of turn", "Sunny.", append(tok.Encode("Sunny."), end), false},
-		{"ended by end of sequence", "Sunny.", append(tok.Encode("Sunny."), eos), false},
-		{"tokens the tokenizer would merge", "Sunny", chars, true},
-		{"a think block of its own", "Sunny.", tok.Encode("<think>\nhm\n</think>\n\nSunny."), true},
+		{"leading newlines", "\n\nSunny.", tok.Encode("\n\nSunny."), true, "stop"},
+		{"with its end of turn", "Sunny.", append(tok.Encode("Sunny."), end), false, "stop"},
+		{"ended by end of sequence", "Sunny.", append(tok.Encode("Sunny."), eos), false, ""},
+		{"tokens the tokenizer would merge", "Sunny", chars, true, ""},
+		{"a think block of its own", "Sunny.", tok.Encode("<think>\nhm\n</think>\n\nSunny."), true, "stop"},
+		// Stopped at the token limit: the model did not end its turn.
+		{"cut at the token limit", "Sunny, and", tok.Encode("Sunny, and"), false, "length"},
 	}
 	for _, c := range cases {
 		s := step(ctx, core.Message{Role: core.RoleAssistant, Content: c.content})
 		s.Reward = &core.Reward{Hint: "be brief"}
 		ch := &s.Response.Choices[0]
 		ch.Fidelity = core.FidelityExact
+		ch.FinishReason = c.finish
 		for i, id := range c.ids {
 			ch.Tokens = append(ch.Tokens, core.TokenLogprob{ID: id, Logprob: -0.1 * float64(i+1)})
 		}
@@ -353,6 +357,16 @@ func TestRolloutTokens(t *testing.T) {
 		if a := masked(tok, got[0]); a != "<think>\n\n</think>\n\nSunny.<|im_end|>" || got[0].OldLogprobs != nil {
 			t.Errorf("fidelity %q: action %q, logprobs %v", f, a, got[0].OldLogprobs)
 		}
+	}
+	// Rendered too, a reply cut at the token limit has no end of turn.
+	s := step(ctx, core.Message{Role: core.RoleAssistant, Content: "Sunny, and"})
+	s.Response.Choices[0].FinishReason = "length"
+	got, err := b.Build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := masked(tok, got[0]); a != "<think>\n\n</think>\n\nSunny, and" {
+		t.Errorf("cut reply rendered: action %q", a)
 	}
 }
 
