@@ -177,6 +177,9 @@ func textOf(raw json.RawMessage, textTypes ...string) (string, []core.Part, erro
 	}
 	switch raw[0] {
 	case '"':
+		if s, ok := unquote(raw); ok {
+			return s, nil, nil
+		}
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return "", nil, err
