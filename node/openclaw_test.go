@@ -34,6 +34,9 @@ func TestOpenClawThroughGateway(t *testing.T) {
 	bin := os.Getenv("CLAWMESH_OPENCLAW_BIN")
 	nodeDir := os.Getenv("CLAWMESH_NODE_BIN_DIR")
 	if bin == "" || nodeDir == "" {
+		if os.Getenv("CLAWMESH_REQUIRE_OPENCLAW") != "" {
+			t.Fatal("CLAWMESH_REQUIRE_OPENCLAW is set but CLAWMESH_OPENCLAW_BIN or CLAWMESH_NODE_BIN_DIR is not")
+		}
 		t.Skip("set CLAWMESH_OPENCLAW_BIN and CLAWMESH_NODE_BIN_DIR (scripts/setup-openclaw.sh prints them; scripts/test.sh sets them)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
