@@ -142,6 +142,8 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 		}
 		defer os.RemoveAll(d)
 		dir = d
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -53,7 +54,7 @@ func TestMemStoreConformance(t *testing.T) {
 // session's last was closed with a next state, and the last ones were
 // closed by X-Session-Done.
 func TestGatewayRealistic(t *testing.T) {
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "not", "yet")
 	r, err := Gateway(context.Background(), GatewayOptions{Rate: 50, Duration: 600 * time.Millisecond, Warmup: 100 * time.Millisecond,
 		DataDir: dir, Realistic: true, Turns: 3, SessionsAtOnce: 2})
 	if err != nil {
