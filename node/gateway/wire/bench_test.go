@@ -2,6 +2,8 @@ package wire
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -92,6 +94,43 @@ func BenchmarkUpstreamBody(b *testing.B) {
 	for b.Loop() {
 		out, err := UpstreamBody(req, body, Caps{Logprobs: true, TokenIDs: true})
 		if err != nil || bytes.Equal(out, body) {
+			b.Fatal(err)
+		}
+	}
+}
+
+// agentBody is a chat request the size an agent sends: a system prompt of
+// about 40,000 characters (lines, so with escaped newlines), twelve tools
+// and seven earlier turns.
+func agentBody() []byte {
+	var sys strings.Builder
+	for i := 0; sys.Len() < 40000; i++ {
+		fmt.Fprintf(&sys, "Rule %d: when the user asks about topic %d, consult the notes in section %d, cite them, and keep the answer short.\n", i, i*7%97, i%13)
+	}
+	msgs := []map[string]string{{"role": "system", "content": sys.String()}}
+	for t := 0; t < 7; t++ {
+		msgs = append(msgs,
+			map[string]string{"role": "user", "content": fmt.Sprintf("Turn %d: please look at src/module_%d.go and explain what f%d does.", t, t, t)},
+			map[string]string{"role": "assistant", "content": strings.Repeat("It validates its input, then transforms the records. ", 8)})
+	}
+	var tools []any
+	for i := 0; i < 12; i++ {
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{
+			"name": fmt.Sprintf("tool_%02d", i), "description": "Reads, searches or edits the workspace.",
+			"parameters": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]string{"type": "string"}}, "required": []string{"path"}}}})
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "tools": tools, "messages": msgs})
+	return b
+}
+
+// BenchmarkParseRequestAgent parses an agent-sized chat request, as the
+// gateway does before it forwards one (on the time to first byte).
+func BenchmarkParseRequestAgent(b *testing.B) {
+	body := agentBody()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseRequest(core.APIChat, body); err != nil {
 			b.Fatal(err)
 		}
 	}
