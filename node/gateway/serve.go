@@ -4,13 +4,12 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/httpguard"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/node/session"
 )
@@ -80,11 +79,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	rt, ok := parseRoute(r.URL.Path)
 	anthropic := rt.api == core.APIMessages
-	if !g.sameOrigin(r) || r.Method == http.MethodOptions {
+	// A web page must not reach the gateway: neither by a cross-origin
+	// request nor, without a token (which a page cannot know), by a name
+	// re-pointed at 127.0.0.1 (DNS rebinding). See httpguard.
+	switch err := (httpguard.Guard{AllowedHosts: g.cfg.AllowedHosts, AnyHost: g.cfg.Token != ""}).Check(r); {
+	case errors.Is(err, httpguard.ErrCrossOrigin):
 		writeError(w, anthropic, http.StatusForbidden, "permission_error", "forbidden", "cross-origin requests are refused")
 		return
-	}
-	if !g.hostAllowed(r.Host) {
+	case err != nil:
 		writeError(w, anthropic, http.StatusForbidden, "permission_error", "forbidden",
 			"the gateway answers to loopback names and IP addresses only; name this host with --allow-host, or set a --token")
 		return
@@ -125,57 +127,6 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		g.passThrough(w, r, rt)
 	}
-}
-
-// sameOrigin refuses browsers' cross-origin requests. A request carrying an
-// Origin passes only if that origin is the gateway's own and the gateway was
-// reached by a loopback name (so a DNS-rebound name does not pass); a
-// browser's Sec-Fetch-Site other than same-origin or none is refused too.
-// SDK clients send neither header.
-func (g *Gateway) sameOrigin(r *http.Request) bool {
-	if s := r.Header.Get("Sec-Fetch-Site"); s != "" && s != "same-origin" && s != "none" {
-		return false
-	}
-	o := r.Header.Get("Origin")
-	if o == "" {
-		return true
-	}
-	u, err := url.Parse(o)
-	if err != nil || u.Host != r.Host || (u.Scheme != "http" && u.Scheme != "https") {
-		return false
-	}
-	host := u.Hostname()
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
-// hostAllowed refuses DNS rebinding: a web page whose name the attacker
-// re-points at 127.0.0.1 reaches the gateway as a "same-origin" request with
-// its own name in Host and often no Origin header at all. Without a token the
-// gateway therefore answers only to IP literals (which no DNS answer can
-// stand for), localhost and *.localhost, and the names in AllowedHosts. With
-// a token any name passes here: a rebound page cannot know the token.
-func (g *Gateway) hostAllowed(hostport string) bool {
-	if g.cfg.Token != "" {
-		return true
-	}
-	host := hostport
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
-	if host == "" || host == "localhost" || strings.HasSuffix(host, ".localhost") || net.ParseIP(host) != nil {
-		return true
-	}
-	for _, a := range g.cfg.AllowedHosts {
-		if strings.EqualFold(strings.TrimSuffix(a, "."), host) {
-			return true
-		}
-	}
-	return false
 }
 
 // authorized checks the gateway token; via names the header that carried it.
