@@ -86,18 +86,13 @@ func TestApply(t *testing.T) {
 // keeps only synced data.
 func TestApplySurvivesPowerLoss(t *testing.T) {
 	ctx := context.Background()
-	fs := vfs.NewCrashableMem()
-	p, err := Open("/pool", Options{FS: fs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, crash := crashablePool(t)
 	gen := NewStepGen("pl", 4)
 	if err := p.Put(ctx, gen.Step(0)); err != nil {
 		t.Fatal(err)
 	}
 	next := gen.Step(1)
-	err = p.Apply(ctx, []*core.Step{next}, []Change{{ID: gen.Step(0).ID, Fn: func(s *core.Step) error {
+	err := p.Apply(ctx, []*core.Step{next}, []Change{{ID: gen.Step(0).ID, Fn: func(s *core.Step) error {
 		s.State = core.StateClosed
 		s.NextState = &core.NextState{Messages: []core.Message{{Role: core.RoleUser, Content: "go on"}}, StepID: next.ID}
 		return nil
@@ -105,11 +100,7 @@ func TestApplySurvivesPowerLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := Open("/pool", Options{FS: fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
+	q := crash()
 	got, err := q.Get(ctx, next.ID)
 	if err != nil {
 		t.Fatalf("the put of an Apply lost in the crash: %v", err)

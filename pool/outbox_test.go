@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-
 	"github.com/clawmesh/clawmesh/internal/core"
 )
 
@@ -124,12 +122,7 @@ func TestOutboxContentAddressed(t *testing.T) {
 // when Batch and MarkShipped return.
 func TestOutboxSurvivesPowerLoss(t *testing.T) {
 	ctx := context.Background()
-	fs := vfs.NewCrashableMem()
-	p, err := Open("/pool", Options{FS: fs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, crash := crashablePool(t)
 	for i := 0; i < 3; i++ {
 		if err := p.Put(ctx, simpleStep(core.StepID(fmt.Sprint(i)), "s", t0.Add(time.Duration(i)), core.StateScored, fmt.Sprint(i))); err != nil {
 			t.Fatal(err)
@@ -141,11 +134,7 @@ func TestOutboxSurvivesPowerLoss(t *testing.T) {
 	}
 	check := func(want core.State) {
 		t.Helper()
-		q, err := Open("/pool", Options{FS: fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer q.Close()
+		q := crash()
 		got, err := q.GetBatch(ctx, b.ID)
 		if err != nil || !reflect.DeepEqual(got.Steps, b.Steps) || got.Shipped.IsZero() != (want == core.StateBatched) {
 			t.Fatalf("batch after the crash: %+v, %v", got, err)

@@ -27,6 +27,24 @@ func openTest(t testing.TB, dir string, opts Options) *Pool {
 	return p
 }
 
+// crashablePool opens a pool on a filesystem that keeps only synced data
+// when it crashes. crash opens the pool as it would be after a power loss
+// now (closed at the end of the test).
+func crashablePool(t testing.TB) (p *Pool, crash func() *Pool) {
+	t.Helper()
+	fs := vfs.NewCrashableMem()
+	p = openTest(t, "/pool", Options{FS: fs})
+	return p, func() *Pool {
+		t.Helper()
+		q, err := Open("/pool", Options{FS: fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})})
+		if err != nil {
+			t.Fatalf("open after crash: %v", err)
+		}
+		t.Cleanup(func() { _ = q.Close() })
+		return q
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 // richStep exercises every field of core.Step.

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 )
@@ -213,22 +212,11 @@ func TestLockChild(t *testing.T) {
 // they wrote must survive, unlike an unsynced write made just before.
 func TestSyncedBeforeReturn(t *testing.T) {
 	ctx := context.Background()
-	fs := vfs.NewCrashableMem()
-	p, err := Open("/pool", Options{FS: fs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	// crash opens a crash clone of the pool as it would be after a power
-	// loss now, and hands it to check.
+	p, crashed := crashablePool(t)
+	// crash hands check the pool as it would be after a power loss now.
 	crash := func(check func(q *Pool)) {
 		t.Helper()
-		q, err := Open("/pool", Options{FS: fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})})
-		if err != nil {
-			t.Fatalf("open after crash: %v", err)
-		}
-		defer q.Close()
-		check(q)
+		check(crashed())
 	}
 	gen := NewStepGen("sync", 6)
 
