@@ -91,6 +91,12 @@ func seqIDs() func() core.StepID {
 func stopEnv(t *testing.T, e *env) {
 	t.Helper()
 	e.stop()
+	waitRun(t, e)
+}
+
+// waitRun waits for the stopped gateway's Run to return, and requires nil.
+func waitRun(t *testing.T, e *env) {
+	t.Helper()
 	select {
 	case err := <-e.done:
 		if err != nil {

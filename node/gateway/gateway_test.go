@@ -508,15 +508,7 @@ func TestGracefulShutdown(t *testing.T) {
 	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 		t.Fatalf("stream did not finish: %v %q", err, rest)
 	}
-	select {
-	case err := <-e.done:
-		if err != nil {
-			t.Errorf("Run: %v", err)
-		}
-		e.done <- nil // for the cleanup
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return after the stream finished")
-	}
+	waitRun(t, e)
 	steps := e.mem.all(t)
 	if len(steps) != 1 || steps[0].Action().Content != "abcdefgh" || steps[0].ClientDisconnected {
 		t.Fatalf("recorded %+v", steps)

@@ -219,31 +219,9 @@ func TestResponsesSDK(t *testing.T) {
 	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Hi there.", ToolCalls: []fakeupstream.ToolCall{{Name: "exec", Arguments: `{"command":"date"}`}}}}}, nil)
 	p := responses.ResponseNewParams{Model: "m", Instructions: openai.String("Be brief."), Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hello")}}
 	gc, dc := openaiClient(e.url), openaiClient(e.directURL)
-	r1, err := gc.Responses.New(context.Background(), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r2, err := dc.Responses.New(context.Background(), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r1.RawJSON() != r2.RawJSON() {
-		t.Fatalf("bodies differ:\n%s\n%s", r1.RawJSON(), r2.RawJSON())
-	}
-	var evGW, evDirect []string
-	for _, c := range []struct {
-		base string
-		out  *[]string
-	}{{e.url, &evGW}, {e.directURL, &evDirect}} {
-		cl := openaiClient(c.base)
-		st := cl.Responses.NewStreaming(context.Background(), p)
-		for st.Next() {
-			*c.out = append(*c.out, st.Current().RawJSON())
-		}
-		if err := st.Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sameResponse(t, gc, dc, p)
+	evGW, _ := responsesEvents(t, gc, p)
+	evDirect, _ := responsesEvents(t, dc, p)
 	if len(evGW) != len(evDirect) || evGW[len(evGW)-1] != evDirect[len(evDirect)-1] {
 		t.Fatalf("streams differ: %d vs %d events", len(evGW), len(evDirect))
 	}
@@ -415,6 +393,24 @@ func responsesEvents(t *testing.T, c openai.Client, p responses.ResponseNewParam
 	return raws, done
 }
 
+// sameResponse makes one Responses call through the gateway (gc) and one
+// directly (dc), requires the very same bytes, and returns the gateway's.
+func sameResponse(t *testing.T, gc, dc openai.Client, p responses.ResponseNewParams) *responses.Response {
+	t.Helper()
+	r1, err := gc.Responses.New(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := dc.Responses.New(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.RawJSON() != r2.RawJSON() {
+		t.Fatalf("bodies differ:\n gw     %s\n direct %s", r1.RawJSON(), r2.RawJSON())
+	}
+	return r1
+}
+
 // TestResponsesLogprobs: with an upstream that can give log-probs, the
 // gateway asks a Responses call for them (include), records them, and the
 // client that did not ask gets the very bytes it would get directly, whole
@@ -449,17 +445,7 @@ func TestResponsesLogprobs(t *testing.T) {
 			}
 
 			// Not asked: the gateway's bytes are the direct ones.
-			r1, err := gc.Responses.New(context.Background(), p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r2, err := dc.Responses.New(context.Background(), p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r1.RawJSON() != r2.RawJSON() {
-				t.Fatalf("bodies differ:\n gw     %s\n direct %s", r1.RawJSON(), r2.RawJSON())
-			}
+			r1 := sameResponse(t, gc, dc, p)
 			if strings.Contains(r1.RawJSON(), `"logprob":`) {
 				t.Fatalf("log-probs reached the client: %s", r1.RawJSON())
 			}
@@ -481,17 +467,7 @@ func TestResponsesLogprobs(t *testing.T) {
 
 			// Asked: the client gets them, as directly.
 			p.Include = []responses.ResponseIncludable{responses.ResponseIncludableMessageOutputTextLogprobs}
-			r3, err := gc.Responses.New(context.Background(), p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r4, err := dc.Responses.New(context.Background(), p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r3.RawJSON() != r4.RawJSON() {
-				t.Fatalf("bodies differ:\n gw     %s\n direct %s", r3.RawJSON(), r4.RawJSON())
-			}
+			r3 := sameResponse(t, gc, dc, p)
 			if lps := r3.Output[0].Content[0].Logprobs; len(lps) != len(words) || lps[1].Token != words[1] || lps[1].Logprob != -0.25 {
 				t.Fatalf("client asked for log-probs, got %+v", lps)
 			}
