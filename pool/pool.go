@@ -231,24 +231,19 @@ func (p *Pool) stripe(id core.StepID) *sync.Mutex { return &p.stripes[p.stripeIn
 // becomes open and Timings.Start becomes Now(). A step in state dropped
 // cannot be put.
 func (p *Pool) Put(ctx context.Context, s *core.Step) error {
-	done, err := p.enter(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
+	return p.Apply(ctx, []*core.Step{s}, nil)
+}
+
+// prepare fills in what a step to put may leave out (its state is open,
+// its time now) and checks that it can be stored.
+func (p *Pool) prepare(s *core.Step) error {
 	if s.State == core.StateUnknown {
 		s.State = core.StateOpen
 	}
 	if s.Timings.Start.IsZero() {
 		s.Timings.Start = p.now()
 	}
-	if err := checkStorable(s); err != nil {
-		return err
-	}
-	mu := p.stripe(s.ID)
-	mu.Lock()
-	defer mu.Unlock()
-	return p.writeLocked([]*core.Step{s}, pebble.Sync)
+	return checkStorable(s)
 }
 
 func checkStorable(s *core.Step) error {
@@ -448,13 +443,7 @@ func (p *Pool) Apply(ctx context.Context, puts []*core.Step, changes []Change) e
 	defer done()
 	ids := make([]core.StepID, 0, len(puts)+len(changes))
 	for _, s := range puts {
-		if s.State == core.StateUnknown {
-			s.State = core.StateOpen
-		}
-		if s.Timings.Start.IsZero() {
-			s.Timings.Start = p.now()
-		}
-		if err := checkStorable(s); err != nil {
+		if err := p.prepare(s); err != nil {
 			return err
 		}
 		ids = append(ids, s.ID)
