@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 )
 
@@ -28,6 +29,7 @@ import (
 //	GET  /clawmesh/v1/pool/steps/{id}            one step
 //	GET  /clawmesh/v1/pool/export?<same filter>  JSONL, as `pool export`
 //	POST /clawmesh/v1/pool/import                JSONL body → ImportReport
+//	GET  /clawmesh/v1/pool/preview?limit=        the next batch to leave (share.Preview)
 const adminPrefix = "/clawmesh/v1/pool/"
 
 func (n *Node) adminHandler() http.Handler {
@@ -67,6 +69,19 @@ func (n *Node) adminHandler() http.Handler {
 	mux.HandleFunc("POST "+adminPrefix+"import", func(w http.ResponseWriter, r *http.Request) {
 		rep, err := n.pool.Import(r.Context(), r.Body)
 		writeJSON(w, rep, err)
+	})
+	mux.HandleFunc("GET "+adminPrefix+"preview", func(w http.ResponseWriter, r *http.Request) {
+		limit := 0
+		if s := r.URL.Query().Get("limit"); s != "" {
+			l, err := strconv.Atoi(s)
+			if err != nil || l < 0 {
+				writeErr(w, http.StatusBadRequest, fmt.Errorf("limit: want a count, got %q", s))
+				return
+			}
+			limit = l
+		}
+		pv, err := n.outbox.Preview(r.Context(), limit)
+		writeJSON(w, pv, err)
 	})
 	return mux
 }
@@ -252,6 +267,20 @@ func (c *Client) Import(ctx context.Context, r io.Reader) (pool.ImportReport, er
 	defer resp.Body.Close()
 	err = json.NewDecoder(resp.Body).Decode(&rep)
 	return rep, err
+}
+
+// Preview returns the next batch to leave the node's device (at most limit
+// of its steps; 0: all).
+func (c *Client) Preview(ctx context.Context, limit int) (*share.Preview, error) {
+	var pv share.Preview
+	q := url.Values{}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if err := c.getJSON(ctx, "preview", q, &pv); err != nil {
+		return nil, err
+	}
+	return &pv, nil
 }
 
 type lineCounter struct {

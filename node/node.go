@@ -1,7 +1,9 @@
 // Package node is a device's clawmesh node. It composes the gateway the
 // agent talks to, the DataPool that records every call, the reward runner
-// that scores closed steps in the background, and the admin endpoints that
-// let `clawmesh pool ...` read a pool the running node holds.
+// that scores closed steps in the background, the outbox that seals scored
+// steps into scrubbed batches as the sharing policy allows (node/share), and
+// the admin endpoints that let `clawmesh pool ...` read a pool the running
+// node holds.
 //
 // A Node owns its subsystems and closes them in reverse order of opening.
 package node
@@ -24,6 +26,7 @@ import (
 	"github.com/clawmesh/clawmesh/node/gateway"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/node/session"
+	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/reward"
 )
@@ -33,6 +36,7 @@ const (
 	DefaultListen        = "127.0.0.1:8400"
 	DefaultScoreInterval = 2 * time.Second
 	DefaultRetention     = 10 * time.Minute
+	DefaultShareInterval = 30 * time.Second
 )
 
 // ErrConfig reports an invalid Config.
@@ -94,6 +98,13 @@ type Config struct {
 	// JudgeModel is the model name sent upstream for the reward plugins'
 	// judge calls; "" means the model the judged step asked for.
 	JudgeModel string
+	// Share is the sharing policy: which scored steps leave the device,
+	// scrubbed, in outbox batches. A policy with no mode gets
+	// share.DefaultMode: none until the node has joined a mesh.
+	Share share.Policy
+	// ShareInterval is how often scored steps are sealed into batches;
+	// default 30s.
+	ShareInterval time.Duration
 	// Adapter reports the adapter version serving now ("" if none).
 	Adapter func() string
 	Logger  *slog.Logger
@@ -127,6 +138,16 @@ func (c *Config) Validate() error {
 	if _, err := Caps(c.UpstreamKind); err != nil {
 		return err
 	}
+	if c.ShareInterval < 0 {
+		return fmt.Errorf("%w: share interval %v", ErrConfig, c.ShareInterval)
+	}
+	p := c.Share
+	if p.Mode == "" {
+		p.Mode = share.DefaultMode(false)
+	}
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
 	return nil
 }
 
@@ -138,6 +159,7 @@ type Node struct {
 	pool   *pool.Pool
 	reward *reward.Runner
 	gw     *gateway.Gateway
+	outbox *share.Outbox
 
 	mu   sync.Mutex
 	addr net.Addr
@@ -154,6 +176,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.ScoreInterval == 0 {
 		cfg.ScoreInterval = DefaultScoreInterval
+	}
+	if cfg.ShareInterval == 0 {
+		cfg.ShareInterval = DefaultShareInterval
+	}
+	if cfg.Share.Mode == "" {
+		cfg.Share.Mode = share.DefaultMode(false)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -173,6 +201,16 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.pool = p
+	key, err := share.LoadKey(cfg.DataDir)
+	if err != nil {
+		n.Close(ctx)
+		return nil, err
+	}
+	n.outbox, err = share.New(share.Options{Pool: p, Key: key, Policy: cfg.Share, Now: cfg.Now, Logger: log})
+	if err != nil {
+		n.Close(ctx)
+		return nil, err
+	}
 	caps, _ := Caps(cfg.UpstreamKind)
 	gw, err := gateway.New(gateway.Config{
 		Upstream:        cfg.Upstream,
@@ -301,6 +339,8 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); n.retentionLoop(bg) }()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); n.shareLoop(bg) }()
 	err := n.gw.Run(ctx, ln)
 	stop()
 	wg.Wait()
@@ -382,6 +422,36 @@ func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
 }
 
 var errSkip = errors.New("node: skip")
+
+// Outbox returns the node's outbox.
+func (n *Node) Outbox() *share.Outbox { return n.outbox }
+
+// ReloadShare replaces the sharing policy for the batches sealed from now
+// on; a policy with no mode gets the default. An invalid policy is refused
+// and the one in force stays.
+func (n *Node) ReloadShare(p share.Policy) error {
+	if p.Mode == "" {
+		p.Mode = share.DefaultMode(false)
+	}
+	return n.outbox.SetPolicy(p)
+}
+
+// shareLoop seals scored steps into outbox batches, as the policy in force
+// allows, until ctx is done.
+func (n *Node) shareLoop(ctx context.Context) {
+	t := time.NewTicker(n.cfg.ShareInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := n.outbox.SealAll(ctx); err != nil && ctx.Err() == nil {
+			n.log.Warn("sealing outbox batches", "err", err)
+		}
+	}
+}
 
 func (n *Node) retentionLoop(ctx context.Context) {
 	t := time.NewTicker(DefaultRetention)

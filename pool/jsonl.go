@@ -213,7 +213,7 @@ func decodeLine(line []byte) (*core.Step, error) {
 	switch s.State {
 	case core.StateUnknown:
 		s.State = openOrClosed(s)
-	case core.StateBatched, core.StateShipped:
+	case core.StateBatched, core.StateShipped, core.StateHeld:
 		if s.Reward != nil {
 			s.State = core.StateScored
 		} else {

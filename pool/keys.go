@@ -19,6 +19,7 @@ import (
 //	i/se/<uvarint len><session><time:8><id>  session index (live steps)
 //	i/t/<time:8><id>                    time index (live steps)
 //	ob/<batch id>                       an outbox batch (JSON), see outbox.go
+//	op/<batch id>                       an outbox batch's payload: its bytes as they leave
 //
 // <time:8> is the step time (Timings.Start) in Unix nanoseconds, big endian
 // with the sign bit flipped, so byte order is time order. The id is always the
@@ -31,6 +32,7 @@ var (
 	prefixSession   = []byte("i/se/")
 	prefixTime      = []byte("i/t/")
 	prefixOutbox    = []byte("ob/")
+	prefixPayload   = []byte("op/")
 	prefixStepEnd   = prefixEnd(prefixStep)
 	prefixMsgEnd    = prefixEnd(prefixMsg)
 	prefixToolsEnd  = prefixEnd(prefixTools)

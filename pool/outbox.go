@@ -3,11 +3,11 @@ package pool
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -15,17 +15,19 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 )
 
-// Batch is an outbox batch: scored steps taken together to leave the device.
-// The pool keeps the batch's step list and moves its steps from scored to
-// batched when it makes it, and to shipped when the batch is marked shipped.
-// What the batch's bytes on the wire are (scrubbed, per the user's policy)
-// is the node's business, not the pool's.
+// Batch is an outbox batch: scored steps taken together to leave the device
+// as one payload. What the payload holds (the steps scrubbed, per the
+// user's sharing policy, in the batch wire format) is the node's business;
+// the pool stores the bytes, their content address and the steps they came
+// from, and moves the steps from scored to batched when the batch is sealed
+// and to shipped when it is marked shipped.
 type Batch struct {
-	// ID is the sha256 (hex) of the steps' ids and records as they were
-	// when batched, in order.
-	ID      core.BatchID  `json:"id"`
-	Steps   []core.StepID `json:"steps"`
-	Created time.Time     `json:"created"`
+	// ID is the payload's content address: the sha256 (hex) of its bytes.
+	ID    core.BatchID  `json:"id"`
+	Steps []core.StepID `json:"steps"`
+	// Size is the payload's length in bytes.
+	Size    int64     `json:"size"`
+	Created time.Time `json:"created"`
 	// Shipped is when MarkShipped was called; zero until then.
 	Shipped time.Time `json:"shipped,omitzero"`
 }
@@ -34,12 +36,50 @@ func batchKey(id core.BatchID) []byte {
 	return append(append(make([]byte, 0, len(prefixOutbox)+len(id)), prefixOutbox...), id...)
 }
 
-// Batch takes up to max scored steps, oldest first, into a new outbox
-// batch: it records the batch and moves the steps to batched, in one synced
-// commit, and returns the batch. With no scored step it returns nil.
-func (p *Pool) Batch(ctx context.Context, max int) (*Batch, error) {
-	if max <= 0 {
-		return nil, fmt.Errorf("pool: batch: max %d is not positive", max)
+func payloadKey(id core.BatchID) []byte {
+	return append(append(make([]byte, 0, len(prefixPayload)+len(id)), prefixPayload...), id...)
+}
+
+// ErrConflict reports a Seal whose steps are no longer all scored (new
+// feedback sent one back to be scored again, or another seal took it):
+// nothing was written; prepare the batch again.
+var ErrConflict = errors.New("pool: steps changed since the batch was prepared")
+
+// MaxPayload bounds a batch payload.
+const MaxPayload = 64 << 20
+
+// SealSpec is a batch the caller made from scored steps.
+type SealSpec struct {
+	// Steps are the steps the payload carries: they move to batched.
+	Steps []core.StepID
+	// Held are steps the sharing policy keeps on the device: they move to
+	// held, and belong to no batch.
+	Held []core.StepID
+	// Payload is the batch as it leaves the device. Required with Steps,
+	// absent without.
+	Payload []byte
+}
+
+// Seal records a batch in one synced commit: the payload under its content
+// address, the batch, its steps moved from scored to batched and the held
+// steps to held. Every step named must be scored now, else nothing is
+// written and the error wraps ErrConflict. With no Steps (everything held)
+// no batch is made and Seal returns nil. Sealing a payload already sealed
+// returns the batch already recorded.
+func (p *Pool) Seal(ctx context.Context, spec SealSpec) (*Batch, error) {
+	switch {
+	case len(spec.Steps) == 0 && len(spec.Payload) > 0:
+		return nil, fmt.Errorf("pool: seal: a payload without steps")
+	case len(spec.Steps) > 0 && len(spec.Payload) == 0:
+		return nil, fmt.Errorf("pool: seal: %d steps without a payload", len(spec.Steps))
+	case len(spec.Payload) > MaxPayload:
+		return nil, fmt.Errorf("pool: seal: payload of %d bytes is over the %d limit", len(spec.Payload), MaxPayload)
+	case len(spec.Steps) == 0 && len(spec.Held) == 0:
+		return nil, nil
+	}
+	all := append(slices.Clone(spec.Steps), spec.Held...)
+	if len(slices.Compact(slices.Sorted(slices.Values(all)))) != len(all) {
+		return nil, fmt.Errorf("pool: seal: a step is named twice")
 	}
 	done, err := p.enter(ctx)
 	if err != nil {
@@ -49,72 +89,65 @@ func (p *Pool) Batch(ctx context.Context, max int) (*Batch, error) {
 	p.outbox.Lock()
 	defer p.outbox.Unlock()
 
-	var ids []core.StepID
-	r := makeRange(statePrefix(core.StateScored), time.Time{}, time.Time{}, nil)
-	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: r.lower, UpperBound: r.upper})
-	if err != nil {
-		return nil, fmt.Errorf("pool: batch: %w", err)
-	}
-	for valid := it.First(); valid && len(ids) < max; valid = it.Next() {
-		_, id, ok := splitIndexKey(it.Key(), r.prefixLen)
-		if !ok {
-			it.Close()
-			return nil, fmt.Errorf("pool: batch: %w: index key %q", errCorrupt, it.Key())
+	var b *Batch
+	if len(spec.Steps) > 0 {
+		sum := sha256.Sum256(spec.Payload)
+		id := core.BatchID(hex.EncodeToString(sum[:]))
+		if old, err := p.getBatch(id); err == nil {
+			return old, nil
+		} else if !errors.Is(err, ErrNoBatch) {
+			return nil, fmt.Errorf("pool: seal: %w", err)
 		}
-		ids = append(ids, id)
+		b = &Batch{ID: id, Steps: slices.Clone(spec.Steps), Size: int64(len(spec.Payload)), Created: p.now()}
 	}
-	if err := it.Close(); err != nil {
-		return nil, fmt.Errorf("pool: batch: %w", err)
-	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-
-	unlock := p.lockSteps(ids)
+	unlock := p.lockSteps(all)
 	defer unlock()
-	h := sha256.New()
-	b := &Batch{Created: p.now()}
-	var steps []*core.Step
-	for _, id := range ids {
-		// Under the lock, the step may have moved on since the scan (new
-		// feedback sends a scored step back to closed): take it only if it
-		// is still scored.
-		rec, err := getCopy(p.db, stepKey(id))
-		if errors.Is(err, pebble.ErrNotFound) {
-			continue
+	steps := make([]*core.Step, 0, len(all))
+	for i, id := range all {
+		s, err := p.get(p.db, id)
+		if errors.Is(err, ErrNotFound) {
+			return nil, fmt.Errorf("%w: step %s is gone", ErrConflict, id)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("pool: batch: %w", err)
+			return nil, fmt.Errorf("pool: seal: %w", err)
 		}
-		d, err := decodeRecord(rec)
-		if err != nil {
-			return nil, fmt.Errorf("pool: batch: step %s: %w", id, err)
+		if s.State != core.StateScored {
+			return nil, fmt.Errorf("%w: step %s is %s", ErrConflict, id, s.State)
 		}
-		if d.state != core.StateScored {
-			continue
-		}
-		s, err := d.materialize(p.db, p.cache)
-		if err != nil {
-			return nil, fmt.Errorf("pool: batch: step %s: %w", id, err)
-		}
-		h.Write(binary.AppendUvarint(nil, uint64(len(id))))
-		h.Write([]byte(id))
-		h.Write(binary.AppendUvarint(nil, uint64(len(rec))))
-		h.Write(rec)
 		s.State = core.StateBatched
+		if i >= len(spec.Steps) {
+			s.State = core.StateHeld
+		}
 		steps = append(steps, s)
-		b.Steps = append(b.Steps, id)
 	}
-	if len(steps) == 0 {
-		return nil, nil
+	var extra [][2][]byte
+	if b != nil {
+		rec, err := json.Marshal(b)
+		if err != nil {
+			return nil, fmt.Errorf("pool: seal: %w", err)
+		}
+		extra = [][2][]byte{{payloadKey(b.ID), spec.Payload}, {batchKey(b.ID), rec}}
 	}
-	b.ID = core.BatchID(hex.EncodeToString(h.Sum(nil)))
-	rec, err := json.Marshal(b)
+	if err := p.writeWith(steps, extra, pebble.Sync); err != nil {
+		return nil, fmt.Errorf("pool: seal: %w", err)
+	}
+	return b, nil
+}
+
+// Payload returns the bytes of an outbox batch, or an error wrapping
+// ErrNoBatch.
+func (p *Pool) Payload(ctx context.Context, id core.BatchID) ([]byte, error) {
+	done, err := p.enter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("pool: batch: %w", err)
+		return nil, err
 	}
-	if err := p.writeWith(steps, [][2][]byte{{batchKey(b.ID), rec}}, pebble.Sync); err != nil {
-		return nil, fmt.Errorf("pool: batch: %w", err)
+	defer done()
+	b, err := getCopy(p.db, payloadKey(id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrNoBatch, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pool: payload %s: %w", id, err)
 	}
 	return b, nil
 }

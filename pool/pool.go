@@ -276,11 +276,14 @@ func (p *Pool) oldHeader(id core.StepID) (header, bool, error) {
 // back in state to. States move forward (open → closed → scored → batched →
 // shipped, steps skipped or not) and stay; the one way back is scored →
 // closed, which sends a step to be scored again (explicit feedback after
-// scoring). Nothing leaves dropped, and only retention drops.
+// scoring). Held is a dead end beside batched: only a scored step enters
+// it, and it stays. Nothing leaves dropped, and only retention drops.
 func Transition(from, to core.State) bool {
 	switch {
 	case from == core.StateDropped || to == core.StateDropped:
 		return false
+	case from == core.StateHeld || to == core.StateHeld:
+		return to == core.StateHeld && (from == core.StateScored || from == core.StateHeld)
 	case to >= from:
 		return true
 	default:

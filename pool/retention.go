@@ -111,9 +111,11 @@ func (p *Pool) chooseVictims(ctx context.Context) ([]core.StepID, error) {
 		}
 	}
 
-	// Shipped first, then by time, then by id.
+	// Shipped and held first (nothing waits for them), then by time, then
+	// by id.
 	slices.SortFunc(steps, func(a, b retained) int {
-		as, bs := a.state == core.StateShipped, b.state == core.StateShipped
+		as := a.state == core.StateShipped || a.state == core.StateHeld
+		bs := b.state == core.StateShipped || b.state == core.StateHeld
 		if as != bs {
 			if as {
 				return -1

@@ -12,6 +12,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/reward"
 )
 
@@ -30,6 +31,12 @@ import (
 //	[retention]
 //	max_age   = "720h"
 //	max_bytes = 10_000_000_000
+//
+//	[share]                 # what may leave the device; read at start and on SIGHUP
+//	mode  = "scored"        # "none" (nothing leaves, ever), "scored" (scored steps with a signal), "all"
+//	tools = ["read", "exec"] # tools whose results may leave (scrubbed); others are withheld; ["*"]: all
+//	names = ["Alice Zhou", "Project Falcon"]  # words to hide as well
+//	min_reward_abs = 0.0    # leave out steps whose |reward| is below this (no signal)
 //
 //	[rewards]               # limits of every plugin call; read at start
 //	deadline      = "100ms"
@@ -66,6 +73,12 @@ type fileConfig struct {
 		MemoryMiB    int64  `toml:"memory_mib"`
 		JudgeTimeout string `toml:"judge_timeout"`
 	} `toml:"rewards"`
+	Share struct {
+		Mode         string   `toml:"mode"`
+		Tools        []string `toml:"tools"`
+		Names        []string `toml:"names"`
+		MinRewardAbs float64  `toml:"min_reward_abs"`
+	} `toml:"share"`
 	Plugins []filePlugin `toml:"plugins"`
 }
 
@@ -102,6 +115,8 @@ type settings struct {
 	PluginDeadline  time.Duration
 	PluginMemoryMiB int64
 	JudgeTimeout    time.Duration
+	// Share is the [share] policy; Mode "" means the node's default.
+	Share share.Policy
 }
 
 // envNames maps setting names to their environment variables.
@@ -242,6 +257,19 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 			return fmt.Errorf("config %s: rewards.judge_timeout %q: want a positive duration such as 30s", path, v)
 		}
 		s.JudgeTimeout = d
+	}
+	s.Share = share.Policy{
+		Mode:         share.Mode(fc.Share.Mode),
+		Tools:        fc.Share.Tools,
+		Names:        fc.Share.Names,
+		MinRewardAbs: fc.Share.MinRewardAbs,
+	}
+	check := s.Share
+	if check.Mode == "" {
+		check.Mode = share.ModeNone // the rest is checked all the same
+	}
+	if err := check.Validate(); err != nil {
+		return fmt.Errorf("config %s: [share]: %v", path, strings.TrimPrefix(err.Error(), share.ErrPolicy.Error()+": "))
 	}
 	if len(fc.Plugins) > 0 {
 		// A relative path is relative to the config file's directory,

@@ -29,7 +29,10 @@ func init() {
 	commands = []command{
 		{"node", "run a device node: the gateway your agent points at, recording into the pool", runNode},
 		{"serve", "serve a model with the native Go engine: an OpenAI-compatible LLM server with hot adapter swap", runServe},
-		{"pool", "inspect, export and import the DataPool (stats, ls, show, export, import)", runPool},
+		{"pool", "inspect, export and import the DataPool (stats, ls, show, export, import, preview)", runPool},
+		{"scrub", "show what would leave this device: text or steps with personal data and secrets replaced", func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+			return runScrub(ctx, args, os.Stdin, stdout, stderr)
+		}},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
 		{"bench", "measure the parts (gateway, pool, engine, learn)", runBench},
 		{"version", "print the version", runVersion},

@@ -34,10 +34,16 @@ Settings come from flags, then CLAWMESH_* environment variables
 CLAWMESH_UPSTREAM_KIND, CLAWMESH_CONFIG), then the config file
 (DATA/config.toml by default), then defaults.
 
+Scored steps leave the device only as the sharing policy ([share] in the
+config file) allows, scrubbed of personal data and secrets, in outbox
+batches: see 'clawmesh pool preview' for exactly what would leave, and
+'clawmesh scrub --help'. With no [share] mode, nothing leaves.
+
 SIGINT or SIGTERM stops accepting new calls, lets in-flight streams finish,
-and exits. SIGHUP reloads the reward plugins ([[plugins]]) from the config
-file; a new set with a plugin that cannot be loaded is refused (logged as an
-error, naming it) and the plugins in use stay. A relative plugin path is
+and exits. SIGHUP reloads the reward plugins ([[plugins]]) and the sharing
+policy ([share]) from the config file; a new set with a plugin that cannot
+be loaded is refused (logged as an error, naming it) and the plugins in use
+stay. A relative plugin path is
 resolved from the config file's directory. The node does not start if an
 enabled plugin cannot be loaded.
 
@@ -117,6 +123,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		MaxAge:        s.MaxAge,
 		MaxBytes:      s.MaxBytes,
 		Plugins:       s.Plugins,
+		Share:         s.Share,
 		NoScoring:     *noScore,
 		Logger:        log,
 
@@ -139,6 +146,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			case <-hup:
 			}
 			reloadPlugins(ctx, s, n, log)
+			reloadShare(s, n, log)
 		}
 	}()
 	runErr := n.Run(ctx)
@@ -177,6 +185,22 @@ func reloadPlugins(ctx context.Context, s settings, n *node.Node, log *slog.Logg
 		}
 	}
 	log.Info("reward plugins reloaded", "config", fresh.Config, "enabled", strings.Join(on, ","))
+}
+
+// reloadShare re-reads the config file's [share] policy and puts it in
+// force, as SIGHUP asks; an invalid one is logged and changes nothing.
+func reloadShare(s settings, n *node.Node, log *slog.Logger) {
+	fresh := settings{Config: s.Config, Data: s.Data}
+	if err := fresh.resolve(newFlags("node", "", io.Discard)); err != nil {
+		log.Error("sharing policy not reloaded; the policy in force stays", "err", err)
+		return
+	}
+	if err := n.ReloadShare(fresh.Share); err != nil {
+		log.Error("sharing policy not reloaded; the policy in force stays", "config", fresh.Config, "err", err)
+		return
+	}
+	p := n.Outbox().Policy()
+	log.Info("sharing policy reloaded", "config", fresh.Config, "mode", p.Mode, "policy", p.Digest())
 }
 
 func isLoopback(addr string) bool {

@@ -15,10 +15,12 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/scrub"
+	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 )
 
-const poolHelp = `Usage: clawmesh pool <stats|ls|show|export|import> [flags]
+const poolHelp = `Usage: clawmesh pool <stats|ls|show|export|import|preview> [flags]
 
 Reads and feeds the DataPool, the record of every LLM call a node made.
 
@@ -27,6 +29,12 @@ Reads and feeds the DataPool, the record of every LLM call a node made.
   clawmesh pool show STEP_ID                  one step: context, reply, next state, scores, hints
   clawmesh pool export [--session S] > steps.jsonl
   clawmesh pool import logs.jsonl             black-box offline mode: logs collected elsewhere
+  clawmesh pool preview [--limit 5] [--json]  the next batch exactly as it would leave this
+                                              device, decoded: scrubbed, ids hashed, times
+                                              rounded to the hour, under the [share] policy
+
+Steps move open → closed → scored → batched → shipped; scored steps the
+sharing policy keeps on the device move to held instead.
 
 The JSONL schema (clawmesh.step/v1) is described in docs/step-schema.md.
 
@@ -43,6 +51,30 @@ type poolAccess interface {
 	Get(ctx context.Context, id core.StepID) (*core.Step, error)
 	Export(ctx context.Context, w io.Writer, f pool.Filter) (int, error)
 	Import(ctx context.Context, r io.Reader) (pool.ImportReport, error)
+	Preview(ctx context.Context, limit int) (*share.Preview, error)
+}
+
+// localPool is a pool this process opened (no node runs): the outbox it
+// previews is made from the config file's policy and the device's key.
+type localPool struct {
+	*pool.Pool
+	s *settings
+}
+
+func (l localPool) Preview(ctx context.Context, limit int) (*share.Preview, error) {
+	key, err := share.LoadKey(l.s.Data)
+	if err != nil {
+		return nil, err
+	}
+	pol := l.s.Share
+	if pol.Mode == "" {
+		pol.Mode = share.DefaultMode(false)
+	}
+	ob, err := share.New(share.Options{Pool: l.Pool, Key: key, Policy: pol})
+	if err != nil {
+		return nil, err
+	}
+	return ob.Preview(ctx, limit)
 }
 
 // openPool opens the pool under s.Data, or reaches the running node that
@@ -54,7 +86,7 @@ func openPool(s *settings, create bool) (poolAccess, func(), error) {
 	}
 	p, err := pool.Open(dir, pool.Options{})
 	if err == nil {
-		return p, func() { p.Close() }, nil
+		return localPool{p, s}, func() { p.Close() }, nil
 	}
 	if !errors.Is(err, pool.ErrLocked) {
 		return nil, nil, err
@@ -69,7 +101,7 @@ func openPool(s *settings, create bool) (poolAccess, func(), error) {
 func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, poolHelp)
-		return usageErr("which pool command? stats, ls, show, export or import")
+		return usageErr("which pool command? stats, ls, show, export, import or preview")
 	}
 	sub, args := args[0], args[1:]
 	var s settings
@@ -81,7 +113,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	s.bindCommon(fs)
 	filterFlags := func() {
 		fs.StringVar((*string)(&f.Session), "session", "", "only this session")
-		fs.StringVar(&state, "state", "", "only this state: open, closed, scored, batched, shipped, dropped")
+		fs.StringVar(&state, "state", "", "only this state: open, closed, scored, held, batched, shipped, dropped")
 		fs.StringVar(&since, "since", "", "only steps after this: RFC 3339 time, or a duration ago like 24h")
 	}
 	switch sub {
@@ -100,6 +132,9 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		filterFlags()
 		fs.StringVar(&out, "o", "", "write to this file instead of standard output")
 	case "import":
+	case "preview":
+		fs.IntVar(&f.Limit, "limit", 5, "show at most this many of the batch's steps (0: all)")
+		fs.BoolVar(&asJSON, "json", false, "print the preview as JSON")
 	default:
 		fmt.Fprint(stderr, poolHelp)
 		return usageErr("unknown pool command %q", sub)
@@ -124,7 +159,10 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		f.Since = t
 	}
-	switch want := map[string]int{"stats": 0, "ls": 0, "show": 1, "export": 0, "import": 1}[sub]; {
+	if f.Limit < 0 {
+		return usageErr("--limit must not be negative")
+	}
+	switch want := map[string]int{"stats": 0, "ls": 0, "show": 1, "export": 0, "import": 1, "preview": 0}[sub]; {
 	case fs.NArg() == want:
 	case sub == "show":
 		return usageErr("show takes one step id")
@@ -217,8 +255,77 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return fmt.Errorf("%d bad lines were skipped", len(rep.Bad))
 		}
 		return nil
+	case "preview":
+		pv, err := p.Preview(ctx, f.Limit)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(stdout, pv)
+		}
+		return printPreview(stdout, pv)
 	}
 	return nil
+}
+
+func printPreview(w io.Writer, pv *share.Preview) error {
+	if pv.Empty {
+		fmt.Fprintf(w, "nothing would leave now: %s\n", pv.Note)
+		printHeld(w, pv.Held)
+		return nil
+	}
+	h := pv.Header
+	if pv.Sealed {
+		fmt.Fprintln(w, "next batch  sealed, waiting to leave this device")
+	} else {
+		fmt.Fprintln(w, "next batch  not sealed yet: what it would be if sealed now, under the policy in force")
+	}
+	fmt.Fprintf(w, "id          %s\n", pv.ID)
+	fmt.Fprintf(w, "size        %d bytes: %d steps in %d sessions, %s, policy %s (mode %s)\n", pv.Size, h.Steps, h.Sessions, h.Created.Format("2006-01-02 15:00 MST"), orDash(h.Policy), pv.Mode)
+	r := h.Rewards
+	fmt.Fprintf(w, "rewards     %d scored (%d positive, %d negative, mean %+.2f), %d with a hint\n", r.Scored, r.Positive, r.Negative, r.Mean, r.Hints)
+	if len(h.Plugins) > 0 {
+		var short []string
+		for _, p := range h.Plugins {
+			short = append(short, p[:min(len(p), 12)])
+		}
+		fmt.Fprintf(w, "plugins     %s\n", strings.Join(short, " "))
+	}
+	if len(h.Adapters) > 0 {
+		fmt.Fprintf(w, "adapters    %s\n", strings.Join(h.Adapters, " "))
+	}
+	if len(pv.Found) > 0 {
+		var parts []string
+		for _, k := range scrub.Kinds {
+			if n := pv.Found[k]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%s %d", k, n))
+			}
+		}
+		fmt.Fprintf(w, "scrubbed    %s\n", strings.Join(parts, ", "))
+	}
+	printHeld(w, pv.Held)
+	fmt.Fprintf(w, "\n%d of its %d steps, exactly as they leave:\n", len(pv.Steps), h.Steps)
+	for i, st := range pv.Steps {
+		fmt.Fprintf(w, "\n--- step %d of %d\n", i+1, h.Steps)
+		if err := printJSON(w, core.ExportedStep{Schema: core.SchemaVersion, Step: *st}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func printHeld(w io.Writer, held []share.Held) {
+	if len(held) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "held        %d steps stay on this device:\n", len(held))
+	for i, h := range held {
+		if i == 10 {
+			fmt.Fprintf(w, "              … and %d more\n", len(held)-10)
+			break
+		}
+		fmt.Fprintf(w, "              %s  (%s)\n", h.ID, h.Reason)
+	}
 }
 
 func parseSince(s string, now time.Time) (time.Time, error) {
@@ -354,7 +461,7 @@ func orDash(s string) string {
 func printStats(w io.Writer, st pool.Stats) {
 	fmt.Fprintf(w, "steps     %d in %d sessions\n", st.Steps, st.Sessions)
 	fmt.Fprint(w, "states   ")
-	for s := core.StateOpen; s <= core.StateDropped; s++ {
+	for _, s := range core.States {
 		fmt.Fprintf(w, " %s %d", s, st.ByState[s])
 	}
 	fmt.Fprintln(w)

@@ -51,7 +51,8 @@ const (
 )
 
 // State is a step's place in its life cycle:
-// open → closed → scored → batched → shipped, or dropped by retention.
+// open → closed → scored → batched → shipped, or scored → held (the sharing
+// policy keeps it on the device), or dropped by retention.
 type State uint8
 
 const (
@@ -62,9 +63,16 @@ const (
 	StateBatched       // placed in an outbox batch
 	StateShipped       // the batch left the device
 	StateDropped       // removed by retention policy (tombstone)
+	// StateHeld: scored, but the sharing policy keeps it on the device (it
+	// carries no signal, or nothing may leave). Its value sorts after
+	// dropped only because stored records hold states by number.
+	StateHeld
 )
 
-var stateNames = [...]string{"unknown", "open", "closed", "scored", "batched", "shipped", "dropped"}
+var stateNames = [...]string{"unknown", "open", "closed", "scored", "batched", "shipped", "dropped", "held"}
+
+// States lists the states a step can be in, in life-cycle order.
+var States = []State{StateOpen, StateClosed, StateScored, StateHeld, StateBatched, StateShipped, StateDropped}
 
 func (s State) String() string {
 	if int(s) < len(stateNames) {
@@ -174,6 +182,10 @@ const (
 	FidelityExact   Fidelity = "exact"   // ids and logprobs from the serving engine
 	FidelityLogprob Fidelity = "logprob" // logprobs per token text, ids absent
 	FidelityPartial Fidelity = "partial" // incomplete (e.g. cut-off stream)
+	// FidelityScrubbed marks a reply that scrubbing changed before it left
+	// the device: its recorded tokens no longer match its text and were
+	// dropped; re-render it and recompute what depends on them.
+	FidelityScrubbed Fidelity = "scrubbed"
 )
 
 // Choice is one completion the model produced. Most steps have exactly one;
@@ -300,7 +312,7 @@ func (s *Step) Validate() error {
 		return fmt.Errorf("core: step %s: turn must be %q or %q, got %q", s.ID, TurnMain, TurnSide, s.Turn)
 	case s.API != APIChat && s.API != APIResponses && s.API != APIMessages:
 		return fmt.Errorf("core: step %s: unknown api %q", s.ID, s.API)
-	case s.State == StateUnknown || s.State > StateDropped:
+	case s.State == StateUnknown || s.State > StateHeld:
 		return fmt.Errorf("core: step %s: invalid state %d", s.ID, s.State)
 	case len(s.Request.Messages) == 0:
 		return fmt.Errorf("core: step %s: request has no messages", s.ID)

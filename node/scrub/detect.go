@@ -1,0 +1,393 @@
+package scrub
+
+import (
+	"net/netip"
+	"strings"
+)
+
+// detector is one scan of one text. The scan is a single pass over the
+// bytes: each detector is tried only where its trigger is (an '@' for
+// e-mail, "://" for URLs, '=' or ':' for assignments, a word start for
+// numbers and vendor prefixes, ...), so that text with nothing to find, the
+// bulk of what agents send, costs little more than reading it. Detectors
+// add candidates; resolve later settles overlaps.
+//
+// The detectors are hand-written rather than regular expressions: Go's
+// regexp engine scans an alternation of a few dozen patterns at a few MB/s,
+// and most of these checks (Luhn, mod-97, octet ranges, the shape of a
+// phone number's groups) are not regular anyway.
+type detector struct {
+	text  string
+	found []Finding
+}
+
+func (d *detector) add(start, end int, k Kind, detail string) {
+	d.found = append(d.found, Finding{Start: start, End: end, Kind: k, Detail: detail})
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+func isUpper(c byte) bool { return c >= 'A' && c <= 'Z' }
+func isLower(c byte) bool { return c >= 'a' && c <= 'z' }
+func isAlpha(c byte) bool { return isUpper(c) || isLower(c) }
+func isAlnum(c byte) bool { return isAlpha(c) || isDigit(c) }
+func isWord(c byte) bool  { return isAlnum(c) || c == '_' }
+func isHex(c byte) bool   { return isDigit(c) || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
+
+// isB64URL reports the alphabet of base64url: letters, digits, '-' and '_'.
+func isB64URL(c byte) bool { return isAlnum(c) || c == '-' || c == '_' }
+
+// runOf returns the end of the run of bytes from i that satisfy ok.
+func runOf(t string, i int, ok func(byte) bool) int {
+	for i < len(t) && ok(t[i]) {
+		i++
+	}
+	return i
+}
+
+func (d *detector) scan() {
+	t := d.text
+	n := len(t)
+	for i := 0; i < n; i++ {
+		c := t[i]
+		switch c {
+		case '@':
+			d.email(i)
+		case ':':
+			if i+2 < n && t[i+1] == '/' && t[i+2] == '/' {
+				d.url(i)
+			} else if i+1 < n && t[i+1] == ':' && (i == 0 || !isHex(t[i-1]) && t[i-1] != ':') {
+				d.ipv6(i)
+			}
+			d.assign(i)
+		case '=':
+			d.assign(i)
+		case '-':
+			if strings.HasPrefix(t[i:], "-----BEGIN ") {
+				d.pem(i)
+			} else if i+2 < n && t[i+1] == '-' && isAlpha(t[i+2]) && (i == 0 || !isWord(t[i-1]) && t[i-1] != '-') {
+				d.flag(i)
+			}
+		case '/', '\\':
+			d.home(i)
+		case '+':
+			if i+1 < n && isDigit(t[i+1]) && (i == 0 || !isAlnum(t[i-1])) {
+				d.number(i)
+			}
+		case '(':
+			if i+1 < n && isDigit(t[i+1]) && (i == 0 || !isAlnum(t[i-1])) {
+				d.number(i)
+			}
+		}
+		if isAlnum(c) && (i == 0 || !isWord(t[i-1])) {
+			d.word(i)
+		}
+	}
+}
+
+// word tries the detectors that start at a word.
+func (d *detector) word(i int) {
+	t := d.text
+	c := t[i]
+	var prev byte
+	if i > 0 {
+		prev = t[i-1]
+	}
+	if isDigit(c) {
+		if prev != '.' && prev != '-' && prev != '+' {
+			d.number(i)
+		}
+		d.telegram(i)
+	}
+	if isHex(c) && prev != ':' && prev != '.' {
+		d.ipv6(i)
+	}
+	if isUpper(c) {
+		d.iban(i)
+	}
+	if isAlpha(c) || isDigit(c) {
+		d.vendor(i)
+	}
+}
+
+// ---- e-mail
+
+func isLocal(c byte) bool {
+	return isAlnum(c) || c == '.' || c == '_' || c == '%' || c == '+' || c == '-'
+}
+
+func isDomainByte(c byte) bool { return isAlnum(c) || c == '.' || c == '-' }
+
+func (d *detector) email(at int) {
+	t := d.text
+	s := at
+	for s > 0 && at-s < 64 && isLocal(t[s-1]) {
+		s--
+	}
+	for s < at && !isAlnum(t[s]) {
+		s++
+	}
+	if s == at || s > 0 && (t[s-1] == '@' || isLocal(t[s-1])) {
+		return
+	}
+	if s >= 3 && t[s-3:s] == "://" {
+		return // a URL's user without a password: not an address
+	}
+	e := at + 1
+	for e < len(t) && e-at < 256 && isDomainByte(t[e]) {
+		e++
+	}
+	for e > at+1 && (t[e-1] == '.' || t[e-1] == '-') {
+		e--
+	}
+	if !validDomain(t[at+1 : e]) {
+		return
+	}
+	if e < len(t) && (isWord(t[e]) || t[e] == '@') {
+		return
+	}
+	if t[s:at] == "git" && e < len(t) && t[e] == ':' {
+		return // git@github.com:org/repo.git, an SSH remote
+	}
+	d.add(s, e, Email, "")
+}
+
+// validDomain reports a host name of at least two labels whose last is
+// alphabetic (a top-level domain), so version strings and package specs
+// (lodash@4.17.21) are not addresses.
+func validDomain(dom string) bool {
+	labels := strings.Split(dom, ".")
+	if len(labels) < 2 {
+		return false
+	}
+	for _, l := range labels {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+	}
+	tld := labels[len(labels)-1]
+	if len(tld) < 2 || len(tld) > 24 {
+		return false
+	}
+	for _, c := range []byte(tld) {
+		if !isAlpha(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// ---- URLs: credentials, webhooks
+
+func isSchemeByte(c byte) bool { return isAlnum(c) || c == '+' || c == '.' || c == '-' }
+
+// isURLStop ends a URL.
+func isURLStop(c byte) bool {
+	switch c {
+	case ' ', '\t', '\n', '\r', '"', '\'', '<', '>', '`', '\\', '|', '{', '}', '^':
+		return true
+	}
+	return c < 0x20
+}
+
+func (d *detector) url(i int) {
+	t := d.text
+	s := i
+	for s > 0 && i-s < 32 && isSchemeByte(t[s-1]) {
+		s--
+	}
+	if i-s < 2 || !isAlpha(t[s]) {
+		return
+	}
+	a := i + 3
+	ae := a
+	for ae < len(t) && !isURLStop(t[ae]) && t[ae] != '/' && t[ae] != '?' && t[ae] != '#' {
+		ae++
+	}
+	auth := t[a:ae]
+	host := auth
+	if at := strings.LastIndexByte(auth, '@'); at > 0 {
+		host = auth[at+1:]
+		ui := auth[:at]
+		if c := strings.IndexByte(ui, ':'); c >= 0 && c < len(ui)-1 && secretValue(ui[c+1:], classPassword, true) {
+			d.add(a, a+at, Credential, "")
+		}
+	}
+	ue := ae
+	for ue < len(t) && !isURLStop(t[ue]) {
+		ue++
+	}
+	for ue > ae && strings.IndexByte(".,;:!?)]", t[ue-1]) >= 0 {
+		ue--
+	}
+	path := t[ae:ue]
+	if h, _, ok := strings.Cut(host, ":"); ok {
+		host = h
+	}
+	host = strings.ToLower(host)
+	switch {
+	case host == "hooks.slack.com" && strings.HasPrefix(path, "/services/") && len(path) > 20:
+		d.add(s, ue, APIKey, "slack")
+	case (host == "discord.com" || host == "discordapp.com" || strings.HasSuffix(host, ".discord.com")) &&
+		strings.HasPrefix(path, "/api/webhooks/") && len(path) > 30:
+		d.add(s, ue, APIKey, "discord")
+	}
+}
+
+// ---- PEM private keys
+
+func (d *detector) pem(i int) {
+	t := d.text
+	ls := i + len("-----BEGIN ")
+	le := strings.Index(t[ls:min(len(t), ls+64)], "-----")
+	if le < 0 {
+		return
+	}
+	label := t[ls : ls+le]
+	if !strings.Contains(label, "PRIVATE KEY") {
+		return
+	}
+	body := ls + le + 5
+	end := "-----END " + label + "-----"
+	if e := strings.Index(t[body:min(len(t), body+64<<10)], end); e >= 0 {
+		d.add(i, body+e+len(end), PrivateKey, "")
+		return
+	}
+	// Cut short: take the body as far as it goes.
+	j := body
+	for j < len(t) {
+		c := t[j]
+		switch {
+		case isAlnum(c) || c == '+' || c == '/' || c == '=' || c == '\n' || c == '\r' || c == ' ' || c == ':' || c == '-' || c == ',':
+			j++
+		case c == '\\' && j+1 < len(t) && (t[j+1] == 'n' || t[j+1] == 'r'):
+			j += 2
+		default:
+			d.add(i, j, PrivateKey, "")
+			return
+		}
+	}
+	d.add(i, j, PrivateKey, "")
+}
+
+// ---- home directories
+
+var homeUserExempt = map[string]bool{
+	"shared": true, "public": true, "default": true, "default user": true, "all users": true, "defaultapppool": true,
+}
+
+func (d *detector) home(i int) {
+	t := d.text
+	var ns int
+	win := false
+	switch {
+	case strings.HasPrefix(t[i:], "/home/"):
+		ns = i + 6
+	case strings.HasPrefix(t[i:], "/Users/"):
+		ns = i + 7
+	case strings.HasPrefix(t[i:], `\Users\`):
+		ns, win = i+7, true
+	case strings.HasPrefix(t[i:], `\\Users\\`):
+		ns, win = i+9, true
+	default:
+		return
+	}
+	if inWebURL(t, i) {
+		return
+	}
+	ne := ns
+	for ne < len(t) && ne-ns < 64 {
+		c := t[ne]
+		if c == '/' || c == '\\' || isPathStop(c) {
+			break
+		}
+		ne++
+	}
+	if win && ne < len(t) && t[ne] == ' ' {
+		// Windows user names may hold spaces: "C:\Users\Ada Lovelace\".
+		j := ne
+		for j < len(t) && j-ns < 48 && (isAlnum(t[j]) || t[j] == ' ' || t[j] == '.' || t[j] == '-' || t[j] == '_') {
+			j++
+		}
+		if j < len(t) && t[j] == '\\' {
+			ne = j
+		}
+	}
+	name := t[ns:ne]
+	if name == "" || name == "." || name == ".." || homeUserExempt[strings.ToLower(name)] {
+		return
+	}
+	switch name[0] {
+	case '<', '$', '%', '{', '*', '~', '.', '[', '(':
+		return
+	}
+	d.add(ns, ne, User, "")
+}
+
+func isPathStop(c byte) bool {
+	switch c {
+	case ' ', '\t', '\n', '\r', '"', '\'', '`', '<', '>', '|', ':', ';', ',', ')', ']', '}', '*', '?', '=', '&', '#':
+		return true
+	}
+	return c < 0x20
+}
+
+// inWebURL reports whether position i is in the path of a URL other than
+// file://, where /home/ and /Users/ are a site's pages, not a disk's.
+func inWebURL(t string, i int) bool {
+	for j := i - 1; j >= 0 && i-j < 512; j-- {
+		c := t[j]
+		if isURLStop(c) {
+			return false
+		}
+		if c == ':' && j+2 < len(t) && t[j+1] == '/' && t[j+2] == '/' {
+			return !strings.HasSuffix(t[max(0, j-4):j], "file")
+		}
+	}
+	return false
+}
+
+// ---- IPv6
+
+func (d *detector) ipv6(s int) {
+	t := d.text
+	j := s
+	colons := 0
+	for j < len(t) && j-s < 48 && (isHex(t[j]) || t[j] == ':' || t[j] == '.') {
+		if t[j] == ':' {
+			colons++
+		}
+		j++
+	}
+	if colons < 2 {
+		return
+	}
+	for j > s && (t[j-1] == '.' || t[j-1] == ':' && (j-2 < s || t[j-2] != ':')) {
+		j--
+	}
+	if j < len(t) && (isAlnum(t[j]) || t[j] == '_') {
+		return
+	}
+	addr := t[s:j]
+	end := j
+	if j < len(t) && t[j] == '%' {
+		end = runOf(t, j+1, func(c byte) bool { return isAlnum(c) || c == '_' || c == '.' || c == '-' })
+		if end == j+1 {
+			end = j
+		}
+	}
+	a, err := netip.ParseAddr(addr)
+	if err != nil || !a.Is6() || a.IsLoopback() || a.IsUnspecified() {
+		return
+	}
+	d.add(s, end, IP, "")
+}
+
+// parseIP returns the canonical form of an IP address (with or without an
+// IPv6 zone).
+func parseIP(s string) (string, bool) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return "", false
+	}
+	return a.WithZone("").String(), true
+}

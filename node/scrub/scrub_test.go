@@ -1,0 +1,174 @@
+package scrub
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestFind: each kind in the shapes it takes, and text that must come out
+// unchanged. The labelled corpus (corpus package) measures recall and
+// precision at scale; these pin the rules down one by one.
+func TestFind(t *testing.T) {
+	s, err := New(Options{Names: []string{"Alice Zhou", "Project Falcon", "周杰"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		in, want string
+	}{
+		// e-mail
+		{"mail alice.zhou@example.org.", "mail <EMAIL_1>."},
+		{"<bob+tag@mail.co.uk>", "<<EMAIL_1>>"},
+		{"git@github.com:org/repo.git lodash@4.17.21 @Override npm i @scope/pkg node@24", "git@github.com:org/repo.git lodash@4.17.21 @Override npm i @scope/pkg node@24"},
+		{"ssh://git@host.example.com/x", "ssh://git@host.example.com/x"},
+		// phones
+		{"call +44 20 7946 0958 or +1-415-555-0132", "call <PHONE_1> or <PHONE_2>"},
+		{"(415) 555-0132, 415.555.0132, 020 7946 0958, 07700 900123, 01 23 45 67 89", "<PHONE_1>, <PHONE_1>, <PHONE_2>, <PHONE_3>, <PHONE_4>"},
+		{"+86 138 0013 8000 and 138 0013 8000", "<PHONE_1> and <PHONE_2>"},
+		{"tel: 4155550132", "tel: <PHONE_1>"},
+		{"2024-01-15 12:30:45 978-3-16-148410-0 555-0132 1,234,567 3.14159", "2024-01-15 12:30:45 978-3-16-148410-0 555-0132 1,234,567 3.14159"},
+		{"id 4155550132 and 1732540800", "id 4155550132 and 1732540800"},
+		// IP
+		{"from 192.168.1.23:8080 and 10.0.0.0/8", "from <IP_1>:8080 and <IP_2>/8"},
+		{"[2001:db8::8a2e:370:7334]:443 fe80::1ff:fe23:4567:890a%eth0", "[<IP_1>]:443 <IP_2>"},
+		{"127.0.0.1 0.0.0.0 ::1 :: 255.255.255.0 version 1.2.3.4 v10.0.0.1 Chrome/120.0.6099.109 1.3.6.1.4.1 std::vector 12:30:45 00:1a:2b:3c:4d:5e",
+			"127.0.0.1 0.0.0.0 ::1 :: 255.255.255.0 version 1.2.3.4 v10.0.0.1 Chrome/120.0.6099.109 1.3.6.1.4.1 std::vector 12:30:45 00:1a:2b:3c:4d:5e"},
+		{"server 10.1.2.3 up", "server <IP_1> up"},
+		// URLs
+		{"postgres://app:s3cr3tP4ss@db.internal:5432/app", "postgres://<CREDENTIAL_1>@db.internal:5432/app"},
+		{"postgres://app:${DB_PASS}@db/app https://user@example.com/", "postgres://app:${DB_PASS}@db/app https://user@example.com/"},
+		{"https://x.io/cb?code=1&access_token=ya7Hq2Lr9xPq0Zt&sig=aB3dE5fG7hI9jK", "https://x.io/cb?code=1&access_token=<SECRET_1>&sig=<SECRET_2>"},
+		{"https://hooks.slack.com/services/T0A1B2C3D/B0A1B2C3D/aBcDeFgHiJkLmNoPqRsTuVwX done", "<API_KEY_1> done"},
+		{"https://example.com/home/about", "https://example.com/home/about"},
+		// assignments
+		{"DB_PASSWORD=hunter2 ./run", "DB_PASSWORD=<SECRET_1> ./run"},
+		{`{"password": "s3cret!", "api_key": "${API_KEY}", "token": "REDACTED"}`, `{"password": "<SECRET_1>", "api_key": "${API_KEY}", "token": "REDACTED"}`},
+		{"password: changeme\nmax_tokens: 4096\ntokenizer: qwen3\npassword_min_length: 8\nuse_token: true", "password: <SECRET_1>\nmax_tokens: 4096\ntokenizer: qwen3\npassword_min_length: 8\nuse_token: true"},
+		{`curl -H "Authorization: Bearer abcdef1234567890XYZ" https://api`, `curl -H "Authorization: Bearer <SECRET_1>" https://api`},
+		{"mysql --password s3cr3t-Pa55 db", "mysql --password <SECRET_1> db"},
+		{"client_secret = os.environ['CLIENT_SECRET'] and secret = config.secret", "client_secret = os.environ['CLIENT_SECRET'] and secret = config.secret"},
+		{"Token: the unit of text a model reads", "Token: the unit of text a model reads"},
+		{"if token == expected and password != ''", "if token == expected and password != ''"},
+		// vendors
+		{"AKIAIOSFODNN7EXAMPL3 ghp_abcdefghijklmnopqrstuvwxyz0123456789 sk-proj-abcDEF123_ghiJKL456-mnoPQR789", "<API_KEY_1> <API_KEY_2> <API_KEY_3>"},
+		{"GITHUB_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123456789", "GITHUB_TOKEN=<API_KEY_1>"},
+		{"eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "<API_KEY_1>"},
+		{"123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1 done", "<API_KEY_1> done"},
+		{"sk-learn ghp_short AKIA task-force hf_hub_download", "sk-learn ghp_short AKIA task-force hf_hub_download"},
+		// PEM
+		{"-----BEGIN RSA PRIVATE KEY-----\nMIIEabc+/=\n-----END RSA PRIVATE KEY-----\nafter", "<PRIVATE_KEY_1>\nafter"},
+		{`"k": "-----BEGIN EC PRIVATE KEY-----\nMHcCAQ\n-----END EC PRIVATE KEY-----"`, `"k": "<PRIVATE_KEY_1>"`},
+		{"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"},
+		// cards, IBANs, SSNs
+		{"4111 1111 1111 1111, 5500-0000-0000-0004, 378282246310005", "<CARD_1>, <CARD_2>, <CARD_3>"},
+		{"4111111111111112 1732540800000", "4111111111111112 1732540800000"},
+		{"GB82 WEST 1234 5698 7654 32 and DE89370400440532013000 not DEUTDEFF or GB00WEST12345698765432", "<IBAN_1> and <IBAN_2> not DEUTDEFF or GB00WEST12345698765432"},
+		{"SSN 123-45-6789; not 000-12-3456 or 2024-01-15", "SSN <SSN_1>; not 000-12-3456 or 2024-01-15"},
+		// home directories
+		{`File "/home/alice/proj/x.py" /Users/bob/.ssh C:\Users\Ada Lovelace\Documents`, `File "/home/<USER_1>/proj/x.py" /Users/<USER_2>/.ssh C:\Users\<USER_3>\Documents`},
+		{`"C:\\Users\\carol\\AppData" C:/Users/dave/x`, `"C:\\Users\\<USER_1>\\AppData" C:/Users/<USER_2>/x`},
+		{"/Users/Shared/x C:\\Users\\Public\\y ~/z /root/w $HOME/v", "/Users/Shared/x C:\\Users\\Public\\y ~/z /root/w $HOME/v"},
+		// names
+		{"Alice Zhou met ALICE\n  zhou about project falcon; Alicez no; 周杰说", "<NAME_1> met <NAME_1> about <NAME_2>; Alicez no; <NAME_3>说"},
+		// ordinary text
+		{"uuid 123e4567-e89b-12d3-a456-426614174000 sha 3f786850e387550fdab836ed7e6dc881de23001b at 0x7ffd5a3c main.go:42:7 in 1.5s",
+			"uuid 123e4567-e89b-12d3-a456-426614174000 sha 3f786850e387550fdab836ed7e6dc881de23001b at 0x7ffd5a3c main.go:42:7 in 1.5s"},
+	} {
+		var tb Table
+		if got := s.Text(&tb, c.in); got != c.want {
+			t.Errorf("Text(%q)\n got %q\nwant %q", c.in, got, c.want)
+		}
+	}
+}
+
+// TestTableConsistent: one value keeps its placeholder across texts of the
+// table, however it is written; another value gets the next number; a
+// fresh table starts again.
+func TestTableConsistent(t *testing.T) {
+	s, _ := New(Options{})
+	var tb Table
+	a := s.Text(&tb, "from Alice@Example.org to bob@example.org")
+	b := s.Text(&tb, "reply to alice@example.org, +1 415 555 0132")
+	c := s.Text(&tb, "or (415) 555-0132?")
+	if a != "from <EMAIL_1> to <EMAIL_2>" || b != "reply to <EMAIL_1>, <PHONE_1>" {
+		t.Errorf("got %q, %q", a, b)
+	}
+	if c != "or <PHONE_2>?" {
+		// Without the country code the digits differ: another number as
+		// far as the table can tell.
+		t.Errorf("got %q", c)
+	}
+	if got := tb.Counts(); got[Email] != 3 || got[Phone] != 2 {
+		t.Errorf("counts %v", got)
+	}
+	if got := tb.Distinct(); got[Email] != 2 {
+		t.Errorf("distinct %v", got)
+	}
+	var fresh Table
+	if got := s.Text(&fresh, "bob@example.org"); got != "<EMAIL_1>" {
+		t.Errorf("a fresh table: %q", got)
+	}
+}
+
+// TestIdempotent: scrubbing scrubbed text changes nothing, with the same
+// table or a fresh one.
+func TestIdempotent(t *testing.T) {
+	s, _ := New(Options{Names: []string{"Alice", "EMAIL"}})
+	in := "Alice <alice@x.org> password=hunter2 /home/alice/x 10.0.0.1 <EMAIL_1> <TOOL_RESULT_WITHHELD> token: <SECRET_9>"
+	var tb Table
+	once := s.Text(&tb, in)
+	if twice := s.Text(&tb, once); twice != once {
+		t.Errorf("same table: %q → %q", once, twice)
+	}
+	var fresh Table
+	if twice := s.Text(&fresh, once); twice != once {
+		t.Errorf("fresh table: %q → %q", once, twice)
+	}
+	if strings.Contains(once, "alice") {
+		t.Errorf("left something: %q", once)
+	}
+}
+
+// TestPass: a Pass reuses the findings of a long text it has seen, and
+// gives the same output as a fresh scan.
+func TestPass(t *testing.T) {
+	s, _ := New(Options{})
+	long := strings.Repeat("system prompt line with nothing in it. ", 40) + " mail ops@example.com"
+	p := s.NewPass()
+	var t1, t2 Table
+	a := p.Text(&t1, long)
+	b := p.Text(&t2, long)
+	if a != b || a != s.Text(&Table{}, long) || !strings.HasSuffix(a, "<EMAIL_1>") {
+		t.Errorf("pass output differs: %q / %q", a[len(a)-20:], b[len(b)-20:])
+	}
+	if p.Scanned != int64(len(long)) || p.Reused != int64(len(long)) {
+		t.Errorf("scanned %d, reused %d; want %d each", p.Scanned, p.Reused, len(long))
+	}
+}
+
+func TestNamesRefused(t *testing.T) {
+	for _, n := range []string{"A", " ", "<EMAIL_1>", strings.Repeat("x", 201)} {
+		if _, err := New(Options{Names: []string{n}}); err == nil {
+			t.Errorf("name %q accepted", n)
+		}
+	}
+}
+
+func TestChecks(t *testing.T) {
+	for _, c := range []struct {
+		n    string
+		want bool
+	}{{"4111111111111111", true}, {"4111111111111112", false}, {"378282246310005", true}, {"79927398713", true}} {
+		if got := luhn([]byte(c.n)); got != c.want {
+			t.Errorf("luhn(%s) = %v", c.n, got)
+		}
+	}
+	for _, c := range []struct {
+		n    string
+		want bool
+	}{{"GB82WEST12345698765432", true}, {"DE89370400440532013000", true}, {"GB83WEST12345698765432", false}, {"NL91ABNA0417164300", true}} {
+		if got := mod97([]byte(c.n)); got != c.want {
+			t.Errorf("mod97(%s) = %v", c.n, got)
+		}
+	}
+}

@@ -1,0 +1,223 @@
+package scrub
+
+import "strings"
+
+// vendor tries the published formats of vendors' keys and tokens at a word
+// start. Each is a fixed prefix and a body of a known alphabet and length,
+// so a match is specific; bodies must also end where the token does.
+func (d *detector) vendor(s int) {
+	t := d.text
+	rest := t[s:]
+	// body returns the end of a body of at least min bytes of ok after the
+	// prefix, ending the token (no further alphanumeric), or -1.
+	body := func(prefix, min int, ok func(byte) bool) int {
+		e := runOf(t, s+prefix, ok)
+		if e-(s+prefix) < min || e < len(t) && isAlnum(t[e]) {
+			return -1
+		}
+		return e
+	}
+	exact := func(prefix, n int, ok func(byte) bool) int {
+		e := runOf(t, s+prefix, ok)
+		if e-(s+prefix) != n || e < len(t) && (isAlnum(t[e]) || t[e] == '_') {
+			return -1
+		}
+		return e
+	}
+	add := func(e int, vendor string) bool {
+		if e < 0 {
+			return false
+		}
+		d.add(s, e, APIKey, vendor)
+		return true
+	}
+	switch t[s] {
+	case 'A':
+		if len(rest) >= 20 && awsPrefix(rest[:4]) {
+			if add(exact(4, 16, isUpperDigit), "aws") {
+				return
+			}
+		}
+		if strings.HasPrefix(rest, "AIza") && add(exact(4, 35, isB64URL), "google") {
+			return
+		}
+		if strings.HasPrefix(rest, "AC") {
+			add(exact(2, 32, isHex), "twilio")
+		}
+	case 'S':
+		switch {
+		case strings.HasPrefix(rest, "SG."):
+			e := runOf(t, s+3, isB64URL)
+			if n := e - (s + 3); n >= 20 && n <= 24 && e < len(t) && t[e] == '.' {
+				e2 := runOf(t, e+1, isB64URL)
+				if n2 := e2 - (e + 1); n2 >= 40 && n2 <= 48 && !(e2 < len(t) && isAlnum(t[e2])) {
+					add(e2, "sendgrid")
+				}
+			}
+		case strings.HasPrefix(rest, "SK"):
+			add(exact(2, 32, isHex), "twilio")
+		}
+	case 'g':
+		switch {
+		case len(rest) > 4 && rest[0] == 'g' && rest[1] == 'h' && strings.IndexByte("pousr", rest[2]) >= 0 && rest[3] == '_':
+			add(body(4, 36, isAlnum), "github")
+		case strings.HasPrefix(rest, "github_pat_"):
+			add(body(11, 40, isWord), "github")
+		case strings.HasPrefix(rest, "gl"):
+			for _, p := range []string{"glpat-", "gldt-", "glrt-", "glptt-", "glcbt-", "glimt-", "gloas-", "glsoat-", "glffct-", "glft-"} {
+				if strings.HasPrefix(rest, p) {
+					add(body(len(p), 20, isB64URL), "gitlab")
+					return
+				}
+			}
+		}
+	case 'x':
+		if len(rest) > 5 && strings.HasPrefix(rest, "xox") && strings.IndexByte("abposre", rest[3]) >= 0 && rest[4] == '-' {
+			if e := body(5, 10, func(c byte) bool { return isAlnum(c) || c == '-' }); e >= 0 && hasDigit(t[s+5:e]) {
+				add(e, "slack")
+			}
+		} else if strings.HasPrefix(rest, "xapp-") {
+			add(body(5, 20, func(c byte) bool { return isAlnum(c) || c == '-' }), "slack")
+		}
+	case 's':
+		switch {
+		case strings.HasPrefix(rest, "sk_live_") || strings.HasPrefix(rest, "sk_test_"):
+			add(body(8, 16, isAlnum), "stripe")
+		case strings.HasPrefix(rest, "sk-ant-"):
+			add(body(7, 20, isB64URL), "anthropic")
+		case strings.HasPrefix(rest, "sk-"):
+			for _, p := range []string{"sk-proj-", "sk-svcacct-", "sk-admin-", "sk-None-"} {
+				if strings.HasPrefix(rest, p) {
+					add(body(len(p), 20, isB64URL), "openai")
+					return
+				}
+			}
+			if e := body(3, 32, isAlnum); e >= 0 && hasDigit(t[s+3:e]) && hasUpperLower(t[s+3:e]) {
+				add(e, "openai")
+			}
+		}
+	case 'r':
+		if strings.HasPrefix(rest, "rk_live_") || strings.HasPrefix(rest, "rk_test_") {
+			add(body(8, 16, isAlnum), "stripe")
+		}
+	case 'w':
+		if strings.HasPrefix(rest, "whsec_") {
+			add(body(6, 24, isAlnum), "stripe")
+		}
+	case 'y':
+		if strings.HasPrefix(rest, "ya29.") {
+			add(body(5, 20, isB64URL), "google")
+		}
+	case 'G':
+		if strings.HasPrefix(rest, "GOCSPX-") {
+			add(body(7, 24, isB64URL), "google")
+		}
+	case 'h':
+		if strings.HasPrefix(rest, "hf_") {
+			add(body(3, 30, isAlnum), "huggingface")
+		}
+	case 'n':
+		if strings.HasPrefix(rest, "npm_") {
+			add(body(4, 36, isAlnum), "npm")
+		}
+	case 'p':
+		if strings.HasPrefix(rest, "pypi-AgE") {
+			add(body(5, 50, isB64URL), "pypi")
+		}
+	case 'e':
+		if strings.HasPrefix(rest, "eyJ") {
+			d.jwt(s)
+		}
+	}
+	if t[s] == 'M' || t[s] == 'N' || t[s] == 'O' {
+		d.discordBot(s)
+	}
+	d.azureSecret(s)
+}
+
+func awsPrefix(p string) bool {
+	switch p {
+	case "AKIA", "ASIA", "ABIA", "ACCA", "AGPA", "AIDA", "AIPA", "ANPA", "ANVA", "AROA", "APKA":
+		return true
+	}
+	return false
+}
+
+func hasDigit(s string) bool {
+	for _, c := range []byte(s) {
+		if isDigit(c) {
+			return true
+		}
+	}
+	return false
+}
+
+func hasUpperLower(s string) bool {
+	u, l := false, false
+	for _, c := range []byte(s) {
+		u = u || isUpper(c)
+		l = l || isLower(c)
+	}
+	return u && l
+}
+
+// jwt: three base64url parts, the first two JSON objects ("eyJ").
+func (d *detector) jwt(s int) {
+	t := d.text
+	e1 := runOf(t, s, isB64URL)
+	if e1-s < 10 || e1+4 > len(t) || t[e1] != '.' || !strings.HasPrefix(t[e1+1:], "eyJ") {
+		return
+	}
+	e2 := runOf(t, e1+1, isB64URL)
+	if e2-(e1+1) < 10 || e2 >= len(t) || t[e2] != '.' {
+		return
+	}
+	e3 := runOf(t, e2+1, isB64URL)
+	if e3-(e2+1) < 10 || e3 < len(t) && t[e3] == '.' {
+		return
+	}
+	d.add(s, e3, APIKey, "jwt")
+}
+
+// discordBot: a bot token, the bot id in base64, a timestamp and an HMAC,
+// dot-separated.
+func (d *detector) discordBot(s int) {
+	t := d.text
+	e1 := runOf(t, s, isAlnum)
+	if n := e1 - s; n < 24 || n > 28 || e1 >= len(t) || t[e1] != '.' || !hasDigit(t[s:e1]) {
+		return
+	}
+	e2 := runOf(t, e1+1, isB64URL)
+	if n := e2 - (e1 + 1); n < 6 || n > 7 || e2 >= len(t) || t[e2] != '.' {
+		return
+	}
+	e3 := runOf(t, e2+1, isB64URL)
+	if n := e3 - (e2 + 1); n < 27 || n > 40 || e3 < len(t) && t[e3] == '.' {
+		return
+	}
+	d.add(s, e3, APIKey, "discord")
+}
+
+func isAzureByte(c byte) bool { return isAlnum(c) || c == '_' || c == '~' || c == '.' || c == '-' }
+
+// azureSecret: an Entra ID (Azure AD) client secret: three characters, a
+// digit, "Q~", then 31 to 34 more.
+func (d *detector) azureSecret(s int) {
+	t := d.text
+	if s+6 > len(t) || t[s+4] != 'Q' || t[s+5] != '~' || !isDigit(t[s+3]) {
+		return
+	}
+	if s > 0 && isAzureByte(t[s-1]) {
+		return
+	}
+	for _, c := range []byte(t[s : s+3]) {
+		if !isAzureByte(c) || c == '-' {
+			return
+		}
+	}
+	e := runOf(t, s+6, isAzureByte)
+	if n := e - (s + 6); n < 31 || n > 34 {
+		return
+	}
+	d.add(s, e, APIKey, "azure")
+}
