@@ -341,6 +341,7 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }

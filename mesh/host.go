@@ -1,0 +1,91 @@
+package mesh
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// PeerID names a peer: its libp2p peer id, as text.
+type PeerID string
+
+// Stream is one bidirectional stream of one protocol with a peer.
+type Stream interface {
+	io.ReadWriteCloser
+	// CloseWrite says we are done writing; the peer reads io.EOF.
+	CloseWrite() error
+	// Reset aborts the stream in both directions.
+	Reset() error
+	SetDeadline(time.Time) error
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
+	// RemotePeer is the peer at the other end, authenticated by the
+	// transport's handshake.
+	RemotePeer() PeerID
+}
+
+// StreamHandler serves a stream a peer opened. It owns the stream and must
+// close or reset it.
+type StreamHandler func(Stream)
+
+// Gate is the admission policy a Host asks before it lets a peer in. The
+// mesh implements it from certificates; Host implementations call it.
+type Gate interface {
+	// Blocked reports a peer that must not connect at all (revoked, or
+	// refused admission lately): connections to and from it are refused
+	// once its identity is known.
+	Blocked(PeerID) bool
+	// Admitted reports a peer whose certificate for this mesh was checked:
+	// only admitted peers may open streams of protocols other than the
+	// open ones (Config.Open), and only they send or receive gossip.
+	Admitted(PeerID) bool
+}
+
+// Host is what the mesh's protocol code needs of a peer-to-peer host. The
+// real one wraps go-libp2p (mesh/p2p); a simulated one can run the same
+// protocol code over a virtual network.
+type Host interface {
+	// ID is this peer's id.
+	ID() PeerID
+	// Addrs are the addresses others can reach this peer at, as
+	// multiaddrs ending in /p2p/<id>.
+	Addrs() []string
+	// Connect dials a peer at any of addrs (multiaddrs ending in
+	// /p2p/<id>, all of the same peer) and returns its id.
+	Connect(ctx context.Context, addrs []string) (PeerID, error)
+	// NewStream opens a stream of protocol proto to a peer, connecting if
+	// the host knows an address of it. A peer that is not admitted may
+	// only be asked for open protocols.
+	NewStream(ctx context.Context, p PeerID, proto string) (Stream, error)
+	// Handle serves protocol proto. Streams from peers not admitted are
+	// refused before the handler sees them, unless proto is open.
+	Handle(proto string, h StreamHandler)
+	// Connected lists the peers connected now.
+	Connected() []PeerID
+	// Disconnect closes every connection to p.
+	Disconnect(p PeerID) error
+	// Notify calls fn whenever a peer connects (up true) or its last
+	// connection closes (up false); fn must not block.
+	Notify(fn func(p PeerID, up bool))
+	// Join joins a gossip topic.
+	Join(topic string) (Topic, error)
+	Close() error
+}
+
+// Topic is a gossip topic: messages carry no author (a batch does not name
+// its device) and are identified by their content.
+type Topic interface {
+	// Publish sends data to the topic's admitted peers.
+	Publish(ctx context.Context, data []byte) error
+	// Next returns the next message from another peer, blocking until one
+	// arrives or ctx is done.
+	Next(ctx context.Context) (Message, error)
+	Close() error
+}
+
+// Message is one gossip message.
+type Message struct {
+	Data []byte
+	// From is the peer that forwarded it to us, not its author.
+	From PeerID
+}
