@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/bench"
+	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/engine/native"
@@ -16,7 +17,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
-const benchHelp = `Usage: clawmesh bench <gateway|pool|engine|learn> [flags]
+const benchHelp = `Usage: clawmesh bench <gateway|pool|engine|learn|scrub> [flags]
 
 Measures clawmesh's parts on this machine, against a baseline measured in
 the same run. Everything runs locally (loopback, a temporary directory).
@@ -40,6 +41,11 @@ the same run. Everything runs locally (loopback, a temporary directory).
             that OPD's default teacher, the frozen base, can teach it);
             prints mean reward, the probability of a preferred first token
             and log p("OK") without the hint, before and after
+  scrub     the scrubber: recall and precision per kind and vendor on the
+            labelled corpus, its rate in MB/s, and what scrubbing an
+            agent-sized step costs alone and in a 64-step batch, against
+            encoding the step as JSON in the same run; and the outbox
+            preparing that batch from a Pebble pool
 
 Examples:
   clawmesh bench gateway --rate 1000 --duration 10s
@@ -48,12 +54,13 @@ Examples:
   clawmesh bench pool --writers 64 --steps 20000
   clawmesh bench engine --model tiny
   clawmesh bench learn --rounds 8
+  clawmesh bench scrub
 `
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchHelp)
-		return usageErr("which benchmark? gateway, pool, engine or learn")
+		return usageErr("which benchmark? gateway, pool, engine, learn or scrub")
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlags("bench "+sub, benchHelp, stderr)
@@ -114,6 +121,17 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageErr("--rounds must be at least 1")
 		}
 		return benchLearn(ctx, stdout, *rounds, *seed, *alone)
+	case "scrub":
+		minTime := fs.Duration("time", time.Second, "how long each timed measure runs at least")
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		r, err := share.BenchScrub(ctx, *minTime)
+		if err != nil {
+			return err
+		}
+		r.Print(stdout)
+		return nil
 	case "pool":
 		writers := fs.Int("writers", 64, "concurrent writers")
 		steps := fs.Int("steps", 20000, "steps to write")

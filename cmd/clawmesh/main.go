@@ -34,7 +34,7 @@ func init() {
 			return runScrub(ctx, args, os.Stdin, stdout, stderr)
 		}},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
-		{"bench", "measure the parts (gateway, pool, engine, learn)", runBench},
+		{"bench", "measure the parts (gateway, pool, engine, learn, scrub)", runBench},
 		{"version", "print the version", runVersion},
 	}
 }

@@ -14,6 +14,11 @@ const (
 	classToken              // the value must look random
 	classAuth               // an Authorization header: "Bearer <token>"
 	classAzure              // an Azure storage account key
+	// classFlagPassword: a password where prose is near (a flag, .netrc):
+	// a plain word is not taken ("--password via the CLI").
+	classFlagPassword
+	// classStrict: no name says it; only a long random value is a secret.
+	classStrict
 )
 
 func isNameByte(c byte) bool { return isWord(c) || c == '-' || c == '.' }
@@ -25,12 +30,21 @@ func (d *detector) assign(k int) {
 	if k+1 >= len(t) {
 		return
 	}
-	if t[k] == '=' {
+	switch t[k] {
+	case '=':
 		if t[k+1] == '=' || k > 0 && strings.IndexByte("=!<>+*/%|^~", t[k-1]) >= 0 {
 			return // an operator
 		}
-	} else if t[k+1] == ':' || k > 0 && t[k-1] == ':' {
-		return
+	case ':':
+		if t[k+1] == ':' || k > 0 && t[k-1] == ':' {
+			return
+		}
+	case ',':
+		// define('DB_PASSWORD', '...'), ["--requirepass", "..."]: only
+		// after a quoted name.
+		if k == 0 || t[k-1] != '"' && t[k-1] != '\'' {
+			return
+		}
 	}
 	// The name: spaces, a closing quote (perhaps escaped), the name.
 	j := k
@@ -56,12 +70,26 @@ func (d *detector) assign(k int) {
 	if quote != 0 && (ns == 0 || t[ns-1] != quote) {
 		return
 	}
+	if t[k] == ',' {
+		// The name must open a call or an array element, not be a JSON
+		// member's value: define('X', 'v'), ["--requirepass", "v"].
+		b := ns - 2
+		for b >= 0 && (t[b] == ' ' || t[b] == '\t') {
+			b--
+		}
+		if quote == 0 || b < 0 || t[b] != '(' && t[b] != '[' && t[b] != ',' {
+			return
+		}
+	}
+	if ns > 0 && (t[ns-1] == '$' || t[ns-1] == '`' && t[k] == '=' && k+1 < len(t) && t[k+1] == '`') {
+		return // $SONAR_TOKEN: a reference; `password=` in prose
+	}
 	query := ns > 0 && (t[ns-1] == '?' || t[ns-1] == '&' || t[ns-1] == ';')
 	cls := classify(t[ns:ne], query)
-	if cls == classNone {
+	if cls == classNone || cls == classStrict && t[k] != '=' {
 		return
 	}
-	d.value(k+1, cls, t[k] == ':' && quote == 0 && !query)
+	d.value(k+1, cls, t[k] == ':' && quote == 0 && !query, query)
 }
 
 // flag looks at a command-line flag at i ("--password VALUE").
@@ -79,19 +107,96 @@ func (d *detector) flag(i int) {
 	if v >= len(t) || t[v] == '-' || t[v] == ' ' {
 		return
 	}
-	d.value(v, cls, false)
+	if cls == classPassword {
+		cls = classFlagPassword
+	}
+	d.value(v, cls, false, false)
+}
+
+// spaced looks at a word followed by white space and what comes after:
+// SQL's PASSWORD 'x' and IDENTIFIED BY 'x', .netrc's "login u password p",
+// nginx's Authorization "Bearer t", and identifiers that say secret before
+// a random value ("aws configure set aws_secret_access_key VALUE").
+func (d *detector) spaced(s, e int) {
+	t := d.text
+	v := e
+	for v < len(t) && v-e < 8 && (t[v] == ' ' || t[v] == '\t') {
+		v++
+	}
+	if v >= len(t) || v == e {
+		return
+	}
+	quoted := t[v] == '\'' || t[v] == '"'
+	w := t[s:e]
+	switch {
+	case strings.EqualFold(w, "identified"):
+		if v+3 <= len(t) && strings.EqualFold(t[v:v+3], "by ") {
+			v += 3
+			if v < len(t) && (t[v] == '\'' || t[v] == '"') {
+				d.value(v, classPassword, false, false)
+			}
+		}
+	case strings.EqualFold(w, "password") || strings.EqualFold(w, "passwd"):
+		if quoted {
+			d.value(v, classPassword, false, false)
+		} else if netrcContext(t, s) {
+			d.value(v, classFlagPassword, false, false)
+		}
+	case strings.EqualFold(w, "authorization"):
+		if quoted {
+			d.value(v, classAuth, false, false)
+		}
+	case strings.ContainsAny(w, "_-") && !quoted:
+		if c := classify(t[s:e], false); c == classToken || c == classPassword {
+			d.value(v, classStrict, false, false)
+		}
+	}
+}
+
+// netrcContext: the word at s starts its line, or follows "login X" on it.
+func netrcContext(t string, s int) bool {
+	ls := strings.LastIndexByte(t[:s], '\n') + 1
+	line := t[ls:s]
+	return strings.TrimSpace(line) == "" || strings.Contains(line, "login ")
+}
+
+// xmlElement looks at an element <NAME>value</NAME> at i (the '<') whose
+// name says secret.
+func (d *detector) xmlElement(i int) {
+	t := d.text
+	e := runOf(t, i+1, func(c byte) bool { return isWord(c) || c == '-' || c == '.' || c == ':' })
+	if e >= len(t) || t[e] != '>' || e-i > 48 {
+		return
+	}
+	cls := classify(t[i+1:e], false)
+	if cls == classNone || cls == classAuth {
+		return
+	}
+	vs := e + 1
+	ve := strings.Index(t[vs:min(len(t), vs+4096)], "</")
+	if ve < 0 {
+		return
+	}
+	ve += vs
+	if secretValue(t[vs:ve], cls, true) {
+		d.add(vs, ve, Secret, "")
+	}
 }
 
 // value reads the value at v (after optional spaces) and adds it if it looks
 // like a secret of class cls. wholeLine asks that an unquoted value end its
 // line, as in YAML, so that prose ("Token: the unit of text") is not taken.
-func (d *detector) value(v int, cls nameClass, wholeLine bool) {
+func (d *detector) value(v int, cls nameClass, wholeLine, query bool) {
 	t := d.text
 	for v < len(t) && (t[v] == ' ' || t[v] == '\t') {
 		v++
 	}
 	if v >= len(t) {
 		return
+	}
+	// []byte("..."), String("..."), b"...": the literal inside.
+	if q := strings.IndexAny(t[v:min(len(t), v+16)], "\"'"); q > 0 && t[v] != '\\' && isCallPrefix(t[v:v+q]) {
+		v += q
 	}
 	quoted := false
 	var vs, ve int
@@ -113,7 +218,7 @@ func (d *detector) value(v int, cls nameClass, wholeLine bool) {
 	default:
 		vs = v
 		ve = vs
-		for ve < len(t) && ve-vs < 4096 && !isValueStop(t[ve]) {
+		for ve < len(t) && ve-vs < 4096 && !isValueStop(t[ve]) && !(query && t[ve] == '&') {
 			ve++
 		}
 		if ve < len(t) && ve-vs >= 4096 {
@@ -151,16 +256,22 @@ func (d *detector) value(v int, cls nameClass, wholeLine bool) {
 			return
 		}
 	}
-	if !quoted && wholeLine {
+	val := t[vs:ve]
+	if !quoted && wholeLine && !secretValue(val, classStrict, false) {
+		// In prose a colon ends many words; take a plain value only when
+		// it ends its line (YAML), unless it is random enough to be a
+		// secret anywhere.
 		e := ve
 		for e < len(t) && (t[e] == ' ' || t[e] == '\t') {
 			e++
 		}
-		if e < len(t) && strings.IndexByte("\n\r,;}])#\"'", t[e]) < 0 {
+		if e < len(t) && strings.IndexByte("\n\r,;}])#\"'\\", t[e]) < 0 {
 			return
 		}
 	}
-	val := t[vs:ve]
+	if quoted && (strings.HasPrefix(val, " ") || strings.HasSuffix(val, " ")) {
+		return
+	}
 	if !secretValue(val, cls, quoted) {
 		return
 	}
@@ -193,10 +304,29 @@ func closingQuote(t string, s int, q byte, escaped bool) int {
 
 func isValueStop(c byte) bool {
 	switch c {
-	case ' ', '\t', '\n', '\r', '"', '\'', '`', ',', ';', '&', ')', '}', ']', '<', '>', '|', '\\':
+	case ' ', '\t', '\n', '\r', '"', '\'', '`', ',', ';', ')', '}', ']', '<', '>', '|', '\\':
 		return true
 	}
 	return c < 0x20
+}
+
+// isCallPrefix reports the start of a call or conversion around a string
+// literal: "[]byte(", "String(", "b", "r", "os.Getenv("... no: only
+// conversions of a literal, which end in '(' or are a one-letter prefix.
+func isCallPrefix(p string) bool {
+	if len(p) == 1 {
+		return p == "b" || p == "r" || p == "u" || p == "f"
+	}
+	if !strings.HasSuffix(p, "(") {
+		return false
+	}
+	for _, c := range []byte(p[:len(p)-1]) {
+		if !isWord(c) && c != '[' && c != ']' && c != '.' {
+			return false
+		}
+	}
+	l := strings.ToLower(p)
+	return !strings.Contains(l, "env") && !strings.Contains(l, "get") && !strings.Contains(l, "read") && !strings.Contains(l, "load")
 }
 
 // nameWords splits a name into lower-case words at '_', '-', '.', and
@@ -303,10 +433,15 @@ func classify(name string, query bool) nameClass {
 			return classPassword
 		case "secret", "token", "apikey", "accesskey", "secretkey", "privatekey", "authtoken",
 			"accesstoken", "refreshtoken", "credential", "credentials", "creds", "bearer", "sessionkey",
-			"clientsecret", "apitoken", "authkey", "cookie", "sessionid", "sessiontoken":
+			"clientsecret", "apitoken", "authkey", "cookie", "sessionid", "sessiontoken", "salt":
 			cls = classToken
 		case "key":
-			if i > 0 && keyOwners[words[i-1]] || query && len(words) == 1 {
+			switch {
+			case i > 0 && words[i-1] == "access":
+				// An access key id names a credential: whatever its value
+				// looks like (minio-bot), it is half of one.
+				return classPassword
+			case i > 0 && keyOwners[words[i-1]] || query && len(words) == 1:
 				cls = classToken
 			}
 		case "auth":
@@ -317,7 +452,19 @@ func classify(name string, query bool) nameClass {
 			if query {
 				cls = classToken
 			}
+		default:
+			// pgpassword, requirepass, secretapikey: run together.
+			switch {
+			case strings.HasSuffix(w, "password") || strings.HasSuffix(w, "passwd") || strings.HasSuffix(w, "pass") && len(w) > 6:
+				return classPassword
+			case strings.Contains(w, "secret") || strings.Contains(w, "apikey") || strings.Contains(w, "accesskey") ||
+				strings.Contains(w, "privatekey") || strings.HasSuffix(w, "token"):
+				cls = classToken
+			}
 		}
+	}
+	if cls == classNone && len(words) == 1 && words[0] == "key" {
+		return classStrict // key = <random>, as rclone and others write it
 	}
 	return cls
 }
@@ -326,7 +473,7 @@ func classify(name string, query bool) nameClass {
 var placeholderWords = map[string]bool{
 	"null": true, "nil": true, "none": true, "true": true, "false": true, "yes": true, "no": true,
 	"on": true, "off": true, "undefined": true, "required": true, "optional": true, "string": true,
-	"str": true, "int": true, "bool": true, "password": true, "passwd": true, "secret": true,
+	"str": true, "int": true, "bool": true, "passwd": true, "secret": true,
 	"token": true, "apikey": true, "api_key": true, "key": true, "value": true, "example": true,
 	"dummy": true, "hidden": true, "masked": true, "redacted": true, "removed": true, "unset": true,
 	"empty": true, "env": true, "default": true, "auto": true, "bearer": true, "basic": true,
@@ -344,7 +491,7 @@ func secretValue(v string, cls nameClass, quoted bool) bool {
 	}
 	switch v[0] {
 	case '$', '%', '<', '{', '@', '[', '(', '*', '#', '&', '!', '.', '/':
-		if !(quoted && cls == classPassword && v[0] != '$' && v[0] != '<' && v[0] != '{' && v[0] != '%') {
+		if !(quoted && cls == classPassword && v[0] != '$' && v[0] != '<' && v[0] != '{' && v[0] != '%') && cls != classAzure {
 			return false
 		}
 	}
@@ -352,10 +499,10 @@ func secretValue(v string, cls nameClass, quoted bool) bool {
 		return false
 	}
 	lv := strings.ToLower(v)
-	if placeholderWords[lv] {
+	if placeholderWords[lv] || lv == "password" && cls != classPassword {
 		return false
 	}
-	for _, s := range []string{"${", "{{", "}}", "$(", "os.environ", "process.env", "getenv", "env(", "env.", "redacted", "placeholder", "your_", "your-", "yourpass", "your ", "<your", "xxxx", "****", "…", "...", "change_me_later", "example"} {
+	for _, s := range []string{"${", "{{", "}}", "$(", "os.environ", "process.env", "getenv", "env(", "env.", "redacted", "placeholder", "your_", "your-", "yourpass", "your ", "<your", "xxxx", "****", "…", "...", "change_me_later", "example", "masked"} {
 		if strings.Contains(lv, s) {
 			return false
 		}
@@ -372,6 +519,11 @@ func secretValue(v string, cls nameClass, quoted bool) bool {
 			return false
 		}
 		return true
+	case classFlagPassword:
+		// Not a plain lower-case word: "via", "from", "prompt".
+		return len(v) >= 4 && (hasDigit(v) || hasUpperLower(v) || strings.ContainsAny(v, "!@#$%^&*-_+=.?~"))
+	case classStrict:
+		return len(v) >= 16 && !strings.ContainsAny(v, " ") && hasDigit(v) && (hasUpperLower(v) || isHexString(v)) && entropy(v) >= 3.3
 	default:
 		if len(v) < 8 {
 			return false
@@ -382,11 +534,20 @@ func secretValue(v string, cls nameClass, quoted bool) bool {
 		if allDigits(v) && len(v) < 16 {
 			return false
 		}
-		if !hasDigit(v) && !hasUpperLower(v) && !strings.ContainsAny(v, "+/=_-~") {
-			return false // a plain word: "enabled", "required"
+		if !hasDigit(v) && !hasUpperLower(v) && !strings.ContainsAny(v, "+/=") {
+			return false // a plain word: "enabled", "etl-db-url"
 		}
 		return entropy(v) >= 2.8
 	}
+}
+
+func isHexString(s string) bool {
+	for _, c := range []byte(s) {
+		if !isHex(c) {
+			return false
+		}
+	}
+	return true
 }
 
 // isReference reports an unquoted value that names a variable or constant:

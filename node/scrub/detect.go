@@ -25,13 +25,38 @@ func (d *detector) add(start, end int, k Kind, detail string) {
 	d.found = append(d.found, Finding{Start: start, End: end, Kind: k, Detail: detail})
 }
 
-func isDigit(c byte) bool { return c >= '0' && c <= '9' }
-func isUpper(c byte) bool { return c >= 'A' && c <= 'Z' }
-func isLower(c byte) bool { return c >= 'a' && c <= 'z' }
-func isAlpha(c byte) bool { return isUpper(c) || isLower(c) }
-func isAlnum(c byte) bool { return isAlpha(c) || isDigit(c) }
-func isWord(c byte) bool  { return isAlnum(c) || c == '_' }
-func isHex(c byte) bool   { return isDigit(c) || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
+// Byte classes, looked up: the scan asks them of every byte.
+const (
+	cDigit = 1 << iota
+	cUpper
+	cLower
+	cUnderscore
+	cHex
+)
+
+var classes = func() (t [256]uint8) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = cDigit | cHex
+	}
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = cUpper
+		t[c+'a'-'A'] = cLower
+	}
+	for c := 'a'; c <= 'f'; c++ {
+		t[c] |= cHex
+		t[c-'a'+'A'] |= cHex
+	}
+	t['_'] = cUnderscore
+	return t
+}()
+
+func isDigit(c byte) bool { return classes[c]&cDigit != 0 }
+func isUpper(c byte) bool { return classes[c]&cUpper != 0 }
+func isLower(c byte) bool { return classes[c]&cLower != 0 }
+func isAlpha(c byte) bool { return classes[c]&(cUpper|cLower) != 0 }
+func isAlnum(c byte) bool { return classes[c]&(cUpper|cLower|cDigit) != 0 }
+func isWord(c byte) bool  { return classes[c] != 0 }
+func isHex(c byte) bool   { return classes[c]&cHex != 0 }
 
 // isB64URL reports the alphabet of base64url: letters, digits, '-' and '_'.
 func isB64URL(c byte) bool { return isAlnum(c) || c == '-' || c == '_' }
@@ -59,8 +84,12 @@ func (d *detector) scan() {
 				d.ipv6(i)
 			}
 			d.assign(i)
-		case '=':
+		case '=', ',':
 			d.assign(i)
+		case '<':
+			if i+1 < n && isAlpha(t[i+1]) {
+				d.xmlElement(i)
+			}
 		case '-':
 			if strings.HasPrefix(t[i:], "-----BEGIN ") {
 				d.pem(i)
@@ -93,8 +122,14 @@ func (d *detector) word(i int) {
 		prev = t[i-1]
 	}
 	if isDigit(c) {
-		if prev != '.' && prev != '-' && prev != '+' {
+		// A digit group right after another and a space continues it (the
+		// rest of an IBAN, a card, a column of numbers): not a start.
+		cont := prev == ' ' && i > 1 && isDigit(t[i-2])
+		if prev != '.' && prev != '-' && prev != '+' && !cont {
 			d.number(i)
+		}
+		if prev != '.' && prev != '-' {
+			d.ipv4(i)
 		}
 		d.telegram(i)
 	}
@@ -107,12 +142,18 @@ func (d *detector) word(i int) {
 	if isAlpha(c) || isDigit(c) {
 		d.vendor(i)
 	}
+	if isAlpha(c) {
+		e := runOf(t, i, func(c byte) bool { return isWord(c) || c == '-' })
+		if e-i >= 6 && e < len(t) && (t[e] == ' ' || t[e] == '\t') {
+			d.spaced(i, e)
+		}
+	}
 }
 
 // ---- e-mail
 
 func isLocal(c byte) bool {
-	return isAlnum(c) || c == '.' || c == '_' || c == '%' || c == '+' || c == '-'
+	return isAlnum(c) || c == '.' || c == '_' || c == '%' || c == '+' || c == '-' || c == '\''
 }
 
 func isDomainByte(c byte) bool { return isAlnum(c) || c == '.' || c == '-' }
@@ -120,13 +161,16 @@ func isDomainByte(c byte) bool { return isAlnum(c) || c == '.' || c == '-' }
 func (d *detector) email(at int) {
 	t := d.text
 	s := at
-	for s > 0 && at-s < 64 && isLocal(t[s-1]) {
+	for s > 0 && at-s <= 64 && isLocal(t[s-1]) {
 		s--
 	}
-	for s < at && !isAlnum(t[s]) {
-		s++
+	if at-s > 64 || s > 0 && t[s-1] == '@' {
+		return
 	}
-	if s == at || s > 0 && (t[s-1] == '@' || isLocal(t[s-1])) {
+	for s < at && !isAlnum(t[s]) {
+		s++ // quotes and dots around the address
+	}
+	if s == at {
 		return
 	}
 	if s >= 3 && t[s-3:s] == "://" {
@@ -208,7 +252,7 @@ func (d *detector) url(i int) {
 	if at := strings.LastIndexByte(auth, '@'); at > 0 {
 		host = auth[at+1:]
 		ui := auth[:at]
-		if c := strings.IndexByte(ui, ':'); c >= 0 && c < len(ui)-1 && secretValue(ui[c+1:], classPassword, true) {
+		if c := strings.IndexByte(ui, ':'); c >= 0 && c < len(ui)-1 && secretValue(ui[c+1:], classPassword, false) {
 			d.add(a, a+at, Credential, "")
 		}
 	}
@@ -243,8 +287,13 @@ func (d *detector) pem(i int) {
 		return
 	}
 	label := t[ls : ls+le]
-	if !strings.Contains(label, "PRIVATE KEY") {
+	if !strings.HasSuffix(label, "PRIVATE KEY") && !strings.HasSuffix(label, "PRIVATE KEY BLOCK") {
 		return
+	}
+	for _, c := range []byte(label) {
+		if !isUpper(c) && !isDigit(c) && c != ' ' {
+			return // "-----BEGIN [A-Z ]*PRIVATE KEY-----", a pattern
+		}
 	}
 	body := ls + le + 5
 	end := "-----END " + label + "-----"
@@ -285,9 +334,12 @@ func (d *detector) home(i int) {
 	case strings.HasPrefix(t[i:], "/Users/"):
 		ns = i + 7
 	case strings.HasPrefix(t[i:], `\Users\`):
+		// C:\Users\NAME, escaped once or more in JSON: skip the rest of
+		// the backslashes.
 		ns, win = i+7, true
-	case strings.HasPrefix(t[i:], `\\Users\\`):
-		ns, win = i+9, true
+		for ns < len(t) && t[ns] == '\\' {
+			ns++
+		}
 	default:
 		return
 	}
@@ -374,6 +426,15 @@ func (d *detector) ipv6(s int) {
 		if end == j+1 {
 			end = j
 		}
+	}
+	groups := 0
+	for _, g := range strings.Split(addr, ":") {
+		if g != "" {
+			groups++
+		}
+	}
+	if groups < 2 || !hasDigit(addr) {
+		return // "::bad", "dead::beef": words
 	}
 	a, err := netip.ParseAddr(addr)
 	if err != nil || !a.Is6() || a.IsLoopback() || a.IsUnspecified() {

@@ -30,6 +30,10 @@ func scanGroups(t string, s int) (g groups, ok bool) {
 		g.plus = true
 		i++
 	}
+	// groupEnd is where the groups read so far end: a group that turns
+	// out not to be one ("3ds", "(Tobias)") is dropped with the separator
+	// before it.
+	groupEnd := -1
 	for len(g.lens) < 8 {
 		paren := false
 		if i < len(t) && t[i] == '(' && g.paren < 0 {
@@ -40,13 +44,17 @@ func scanGroups(t string, s int) (g groups, ok bool) {
 		for j < len(t) && isDigit(t[j]) && j-i < 20 {
 			j++
 		}
-		if j == i || j-i >= 20 {
-			return g, false
-		}
-		if paren {
-			if j >= len(t) || t[j] != ')' {
+		bad := j == i || j-i >= 20 || paren && (j >= len(t) || t[j] != ')') ||
+			!paren && j < len(t) && isWord(t[j])
+		if bad {
+			if groupEnd < 0 || j-i >= 20 {
 				return g, false
 			}
+			g.seps = g.seps[:len(g.lens)-1]
+			i = groupEnd
+			break
+		}
+		if paren {
 			g.paren = len(g.lens)
 		}
 		g.lens = append(g.lens, j-i)
@@ -59,6 +67,7 @@ func scanGroups(t string, s int) (g groups, ok bool) {
 				continue
 			}
 		}
+		groupEnd = i
 		if i+1 < len(t) && (t[i] == ' ' || t[i] == '-' || t[i] == '.') && (isDigit(t[i+1]) || t[i+1] == '(' && g.paren < 0) {
 			if paren && t[i] == '.' {
 				break
@@ -110,42 +119,51 @@ func (d *detector) number(s int) {
 		return
 	}
 	if !g.plus && g.paren < 0 {
-		if d.ipv4(&g) || d.card(&g) || d.ssn(&g) {
+		if len(g.lens) == 4 && g.sepsAll('.') {
+			return // an IPv4 address (ipv4), or a version
+		}
+		if d.card(&g) || d.ssn(&g) {
 			return
 		}
 	}
 	d.phone(&g)
 }
 
-func (d *detector) ipv4(g *groups) bool {
-	if len(g.lens) != 4 || !g.sepsAll('.') {
-		return false
-	}
+// ipv4: four decimal octets, not part of a longer dotted run, not loopback,
+// unspecified or a netmask, not a version.
+func (d *detector) ipv4(s int) {
 	t := d.text
 	var oct [4]int
-	p := g.start
-	for k, l := range g.lens {
-		if l > 3 {
-			return false
+	i := s
+	for k := 0; k < 4; k++ {
+		if k > 0 {
+			if i >= len(t) || t[i] != '.' {
+				return
+			}
+			i++
 		}
+		j := i
 		v := 0
-		for _, c := range []byte(t[p : p+l]) {
-			v = v*10 + int(c-'0')
+		for j < len(t) && isDigit(t[j]) && j-i < 4 {
+			v = v*10 + int(t[j]-'0')
+			j++
 		}
-		if v > 255 {
-			return false
+		if j == i || j-i > 3 || v > 255 {
+			return
 		}
 		oct[k] = v
-		p += l + 1
+		i = j
+	}
+	if i < len(t) && (isWord(t[i]) || (t[i] == '.' || t[i] == '-') && i+1 < len(t) && isDigit(t[i+1])) {
+		return
 	}
 	if oct[0] == 127 || oct[0] == 0 || oct[0] == 255 {
-		return true // loopback, unspecified, netmask: nothing personal
+		return // loopback, unspecified, netmask: nothing personal
 	}
-	if versionContext(t, g.start) {
-		return true
+	if versionContext(t, s) {
+		return
 	}
-	d.add(g.start, g.end, IP, "")
-	return true
+	d.add(s, i, IP, "")
 }
 
 // versionContext reports whether the number at s follows a word that says
@@ -159,7 +177,7 @@ func versionContext(t string, s int) bool {
 		return true
 	}
 	pre := strings.ToLower(before(t, s, 16))
-	pre = strings.TrimRight(pre, " :=\t")
+	pre = strings.TrimRight(pre, " :=\t\"'")
 	w := len(pre)
 	for w > 0 && isAlpha(pre[w-1]) {
 		w--
@@ -181,7 +199,7 @@ func (d *detector) card(g *groups) bool {
 	case len(g.lens) == 1:
 	case !(g.sepsAll(' ') || g.sepsAll('-')):
 		return false
-	case g.shape(4, 4, 4, 4), g.shape(4, 4, 4, 4, 3), g.shape(4, 6, 5), g.shape(4, 6, 4), g.shape(4, 4, 4, 1), g.shape(4, 4, 4, 2), g.shape(4, 4, 4, 3), g.shape(4, 4, 4, 4, 1), g.shape(4, 4, 4, 4, 2):
+	case g.shape(4, 4, 4, 4), g.shape(4, 4, 4, 4, 3), g.shape(4, 6, 5), g.shape(4, 6, 4), g.shape(4, 4, 5), g.shape(4, 4, 4, 1), g.shape(4, 4, 4, 2), g.shape(4, 4, 4, 3), g.shape(4, 4, 4, 4, 1), g.shape(4, 4, 4, 4, 2):
 	default:
 		return false
 	}
@@ -193,6 +211,9 @@ func (d *detector) card(g *groups) bool {
 	}
 	if !issuer(digits) || !luhn(digits) {
 		return false
+	}
+	if len(g.lens) == 1 && idContext(d.text, g.start) {
+		return false // request_id=2284070619056365: one in ten ids passes Luhn
 	}
 	d.add(g.start, g.end, Card, "")
 	return true
@@ -293,12 +314,10 @@ func (d *detector) phone(g *groups) {
 		}
 	case g.paren > 0:
 		return
-	case phoneContext(t, g.start):
-		if g.total < 7 || g.total > 15 {
+	case len(g.lens) < 2:
+		if g.total < 7 || g.total > 15 || !phoneContext(t, g.start) {
 			return
 		}
-	case len(g.lens) < 2:
-		return
 	case g.shape(3, 3, 4) && (g.sepsAll(' ') || g.sepsAll('-') || g.sepsAll('.')):
 		if t[g.start] < '2' {
 			return
@@ -317,7 +336,9 @@ func (d *detector) phone(g *groups) {
 			}
 		}
 	default:
-		return
+		if g.total < 7 || g.total > 15 || !phoneContext(t, g.start) {
+			return
+		}
 	}
 	d.add(g.start, g.end, Phone, "")
 }
@@ -325,11 +346,37 @@ func (d *detector) phone(g *groups) {
 func phoneContext(t string, s int) bool {
 	pre := strings.ToLower(before(t, s, 24))
 	for _, w := range []string{"tel", "phone", "mobile", "cell", "call", "fax", "whatsapp", "sms", "text me", "ring me", "handy", "téléphone"} {
-		if strings.Contains(pre, w) {
+		if hasWord(pre, w) {
 			return true
 		}
 	}
 	return false
+}
+
+// hasWord reports w in s as a whole word, or its plural ("phones"), not
+// as part of a longer one ("telegram", "Atelier").
+func hasWord(s, w string) bool {
+	for off := 0; ; {
+		i := strings.Index(s[off:], w)
+		if i < 0 {
+			return false
+		}
+		i += off
+		e := i + len(w)
+		if e < len(s) && s[e] == 's' {
+			e++
+		}
+		if (i == 0 || !isAlpha(s[i-1])) && (e == len(s) || !isAlpha(s[e])) {
+			return true
+		}
+		off = i + 1
+	}
+}
+
+// idContext reports a number assigned to an id ("request_id=", "id: ").
+func idContext(t string, s int) bool {
+	pre := strings.TrimRight(strings.ToLower(before(t, s, 16)), " :=\t\"'")
+	return strings.HasSuffix(pre, "id")
 }
 
 // telegram: a bot token, "<bot id>:AA<33 characters>".

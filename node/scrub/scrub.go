@@ -67,9 +67,9 @@ func (k Kind) priority() int {
 		return 80
 	case Secret:
 		return 70
-	case Card:
-		return 60
 	case IBAN:
+		return 60
+	case Card:
 		return 55
 	case SSN:
 		return 50

@@ -1,6 +1,9 @@
 package scrub
 
-import "strings"
+import (
+	"encoding/base64"
+	"strings"
+)
 
 // vendor tries the published formats of vendors' keys and tokens at a word
 // start. Each is a fixed prefix and a body of a known alphabet and length,
@@ -27,6 +30,10 @@ func (d *detector) vendor(s int) {
 	add := func(e int, vendor string) bool {
 		if e < 0 {
 			return false
+		}
+		tok := t[s:e]
+		if strings.Contains(tok, "xxxxxxxx") || strings.Contains(tok, "XXXXXXXX") || strings.HasSuffix(tok, "EXAMPLE") || strings.Contains(tok, "EXAMPLEKEY") {
+			return false // a placeholder, or the docs' example key
 		}
 		d.add(s, e, APIKey, vendor)
 		return true
@@ -128,7 +135,17 @@ func (d *detector) vendor(s int) {
 		if strings.HasPrefix(rest, "eyJ") {
 			d.jwt(s)
 		}
+	case 'L':
+		if strings.HasPrefix(rest, "LS0tLS1CRUdJTi") {
+			d.pemBase64(s)
+		}
+	case 'b':
+		// api.telegram.org/bot<token>/sendMessage
+		if strings.HasPrefix(rest, "bot") && len(rest) > 4 && isDigit(rest[3]) {
+			d.telegram(s + 3)
+		}
 	}
+	d.azureKey(s)
 	if t[s] == 'M' || t[s] == 'N' || t[s] == 'O' {
 		d.discordBot(s)
 	}
@@ -197,6 +214,45 @@ func (d *detector) discordBot(s int) {
 	}
 	d.add(s, e3, APIKey, "discord")
 }
+
+// pemBase64: a PEM private key in base64, as Kubernetes secrets and
+// kubeconfigs hold one ("LS0tLS1CRUdJTi" is "-----BEGIN ").
+func (d *detector) pemBase64(s int) {
+	t := d.text
+	e := runOf(t, s, func(c byte) bool { return isAlnum(c) || c == '+' || c == '/' || c == '=' })
+	head := t[s:min(e, s+64)]
+	head = head[:len(head)/4*4]
+	dec, err := base64.StdEncoding.DecodeString(head)
+	if err != nil || !strings.Contains(string(dec), "PRIVATE KEY") {
+		return
+	}
+	d.add(s, e, PrivateKey, "")
+}
+
+// azureKey: an Azure storage account key standing alone (as `az storage
+// account keys list` prints it): 64 random bytes in base64, 88 characters
+// ending in "==". Integrity hashes (sha512-...) are not keys.
+func (d *detector) azureKey(s int) {
+	t := d.text
+	if s+88 > len(t) || !isB64Std(t[s+40]) || !isB64Std(t[s+85]) {
+		return
+	}
+	e := runOf(t, s, func(c byte) bool { return isAlnum(c) || c == '+' || c == '/' })
+	if e-s != 86 || !strings.HasPrefix(t[e:], "==") || e+2 < len(t) && (isAlnum(t[e+2]) || t[e+2] == '=') {
+		return
+	}
+	for _, p := range []string{"sha512-", "sha384-", "sha256-", "sha1-"} {
+		if strings.HasSuffix(t[max(0, s-len(p)):s], p) {
+			return
+		}
+	}
+	if !hasDigit(t[s:e]) || !hasUpperLower(t[s:e]) {
+		return
+	}
+	d.add(s, e+2, APIKey, "azure")
+}
+
+func isB64Std(c byte) bool { return isAlnum(c) || c == '+' || c == '/' }
 
 func isAzureByte(c byte) bool { return isAlnum(c) || c == '_' || c == '~' || c == '.' || c == '-' }
 

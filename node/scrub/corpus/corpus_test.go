@@ -1,0 +1,52 @@
+package corpus
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestCorpus measures the scrubber on the labelled corpus, prints recall
+// and precision per kind and vendor, and holds them to the goals.
+func TestCorpus(t *testing.T) {
+	docs, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(docs) < 20 {
+		t.Fatalf("only %d documents", len(docs))
+	}
+	r, err := Evaluate(docs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	r.Print(&b)
+	t.Logf("scrubber on the corpus:\n%s", b.String())
+	for _, m := range r.Missed {
+		t.Logf("missed %-18s %s: %q in …%s…", m.Kind, m.Doc, m.Text, m.Context)
+	}
+	for _, m := range r.Wrong {
+		t.Logf("wrong  %-18s %s: %q in …%s…", m.Kind, m.Doc, m.Text, m.Context)
+	}
+	for _, bad := range r.Check() {
+		t.Error(bad)
+	}
+}
+
+func TestParse(t *testing.T) {
+	d, err := Parse("x.txt", "#names: Ann Lee, Falcon\nmail ⟦EMAIL:a@b.org⟧ key ⟦API_KEY/github:ghp_x⟧.\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Text != "mail a@b.org key ghp_x.\n" || len(d.Labels) != 2 || d.Names[1] != "Falcon" {
+		t.Fatalf("%+v", d)
+	}
+	if l := d.Labels[1]; d.Text[l.Start:l.End] != "ghp_x" || l.Vendor != "github" {
+		t.Errorf("label %+v", l)
+	}
+	for _, bad := range []string{"⟦EMAIL:x", "x⟧", "⟦BOGUS:x⟧", "⟦EMAIL⟧", "⟦API_KEY:x⟧", "⟦EMAIL/x:y⟧", "#what: x\n", "⟦EMAIL:⟦IP:1⟧⟧"} {
+		if _, err := Parse("bad", bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
