@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 )
@@ -178,5 +180,35 @@ func TestPoolPreview(t *testing.T) {
 	os.WriteFile(filepath.Join(data, "config.toml"), []byte("[share]\nmode = \"most\"\n"), 0o600)
 	if _, errs, code := runCLI(t, "pool", "preview", "--data", data); code != 1 || !strings.Contains(errs, "[share]: mode \"most\"") {
 		t.Errorf("a bad mode: %d %s", code, errs)
+	}
+}
+
+// TestReloadShare: SIGHUP's reload reads [share] again and puts it in
+// force; a config that does not parse changes nothing.
+func TestReloadShare(t *testing.T) {
+	data := t.TempDir()
+	conf := filepath.Join(data, "config.toml")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n, err := node.New(ctx, node.Config{DataDir: data, Upstream: "http://127.0.0.1:9/v1", NoScoring: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	if m := n.Outbox().Policy().Mode; m != share.ModeNone {
+		t.Fatalf("default mode %s", m)
+	}
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	s := settings{Data: data}
+	os.WriteFile(conf, []byte("[share]\nmode = \"all\"\ntools = [\"*\"]\n"), 0o600)
+	reloadShare(s, n, log)
+	if p := n.Outbox().Policy(); p.Mode != share.ModeAll || len(p.Tools) != 1 || !strings.Contains(logs.String(), "sharing policy reloaded") {
+		t.Fatalf("after reload: %+v\n%s", p, logs.String())
+	}
+	os.WriteFile(conf, []byte("[share]\nmode = \"everything\"\n"), 0o600)
+	reloadShare(s, n, log)
+	if p := n.Outbox().Policy(); p.Mode != share.ModeAll || !strings.Contains(logs.String(), "the policy in force stays") {
+		t.Fatalf("after a bad reload: %+v\n%s", p, logs.String())
 	}
 }
