@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/node/gateway"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/node/session"
@@ -100,8 +101,12 @@ type Config struct {
 	JudgeModel string
 	// Share is the sharing policy: which scored steps leave the device,
 	// scrubbed, in outbox batches. A policy with no mode gets
-	// share.DefaultMode: none until the node has joined a mesh.
+	// share.DefaultMode: scored for a node whose data directory is in a
+	// mesh, none for one that is not.
 	Share share.Policy
+	// Mesh makes a node whose data directory is in a mesh a mesh peer
+	// (nil: the node stays off the network even then).
+	Mesh *MeshConfig
 	// ShareInterval is how often scored steps are sealed into batches;
 	// default 30s.
 	ShareInterval time.Duration
@@ -160,6 +165,8 @@ type Node struct {
 	reward *reward.Runner
 	gw     *gateway.Gateway
 	outbox *share.Outbox
+	peer   *peer.Peer
+	joined bool
 
 	mu   sync.Mutex
 	addr net.Addr
@@ -180,8 +187,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.ShareInterval == 0 {
 		cfg.ShareInterval = DefaultShareInterval
 	}
+	in, err := joined(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
 	if cfg.Share.Mode == "" {
-		cfg.Share.Mode = share.DefaultMode(false)
+		cfg.Share.Mode = share.DefaultMode(in)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -190,7 +201,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, log: log.With("component", "node"), now: cfg.Now}
+	n := &Node{cfg: cfg, log: log.With("component", "node"), now: cfg.Now, joined: in}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
@@ -256,6 +267,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("node: reward plugins: %w", err)
 		}
 		n.reward = r
+	}
+	if err := n.startMesh(ctx); err != nil {
+		n.Close(ctx)
+		return nil, err
 	}
 	return n, nil
 }
@@ -341,15 +356,23 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); n.shareLoop(bg) }()
+	if n.peer != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.runMesh(bg) }()
+	}
 	err := n.gw.Run(ctx, ln)
 	stop()
 	wg.Wait()
 	return err
 }
 
-// Close releases the reward runner and the pool, in that order.
+// Close releases the mesh peer, the reward runner and the pool, in that
+// order.
 func (n *Node) Close(ctx context.Context) error {
 	var errs []error
+	if n.peer != nil {
+		errs = append(errs, n.peer.Close())
+	}
 	if n.reward != nil {
 		errs = append(errs, n.reward.Close(ctx))
 	}
@@ -431,7 +454,7 @@ func (n *Node) Outbox() *share.Outbox { return n.outbox }
 // and the one in force stays.
 func (n *Node) ReloadShare(p share.Policy) error {
 	if p.Mode == "" {
-		p.Mode = share.DefaultMode(false)
+		p.Mode = share.DefaultMode(n.joined)
 	}
 	return n.outbox.SetPolicy(p)
 }

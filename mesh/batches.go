@@ -1,0 +1,550 @@
+package mesh
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh/batch"
+	"github.com/clawmesh/clawmesh/mesh/member"
+)
+
+// Manifest announces a batch on the mesh: enough to decide whether to pull
+// it, and nothing that names the device it came from.
+type Manifest struct {
+	ID       core.BatchID        `json:"id"`
+	Size     int64               `json:"size"`
+	Steps    int                 `json:"steps"`
+	Sessions int                 `json:"sessions"`
+	Rewards  batch.RewardSummary `json:"rewards"`
+	Plugins  []string            `json:"plugins,omitempty"`
+	Adapters []string            `json:"adapters,omitempty"`
+	Policy   string              `json:"policy,omitempty"`
+	Created  time.Time           `json:"created"`
+	// Round counts the announcements of the batch: gossip identifies a
+	// message by its content and forgets none for minutes, so a repeated
+	// announcement must differ from the last.
+	Round int `json:"round"`
+}
+
+// MaxManifest bounds an announcement.
+const MaxManifest = 16 << 10
+
+// ManifestOf makes the manifest of a batch's bytes.
+func ManifestOf(payload []byte) (Manifest, error) {
+	h, err := batch.DecodeHeader(payload, batch.Limits{})
+	if err != nil {
+		return Manifest{}, err
+	}
+	return Manifest{
+		ID: batch.ID(payload), Size: int64(len(payload)), Steps: h.Steps, Sessions: h.Sessions, Rewards: h.Rewards,
+		Plugins: h.Plugins, Adapters: h.Adapters, Policy: h.Policy, Created: h.Created,
+	}, nil
+}
+
+// ParseManifest reads an announcement from a peer.
+func ParseManifest(b []byte) (Manifest, error) {
+	var m Manifest
+	if len(b) > MaxManifest {
+		return m, fmt.Errorf("%w: manifest of %d bytes", ErrMessage, len(b))
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return m, fmt.Errorf("%w: manifest: %v", ErrMessage, err)
+	}
+	if dec.More() {
+		return m, fmt.Errorf("%w: manifest: trailing data", ErrMessage)
+	}
+	if !validBatchID(m.ID) || m.Size <= 0 || m.Steps <= 0 || m.Sessions <= 0 || m.Sessions > m.Steps || m.Round < 0 {
+		return m, fmt.Errorf("%w: manifest: id %q, size %d, %d steps in %d sessions", ErrMessage, m.ID, m.Size, m.Steps, m.Sessions)
+	}
+	return m, nil
+}
+
+func validBatchID(id core.BatchID) bool {
+	if len(id) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(string(id))
+	return err == nil && string(id) == hexLower(string(id))
+}
+
+func hexLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'F' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+// ---- acks
+
+// Ack says a trainer has stored a batch. It travels on gossip (which
+// carries no author), so it is signed by the trainer and carries its
+// certificate.
+type Ack struct {
+	ID      core.BatchID `json:"id"`
+	Trainer PeerID       `json:"trainer"`
+	// At is when it was made (Unix seconds), so that an ack repeated for a
+	// repeated announcement is not taken by gossip for the same message.
+	At   int64  `json:"at"`
+	Cert string `json:"cert"` // hex
+	Sig  string `json:"sig"`  // hex, over ackBody
+}
+
+func ackBody(meshID string, id core.BatchID, at int64) []byte {
+	return fmt.Appendf(nil, "clawmesh/ack\n%s\n%s\n%d", meshID, id, at)
+}
+
+func (m *Mesh) newAck(id core.BatchID) Ack {
+	at := m.now().UnixNano()
+	sig := ed25519.Sign(m.cfg.Key, ackBody(m.state.MeshID, id, at))
+	return Ack{ID: id, Trainer: m.self, At: at, Cert: hex.EncodeToString(m.Cert().Marshal()), Sig: hex.EncodeToString(sig)}
+}
+
+// verifyAck checks an ack: a trainer of this mesh signed it.
+func (m *Mesh) verifyAck(b []byte) (Ack, error) {
+	var a Ack
+	if len(b) > maxMsg {
+		return a, fmt.Errorf("%w: ack of %d bytes", ErrMessage, len(b))
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil || !validBatchID(a.ID) {
+		return a, fmt.Errorf("%w: ack", ErrMessage)
+	}
+	cert, err := m.verifyPeerCert(a.Trainer, a.Cert)
+	if err != nil {
+		return a, err
+	}
+	if cert.Role() != member.RoleTrainer {
+		return a, fmt.Errorf("%w: an ack from %s, a %s, not a trainer", member.ErrNotAllowed, a.Trainer, cert.Role())
+	}
+	sig, err := hex.DecodeString(a.Sig)
+	if err != nil || !ed25519.Verify(cert.SubjectKey(), ackBody(m.state.MeshID, a.ID, a.At), sig) {
+		return a, fmt.Errorf("%w: ack signature", member.ErrTampered)
+	}
+	return a, nil
+}
+
+// ---- pull
+
+// Source serves batch bytes by id: a node's outbox, a trainer's store.
+type Source interface {
+	// Payload returns the bytes of a batch, or an error wrapping
+	// ErrNoBatch.
+	Payload(ctx context.Context, id core.BatchID) ([]byte, error)
+}
+
+// ErrNoBatch reports a batch a source does not hold.
+var ErrNoBatch = errors.New("mesh: no such batch")
+
+type pullRequest struct {
+	ID core.BatchID `json:"id"`
+}
+
+type pullReply struct {
+	Status string `json:"status"` // "ok", "not_found", "refused"
+	Size   int64  `json:"size,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// servePull answers pull requests from trainers with src's batches.
+func (m *Mesh) servePull(src Source) {
+	m.host.Handle(ProtoPull, func(s Stream) {
+		defer s.Close()
+		s.SetDeadline(time.Now().Add(exchangeTimeout))
+		var req pullRequest
+		if err := readMsg(bufio.NewReader(s), &req, maxMsg); err != nil || !validBatchID(req.ID) {
+			s.Reset()
+			return
+		}
+		pe, ok := m.Peer(s.RemotePeer())
+		if !ok || pe.Cert.Role() != member.RoleTrainer {
+			writeMsg(s, pullReply{Status: "refused", Error: "only trainers pull batches"})
+			return
+		}
+		r, size, err := openPayload(src, req.ID)
+		if err != nil {
+			writeMsg(s, pullReply{Status: "not_found"})
+			return
+		}
+		defer r.Close()
+		if err := writeMsg(s, pullReply{Status: "ok", Size: size}); err != nil {
+			return
+		}
+		// The bytes go in chunks, each with its own deadline: a slow
+		// reader is fine, a stalled one is cut.
+		buf := make([]byte, 256<<10)
+		for sent := int64(0); sent < size; {
+			n, err := r.Read(buf[:min(int64(len(buf)), size-sent)])
+			if n > 0 {
+				s.SetWriteDeadline(time.Now().Add(m.stall()))
+				if _, werr := s.Write(buf[:n]); werr != nil {
+					s.Reset()
+					return
+				}
+				sent += int64(n)
+			}
+			if err != nil && sent < size {
+				s.Reset()
+				return
+			}
+		}
+	})
+}
+
+// StreamSource is a Source that can stream a batch rather than hold it
+// whole in memory.
+type StreamSource interface {
+	OpenPayload(ctx context.Context, id core.BatchID) (io.ReadCloser, int64, error)
+}
+
+func openPayload(src Source, id core.BatchID) (io.ReadCloser, int64, error) {
+	if ss, ok := src.(StreamSource); ok {
+		return ss.OpenPayload(context.Background(), id)
+	}
+	b, err := src.Payload(context.Background(), id)
+	if err != nil {
+		return nil, 0, err
+	}
+	return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
+}
+
+// DefaultStall is how long a pull may make no progress before it is given
+// up (and another source tried).
+const DefaultStall = 10 * time.Second
+
+func (m *Mesh) stall() time.Duration {
+	if m.cfg.Stall > 0 {
+		return m.cfg.Stall
+	}
+	return DefaultStall
+}
+
+// ErrStalled reports a pull that made no progress for the stall timeout.
+var ErrStalled = errors.New("mesh: pull stalled")
+
+// pullFrom pulls batch id from peer p and checks its size and hash.
+func (m *Mesh) pullFrom(ctx context.Context, p PeerID, man Manifest, maxSize int64) ([]byte, error) {
+	sctx, cancel := context.WithTimeout(ctx, exchangeTimeout)
+	s, err := m.host.NewStream(sctx, p, ProtoPull)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	s.SetDeadline(time.Now().Add(m.stall()))
+	if err := writeMsg(s, pullRequest{ID: man.ID}); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	br := bufio.NewReaderSize(s, 64<<10)
+	var rep pullReply
+	if err := readMsg(br, &rep, maxMsg); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	switch {
+	case rep.Status == "not_found":
+		return nil, ErrNoBatch
+	case rep.Status != "ok":
+		return nil, fmt.Errorf("mesh: pull refused: %s", rep.Error)
+	case rep.Size <= 0 || rep.Size > maxSize || rep.Size != man.Size:
+		s.Reset()
+		return nil, fmt.Errorf("%w: a batch of %d bytes (announced %d, limit %d)", ErrMessage, rep.Size, man.Size, maxSize)
+	}
+	buf := make([]byte, rep.Size)
+	for off := 0; off < len(buf); {
+		s.SetReadDeadline(time.Now().Add(m.stall()))
+		n, err := br.Read(buf[off:])
+		off += n
+		if err != nil {
+			s.Reset()
+			if errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("%w: cut after %d of %d bytes", ErrMessage, off, len(buf))
+			}
+			if isTimeout(err) {
+				return nil, fmt.Errorf("%w after %d of %d bytes", ErrStalled, off, len(buf))
+			}
+			return nil, err
+		}
+	}
+	if batch.ID(buf) != man.ID {
+		return nil, fmt.Errorf("%w: pulled bytes do not hash to %s", batch.ErrHashMismatch, man.ID)
+	}
+	return buf, nil
+}
+
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout() || errors.Is(err, context.DeadlineExceeded)
+}
+
+// ---- the node's side: announce, serve, take acks
+
+// Outbox is what a node ships: sealed batches until a trainer acks them.
+type Outbox interface {
+	Source
+	// Unshipped lists the sealed batches no trainer has acked yet.
+	Unshipped(ctx context.Context) ([]core.BatchID, error)
+	// Shipped records the first ack of a batch.
+	Shipped(ctx context.Context, id core.BatchID) error
+}
+
+// ShipOptions time the announcements of unshipped batches: the first at
+// once, then again after Retry, doubling up to MaxRetry, until acked.
+type ShipOptions struct {
+	Retry, MaxRetry time.Duration // defaults 30s and 30m
+	// Poll is how often the outbox is looked at for new batches; default 2s.
+	Poll time.Duration
+}
+
+// Ship announces out's unshipped batches to the mesh, serves them to the
+// trainers that pull them, and marks each shipped at its first valid ack,
+// until ctx is done.
+func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
+	if o.Retry <= 0 {
+		o.Retry = 30 * time.Second
+	}
+	if o.MaxRetry < o.Retry {
+		o.MaxRetry = max(o.Retry, 30*time.Minute)
+	}
+	if o.Poll <= 0 {
+		o.Poll = 2 * time.Second
+	}
+	topic, err := m.host.Join(topicBatches(m.state.MeshID))
+	if err != nil {
+		return err
+	}
+	defer topic.Close()
+	acks, err := m.host.Join(topicAcks(m.state.MeshID))
+	if err != nil {
+		return err
+	}
+	defer acks.Close()
+	m.servePull(out)
+
+	type next struct {
+		at    time.Time
+		delay time.Duration
+		round int
+	}
+	var mu sync.Mutex
+	sched := map[core.BatchID]*next{}
+	go func() {
+		for {
+			msg, err := acks.Next(ctx)
+			if err != nil {
+				return
+			}
+			a, err := m.verifyAck(msg.Data)
+			if err != nil {
+				m.log.Debug("an ack refused", "err", err)
+				continue
+			}
+			mu.Lock()
+			_, ours := sched[a.ID]
+			delete(sched, a.ID)
+			mu.Unlock()
+			if !ours {
+				continue
+			}
+			if err := out.Shipped(ctx, a.ID); err != nil {
+				m.log.Warn("marking a batch shipped", "batch", a.ID, "err", err)
+				continue
+			}
+			m.log.Info("batch shipped", "batch", a.ID, "trainer", a.Trainer)
+		}
+	}()
+	tick := time.NewTicker(o.Poll)
+	defer tick.Stop()
+	for {
+		ids, err := out.Unshipped(ctx)
+		if err != nil && ctx.Err() == nil {
+			m.log.Warn("listing unshipped batches", "err", err)
+		}
+		now := time.Now()
+		for _, id := range ids {
+			mu.Lock()
+			n, ok := sched[id]
+			if !ok {
+				n = &next{at: now, delay: o.Retry}
+				sched[id] = n
+			}
+			due := !now.Before(n.at)
+			round := n.round
+			if due {
+				n.at = now.Add(n.delay)
+				n.delay = min(2*n.delay, o.MaxRetry)
+				n.round++
+			}
+			mu.Unlock()
+			if due {
+				m.announce(ctx, topic, out, id, round)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func (m *Mesh) announce(ctx context.Context, topic Topic, out Outbox, id core.BatchID, round int) {
+	payload, err := out.Payload(ctx, id)
+	if err != nil {
+		m.log.Warn("reading a batch to announce", "batch", id, "err", err)
+		return
+	}
+	man, err := ManifestOf(payload)
+	if err != nil {
+		m.log.Warn("a sealed batch does not decode", "batch", id, "err", err)
+		return
+	}
+	man.Round = round
+	b, _ := json.Marshal(man)
+	if err := topic.Publish(ctx, b); err != nil {
+		m.log.Debug("announcing a batch", "batch", id, "err", err)
+		return
+	}
+	m.log.Debug("batch announced", "batch", id, "steps", man.Steps)
+}
+
+// ---- the trainer's side: pull, verify, store, ack
+
+// Store is where a trainer keeps the batches it pulled.
+type Store interface {
+	Source
+	Has(ctx context.Context, id core.BatchID) (bool, error)
+	// Put stores a verified batch durably before it returns.
+	Put(ctx context.Context, id core.BatchID, payload []byte, b *batch.Batch) error
+}
+
+// PullOptions bound what a trainer accepts.
+type PullOptions struct {
+	Limits batch.Limits
+}
+
+// Collect pulls every batch announced on the mesh that st does not hold:
+// from the peer that forwarded the announcement, else from any admitted
+// peer that holds it (the announcer, or a trainer); checks its hash and
+// decodes it whole; stores it; and acks it. A batch already held is acked
+// again (its announcer may have missed the ack). It also serves st's
+// batches to other trainers. It runs until ctx is done.
+func (m *Mesh) Collect(ctx context.Context, st Store, o PullOptions) error {
+	if !m.isTrainer() {
+		return fmt.Errorf("%w: only a trainer's certificate lets a peer pull batches", member.ErrNotAllowed)
+	}
+	maxSize := o.Limits.MaxBytes
+	if maxSize <= 0 {
+		maxSize = 32 << 20
+	}
+	topic, err := m.host.Join(topicBatches(m.state.MeshID))
+	if err != nil {
+		return err
+	}
+	defer topic.Close()
+	acks, err := m.host.Join(topicAcks(m.state.MeshID))
+	if err != nil {
+		return err
+	}
+	defer acks.Close()
+	go func() { // an ack topic this peer only publishes to: drain it
+		for {
+			if _, err := acks.Next(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	m.servePull(st)
+	var mu sync.Mutex
+	busy := map[core.BatchID]bool{}
+	for {
+		msg, err := topic.Next(ctx)
+		if err != nil {
+			return nil
+		}
+		man, err := ParseManifest(msg.Data)
+		if err != nil {
+			m.log.Debug("a malformed announcement", "from", msg.From, "err", err)
+			continue
+		}
+		mu.Lock()
+		if busy[man.ID] {
+			mu.Unlock()
+			continue
+		}
+		busy[man.ID] = true
+		mu.Unlock()
+		go func() {
+			defer func() { mu.Lock(); delete(busy, man.ID); mu.Unlock() }()
+			if err := m.collect(ctx, st, acks, man, msg.From, maxSize, o.Limits); err != nil && ctx.Err() == nil {
+				m.log.Warn("batch not collected; waiting for its next announcement", "batch", man.ID, "err", err)
+			}
+		}()
+	}
+}
+
+func (m *Mesh) isTrainer() bool { return m.Cert().Role() == member.RoleTrainer }
+
+func (m *Mesh) collect(ctx context.Context, st Store, acks Topic, man Manifest, from PeerID, maxSize int64, lim batch.Limits) error {
+	has, err := st.Has(ctx, man.ID)
+	if err != nil {
+		return err
+	}
+	if !has {
+		if man.Size > maxSize {
+			return fmt.Errorf("%w: announced %d bytes, limit %d", batch.ErrTooLarge, man.Size, maxSize)
+		}
+		sources := []PeerID{from}
+		for _, p := range m.Peers() {
+			if p.ID != from {
+				sources = append(sources, p.ID)
+			}
+		}
+		var payload []byte
+		var errs []error
+		for _, p := range sources {
+			if p == "" || p == m.self || !m.Admitted(p) {
+				continue
+			}
+			payload, err = m.pullFrom(ctx, p, man, maxSize)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrNoBatch) {
+				errs = append(errs, fmt.Errorf("from %s: %w", p, err))
+			}
+		}
+		if payload == nil {
+			if len(errs) == 0 {
+				return fmt.Errorf("%w: no admitted peer holds %s", ErrNoBatch, man.ID)
+			}
+			return errors.Join(errs...)
+		}
+		b, err := batch.Verify(payload, man.ID, lim)
+		if err != nil {
+			return err
+		}
+		if err := st.Put(ctx, man.ID, payload, b); err != nil {
+			return err
+		}
+		m.log.Info("batch stored", "batch", man.ID, "steps", len(b.Steps), "bytes", len(payload))
+	}
+	a, _ := json.Marshal(m.newAck(man.ID))
+	return acks.Publish(ctx, a)
+}

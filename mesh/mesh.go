@@ -1,0 +1,457 @@
+package mesh
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/clawmesh/clawmesh/mesh/member"
+)
+
+// Defaults.
+const (
+	DefaultAdmitTimeout = 20 * time.Second
+	DefaultRefuseFor    = 2 * time.Minute
+	exchangeTimeout     = 10 * time.Second
+)
+
+// Config configures a Mesh. The zero value of each optional field means
+// its default.
+type Config struct {
+	// DataDir holds the membership (Dir). Required; it must be in a mesh.
+	DataDir string
+	// Key is this peer's identity key, the one its peer id names.
+	// Required.
+	Key ed25519.PrivateKey
+	// KeyOf returns the public key a peer id names (mesh/p2p.KeyOf).
+	// Required.
+	KeyOf func(PeerID) (ed25519.PublicKey, error)
+	// AdmitTimeout is how long a connected peer has to show a valid
+	// certificate (or to join) before it is disconnected and refused for
+	// RefuseFor; defaults 20s and 2m.
+	AdmitTimeout, RefuseFor time.Duration
+	// Bootstrap are peers to dial at start, beside those the state names.
+	Bootstrap []string
+	// Stall is how long a batch pull may make no progress before it is
+	// given up and another source tried; default DefaultStall.
+	Stall  time.Duration
+	Now    func() time.Time
+	Rand   io.Reader
+	Logger *slog.Logger
+}
+
+// Peer is an admitted peer.
+type Peer struct {
+	ID   PeerID
+	Cert *member.Certificate
+	// Since is when it was admitted.
+	Since time.Time
+}
+
+// Mesh is a peer's membership at work: it admits peers by certificate
+// (it is the Host's Gate), redeems invite tokens it issued, spreads and
+// enforces revocations and renews its certificate. It is safe for
+// concurrent use.
+type Mesh struct {
+	cfg   Config
+	log   *slog.Logger
+	now   func() time.Time
+	self  PeerID
+	admin ed25519.PublicKey
+	// adminKey is set on the device that made the mesh.
+	adminKey ed25519.PrivateKey
+
+	revMu    sync.Mutex // serializes revocation merges
+	ledgerMu sync.Mutex // serializes redemptions
+
+	mu        sync.Mutex
+	state     *State
+	cert      *member.Certificate
+	revs      *member.RevocationList
+	ledger    *member.Ledger
+	admitted  map[PeerID]*Peer
+	connected map[PeerID]time.Time // peers connected, not yet admitted: since when
+	refused   map[PeerID]time.Time // until when
+	onAdmit   []func(*Peer)
+
+	host     Host
+	revTopic Topic
+}
+
+// New loads the membership in cfg.DataDir. It returns ErrNotJoined for a
+// directory in no mesh.
+func New(cfg Config) (*Mesh, error) {
+	if cfg.DataDir == "" || len(cfg.Key) != ed25519.PrivateKeySize || cfg.KeyOf == nil {
+		return nil, errors.New("mesh: config needs DataDir, Key and KeyOf")
+	}
+	if cfg.AdmitTimeout == 0 {
+		cfg.AdmitTimeout = DefaultAdmitTimeout
+	}
+	if cfg.RefuseFor == 0 {
+		cfg.RefuseFor = DefaultRefuseFor
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Reader
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	st, err := LoadState(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	admin, _ := st.AdminKey()
+	cert, _ := st.Certificate()
+	m := &Mesh{
+		cfg: cfg, log: cfg.Logger.With("component", "mesh"), now: cfg.Now, admin: admin, state: st, cert: cert,
+		admitted: map[PeerID]*Peer{}, connected: map[PeerID]time.Time{}, refused: map[PeerID]time.Time{},
+	}
+	if !bytes.Equal(cert.SubjectKey(), cfg.Key.Public().(ed25519.PublicKey)) {
+		return nil, fmt.Errorf("mesh: the certificate in %s is for another key than this peer's identity", cfg.DataDir)
+	}
+	m.self = PeerID(cert.Subject())
+	if k, err := LoadAdminKey(cfg.DataDir); err == nil {
+		if !bytes.Equal(k.Public().(ed25519.PublicKey), admin) {
+			return nil, fmt.Errorf("mesh: the admin key in %s is not this mesh's", cfg.DataDir)
+		}
+		m.adminKey = k
+	} else if !errors.Is(err, ErrNotAdmin) {
+		return nil, err
+	}
+	if m.revs, err = LoadRevocations(cfg.DataDir, admin); err != nil {
+		return nil, err
+	}
+	if m.ledger, err = LoadLedger(cfg.DataDir, admin, m.self); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// ID is this peer's id.
+func (m *Mesh) ID() PeerID { return m.self }
+
+// MeshID is the mesh's id.
+func (m *Mesh) MeshID() string { return m.state.MeshID }
+
+// State returns a copy of the membership.
+func (m *Mesh) State() State {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return *m.state
+}
+
+// Cert is this peer's certificate.
+func (m *Mesh) Cert() *member.Certificate {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cert
+}
+
+// IsAdmin reports whether this device holds the mesh's admin key.
+func (m *Mesh) IsAdmin() bool { return m.adminKey != nil }
+
+// Blocked implements Gate: revoked peers, and peers refused admission
+// lately.
+func (m *Mesh) Blocked(p PeerID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if until, ok := m.refused[p]; ok {
+		if m.now().Before(until) {
+			return true
+		}
+		delete(m.refused, p)
+	}
+	return m.revs.IsRevoked(string(p))
+}
+
+// Admitted implements Gate.
+func (m *Mesh) Admitted(p PeerID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.admitted[p]
+	return ok
+}
+
+// Peers lists the admitted peers.
+func (m *Mesh) Peers() []Peer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Peer, 0, len(m.admitted))
+	for _, p := range m.admitted {
+		out = append(out, *p)
+	}
+	slices.SortFunc(out, func(a, b Peer) int {
+		if a.ID < b.ID {
+			return -1
+		}
+		if a.ID > b.ID {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Peer returns an admitted peer.
+func (m *Mesh) Peer(p PeerID) (*Peer, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	pe, ok := m.admitted[p]
+	if !ok {
+		return nil, false
+	}
+	c := *pe
+	return &c, true
+}
+
+// OnAdmit calls fn (without blocking the caller's work: fn runs on its own
+// goroutine) each time a peer is admitted. Call it before Start.
+func (m *Mesh) OnAdmit(fn func(*Peer)) {
+	m.mu.Lock()
+	m.onAdmit = append(m.onAdmit, fn)
+	m.mu.Unlock()
+}
+
+// Revocations returns the revocations this peer knows.
+func (m *Mesh) Revocations() []*member.Revocation {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.revs.Revocations()
+}
+
+// Start serves the mesh's protocols on h and admits peers as they
+// connect; it dials the bootstrap peers. Run does the periodic work.
+func (m *Mesh) Start(ctx context.Context, h Host) error {
+	m.host = h
+	h.Handle(ProtoAdmit, m.handleAdmit)
+	h.Handle(ProtoRedeem, m.handleRedeem)
+	h.Handle(ProtoRenew, m.handleRenew)
+	h.Notify(m.notify)
+	t, err := h.Join(topicRevocations(m.state.MeshID))
+	if err != nil {
+		return fmt.Errorf("mesh: %w", err)
+	}
+	m.revTopic = t
+	m.mu.Lock()
+	m.state.Addrs = h.Addrs()
+	m.state.Updated = m.now().UTC()
+	st := *m.state
+	m.mu.Unlock()
+	if err := SaveState(m.cfg.DataDir, &st); err != nil {
+		m.log.Warn("saving the state", "err", err)
+	}
+	return nil
+}
+
+// Run dials the bootstrap peers, then until ctx is done: reads
+// revocations from the mesh, disconnects peers that were not admitted in
+// time, and renews this peer's certificate when it is due.
+func (m *Mesh) Run(ctx context.Context) error {
+	if m.host == nil {
+		return errors.New("mesh: Run before Start")
+	}
+	go m.readRevocations(ctx)
+	m.dialBootstrap(ctx)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	lastRenew := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		m.expireUnadmitted()
+		if now := m.now(); m.Cert().NeedsRenewal(now) && now.Sub(lastRenew) > time.Minute {
+			lastRenew = now
+			if err := m.renew(ctx); err != nil {
+				m.log.Warn("renewing the certificate", "err", err, "expires", m.Cert().Expires())
+			}
+		}
+	}
+}
+
+func (m *Mesh) dialBootstrap(ctx context.Context) {
+	st := m.State()
+	addrs := append(slices.Clone(st.Bootstrap), m.cfg.Bootstrap...)
+	for _, a := range addrs {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if _, err := m.host.Connect(dctx, []string{a}); err != nil {
+			m.log.Debug("bootstrap peer unreachable", "addr", a, "err", err)
+		}
+		cancel()
+	}
+}
+
+// notify tracks connections: a new one gets the certificate exchange, a
+// closed one is forgotten.
+func (m *Mesh) notify(p PeerID, up bool) {
+	m.mu.Lock()
+	if !up {
+		delete(m.connected, p)
+		delete(m.admitted, p)
+		m.mu.Unlock()
+		return
+	}
+	if _, ok := m.admitted[p]; !ok {
+		m.connected[p] = m.now()
+	}
+	m.mu.Unlock()
+	if up {
+		go m.admit(context.Background(), p)
+	}
+}
+
+// expireUnadmitted disconnects, and refuses for a while, peers connected
+// for longer than the admission timeout without being admitted.
+func (m *Mesh) expireUnadmitted() {
+	now := m.now()
+	var late []PeerID
+	m.mu.Lock()
+	for p, since := range m.connected {
+		if _, ok := m.admitted[p]; ok {
+			delete(m.connected, p)
+			continue
+		}
+		if now.Sub(since) > m.cfg.AdmitTimeout {
+			late = append(late, p)
+			delete(m.connected, p)
+			m.refused[p] = now.Add(m.cfg.RefuseFor)
+		}
+	}
+	m.mu.Unlock()
+	for _, p := range late {
+		m.log.Info("peer refused: no valid certificate for this mesh in time", "peer", p)
+		m.host.Disconnect(p)
+	}
+}
+
+// hello is what each side of the admit protocol sends: its certificate
+// (none when it is about to join) and the revocations it knows.
+type hello struct {
+	Cert        string `json:"cert,omitempty"` // hex
+	Revocations string `json:"revocations,omitempty"`
+}
+
+func (m *Mesh) hello() hello {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return hello{Cert: hex.EncodeToString(m.cert.Marshal()), Revocations: hex.EncodeToString(m.revs.Marshal())}
+}
+
+// admit runs the certificate exchange with p, as the side that opens it.
+func (m *Mesh) admit(ctx context.Context, p PeerID) {
+	ctx, cancel := context.WithTimeout(ctx, exchangeTimeout)
+	defer cancel()
+	s, err := m.host.NewStream(ctx, p, ProtoAdmit)
+	if err != nil {
+		m.log.Debug("admit: no stream", "peer", p, "err", err)
+		return
+	}
+	defer s.Close()
+	s.SetDeadline(time.Now().Add(exchangeTimeout))
+	if err := writeMsg(s, m.hello()); err != nil {
+		s.Reset()
+		return
+	}
+	var h hello
+	if err := readMsg(bufio.NewReader(s), &h, maxMsg); err != nil {
+		m.log.Debug("admit: no hello", "peer", p, "err", err)
+		s.Reset()
+		return
+	}
+	m.check(p, h)
+}
+
+func (m *Mesh) handleAdmit(s Stream) {
+	defer s.Close()
+	s.SetDeadline(time.Now().Add(exchangeTimeout))
+	var h hello
+	if err := readMsg(bufio.NewReader(s), &h, maxMsg); err != nil {
+		s.Reset()
+		return
+	}
+	if err := writeMsg(s, m.hello()); err != nil {
+		s.Reset()
+		return
+	}
+	m.check(s.RemotePeer(), h)
+}
+
+// check admits p if its hello carries a valid certificate for it, and
+// takes in the revocations it knows.
+func (m *Mesh) check(p PeerID, h hello) {
+	if h.Revocations != "" {
+		if b, err := hex.DecodeString(h.Revocations); err == nil {
+			if l, err := member.ParseRevocationList(m.admin, b); err == nil {
+				m.merge(l)
+			}
+		}
+	}
+	if h.Cert == "" {
+		return // joining: it has until the admission timeout
+	}
+	cert, err := m.verifyPeerCert(p, h.Cert)
+	if err != nil {
+		m.log.Info("peer refused", "peer", p, "err", err)
+		m.mu.Lock()
+		m.refused[p] = m.now().Add(m.cfg.RefuseFor)
+		delete(m.connected, p)
+		m.mu.Unlock()
+		m.host.Disconnect(p)
+		return
+	}
+	m.mu.Lock()
+	_, was := m.admitted[p]
+	pe := &Peer{ID: p, Cert: cert, Since: m.now()}
+	m.admitted[p] = pe
+	delete(m.connected, p)
+	fns := slices.Clone(m.onAdmit)
+	m.mu.Unlock()
+	if !was {
+		m.log.Info("peer admitted", "peer", p, "role", cert.Role())
+		for _, fn := range fns {
+			go fn(pe)
+		}
+	}
+}
+
+// verifyPeerCert checks that hexCert is a valid certificate of this mesh
+// for peer p and the key its id names.
+func (m *Mesh) verifyPeerCert(p PeerID, hexCert string) (*member.Certificate, error) {
+	b, err := hex.DecodeString(hexCert)
+	if err != nil {
+		return nil, fmt.Errorf("%w: certificate not hex", member.ErrTampered)
+	}
+	cert, err := member.ParseCertificate(b)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	revs := m.revs
+	m.mu.Unlock()
+	if err := cert.Verify(m.admin, m.now(), revs); err != nil {
+		return nil, err
+	}
+	if cert.Subject() != string(p) {
+		return nil, fmt.Errorf("%w: the certificate is %s's, shown by %s", member.ErrNotAllowed, cert.Subject(), p)
+	}
+	key, err := m.cfg.KeyOf(p)
+	if err != nil || !bytes.Equal(key, cert.SubjectKey()) {
+		return nil, fmt.Errorf("%w: the certificate's key is not the one peer %s's id names", member.ErrNotAllowed, p)
+	}
+	return cert, nil
+}

@@ -1,0 +1,285 @@
+package peer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/batch"
+	"github.com/clawmesh/clawmesh/mesh/member"
+)
+
+// Status is a peer's membership, as `clawmesh mesh status --json` prints
+// it. The field names are a stable contract.
+type Status struct {
+	MeshID      string    `json:"mesh_id"`
+	Name        string    `json:"name,omitempty"`
+	PeerID      string    `json:"peer_id"`
+	Role        string    `json:"role"`
+	MayInvite   bool      `json:"may_invite"`
+	Admin       bool      `json:"admin"` // this device holds the admin key
+	CertExpires time.Time `json:"cert_expires"`
+	Addrs       []string  `json:"addrs"`
+	Running     bool      `json:"running"`
+	Connected   int       `json:"connected"`
+	Admitted    int       `json:"admitted"`
+	Revocations int       `json:"revocations"`
+}
+
+// PeerInfo is one admitted peer, as `clawmesh mesh peers --json` prints it.
+type PeerInfo struct {
+	PeerID    string    `json:"peer_id"`
+	Role      string    `json:"role"`
+	MayInvite bool      `json:"may_invite"`
+	Since     time.Time `json:"since"`
+}
+
+// BatchInfo is one batch, as `clawmesh mesh batches --json` prints it: a
+// node's outbox batch (Created, Shipped) or a trainer's stored one
+// (Received).
+type BatchInfo struct {
+	ID       core.BatchID `json:"id"`
+	Size     int64        `json:"size"`
+	Steps    int          `json:"steps"`
+	Sessions int          `json:"sessions,omitempty"`
+	Created  time.Time    `json:"created,omitzero"`
+	Shipped  time.Time    `json:"shipped,omitzero"`
+	Received time.Time    `json:"received,omitzero"`
+}
+
+// StatusOf is the running peer's status.
+func StatusOf(p *Peer) Status {
+	st := offline(p.Mesh.State(), p.Mesh.Cert(), p.Mesh.IsAdmin(), len(p.Mesh.Revocations()))
+	st.Running = true
+	st.Addrs = p.Host.Addrs()
+	st.Connected = len(p.Host.Connected())
+	st.Admitted = len(p.Mesh.Peers())
+	return st
+}
+
+// OfflineStatus is the status of a data directory no peer runs on.
+func OfflineStatus(dataDir string) (Status, error) {
+	s, err := mesh.LoadState(dataDir)
+	if err != nil {
+		return Status{}, err
+	}
+	cert, _ := s.Certificate()
+	admin, _ := s.AdminKey()
+	_, aerr := mesh.LoadAdminKey(dataDir)
+	revs, err := mesh.LoadRevocations(dataDir, admin)
+	if err != nil {
+		return Status{}, err
+	}
+	return offline(*s, cert, aerr == nil, revs.Len()), nil
+}
+
+func offline(s mesh.State, cert *member.Certificate, admin bool, revs int) Status {
+	return Status{
+		MeshID: s.MeshID, Name: s.Name, PeerID: cert.Subject(), Role: cert.Role().String(), MayInvite: cert.MayInvite(),
+		Admin: admin, CertExpires: cert.Expires().UTC(), Addrs: s.Addrs, Revocations: revs,
+	}
+}
+
+// Batches lists batches for the admin API.
+type Batches interface {
+	List(ctx context.Context) ([]BatchInfo, error)
+	// Get returns one batch decoded, or an error wrapping mesh.ErrNoBatch.
+	Get(ctx context.Context, id core.BatchID) (*batch.Batch, error)
+}
+
+// AdminPrefix is where Handler serves, on the loopback admin listener of a
+// node (its gateway) or a trainer:
+//
+//	GET  /clawmesh/v1/mesh/status        Status
+//	GET  /clawmesh/v1/mesh/peers         []PeerInfo
+//	GET  /clawmesh/v1/mesh/batches       []BatchInfo
+//	GET  /clawmesh/v1/mesh/batches/{id}  the batch's steps as JSONL
+//	POST /clawmesh/v1/mesh/revoke        {"peer", "reason"} → the revocation's subject
+const AdminPrefix = "/clawmesh/v1/mesh/"
+
+// Handler serves the admin API of a running peer.
+func Handler(p *Peer, b Batches) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+AdminPrefix+"status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, StatusOf(p), nil)
+	})
+	mux.HandleFunc("GET "+AdminPrefix+"peers", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, peersOf(p), nil)
+	})
+	mux.HandleFunc("GET "+AdminPrefix+"batches", func(w http.ResponseWriter, r *http.Request) {
+		l, err := b.List(r.Context())
+		writeJSON(w, l, err)
+	})
+	mux.HandleFunc("GET "+AdminPrefix+"batches/{id}", func(w http.ResponseWriter, r *http.Request) {
+		bt, err := b.Get(r.Context(), core.BatchID(r.PathValue("id")))
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		WriteSteps(w, bt)
+	})
+	mux.HandleFunc("POST "+AdminPrefix+"revoke", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Peer   string `json:"peer"`
+			Reason string `json:"reason"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil || req.Peer == "" {
+			writeErr(w, http.StatusBadRequest, fmt.Errorf("want {\"peer\": ID, \"reason\": TEXT}"))
+			return
+		}
+		rv, err := p.Mesh.Revoke(r.Context(), mesh.PeerID(req.Peer), req.Reason)
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		writeJSON(w, map[string]string{"revoked": rv.Subject()}, nil)
+	})
+	return mux
+}
+
+func peersOf(p *Peer) []PeerInfo {
+	out := []PeerInfo{}
+	for _, pe := range p.Mesh.Peers() {
+		out = append(out, PeerInfo{PeerID: string(pe.ID), Role: pe.Cert.Role().String(), MayInvite: pe.Cert.MayInvite(), Since: pe.Since.UTC()})
+	}
+	return out
+}
+
+// WriteSteps writes a batch's steps as JSONL (the `pool export` schema).
+func WriteSteps(w io.Writer, b *batch.Batch) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	for _, s := range b.Steps {
+		if err := enc.Encode(core.ExportedStep{Schema: core.SchemaVersion, Step: *s}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, v any, err error) {
+	if err != nil {
+		code := http.StatusInternalServerError
+		switch {
+		case errors.Is(err, mesh.ErrNoBatch):
+			code = http.StatusNotFound
+		case errors.Is(err, member.ErrNotAllowed):
+			code = http.StatusForbidden
+		}
+		writeErr(w, code, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, code int, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"message": err.Error(), "type": "clawmesh_error"}})
+}
+
+// Client reaches a running peer's admin API.
+type Client struct {
+	Base  string // http://127.0.0.1:PORT
+	Token string
+	HTTP  *http.Client
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.Base, "/")+AdminPrefix+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		var e struct {
+			Error struct{ Message string } `json:"error"`
+		}
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		msg := strings.TrimSpace(string(raw))
+		if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
+			msg = e.Error.Message
+		}
+		if resp.StatusCode == http.StatusNotFound {
+			return nil, fmt.Errorf("%w: %s", mesh.ErrNoBatch, msg)
+		}
+		return nil, errors.New(msg)
+	}
+	return resp, nil
+}
+
+func (c *Client) get(ctx context.Context, path string, v any) error {
+	resp, err := c.do(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// Status returns the running peer's status.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var s Status
+	err := c.get(ctx, "status", &s)
+	return s, err
+}
+
+// Peers returns the admitted peers.
+func (c *Client) Peers(ctx context.Context) ([]PeerInfo, error) {
+	var p []PeerInfo
+	err := c.get(ctx, "peers", &p)
+	return p, err
+}
+
+// Batches returns the peer's batches.
+func (c *Client) Batches(ctx context.Context) ([]BatchInfo, error) {
+	var b []BatchInfo
+	err := c.get(ctx, "batches", &b)
+	return b, err
+}
+
+// Batch copies one batch's steps, as JSONL, to w.
+func (c *Client) Batch(ctx context.Context, id core.BatchID, w io.Writer) error {
+	resp, err := c.do(ctx, http.MethodGet, "batches/"+url.PathEscape(string(id)), nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
+// Revoke asks the running peer to revoke a peer.
+func (c *Client) Revoke(ctx context.Context, p mesh.PeerID, reason string) error {
+	b, _ := json.Marshal(map[string]string{"peer": string(p), "reason": reason})
+	resp, err := c.do(ctx, http.MethodPost, "revoke", strings.NewReader(string(b)))
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}

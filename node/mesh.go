@@ -1,0 +1,96 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/pool"
+)
+
+// MeshConfig makes a node that is in a mesh (its data directory holds a
+// membership: `clawmesh mesh init` or `clawmesh join`) a mesh peer: it
+// announces its sealed batches to the mesh, serves them to the trainers
+// that pull them, and marks each shipped at a trainer's first ack.
+type MeshConfig struct {
+	// Listen are libp2p multiaddrs; default QUIC and TCP on port 4001 (or
+	// a free port).
+	Listen []string
+	// Bootstrap are peers to dial at start.
+	Bootstrap []string
+	// MDNS finds peers on the local network; NAT turns on NAT traversal.
+	MDNS, NAT bool
+	// Ship times the announcements (mesh.ShipOptions).
+	Ship mesh.ShipOptions
+}
+
+// joined reports whether the node's data directory is in a mesh.
+func joined(dataDir string) (bool, error) {
+	_, err := mesh.LoadState(dataDir)
+	if errors.Is(err, mesh.ErrNotJoined) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// startMesh starts the node's mesh peer, if its data directory is in a
+// mesh and cfg.Mesh is set.
+func (n *Node) startMesh(ctx context.Context) error {
+	if n.cfg.Mesh == nil || !n.joined {
+		return nil
+	}
+	mc := n.cfg.Mesh
+	p, err := peer.Start(ctx, peer.Options{DataDir: n.cfg.DataDir, Listen: mc.Listen, Bootstrap: mc.Bootstrap, MDNS: mc.MDNS, NAT: mc.NAT, Logger: n.log})
+	if err != nil {
+		return fmt.Errorf("node: mesh: %w", err)
+	}
+	n.peer = p
+	return nil
+}
+
+// Peer returns the node's mesh peer, nil when it is not in a mesh.
+func (n *Node) Peer() *peer.Peer { return n.peer }
+
+// runMesh runs the mesh peer and ships the outbox until ctx is done.
+func (n *Node) runMesh(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { n.peer.Run(ctx); close(done) }()
+	if err := n.peer.Mesh.Ship(ctx, poolOutbox{n.pool}, n.cfg.Mesh.Ship); err != nil && ctx.Err() == nil {
+		n.log.Error("shipping batches", "err", err)
+	}
+	<-done
+}
+
+// poolOutbox is the pool's outbox as the mesh ships it.
+type poolOutbox struct{ p *pool.Pool }
+
+func (o poolOutbox) Payload(ctx context.Context, id core.BatchID) ([]byte, error) {
+	b, err := o.p.Payload(ctx, id)
+	if errors.Is(err, pool.ErrNoBatch) {
+		return nil, fmt.Errorf("%w: %v", mesh.ErrNoBatch, err)
+	}
+	return b, err
+}
+
+func (o poolOutbox) Unshipped(ctx context.Context) ([]core.BatchID, error) {
+	bs, err := o.p.Batches(ctx)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(bs, func(a, b *pool.Batch) int { return a.Created.Compare(b.Created) })
+	var ids []core.BatchID
+	for _, b := range bs {
+		if b.Shipped.IsZero() {
+			ids = append(ids, b.ID)
+		}
+	}
+	return ids, nil
+}
+
+func (o poolOutbox) Shipped(ctx context.Context, id core.BatchID) error {
+	return o.p.MarkShipped(ctx, id)
+}
