@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,6 +57,8 @@ type Peer struct {
 	Cert *member.Certificate
 	// Since is when it was admitted.
 	Since time.Time
+	// Addrs are the addresses it says it listens on.
+	Addrs []string
 }
 
 // Mesh is a peer's membership at work: it admits peers by certificate
@@ -340,16 +343,43 @@ func (m *Mesh) expireUnadmitted() {
 }
 
 // hello is what each side of the admit protocol sends: its certificate
-// (none when it is about to join) and the revocations it knows.
+// (none when it is about to join), the revocations it knows, where it
+// listens, and where the other admitted peers it knows listen, so that the
+// members of a mesh find each other (a trainer must reach the device a
+// batch is on to pull it).
 type hello struct {
-	Cert        string `json:"cert,omitempty"` // hex
-	Revocations string `json:"revocations,omitempty"`
+	Cert        string     `json:"cert,omitempty"` // hex
+	Revocations string     `json:"revocations,omitempty"`
+	Addrs       []string   `json:"addrs,omitempty"`
+	Peers       [][]string `json:"peers,omitempty"`
 }
+
+// maxExchanged bounds the peers a hello names, and the addresses of each.
+const maxExchanged = 64
 
 func (m *Mesh) hello() hello {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return hello{Cert: hex.EncodeToString(m.cert.Marshal()), Revocations: hex.EncodeToString(m.revs.Marshal())}
+	h := hello{Cert: hex.EncodeToString(m.cert.Marshal()), Revocations: hex.EncodeToString(m.revs.Marshal())}
+	if m.host != nil {
+		h.Addrs = firstN(m.host.Addrs(), 16)
+	}
+	for _, pe := range m.admitted {
+		if len(h.Peers) == maxExchanged {
+			break
+		}
+		if len(pe.Addrs) > 0 {
+			h.Peers = append(h.Peers, firstN(pe.Addrs, 16))
+		}
+	}
+	return h
+}
+
+func firstN(s []string, n int) []string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 // admit runs the certificate exchange with p, as the side that opens it.
@@ -416,10 +446,16 @@ func (m *Mesh) check(p PeerID, h hello) {
 	}
 	m.mu.Lock()
 	_, was := m.admitted[p]
-	pe := &Peer{ID: p, Cert: cert, Since: m.now()}
+	pe := &Peer{ID: p, Cert: cert, Since: m.now(), Addrs: firstN(h.Addrs, 16)}
 	m.admitted[p] = pe
 	delete(m.connected, p)
 	fns := slices.Clone(m.onAdmit)
+	var dial [][]string
+	for _, addrs := range firstN2(h.Peers, maxExchanged) {
+		if q := addrPeer(addrs); q != "" && q != m.self && m.admitted[q] == nil && !m.revs.IsRevoked(string(q)) {
+			dial = append(dial, firstN(addrs, 16))
+		}
+	}
 	m.mu.Unlock()
 	if !was {
 		m.log.Info("peer admitted", "peer", p, "role", cert.Role())
@@ -427,6 +463,40 @@ func (m *Mesh) check(p PeerID, h hello) {
 			go fn(pe)
 		}
 	}
+	for _, addrs := range dial {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), exchangeTimeout)
+			defer cancel()
+			if _, err := m.host.Connect(ctx, addrs); err != nil {
+				m.log.Debug("a peer named by another unreachable", "addrs", addrs, "err", err)
+			}
+		}()
+	}
+}
+
+func firstN2(s [][]string, n int) [][]string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// addrPeer returns the peer id the multiaddrs end in (/p2p/ID), if they
+// all name the same one.
+func addrPeer(addrs []string) PeerID {
+	var id PeerID
+	for _, a := range addrs {
+		i := strings.LastIndex(a, "/p2p/")
+		if i < 0 {
+			return ""
+		}
+		q := PeerID(a[i+5:])
+		if id != "" && q != id {
+			return ""
+		}
+		id = q
+	}
+	return id
 }
 
 // verifyPeerCert checks that hexCert is a valid certificate of this mesh

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 )
@@ -69,6 +71,14 @@ func (n *Node) adminHandler() http.Handler {
 	mux.HandleFunc("POST "+adminPrefix+"import", func(w http.ResponseWriter, r *http.Request) {
 		rep, err := n.pool.Import(r.Context(), r.Body)
 		writeJSON(w, rep, err)
+	})
+	mux.HandleFunc(peer.AdminPrefix, func(w http.ResponseWriter, r *http.Request) {
+		if n.peer == nil {
+			writeErr(w, http.StatusNotFound, mesh.ErrNotJoined)
+			return
+		}
+		n.meshAdmin.Do(func() { n.meshHandler = peer.Handler(n.peer, Batches{n.pool}) })
+		n.meshHandler.ServeHTTP(w, r)
 	})
 	mux.HandleFunc("GET "+adminPrefix+"preview", func(w http.ResponseWriter, r *http.Request) {
 		limit := 0

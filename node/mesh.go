@@ -8,6 +8,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/pool"
 )
@@ -63,6 +64,32 @@ func (n *Node) runMesh(ctx context.Context) {
 		n.log.Error("shipping batches", "err", err)
 	}
 	<-done
+}
+
+// Batches is a pool's outbox as the mesh admin API lists it.
+type Batches struct{ P *pool.Pool }
+
+// List lists the outbox batches, oldest first.
+func (b Batches) List(ctx context.Context) ([]peer.BatchInfo, error) {
+	bs, err := b.P.Batches(ctx)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(bs, func(x, y *pool.Batch) int { return x.Created.Compare(y.Created) })
+	out := make([]peer.BatchInfo, 0, len(bs))
+	for _, x := range bs {
+		out = append(out, peer.BatchInfo{ID: x.ID, Size: x.Size, Steps: len(x.Steps), Created: x.Created, Shipped: x.Shipped})
+	}
+	return out, nil
+}
+
+// Get returns an outbox batch decoded from its payload.
+func (b Batches) Get(ctx context.Context, id core.BatchID) (*batch.Batch, error) {
+	p, err := poolOutbox{b.P}.Payload(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return batch.Verify(p, id, batch.Limits{MaxBytes: int64(len(p))})
 }
 
 // poolOutbox is the pool's outbox as the mesh ships it.

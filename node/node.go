@@ -168,6 +168,9 @@ type Node struct {
 	peer   *peer.Peer
 	joined bool
 
+	meshAdmin   sync.Once
+	meshHandler http.Handler
+
 	mu   sync.Mutex
 	addr net.Addr
 }

@@ -33,6 +33,10 @@ func init() {
 		{"scrub", "show what would leave this device: text or steps with personal data and secrets replaced", func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return runScrub(ctx, args, os.Stdin, stdout, stderr)
 		}},
+		{"mesh", "make a mesh and see it: init, status, peers, batches, batch, revoke", runMesh},
+		{"invite", "print an invite token for another device or a trainer to join the mesh", runInvite},
+		{"join", "join a mesh with an invite token", runJoin},
+		{"trainer", "run a trainer peer: pull, verify and keep the mesh's batches", runTrainer},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
 		{"bench", "measure the parts (gateway, pool, engine, learn, scrub)", runBench},
 		{"version", "print the version", runVersion},

@@ -76,6 +76,10 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&s.MaxAge, "max-age", 0, "retention: drop steps older than this (e.g. 720h; 0 keeps them)")
 	fs.Int64Var(&s.MaxBytes, "max-bytes", 0, "retention: keep the pool under this many bytes (0: no limit)")
 	noScore := fs.Bool("no-scoring", false, "do not score closed steps in the background")
+	var p2pListen, bootstrap multiFlag
+	fs.Var(&p2pListen, "p2p-listen", "libp2p multiaddr to listen on when the data directory is in a mesh (repeatable; default QUIC and TCP on port 4001, or a free port)")
+	fs.Var(&bootstrap, "bootstrap", "a mesh peer's multiaddr to dial at start (repeatable)")
+	noMDNS := fs.Bool("no-mdns", false, "do not look for mesh peers on the local network")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -124,6 +128,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		MaxBytes:      s.MaxBytes,
 		Plugins:       s.Plugins,
 		Share:         s.Share,
+		Mesh:          &node.MeshConfig{Listen: p2pListen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true},
 		NoScoring:     *noScore,
 		Logger:        log,
 

@@ -1,0 +1,503 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/batch"
+	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/p2p"
+	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/store"
+)
+
+const meshHelp = `Usage: clawmesh mesh <init|status|peers|batches|batch|revoke> [flags]
+
+A mesh is the devices you invite, and the trainers that learn from their
+scrubbed batches. One device makes the mesh and holds its admin key; others
+join with an invite token.
+
+  clawmesh mesh init [--name home]          make a new mesh; this device holds its admin key
+  clawmesh mesh status [--json]             who am I in which mesh, my addresses, how many peers
+  clawmesh mesh peers [--json]              the admitted peers connected now, with their roles
+  clawmesh mesh batches [--json]            a node's outbox batches (shipped or not), or a
+                                            trainer's stored batches
+  clawmesh mesh batch ID                    one batch's steps as JSONL, decoded from its bytes
+  clawmesh mesh revoke PEER [--reason R]    remove a member: it is disconnected everywhere and
+                                            refused from then on (the admin, or its inviter)
+
+See also: clawmesh invite, clawmesh join, clawmesh trainer.
+
+While a node or trainer runs on the data directory, these ask it over its
+loopback admin API (DATA/node.addr or DATA/trainer.addr, with --token if the
+node needs one); otherwise they read the data directory.
+`
+
+func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, meshHelp)
+		return usageErr("which mesh command? init, status, peers, batches, batch or revoke")
+	}
+	sub, args := args[0], args[1:]
+	var s settings
+	fs := newFlags("mesh "+sub, meshHelp, stderr)
+	s.bindCommon(fs)
+	var asJSON bool
+	var name, reason string
+	switch sub {
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, meshHelp)
+		return nil
+	case "init":
+		fs.StringVar(&name, "name", "", "a name for the mesh, shown to those who join")
+	case "status", "peers", "batches":
+		fs.BoolVar(&asJSON, "json", false, "print JSON (a stable format)")
+	case "batch":
+	case "revoke":
+		fs.StringVar(&reason, "reason", "", "why, kept with the revocation")
+	default:
+		fmt.Fprint(stderr, meshHelp)
+		return usageErr("unknown mesh command %q", sub)
+	}
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := s.resolve(fs); err != nil {
+		return err
+	}
+	want := map[string]int{"init": 0, "status": 0, "peers": 0, "batches": 0, "batch": 1, "revoke": 1}[sub]
+	if fs.NArg() != want {
+		if want == 1 {
+			return usageErr("%s takes one argument", sub)
+		}
+		return usageErr("%s takes no arguments", sub)
+	}
+	if sub == "init" {
+		return meshInit(s.Data, name, stdout)
+	}
+	c := runningPeer(&s)
+	switch sub {
+	case "status":
+		var st peer.Status
+		var err error
+		if c != nil {
+			st, err = c.Status(ctx)
+		} else {
+			st, err = peer.OfflineStatus(s.Data)
+		}
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(stdout, st)
+		}
+		printMeshStatus(stdout, st)
+		return nil
+	case "peers":
+		peers := []peer.PeerInfo{}
+		if c != nil {
+			var err error
+			if peers, err = c.Peers(ctx); err != nil {
+				return err
+			}
+		} else if _, err := mesh.LoadState(s.Data); err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(stdout, peers)
+		}
+		if c == nil {
+			fmt.Fprintln(stdout, "(no node or trainer runs on this data directory: no peer is connected)")
+			return nil
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "PEER\tROLE\tINVITES\tSINCE")
+		for _, p := range peers {
+			fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", p.PeerID, p.Role, p.MayInvite, p.Since.Local().Format("01-02 15:04:05"))
+		}
+		return tw.Flush()
+	case "batches":
+		var list []peer.BatchInfo
+		var err error
+		if c != nil {
+			list, err = c.Batches(ctx)
+		} else {
+			list, err = offlineBatches(ctx, s.Data)
+		}
+		if err != nil {
+			return err
+		}
+		if list == nil {
+			list = []peer.BatchInfo{}
+		}
+		if asJSON {
+			return printJSON(stdout, list)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "BATCH\tSTEPS\tBYTES\tMADE\tSHIPPED/RECEIVED")
+		for _, b := range list {
+			when := "waiting for a trainer"
+			switch {
+			case !b.Shipped.IsZero():
+				when = "shipped " + b.Shipped.Local().Format("01-02 15:04:05")
+			case !b.Received.IsZero():
+				when = "received " + b.Received.Local().Format("01-02 15:04:05")
+			}
+			made := "-"
+			if !b.Created.IsZero() {
+				made = b.Created.Local().Format("01-02 15:04")
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", b.ID, b.Steps, b.Size, made, when)
+		}
+		return tw.Flush()
+	case "batch":
+		id := core.BatchID(fs.Arg(0))
+		if c != nil {
+			return c.Batch(ctx, id, stdout)
+		}
+		b, err := offlineBatch(ctx, s.Data, id)
+		if err != nil {
+			return err
+		}
+		return peer.WriteSteps(stdout, b)
+	case "revoke":
+		p := mesh.PeerID(fs.Arg(0))
+		if c != nil {
+			if err := c.Revoke(ctx, p, reason); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "revoked %s: it is disconnected and refused across the mesh\n", p)
+			return nil
+		}
+		key, _, err := peer.Identity(s.Data)
+		if err != nil {
+			return err
+		}
+		if _, err := mesh.RevokeOffline(s.Data, key, p2p.PublicKey, p, reason, time.Now()); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "revoked %s; the revocation spreads when this device next runs in the mesh\n", p)
+		return nil
+	}
+	return nil
+}
+
+func meshInit(data, name string, stdout io.Writer) error {
+	key, id, err := peer.Identity(data)
+	if err != nil {
+		return err
+	}
+	st, err := mesh.Init(data, name, key, id, time.Now(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "mesh %s made", st.MeshID)
+	if name != "" {
+		fmt.Fprintf(stdout, " (%s)", name)
+	}
+	fmt.Fprintf(stdout, "\nthis device is peer %s and holds the mesh's admin key (%s): keep it safe\n", id, filepath.Join(data, mesh.Dir, "admin.key"))
+	fmt.Fprintf(stdout, "next: run the node, then 'clawmesh invite --role member' (or --role trainer) --data %s\n", data)
+	return nil
+}
+
+// runningPeer returns a client of the node or trainer running on the data
+// directory, or nil.
+func runningPeer(s *settings) *peer.Client {
+	for _, read := range []func(string) (string, error){node.ReadAddr, trainer.ReadAddr} {
+		addr, err := read(s.Data)
+		if err != nil {
+			continue
+		}
+		c := &peer.Client{Base: "http://" + addr, Token: s.Token}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err = c.Status(ctx)
+		cancel()
+		if err == nil {
+			return c
+		}
+	}
+	return nil
+}
+
+func offlineBatches(ctx context.Context, data string) ([]peer.BatchInfo, error) {
+	if _, err := mesh.LoadState(data); err != nil {
+		return nil, err
+	}
+	if dir := filepath.Join(data, trainer.StoreDir); exists(dir) {
+		st, err := store.Open(dir, nil)
+		if err != nil {
+			return nil, err
+		}
+		defer st.Close()
+		return trainer.Batches{S: st}.List(ctx)
+	}
+	if dir := filepath.Join(data, "pool"); exists(dir) {
+		p, err := pool.Open(dir, pool.Options{})
+		if err != nil {
+			return nil, err
+		}
+		defer p.Close()
+		return node.Batches{P: p}.List(ctx)
+	}
+	return nil, nil
+}
+
+func offlineBatch(ctx context.Context, data string, id core.BatchID) (*batch.Batch, error) {
+	if dir := filepath.Join(data, trainer.StoreDir); exists(dir) {
+		st, err := store.Open(dir, nil)
+		if err != nil {
+			return nil, err
+		}
+		defer st.Close()
+		return st.Batch(ctx, id)
+	}
+	p, err := pool.Open(filepath.Join(data, "pool"), pool.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	return node.Batches{P: p}.Get(ctx, id)
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func printMeshStatus(w io.Writer, st peer.Status) {
+	name := ""
+	if st.Name != "" {
+		name = " (" + st.Name + ")"
+	}
+	fmt.Fprintf(w, "mesh      %s%s\n", st.MeshID, name)
+	role := st.Role
+	if st.MayInvite {
+		role += ", may invite"
+	}
+	if st.Admin {
+		role += ", holds the admin key"
+	}
+	fmt.Fprintf(w, "peer      %s (%s)\n", st.PeerID, role)
+	fmt.Fprintf(w, "cert      expires %s\n", st.CertExpires.Local().Format(time.RFC3339))
+	if st.Running {
+		fmt.Fprintf(w, "running   %d peers connected, %d admitted; %d revocations known\n", st.Connected, st.Admitted, st.Revocations)
+	} else {
+		fmt.Fprintf(w, "running   no (%d revocations known)\n", st.Revocations)
+	}
+	for i, a := range st.Addrs {
+		label := "addrs"
+		if i > 0 || !st.Running {
+			label = ""
+		}
+		if i == 0 && !st.Running {
+			label = "last at"
+		}
+		fmt.Fprintf(w, "%-9s %s\n", label, a)
+	}
+}
+
+const inviteHelp = `Usage: clawmesh invite [--role member|trainer] [--ttl 24h] [--uses 1] --data DIR
+
+Prints one copy-pasteable invite token line. On the other device:
+  clawmesh join TOKEN --data ~/.clawmesh
+
+The token is signed by this mesh's admin key (on the device that made the
+mesh) or by this peer, if its certificate lets it invite. It carries this
+peer's addresses: the peer that joins redeems it with this one, which must
+be online then. A token is good for --uses redemptions until --ttl passes.
+`
+
+func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	fs := newFlags("invite", inviteHelp, stderr)
+	s.bindCommon(fs)
+	role := fs.String("role", "member", "what the invited peer may do: member (a device that shares batches) or trainer (pulls them to train)")
+	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token stays valid")
+	uses := fs.Int("uses", 1, "how many peers may join with it")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr("unexpected arguments %q", fs.Args())
+	}
+	if err := s.resolve(fs); err != nil {
+		return err
+	}
+	r, err := member.ParseRole(*role)
+	if err != nil || r == member.RoleAdmin {
+		return usageErr("--role: want member or trainer, got %q", *role)
+	}
+	if *ttl <= 0 || *uses < 1 {
+		return usageErr("--ttl must be positive and --uses at least 1")
+	}
+	var addrs []string
+	if c := runningPeer(&s); c != nil {
+		if st, err := c.Status(ctx); err == nil {
+			addrs = st.Addrs
+		}
+	} else {
+		fmt.Fprintln(stderr, "clawmesh invite: no node or trainer runs on this data directory: the token carries the addresses it last listened on, and it must be running when the token is redeemed")
+	}
+	key, _, err := peer.Identity(s.Data)
+	if err != nil {
+		return err
+	}
+	tok, err := mesh.Invite(s.Data, key, r, *ttl, *uses, publicFirst(addrs), time.Now(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, tok.String())
+	fmt.Fprintf(stderr, "(a %s token for %d use(s), valid until %s)\n", r, *uses, tok.Expires().Local().Format(time.RFC3339))
+	return nil
+}
+
+// publicFirst orders addresses so that those others can reach come first,
+// loopback last, and keeps at most 8.
+func publicFirst(addrs []string) []string {
+	var out, loop []string
+	for _, a := range addrs {
+		if strings.Contains(a, "/ip4/127.") || strings.Contains(a, "/ip6/::1/") {
+			loop = append(loop, a)
+		} else {
+			out = append(out, a)
+		}
+	}
+	out = append(out, loop...)
+	if len(out) > 8 {
+		out = out[:8]
+	}
+	return out
+}
+
+const joinHelp = `Usage: clawmesh join TOKEN --data DIR
+
+Redeems an invite token (from 'clawmesh invite' on a device of the mesh):
+reaches the inviter at the addresses in the token, which must be online,
+gets this device's certificate, and records the membership in DIR. Then run
+the node (or 'clawmesh trainer', with a trainer token) on DIR: it takes part
+in the mesh.
+
+Refusals say why: the token is malformed or tampered with, expired, already
+redeemed as many times as it allows, of another mesh, or its inviter (or
+this device) was removed from the mesh.
+`
+
+func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	fs := newFlags("join", joinHelp, stderr)
+	s.bindCommon(fs)
+	var listen multiFlag
+	fs.Var(&listen, "p2p-listen", "libp2p address to use while joining (repeatable; default any free QUIC and TCP port)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usageErr("join takes one token (the line 'clawmesh invite' printed)")
+	}
+	if err := s.resolve(fs); err != nil {
+		return err
+	}
+	st, err := peer.Join(ctx, s.Data, fs.Arg(0), listen, nil)
+	if err != nil {
+		return err
+	}
+	cert, _ := st.Certificate()
+	name := ""
+	if st.Name != "" {
+		name = " (" + st.Name + ")"
+	}
+	fmt.Fprintf(stdout, "joined mesh %s%s as a %s; peer %s\n", st.MeshID, name, cert.Role(), cert.Subject())
+	if _, err := node.ReadAddr(s.Data); err == nil {
+		fmt.Fprintln(stdout, "a node runs on this data directory: restart it to take part in the mesh")
+	} else if cert.Role() == member.RoleTrainer {
+		fmt.Fprintf(stdout, "next: clawmesh trainer --data %s\n", s.Data)
+	} else {
+		fmt.Fprintf(stdout, "next: run the node with --data %s\n", s.Data)
+	}
+	return nil
+}
+
+const trainerHelp = `Usage: clawmesh trainer --data DIR [--p2p-listen ADDR]... [--bootstrap ADDR]...
+
+Runs a trainer peer: it joins the mesh with its trainer certificate (from
+'clawmesh join' with a token made by 'clawmesh invite --role trainer'), pulls
+every batch the devices announce, verifies it and keeps it in DIR/batches,
+and acknowledges it, so the device marks it shipped.
+
+  clawmesh mesh batches --data DIR          what it received
+  clawmesh mesh batch ID --data DIR         one batch's steps, as JSONL
+
+SIGINT or SIGTERM stops it.
+`
+
+func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	fs := newFlags("trainer", trainerHelp, stderr)
+	fs.StringVar(&s.Config, "config", "", "config file (TOML); default $CLAWMESH_CONFIG, else DATA/config.toml if it exists")
+	fs.StringVar(&s.Data, "data", "", "data directory (default $CLAWMESH_DATA, else ~/.clawmesh)")
+	var listen, bootstrap multiFlag
+	fs.Var(&listen, "p2p-listen", "libp2p multiaddr to listen on (repeatable; default QUIC and TCP on port 4001, or a free port)")
+	fs.Var(&bootstrap, "bootstrap", "a peer's multiaddr to dial at start (repeatable)")
+	noMDNS := fs.Bool("no-mdns", false, "do not look for peers on the local network")
+	admin := fs.String("admin", "127.0.0.1:0", "loopback address of the admin API")
+	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr("unexpected arguments %q", fs.Args())
+	}
+	if err := s.resolve(fs); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usageErr("--log: %v", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true, Admin: *admin, Logger: log})
+	if errors.Is(err, mesh.ErrNotJoined) {
+		return fmt.Errorf("%w; for a trainer: a token from 'clawmesh invite --role trainer', then clawmesh join TOKEN --data %s", err, s.Data)
+	}
+	if err != nil {
+		return err
+	}
+	runErr := t.Run(ctx)
+	if err := t.Close(); err != nil && runErr == nil {
+		runErr = err
+	}
+	if runErr == nil {
+		fmt.Fprintln(stderr, "clawmesh trainer: stopped")
+	}
+	return runErr
+}
+
+// multiFlag is a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return errors.New("empty value")
+	}
+	*m = append(*m, v)
+	return nil
+}
+
+var _ flag.Value = (*multiFlag)(nil)

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/share"
+	"github.com/clawmesh/clawmesh/trainer"
+)
+
+var loopbackP2P = []string{"/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/127.0.0.1/tcp/0"}
+
+// runMeshNode runs a node on data (in a mesh) in front of upstream, as a
+// mesh peer on loopback, sealing and shipping quickly.
+func runMeshNode(t *testing.T, data, upstream string, pol share.Policy) *node.Node {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	n, err := node.New(ctx, node.Config{
+		DataDir: data, Upstream: upstream, Share: pol, ShareInterval: 50 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
+		Mesh: &node.MeshConfig{Listen: loopbackP2P, Ship: mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond}},
+	})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { n.Serve(ctx, ln); close(done) }()
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { cancel(); <-done; n.Close(context.Background()) }) })
+	waitFor(t, "the node's address file", func() bool { _, err := node.ReadAddr(data); return err == nil })
+	return n
+}
+
+func runTrainerPeer(t *testing.T, data string) *trainer.Trainer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	tr, err := trainer.New(ctx, trainer.Config{DataDir: data, Listen: loopbackP2P})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { tr.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; tr.Close() })
+	waitFor(t, "the trainer's address file", func() bool { _, err := trainer.ReadAddr(data); return err == nil })
+	return tr
+}
+
+func cli(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errs, code := runCLI(t, args...)
+	if code != 0 {
+		t.Fatalf("clawmesh %s: code %d\n%s%s", strings.Join(args, " "), code, out, errs)
+	}
+	return out
+}
+
+// TestMeshCLI: a mesh made with `mesh init`, a trainer and a second device
+// invited and joined with the commands, and a call recorded on the second
+// device reaching the trainer scrubbed, as `mesh batches` and `mesh batch`
+// show on each side; `mesh revoke` removes the device.
+func TestMeshCLI(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Sure, I will write to ann.lee@example.org."}}})
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Run(ctx, upLn)
+	upstream := "http://" + upLn.Addr().String() + "/v1"
+
+	a, b, tr := t.TempDir(), t.TempDir(), t.TempDir()
+	out := cli(t, "mesh", "init", "--name", "home", "--data", a)
+	if !strings.Contains(out, "mesh m") || !strings.Contains(out, "admin key") {
+		t.Fatalf("init: %s", out)
+	}
+	if _, errs, code := runCLI(t, "mesh", "init", "--data", a); code == 0 || !strings.Contains(errs, "already in a mesh") {
+		t.Errorf("init twice: %d %s", code, errs)
+	}
+	runMeshNode(t, a, upstream, share.Policy{})
+
+	tok := strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a))
+	if !strings.HasPrefix(tok, "clawmesh-invite1:") || strings.Count(tok, "\n") != 0 {
+		t.Fatalf("invite printed %q", tok)
+	}
+	if out := cli(t, "join", tok, "--data", tr, "--p2p-listen", loopbackP2P[0]); !strings.Contains(out, "as a trainer") || !strings.Contains(out, "clawmesh trainer") {
+		t.Fatalf("join: %s", out)
+	}
+	if _, errs, code := runCLI(t, "join", tok, "--data", t.TempDir()); code == 0 || !strings.Contains(errs, "already redeemed") {
+		t.Errorf("a token used twice: %d %s", code, errs)
+	}
+	runTrainerPeer(t, tr)
+
+	mtok := strings.TrimSpace(cli(t, "invite", "--data", a))
+	cli(t, "join", mtok, "--data", b)
+	nb := runMeshNode(t, b, upstream, share.Policy{Mode: share.ModeAll})
+
+	var st peer.Status
+	waitFor(t, "the admin's device to admit the trainer and the device", func() bool {
+		out, _, _ := runCLI(t, "mesh", "status", "--json", "--data", a)
+		return json.Unmarshal([]byte(out), &st) == nil && st.Admitted >= 2
+	})
+	if !st.Running || !st.Admin || st.Role != "member" || !st.MayInvite || st.Name != "home" {
+		t.Errorf("status: %+v", st)
+	}
+	peers := cli(t, "mesh", "peers", "--data", a)
+	if !strings.Contains(peers, "trainer") || !strings.Contains(peers, string(nb.Peer().Mesh.ID())) {
+		t.Errorf("peers:\n%s", peers)
+	}
+
+	// A call through the second device's gateway.
+	addr, _ := node.ReadAddr(b)
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"Mail ann.lee@example.org the report"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Session-Done", "true")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+
+	var got []peer.BatchInfo
+	waitFor(t, "the trainer to store the batch", func() bool {
+		out, _, _ := runCLI(t, "mesh", "batches", "--json", "--data", tr)
+		return json.Unmarshal([]byte(out), &got) == nil && len(got) == 1
+	})
+	if got[0].Steps != 1 || got[0].Received.IsZero() {
+		t.Errorf("trainer's batches: %+v", got)
+	}
+	steps := cli(t, "mesh", "batch", string(got[0].ID), "--data", tr)
+	var e core.ExportedStep
+	if err := json.Unmarshal([]byte(steps), &e); err != nil {
+		t.Fatalf("mesh batch: %v\n%s", err, steps)
+	}
+	if strings.Contains(steps, "ann.lee") || e.Request.Messages[0].Content != "Mail <EMAIL_1> the report" || e.Action().Content != "Sure, I will write to <EMAIL_1>." {
+		t.Errorf("the batch on the trainer:\n%s", steps)
+	}
+	var mine []peer.BatchInfo
+	waitFor(t, "the device to mark its batch shipped", func() bool {
+		out, _, _ := runCLI(t, "mesh", "batches", "--json", "--data", b)
+		return json.Unmarshal([]byte(out), &mine) == nil && len(mine) == 1 && !mine[0].Shipped.IsZero()
+	})
+	if mine[0].ID != got[0].ID {
+		t.Errorf("the device shipped %s, the trainer holds %s", mine[0].ID, got[0].ID)
+	}
+	if human := cli(t, "mesh", "batches", "--data", b); !strings.Contains(human, "shipped") {
+		t.Errorf("batches:\n%s", human)
+	}
+
+	// Revoke the device from the admin's.
+	bid := string(nb.Peer().Mesh.ID())
+	if out := cli(t, "mesh", "revoke", bid, "--reason", "sold", "--data", a); !strings.Contains(out, "revoked") {
+		t.Errorf("revoke: %s", out)
+	}
+	waitFor(t, "the trainer to refuse the revoked device", func() bool {
+		var ps []peer.PeerInfo
+		out, _, _ := runCLI(t, "mesh", "peers", "--json", "--data", tr)
+		if json.Unmarshal([]byte(out), &ps) != nil {
+			return false
+		}
+		for _, p := range ps {
+			if p.PeerID == bid {
+				return false
+			}
+		}
+		return true
+	})
+	if _, errs, code := runCLI(t, "mesh", "batch", strings.Repeat("0", 64), "--data", tr); code == 0 || !strings.Contains(errs, "no such batch") {
+		t.Errorf("an unknown batch: %d %s", code, errs)
+	}
+}
+
+// TestMeshOffline: the mesh commands on data directories no peer runs on.
+func TestMeshOffline(t *testing.T) {
+	d := t.TempDir()
+	if _, errs, code := runCLI(t, "mesh", "status", "--data", d); code == 0 || !strings.Contains(errs, "not in a mesh") {
+		t.Errorf("status of no mesh: %d %s", code, errs)
+	}
+	cli(t, "mesh", "init", "--data", d)
+	var st peer.Status
+	if err := json.Unmarshal([]byte(cli(t, "mesh", "status", "--json", "--data", d)), &st); err != nil || st.Running || st.PeerID == "" || !st.Admin {
+		t.Errorf("offline status: %+v, %v", st, err)
+	}
+	if out := cli(t, "mesh", "peers", "--json", "--data", d); strings.TrimSpace(out) != "[]" {
+		t.Errorf("offline peers: %q", out)
+	}
+	if out := cli(t, "mesh", "batches", "--json", "--data", d); strings.TrimSpace(out) != "[]" {
+		t.Errorf("offline batches: %q", out)
+	}
+	// No address known yet: a clear error.
+	if _, errs, code := runCLI(t, "invite", "--data", d); code == 0 || !strings.Contains(errs, "no address") {
+		t.Errorf("invite before any run: %d %s", code, errs)
+	}
+	if _, errs, code := runCLI(t, "invite", "--role", "admin", "--data", d); code != 2 {
+		t.Errorf("invite --role admin: %d %s", code, errs)
+	}
+	if _, errs, code := runCLI(t, "join", "clawmesh-invite1:not*base64", "--data", t.TempDir()); code == 0 || !strings.Contains(errs, "tampered") {
+		t.Errorf("a bad token: %d %s", code, errs)
+	}
+	if out := cli(t, "mesh", "revoke", "12D3KooWLeSUBrLkmC5jiqPQv84yMbNk3EY5bd3vyDm6H8i92N9S", "--data", d); !strings.Contains(out, "spreads when") {
+		t.Errorf("offline revoke: %s", out)
+	}
+	if err := json.Unmarshal([]byte(cli(t, "mesh", "status", "--json", "--data", d)), &st); err != nil || st.Revocations != 1 {
+		t.Errorf("after an offline revoke: %+v", st)
+	}
+}
