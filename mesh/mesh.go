@@ -278,7 +278,7 @@ func (m *Mesh) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		m.expireUnadmitted()
-		if now := m.now(); m.Cert().NeedsRenewal(now) && now.Sub(lastRenew) > time.Minute {
+		if now := m.now(); m.Cert().NeedsRenewal(now) && now.Sub(lastRenew) > 10*time.Second {
 			lastRenew = now
 			if err := m.renew(ctx); err != nil {
 				m.log.Warn("renewing the certificate", "err", err, "expires", m.Cert().Expires())

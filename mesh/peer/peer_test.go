@@ -3,7 +3,9 @@ package peer_test
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -519,3 +521,96 @@ func (r *stallReader) Read(p []byte) (int, error) {
 }
 
 func (s *stallingOutbox) release() { close(s.free) }
+
+// TestCertificateRenewal: a certificate is renewed by the admin's device
+// before it expires, while the peer is online.
+func TestCertificateRenewal(t *testing.T) {
+	adminData := newMesh(t, "home")
+	a := start(t, adminData)
+	bData := join(t, invite(t, adminData, a, member.RoleMember, 1))
+	// Give the member a certificate that lives six seconds.
+	adminKey, err := mesh.LoadAdminKey(adminData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bKey, bID, _ := peer.Identity(bData)
+	short, err := member.IssueCertificate(adminKey, nil, member.CertSpec{Subject: string(bID), SubjectKey: bKey.Public().(ed25519.PublicKey), TTL: 6 * time.Second}, time.Now(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := mesh.LoadState(bData)
+	st.Cert = hex.EncodeToString(short.Marshal())
+	if err := mesh.SaveState(bData, st); err != nil {
+		t.Fatal(err)
+	}
+	b := start(t, bData)
+	waitFor(t, "the member admitted", func() bool { return admitted(a, b) })
+	waitFor(t, "the certificate renewed", func() bool { return b.Mesh.Cert().Expires().After(short.Expires()) })
+	time.Sleep(time.Until(short.Expires()) + time.Second)
+	if !admitted(a, b) {
+		t.Error("the member is not admitted after its first certificate expired")
+	}
+	if saved, _ := mesh.LoadState(bData); saved.Cert == st.Cert {
+		t.Error("the renewed certificate was not saved")
+	}
+}
+
+// TestMalformedMessages: junk on a protocol or on gossip costs its sender
+// the stream and nothing else: the peers go on serving.
+func TestMalformedMessages(t *testing.T) {
+	adminData := newMesh(t, "home")
+	a := start(t, adminData)
+	bData := join(t, invite(t, adminData, a, member.RoleMember, 1))
+	tData := join(t, invite(t, adminData, a, member.RoleTrainer, 1))
+	b := start(t, bData)
+	tr := start(t, tData)
+	waitFor(t, "everyone admitted", func() bool { return admitted(a, b) && admitted(a, tr) && admitted(b, tr) })
+	ctx := context.Background()
+	st, err := store.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	runCollect(t, tr, st)
+	out := &memOutbox{payloads: map[core.BatchID][]byte{}, shipped: map[core.BatchID]int{}}
+	runShip(t, b, out)
+	waitFor(t, "the member serving pulls", func() bool {
+		s, err := tr.Host.NewStream(ctx, b.Mesh.ID(), mesh.ProtoPull)
+		if err == nil {
+			s.Close()
+		}
+		return err == nil
+	})
+	for _, proto := range []string{mesh.ProtoPull, mesh.ProtoAdmit, mesh.ProtoRenew, mesh.ProtoRedeem} {
+		for _, junk := range [][]byte{{0xff, 0xff, 0xff, 0xff, 0x0f}, append([]byte{20}, "not json at all....."...), {3, '{', '}', '}'}} {
+			s, err := tr.Host.NewStream(ctx, b.Mesh.ID(), proto)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Write(junk)
+			s.SetReadDeadline(time.Now().Add(10 * time.Second))
+			io.ReadAll(s)
+			s.Close()
+		}
+	}
+	// Junk announcements and acks from an admitted member.
+	for _, topic := range []string{"batches", "acks"} {
+		tp, err := a.Host.Join("clawmesh/" + a.Mesh.MeshID() + "/" + topic + "/1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, junk := range []string{"{", `{"id":"` + strings.Repeat("z", 64) + `"}`, `{"id":"00","trainer":"x","at":1,"cert":"00","sig":"00"}`} {
+			tp.Publish(ctx, []byte(junk))
+		}
+		tp.Close()
+	}
+	// Everyone still works: a batch goes from the member to the trainer.
+	payload, id := testBatch(t, 2, "still fine")
+	out.mu.Lock()
+	out.payloads[id] = payload
+	out.mu.Unlock()
+	waitFor(t, "the batch shipped after the junk", func() bool { return out.count(id) == 1 })
+	if !admitted(b, tr) {
+		t.Error("the junk cost a peer its admission")
+	}
+}
