@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The whole device loop on one machine, with nothing from outside: a tiny
-# model served by clawmesh's native engine, a node in front of it, a short
-# agent conversation through the node's gateway (a correction, the user
-# moving on, explicit feedback), then what the pool recorded and how the
-# reward plugins scored it.
+# The device loop and the mesh on one machine, with nothing from outside: a
+# tiny model served by clawmesh's native engine, a node in front of it that
+# made a mesh, a short agent conversation through the node's gateway (a
+# correction, the user moving on, explicit feedback), what the pool
+# recorded and how the reward plugins scored it, what would leave the
+# device (scrubbed), and a trainer peer that joined with an invite token
+# receiving it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +21,12 @@ gw_port=${GATEWAY_PORT:-18400}
 
 echo "== clawmesh serve --tiny (a tiny random Qwen3-shaped model) on 127.0.0.1:$model_port"
 "$cm" serve --tiny --listen "127.0.0.1:$model_port" > "$work/serve.log" 2>&1 &
-echo "== clawmesh node on 127.0.0.1:$gw_port"
+echo "== clawmesh mesh init: this device makes a mesh"
+"$cm" mesh init --name try --data "$work/data"
+echo "== clawmesh node on 127.0.0.1:$gw_port, a mesh peer on loopback"
 "$cm" node --upstream "http://127.0.0.1:$model_port/v1" --upstream-kind clawmesh \
-  --listen "127.0.0.1:$gw_port" --data "$work/data" > "$work/node.log" 2>&1 &
+  --listen "127.0.0.1:$gw_port" --data "$work/data" --share-interval 1s \
+  --p2p-listen /ip4/127.0.0.1/udp/0/quic-v1 --p2p-listen /ip4/127.0.0.1/tcp/0 --no-mdns > "$work/node.log" 2>&1 &
 
 for _ in $(seq 1 100); do
   curl -sf "http://127.0.0.1:$gw_port/v1/models" > /dev/null 2>&1 && break
@@ -32,7 +37,7 @@ curl -sf "http://127.0.0.1:$gw_port/v1/models" > /dev/null || { cat "$work/serve
 gw="http://127.0.0.1:$gw_port/v1/chat/completions"
 chat() { curl -sf "$gw" -H 'Content-Type: application/json' -H 'X-Session-Id: try' -d "$1"; }
 sys='{"role":"system","content":"You are a helpful assistant."}'
-u1='{"role":"user","content":"List the files here."}'
+u1='{"role":"user","content":"List the files here, then mail the list to ann.lee@example.org."}'
 
 echo "== turn 1: the agent asks, the model answers (streamed)"
 a1=$(chat "{\"model\":\"tiny\",\"stream\":true,\"max_tokens\":24,\"messages\":[$sys,$u1]}" \
@@ -66,3 +71,32 @@ for id in $("$cm" pool ls --data "$work/data" --state scored | tail -n +2 | awk 
   echo
   "$cm" pool show --data "$work/data" "$id"
 done
+
+echo
+echo "== a trainer joins: clawmesh invite --role trainer, then clawmesh join"
+token=$("$cm" invite --role trainer --data "$work/data" 2>/dev/null)
+echo "   token: ${token:0:60}..."
+"$cm" join "$token" --data "$work/trainer"
+"$cm" trainer --data "$work/trainer" --p2p-listen /ip4/127.0.0.1/tcp/0 --no-mdns > "$work/trainer.log" 2>&1 &
+echo
+echo "== what leaves this device (clawmesh pool preview, the first step)"
+"$cm" pool preview --data "$work/data" --limit 1 > "$work/preview.txt"
+head -40 "$work/preview.txt"
+echo
+echo "== waiting for the trainer to receive the batch"
+for _ in $(seq 1 150); do
+  n=$( ("$cm" mesh batches --data "$work/trainer" 2>/dev/null || true) | tail -n +2 | wc -l)
+  [ "$n" -ge 1 ] && break
+  sleep 0.2
+done
+"$cm" mesh status --data "$work/data"
+echo
+"$cm" mesh batches --data "$work/data"
+echo
+"$cm" mesh batches --data "$work/trainer"
+id=$("$cm" mesh batches --data "$work/trainer" | tail -n +2 | awk '{print $1}' | head -1)
+[ -n "$id" ] || { echo "the trainer received no batch"; cat "$work/node.log" "$work/trainer.log"; exit 1; }
+echo
+echo "== the batch's first step as the trainer got it (clawmesh mesh batch $id)"
+"$cm" mesh batch "$id" --data "$work/trainer" > "$work/batch.jsonl"
+head -1 "$work/batch.jsonl" | python3 -c 'import sys,json; s=json.load(sys.stdin); print(json.dumps({k: s[k] for k in ("id","session_id","timings")}, indent=1)); [print("  ", m["role"], ":", (m.get("content") or "")[:120]) for m in s["request"]["messages"]]'

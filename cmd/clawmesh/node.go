@@ -80,6 +80,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Var(&p2pListen, "p2p-listen", "libp2p multiaddr to listen on when the data directory is in a mesh (repeatable; default QUIC and TCP on port 4001, or a free port)")
 	fs.Var(&bootstrap, "bootstrap", "a mesh peer's multiaddr to dial at start (repeatable)")
 	noMDNS := fs.Bool("no-mdns", false, "do not look for mesh peers on the local network")
+	shareEvery := fs.Duration("share-interval", 0, "how often scored steps are sealed into outbox batches, as [share] allows (default 30s)")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -101,6 +102,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if s.PluginDeadline < 0 || s.JudgeTimeout < 0 {
 		return usageErr("--reward-deadline and --judge-timeout must be positive")
+	}
+	if *shareEvery < 0 {
+		return usageErr("--share-interval must be positive")
 	}
 	if s.PluginMemoryMiB < 0 || s.PluginMemoryMiB > 4096 {
 		return usageErr("--reward-memory-mib must be 1 to 4096")
@@ -129,6 +133,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Plugins:       s.Plugins,
 		Share:         s.Share,
 		Mesh:          &node.MeshConfig{Listen: p2pListen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true},
+		ShareInterval: *shareEvery,
 		NoScoring:     *noScore,
 		Logger:        log,
 
