@@ -237,6 +237,12 @@ func (m *Mesh) stall() time.Duration {
 // ErrStalled reports a pull that made no progress for the stall timeout.
 var ErrStalled = errors.New("mesh: pull stalled")
 
+// Pull pulls batch id, of size bytes, from peer p as Collect does, and
+// checks its size and hash (not its contents: batch.Verify does).
+func (m *Mesh) Pull(ctx context.Context, p PeerID, id core.BatchID, size int64) ([]byte, error) {
+	return m.pullFrom(ctx, p, Manifest{ID: id, Size: size}, size)
+}
+
 // pullFrom pulls batch id from peer p and checks its size and hash.
 func (m *Mesh) pullFrom(ctx context.Context, p PeerID, man Manifest, maxSize int64) ([]byte, error) {
 	sctx, cancel := context.WithTimeout(ctx, exchangeTimeout)
@@ -271,7 +277,7 @@ func (m *Mesh) pullFrom(ctx context.Context, p PeerID, man Manifest, maxSize int
 		s.SetReadDeadline(time.Now().Add(m.stall()))
 		n, err := br.Read(buf[off:])
 		off += n
-		if err != nil {
+		if err != nil && !(errors.Is(err, io.EOF) && off == len(buf)) {
 			s.Reset()
 			if errors.Is(err, io.EOF) {
 				return nil, fmt.Errorf("%w: cut after %d of %d bytes", ErrMessage, off, len(buf))

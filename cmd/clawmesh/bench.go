@@ -11,13 +11,14 @@ import (
 	"github.com/clawmesh/clawmesh/internal/bench"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/engine/native"
 	"github.com/clawmesh/clawmesh/trainer/learn"
 	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
-const benchHelp = `Usage: clawmesh bench <gateway|pool|engine|learn|scrub> [flags]
+const benchHelp = `Usage: clawmesh bench <gateway|pool|engine|learn|scrub|mesh> [flags]
 
 Measures clawmesh's parts on this machine, against a baseline measured in
 the same run. Everything runs locally (loopback, a temporary directory).
@@ -46,6 +47,13 @@ the same run. Everything runs locally (loopback, a temporary directory).
             agent-sized step costs alone and in a 64-step batch, against
             encoding the step as JSON in the same run; and the outbox
             preparing that batch from a Pebble pool
+  mesh      the mesh on loopback: announcement-to-stored latency p50/p99
+            (a member shipping, a trainer collecting), the pull protocol's
+            throughput against a bare libp2p stream copying the same bytes
+            in the same run (goal >= 0.8x), and what an idle node costs as
+            a mesh peer: CPU and resident memory of this binary run as an
+            idle node in a mesh and as one that is not (goal: under 1% of a
+            core and 100 MiB more)
 
 Examples:
   clawmesh bench gateway --rate 1000 --duration 10s
@@ -55,12 +63,13 @@ Examples:
   clawmesh bench engine --model tiny
   clawmesh bench learn --rounds 8
   clawmesh bench scrub
+  clawmesh bench mesh --idle 30s
 `
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchHelp)
-		return usageErr("which benchmark? gateway, pool, engine, learn or scrub")
+		return usageErr("which benchmark? gateway, pool, engine, learn, scrub or mesh")
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlags("bench "+sub, benchHelp, stderr)
@@ -121,6 +130,36 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageErr("--rounds must be at least 1")
 		}
 		return benchLearn(ctx, stdout, *rounds, *seed, *alone)
+	case "mesh":
+		var o trainer.BenchOptions
+		fs.IntVar(&o.Batches, "batches", 0, "batches announced one at a time for the latency (default 50)")
+		fs.Int64Var(&o.PullBytes, "pull-bytes", 0, "size of the batch pulled for the throughput (default 16 MiB)")
+		fs.IntVar(&o.Rounds, "rounds", 0, "copies of it each way (default 5)")
+		idle := fs.Duration("idle", 20*time.Second, "how long the idle nodes are measured (0: skip)")
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		r, err := trainer.BenchMesh(ctx, o)
+		if err != nil {
+			return err
+		}
+		r.Print(stdout)
+		if *idle > 0 {
+			fmt.Fprintf(stdout, "\nidle node, measured for %s once started (this binary as two nodes, neither serving a call):\n", *idle)
+			alone, peer, err := benchIdle(ctx, *idle)
+			if err != nil {
+				return err
+			}
+			mib := func(b int64) float64 { return float64(b) / (1 << 20) }
+			fmt.Fprintf(stdout, "  node, not in a mesh (baseline)   CPU %5.2f%% of a core   RSS %6.1f MiB\n", alone.CPU, mib(alone.RSS))
+			fmt.Fprintf(stdout, "  node, a mesh peer                CPU %5.2f%% of a core   RSS %6.1f MiB\n", peer.CPU, mib(peer.RSS))
+			verdict := "met"
+			if peer.CPU-alone.CPU >= 1 || peer.RSS-alone.RSS >= 100<<20 {
+				verdict = "NOT MET"
+			}
+			fmt.Fprintf(stdout, "  the mesh adds %.2f%% of a core and %.1f MiB; goal < 1%% and < 100 MiB: %s\n", peer.CPU-alone.CPU, mib(peer.RSS-alone.RSS), verdict)
+		}
+		return nil
 	case "scrub":
 		minTime := fs.Duration("time", time.Second, "how long each timed measure runs at least")
 		if err := parse(fs, args); err != nil {

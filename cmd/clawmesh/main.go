@@ -38,7 +38,7 @@ func init() {
 		{"join", "join a mesh with an invite token", runJoin},
 		{"trainer", "run a trainer peer: pull, verify and keep the mesh's batches", runTrainer},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
-		{"bench", "measure the parts (gateway, pool, engine, learn, scrub)", runBench},
+		{"bench", "measure the parts (gateway, pool, engine, learn, scrub, mesh)", runBench},
 		{"version", "print the version", runVersion},
 	}
 }

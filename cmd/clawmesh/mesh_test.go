@@ -220,3 +220,13 @@ func TestMeshOffline(t *testing.T) {
 		t.Errorf("after an offline revoke: %+v", st)
 	}
 }
+
+// TestBenchMeshCLI: `clawmesh bench mesh` runs and reports its goal.
+func TestBenchMeshCLI(t *testing.T) {
+	out := cli(t, "bench", "mesh", "--batches", "2", "--pull-bytes", "262144", "--rounds", "1", "--idle", "0")
+	for _, want := range []string{"p50", "p99", "bare libp2p stream (baseline)", "goal >= 0.80x"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("bench mesh lacks %q:\n%s", want, out)
+		}
+	}
+}
