@@ -331,15 +331,11 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 	if o.Poll <= 0 {
 		o.Poll = 2 * time.Second
 	}
-	topic, err := m.host.Join(topicBatches(m.state.MeshID))
+	topic, acks, err := m.joinBatchTopics()
 	if err != nil {
 		return err
 	}
 	defer topic.Close()
-	acks, err := m.host.Join(topicAcks(m.state.MeshID))
-	if err != nil {
-		return err
-	}
 	defer acks.Close()
 	m.servePull(out)
 
@@ -430,6 +426,20 @@ func (m *Mesh) announce(ctx context.Context, topic Topic, out Outbox, id core.Ba
 	m.log.Debug("batch announced", "batch", id, "steps", man.Steps)
 }
 
+// joinBatchTopics joins the topics of announcements and acks.
+func (m *Mesh) joinBatchTopics() (batches, acks Topic, err error) {
+	batches, err = m.host.Join(topicBatches(m.state.MeshID))
+	if err != nil {
+		return nil, nil, err
+	}
+	acks, err = m.host.Join(topicAcks(m.state.MeshID))
+	if err != nil {
+		batches.Close()
+		return nil, nil, err
+	}
+	return batches, acks, nil
+}
+
 // ---- the trainer's side: pull, verify, store, ack
 
 // Store is where a trainer keeps the batches it pulled.
@@ -459,15 +469,11 @@ func (m *Mesh) Collect(ctx context.Context, st Store, o PullOptions) error {
 	if maxSize <= 0 {
 		maxSize = 32 << 20
 	}
-	topic, err := m.host.Join(topicBatches(m.state.MeshID))
+	topic, acks, err := m.joinBatchTopics()
 	if err != nil {
 		return err
 	}
 	defer topic.Close()
-	acks, err := m.host.Join(topicAcks(m.state.MeshID))
-	if err != nil {
-		return err
-	}
 	defer acks.Close()
 	go func() { // an ack topic this peer only publishes to: drain it
 		for {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/peer"
@@ -169,11 +170,7 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 	json.NewEncoder(w).Encode(v)
 }
 
-func writeErr(w http.ResponseWriter, code int, err error) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"message": err.Error(), "type": "clawmesh_error"}})
-}
+func writeErr(w http.ResponseWriter, code int, err error) { adminapi.WriteError(w, code, err) }
 
 // Client reads a running node's pool over its admin API.
 type Client struct {
@@ -190,37 +187,15 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
-	if err != nil {
-		return nil, err
-	}
-	if c.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Token)
-	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		var e struct {
-			Error struct{ Message string } `json:"error"`
+	resp, err := adminapi.Do(ctx, c.HTTP, method, u, c.Token, body)
+	var se *adminapi.StatusError
+	if errors.As(err, &se) {
+		if se.Code == http.StatusNotFound && strings.Contains(se.Message, "not found") {
+			return nil, fmt.Errorf("%w: %w: %s", ErrRemote, pool.ErrNotFound, se.Message)
 		}
-		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		msg := strings.TrimSpace(string(raw))
-		if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
-			msg = e.Error.Message
-		}
-		if resp.StatusCode == http.StatusNotFound && strings.Contains(msg, "not found") {
-			return nil, fmt.Errorf("%w: %w: %s", ErrRemote, pool.ErrNotFound, msg)
-		}
-		return nil, fmt.Errorf("%w: %s: %s", ErrRemote, resp.Status, msg)
+		return nil, fmt.Errorf("%w: %s: %s", ErrRemote, se.Status, se.Message)
 	}
-	return resp, nil
+	return resp, err
 }
 
 func (c *Client) getJSON(ctx context.Context, path string, q url.Values, v any) error {

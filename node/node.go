@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/node/gateway"
@@ -341,7 +342,7 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	n.addr = ln.Addr()
 	n.mu.Unlock()
 	addrPath := filepath.Join(n.cfg.DataDir, AddrFile)
-	if err := writeFileAtomic(addrPath, []byte(ln.Addr().String()+"\n")); err != nil {
+	if err := adminapi.WriteAddr(n.cfg.DataDir, AddrFile, ln.Addr().String()); err != nil {
 		n.log.Warn("cannot write address file", "err", err)
 	}
 	defer os.Remove(addrPath)
@@ -496,22 +497,7 @@ func (n *Node) retentionLoop(ctx context.Context) {
 	}
 }
 
-// writeFileAtomic writes data to path via a temporary file and a rename.
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
 // ReadAddr returns the address a running node wrote into dataDir.
-func ReadAddr(dataDir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, AddrFile))
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(string(b)), nil
-}
+func ReadAddr(dataDir string) (string, error) { return adminapi.ReadAddr(dataDir, AddrFile) }
 
 var _ http.Handler = (*gateway.Gateway)(nil)

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/batch"
@@ -124,7 +125,7 @@ func (t *Trainer) Run(ctx context.Context) error {
 	t.addr = ln.Addr()
 	t.mu.Unlock()
 	addrPath := filepath.Join(t.cfg.DataDir, AddrFile)
-	if err := writeFileAtomic(addrPath, []byte(ln.Addr().String()+"\n")); err != nil {
+	if err := adminapi.WriteAddr(t.cfg.DataDir, AddrFile, ln.Addr().String()); err != nil {
 		t.log.Warn("cannot write the address file", "err", err)
 	}
 	defer os.Remove(addrPath)
@@ -174,18 +175,4 @@ func (b Batches) Get(ctx context.Context, id core.BatchID) (*batch.Batch, error)
 }
 
 // ReadAddr returns the admin address a running trainer wrote in dataDir.
-func ReadAddr(dataDir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, AddrFile))
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(string(b)), nil
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
+func ReadAddr(dataDir string) (string, error) { return adminapi.ReadAddr(dataDir, AddrFile) }

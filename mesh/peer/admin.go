@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/batch"
@@ -182,11 +183,7 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 	json.NewEncoder(w).Encode(v)
 }
 
-func writeErr(w http.ResponseWriter, code int, err error) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"message": err.Error(), "type": "clawmesh_error"}})
-}
+func writeErr(w http.ResponseWriter, code int, err error) { adminapi.WriteError(w, code, err) }
 
 // Client reaches a running peer's admin API.
 type Client struct {
@@ -196,40 +193,15 @@ type Client struct {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.Base, "/")+AdminPrefix+path, body)
-	if err != nil {
-		return nil, err
-	}
-	if c.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Token)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		var e struct {
-			Error struct{ Message string } `json:"error"`
+	resp, err := adminapi.Do(ctx, c.HTTP, method, strings.TrimSuffix(c.Base, "/")+AdminPrefix+path, c.Token, body)
+	var se *adminapi.StatusError
+	if errors.As(err, &se) {
+		if se.Code == http.StatusNotFound {
+			return nil, fmt.Errorf("%w: %s", mesh.ErrNoBatch, se.Message)
 		}
-		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		msg := strings.TrimSpace(string(raw))
-		if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
-			msg = e.Error.Message
-		}
-		if resp.StatusCode == http.StatusNotFound {
-			return nil, fmt.Errorf("%w: %s", mesh.ErrNoBatch, msg)
-		}
-		return nil, errors.New(msg)
+		return nil, errors.New(se.Message)
 	}
-	return resp, nil
+	return resp, err
 }
 
 func (c *Client) get(ctx context.Context, path string, v any) error {

@@ -1,0 +1,91 @@
+// Package adminapi holds what the loopback admin APIs of a node and a
+// trainer share: how they write errors, how their clients read them, and
+// the file in a data directory that says where a running one listens.
+package adminapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// WriteError answers err as JSON, OpenAI-style, with status code.
+func WriteError(w http.ResponseWriter, code int, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"message": err.Error(), "type": "clawmesh_error"}})
+}
+
+// StatusError is an answer other than 2xx, with the message WriteError put
+// in it (or the body, if it was not such JSON).
+type StatusError struct {
+	Code    int
+	Status  string
+	Message string
+}
+
+func (e *StatusError) Error() string { return e.Status + ": " + e.Message }
+
+// Do sends a request with a bearer token (if any) and returns the response
+// if it is 2xx, else a *StatusError.
+func Do(ctx context.Context, hc *http.Client, method, url, token string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		return nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	var e struct {
+		Error struct{ Message string } `json:"error"`
+	}
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	msg := strings.TrimSpace(string(raw))
+	if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
+		msg = e.Error.Message
+	}
+	return nil, &StatusError{Code: resp.StatusCode, Status: resp.Status, Message: msg}
+}
+
+// WriteAddr writes addr to the file name in dir (atomically), for the
+// commands that look for a running node or trainer there.
+func WriteAddr(dir, name, addr string) error {
+	path := filepath.Join(dir, name)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ReadAddr reads what WriteAddr wrote.
+func ReadAddr(dir, name string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return "", err
+	}
+	a := strings.TrimSpace(string(b))
+	if a == "" {
+		return "", errors.New("adminapi: empty address file")
+	}
+	return a, nil
+}
