@@ -1,6 +1,10 @@
-// Package mesh is what makes devices a mesh: peer identity and the Host
-// interface that protocol code runs on (the real one in mesh/p2p wraps
-// go-libp2p), membership by invite token and certificate (mesh/member),
-// admission, the gossip of batch announcements and the batch pull protocol,
-// and the batch wire format (mesh/batch).
+// Package mesh is what makes devices a mesh: the Host interface protocol
+// code runs on (the real one, on go-libp2p, is mesh/p2p; mesh/peer puts a
+// data directory's membership on one), membership (the state on disk, the
+// certificate exchange that admits a peer, the redeeming of invite tokens,
+// renewal, revocations spread and enforced; the tokens, certificates and
+// revocations themselves are mesh/member), and the shipping of batches:
+// announcements on gossip that name no device, the pull protocol only
+// trainers may use, and the signed acks that mark a batch shipped. The
+// batch wire format is mesh/batch.
 package mesh

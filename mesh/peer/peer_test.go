@@ -614,3 +614,55 @@ func TestMalformedMessages(t *testing.T) {
 		t.Error("the junk cost a peer its admission")
 	}
 }
+
+// TestPullTriesAnotherSource: a pull that stalls is given up after the
+// stall timeout, and the batch comes from another trainer that holds it.
+func TestPullTriesAnotherSource(t *testing.T) {
+	adminData := newMesh(t, "home")
+	a := start(t, adminData)
+	bData := join(t, invite(t, adminData, a, member.RoleMember, 1))
+	t1Data := join(t, invite(t, adminData, a, member.RoleTrainer, 2))
+	t2Data := join(t, invite(t, adminData, a, member.RoleTrainer, 1))
+	b, t1, t2 := start(t, bData), start(t, t1Data), start(t, t2Data)
+	waitFor(t, "everyone admitted", func() bool { return admitted(b, t1) && admitted(b, t2) && admitted(t1, t2) })
+
+	payload, id := testBatch(t, 300, "held by the first trainer")
+	st1, err := store.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st1.Close()
+	decoded, err := batch.Verify(payload, id, batch.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st1.Put(context.Background(), id, payload, decoded); err != nil {
+		t.Fatal(err)
+	}
+	st2, err := store.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	runCollect(t, t1, st1)
+	runCollect(t, t2, st2)
+	time.Sleep(time.Second) // the trainers' subscriptions reach the member
+
+	// The member serves half of the batch, then stalls.
+	out := &memOutbox{payloads: map[core.BatchID][]byte{id: payload}, shipped: map[core.BatchID]int{}}
+	slow := &stallingOutbox{memOutbox: out, stalled: make(chan struct{}), free: make(chan struct{})}
+	defer slow.release()
+	runShip(t, b, slow)
+	waitFor(t, "the second trainer to get the batch from the first", func() bool {
+		has, _ := st2.Has(context.Background(), id)
+		return has
+	})
+	select {
+	case <-slow.stalled:
+	default:
+		t.Log("the second trainer did not pull from the member first (another peer forwarded the announcement)")
+	}
+	if out.count(id) == 0 {
+		t.Error("the member never saw an ack")
+	}
+}
