@@ -25,6 +25,14 @@ var loopbackP2P = []string{"/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/127.0.0.1/tcp/0
 // mesh peer on loopback, sealing and shipping quickly.
 func runMeshNode(t *testing.T, data, upstream string, pol share.Policy) *node.Node {
 	t.Helper()
+	n, _ := runStoppableMeshNode(t, data, upstream, pol)
+	return n
+}
+
+// runStoppableMeshNode is runMeshNode that also returns a stop function
+// (the test's cleanup calls it if the test did not).
+func runStoppableMeshNode(t *testing.T, data, upstream string, pol share.Policy) (*node.Node, func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	n, err := node.New(ctx, node.Config{
 		DataDir: data, Upstream: upstream, Share: pol, ShareInterval: 50 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
@@ -41,9 +49,10 @@ func runMeshNode(t *testing.T, data, upstream string, pol share.Policy) *node.No
 	done := make(chan struct{})
 	go func() { n.Serve(ctx, ln); close(done) }()
 	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { cancel(); <-done; n.Close(context.Background()) }) })
+	stop := func() { once.Do(func() { cancel(); <-done; n.Close(context.Background()) }) }
+	t.Cleanup(stop)
 	waitFor(t, "the node's address file", func() bool { _, err := node.ReadAddr(data); return err == nil })
-	return n
+	return n, stop
 }
 
 func runTrainerPeer(t *testing.T, data string) *trainer.Trainer {
@@ -93,7 +102,10 @@ func TestMeshCLI(t *testing.T) {
 	if _, errs, code := runCLI(t, "mesh", "init", "--data", a); code == 0 || !strings.Contains(errs, "already in a mesh") {
 		t.Errorf("init twice: %d %s", code, errs)
 	}
-	runMeshNode(t, a, upstream, share.Policy{})
+	na := runMeshNode(t, a, upstream, share.Policy{})
+	if m := na.Outbox().Policy().Mode; m != share.ModeScored {
+		t.Errorf("a node in a mesh with no [share] mode shares %q, want scored", m)
+	}
 
 	tok := strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a))
 	if !strings.HasPrefix(tok, "clawmesh-invite1:") || strings.Count(tok, "\n") != 0 {
@@ -228,5 +240,51 @@ func TestBenchMeshCLI(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("bench mesh lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestUnshippedSurvivesRestart: a batch sealed while no trainer is in the
+// mesh waits in the outbox; after the node restarts it is announced again
+// and ships, once, to the trainer that joined meanwhile.
+func TestUnshippedSurvivesRestart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Noted."}}})
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Run(ctx, upLn)
+	upstream := "http://" + upLn.Addr().String() + "/v1"
+
+	a, b, tr := t.TempDir(), t.TempDir(), t.TempDir()
+	cli(t, "mesh", "init", "--data", a)
+	runMeshNode(t, a, upstream, share.Policy{})
+	cli(t, "join", strings.TrimSpace(cli(t, "invite", "--data", a)), "--data", b)
+	nb, stop := runStoppableMeshNode(t, b, upstream, share.Policy{Mode: share.ModeAll})
+	addr, _ := node.ReadAddr(b)
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"remember this"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Session-Done", "true")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	waitFor(t, "a sealed batch", func() bool { bs, _ := nb.Pool().Batches(ctx); return len(bs) == 1 })
+	time.Sleep(time.Second) // announced, to no trainer
+	stop()
+
+	cli(t, "join", strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a)), "--data", tr)
+	trn := runTrainerPeer(t, tr)
+	runMeshNode(t, b, upstream, share.Policy{Mode: share.ModeAll})
+	var mine []peer.BatchInfo
+	waitFor(t, "the batch shipped after the restart", func() bool {
+		out, _, _ := runCLI(t, "mesh", "batches", "--json", "--data", b)
+		return json.Unmarshal([]byte(out), &mine) == nil && len(mine) == 1 && !mine[0].Shipped.IsZero()
+	})
+	held, err := trn.Store().List(ctx)
+	if err != nil || len(held) != 1 || held[0].ID != mine[0].ID {
+		t.Fatalf("the trainer holds %+v, %v; the node shipped %s", held, err, mine[0].ID)
 	}
 }
