@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/mesh/member"
 )
 
@@ -103,30 +104,10 @@ func SaveState(dataDir string, s *State) error {
 	return writeFile(filepath.Join(dataDir, Dir, "state.json"), append(b, '\n'))
 }
 
-// writeFile writes data to path atomically and durably (a temporary file,
-// synced, renamed), making the directory if needed, readable by the owner
-// only.
+// writeFile writes data to path atomically and durably, readable by the
+// owner only.
 func writeFile(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return fmt.Errorf("mesh: %w", err)
-	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("mesh: %w", err)
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.Write(path, data, 0o600); err != nil {
 		return fmt.Errorf("mesh: %w", err)
 	}
 	return nil

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 )
 
 // WriteError answers err as JSON, OpenAI-style, with status code.
@@ -69,12 +71,7 @@ func Do(ctx context.Context, hc *http.Client, method, url, token string, body io
 // WriteAddr writes addr to the file name in dir (atomically), for the
 // commands that look for a running node or trainer there.
 func WriteAddr(dir, name, addr string) error {
-	path := filepath.Join(dir, name)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(filepath.Join(dir, name), []byte(addr+"\n"), 0o600)
 }
 
 // ReadAddr reads what WriteAddr wrote.

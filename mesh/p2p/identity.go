@@ -12,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/mesh"
 )
 
@@ -71,34 +72,12 @@ func createIdentity(dataDir, path string) (crypto.PrivKey, mesh.PeerID, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: encode key: %v", ErrIdentity, err)
 	}
-	tmp, err := os.CreateTemp(dataDir, IdentityFile+".*.tmp")
-	if err != nil {
-		return nil, "", fmt.Errorf("%w: %v", ErrIdentity, err)
-	}
-	defer os.Remove(tmp.Name())
-	// CreateTemp makes the file 0600 already; say so for the reader.
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return nil, "", fmt.Errorf("%w: %v", ErrIdentity, err)
-	}
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return nil, "", fmt.Errorf("%w: write key: %v", ErrIdentity, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return nil, "", fmt.Errorf("%w: write key: %v", ErrIdentity, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return nil, "", fmt.Errorf("%w: write key: %v", ErrIdentity, err)
-	}
-	if err := os.Link(tmp.Name(), path); err != nil {
+	if err := atomicfile.Create(path, b, 0o600); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return LoadIdentity(dataDir) // another process was first
 		}
 		return nil, "", fmt.Errorf("%w: store key: %v", ErrIdentity, err)
 	}
-	syncDir(dataDir)
 	id, err := PeerIDFromKey(key.GetPublic())
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %v", ErrIdentity, err)
@@ -156,12 +135,3 @@ func libp2pID(p mesh.PeerID) (peer.ID, error) {
 
 // meshID is the mesh's name for a libp2p peer id.
 func meshID(id peer.ID) mesh.PeerID { return mesh.PeerID(id.String()) }
-
-// syncDir flushes a directory entry (a rename or link) to disk, where the
-// platform allows it.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
-}

@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 )
 
 // Bounds of the peer cache: a stranger who connects many times under new
@@ -225,42 +226,11 @@ func (b *peerBook) save(blocked, admitted func(peer.ID) bool) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(b.path, append(data, '\n'), 0o600); err != nil {
+	if err := atomicfile.Write(b.path, append(data, '\n'), 0o600); err != nil {
 		b.mu.Lock()
 		b.dirty = true // try again next time
 		b.mu.Unlock()
 		return err
 	}
-	return nil
-}
-
-// writeFileAtomic replaces path by data: a temporary file in the same
-// directory, synced, then renamed over path.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	syncDir(dir)
 	return nil
 }

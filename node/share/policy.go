@@ -17,12 +17,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node/scrub"
 )
@@ -157,28 +159,9 @@ func LoadKey(dataDir string) ([]byte, error) {
 	if _, err := rand.Read(k); err != nil {
 		return nil, fmt.Errorf("share: id key: %w", err)
 	}
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("share: id key: %w", err)
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(hex.EncodeToString(k)+"\n"), 0o600); err != nil {
-		return nil, fmt.Errorf("share: id key: %w", err)
-	}
-	f, err := os.Open(tmp)
-	if err == nil {
-		err = f.Sync()
-		f.Close()
-	}
-	if err == nil {
-		// Two processes may race to make it: the first rename wins, and
-		// both read back what is there.
-		if _, serr := os.Stat(path); errors.Is(serr, os.ErrNotExist) {
-			err = os.Rename(tmp, path)
-		} else {
-			os.Remove(tmp)
-		}
-	}
-	if err != nil {
+	// Two processes may race to make it: the first wins, and both read
+	// back what is there.
+	if err := atomicfile.Create(path, []byte(hex.EncodeToString(k)+"\n"), 0o600); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("share: id key: %w", err)
 	}
 	return LoadKey(dataDir)
