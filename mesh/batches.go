@@ -343,6 +343,7 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 		at    time.Time
 		delay time.Duration
 		round int
+		man   *Manifest // read from the batch once
 	}
 	var mu sync.Mutex
 	sched := map[core.BatchID]*next{}
@@ -387,16 +388,25 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 				sched[id] = n
 			}
 			due := !now.Before(n.at)
-			round := n.round
+			round, man := n.round, n.man
 			if due {
 				n.at = now.Add(n.delay)
 				n.delay = min(2*n.delay, o.MaxRetry)
 				n.round++
 			}
 			mu.Unlock()
-			if due {
-				m.announce(ctx, topic, out, id, round)
+			if !due {
+				continue
 			}
+			if man == nil {
+				if man = m.manifest(ctx, out, id); man == nil {
+					continue
+				}
+				mu.Lock()
+				n.man = man
+				mu.Unlock()
+			}
+			m.announce(ctx, topic, *man, round)
 		}
 		select {
 		case <-ctx.Done():
@@ -406,24 +416,29 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 	}
 }
 
-func (m *Mesh) announce(ctx context.Context, topic Topic, out Outbox, id core.BatchID, round int) {
+// manifest reads a batch of out and makes its manifest, or logs why not.
+func (m *Mesh) manifest(ctx context.Context, out Outbox, id core.BatchID) *Manifest {
 	payload, err := out.Payload(ctx, id)
 	if err != nil {
 		m.log.Warn("reading a batch to announce", "batch", id, "err", err)
-		return
+		return nil
 	}
 	man, err := ManifestOf(payload)
 	if err != nil {
 		m.log.Warn("a sealed batch does not decode", "batch", id, "err", err)
-		return
+		return nil
 	}
+	return &man
+}
+
+func (m *Mesh) announce(ctx context.Context, topic Topic, man Manifest, round int) {
 	man.Round = round
 	b, _ := json.Marshal(man)
 	if err := topic.Publish(ctx, b); err != nil {
-		m.log.Debug("announcing a batch", "batch", id, "err", err)
+		m.log.Debug("announcing a batch", "batch", man.ID, "err", err)
 		return
 	}
-	m.log.Debug("batch announced", "batch", id, "steps", man.Steps)
+	m.log.Debug("batch announced", "batch", man.ID, "steps", man.Steps)
 }
 
 // joinBatchTopics joins the topics of announcements and acks.

@@ -313,9 +313,7 @@ func (m *Mesh) notify(p PeerID, up bool) {
 		m.connected[p] = m.now()
 	}
 	m.mu.Unlock()
-	if up {
-		go m.admit(context.Background(), p)
-	}
+	go m.admit(context.Background(), p)
 }
 
 // expireUnadmitted disconnects, and refuses for a while, peers connected
@@ -375,7 +373,7 @@ func (m *Mesh) hello() hello {
 	return h
 }
 
-func firstN(s []string, n int) []string {
+func firstN[T any](s []T, n int) []T {
 	if len(s) > n {
 		return s[:n]
 	}
@@ -451,7 +449,7 @@ func (m *Mesh) check(p PeerID, h hello) {
 	delete(m.connected, p)
 	fns := slices.Clone(m.onAdmit)
 	var dial [][]string
-	for _, addrs := range firstN2(h.Peers, maxExchanged) {
+	for _, addrs := range firstN(h.Peers, maxExchanged) {
 		if q := addrPeer(addrs); q != "" && q != m.self && m.admitted[q] == nil && !m.revs.IsRevoked(string(q)) {
 			dial = append(dial, firstN(addrs, 16))
 		}
@@ -472,13 +470,6 @@ func (m *Mesh) check(p PeerID, h hello) {
 			}
 		}()
 	}
-}
-
-func firstN2(s [][]string, n int) [][]string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }
 
 // addrPeer returns the peer id the multiaddrs end in (/p2p/ID), if they

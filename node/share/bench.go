@@ -186,6 +186,6 @@ func (r *BenchResult) Print(w io.Writer) {
 	fmt.Fprintf(w, "  scrubbing it alone                 %s  (%.1fx the encoding)\n", ms(r.Cold), float64(r.Cold)/float64(r.Encode))
 	fmt.Fprintf(w, "  scrubbing it in a batch            %s  (%.2fx the encoding; %d steps of %d sessions, one pass; goal < 1 ms)\n",
 		ms(r.InBatch), float64(r.InBatch)/float64(r.Encode), r.BatchSteps, r.BatchSessions)
-	fmt.Fprintf(w, "  the outbox preparing that batch    %s  (%s a step: read from Pebble, scrub, encode, decode to check; %d KB of steps in %d KB, zstd)\n",
+	fmt.Fprintf(w, "  the outbox preparing that batch    %s  (%s a step: read from Pebble, scrub, encode; %d KB of steps in %d KB, zstd)\n",
 		ms(r.Prepare), ms(r.Prepare/time.Duration(r.BatchSteps)), r.PreparedJSON/1000, r.PayloadBytes/1000)
 }

@@ -113,7 +113,7 @@ type Prepared struct {
 	// content address.
 	Payload []byte
 	ID      core.BatchID
-	// Scrubbed are the payload's steps as they leave (decoded from it).
+	// Scrubbed are the payload's steps as they leave (what was encoded).
 	Scrubbed []*core.Step
 	// Header is the payload's header.
 	Header batch.Header
@@ -184,12 +184,11 @@ func (o *Outbox) Prepare(ctx context.Context) (*Prepared, error) {
 	if err != nil {
 		return nil, fmt.Errorf("share: encoding the batch: %w", err)
 	}
-	// Read back what leaves, as a trainer will.
-	b, err := batch.Decode(payload, batch.Limits{MaxBytes: pool.MaxPayload})
+	h, err := batch.DecodeHeader(payload, batch.Limits{MaxBytes: pool.MaxPayload})
 	if err != nil {
 		return nil, fmt.Errorf("share: the batch made does not decode: %w", err)
 	}
-	pr.Payload, pr.ID, pr.Scrubbed, pr.Header = payload, batch.ID(payload), b.Steps, b.Header
+	pr.Payload, pr.ID, pr.Scrubbed, pr.Header = payload, batch.ID(payload), out, h
 	return pr, nil
 }
 
@@ -211,12 +210,18 @@ func (o *Outbox) replay(ctx context.Context, pass *scrub.Pass, t *scrub.Table, s
 // batched and the held ones to held. It returns the batch (nil when there
 // was nothing to seal, or every step was held).
 func (o *Outbox) Seal(ctx context.Context) (*pool.Batch, error) {
+	b, _, err := o.seal(ctx)
+	return b, err
+}
+
+// seal is Seal that also says whether there were scored steps to take.
+func (o *Outbox) seal(ctx context.Context) (*pool.Batch, bool, error) {
 	o.sealMu.Lock()
 	defer o.sealMu.Unlock()
 	for attempt := 0; ; attempt++ {
 		pr, err := o.Prepare(ctx)
 		if err != nil || pr == nil {
-			return nil, err
+			return nil, false, err
 		}
 		held := make([]core.StepID, len(pr.Held))
 		for i, h := range pr.Held {
@@ -227,7 +232,7 @@ func (o *Outbox) Seal(ctx context.Context) (*pool.Batch, error) {
 			continue // a step moved meanwhile (new feedback): prepare again
 		}
 		if err != nil {
-			return nil, fmt.Errorf("share: %w", err)
+			return nil, true, fmt.Errorf("share: %w", err)
 		}
 		if len(held) > 0 {
 			o.log.Info("steps kept on the device by the sharing policy", "n", len(held))
@@ -235,7 +240,7 @@ func (o *Outbox) Seal(ctx context.Context) (*pool.Batch, error) {
 		if b != nil {
 			o.log.Info("batch sealed", "batch", b.ID, "steps", len(b.Steps), "bytes", b.Size, "found", pr.Found)
 		}
-		return b, nil
+		return b, true, nil
 	}
 }
 
@@ -244,19 +249,12 @@ func (o *Outbox) Seal(ctx context.Context) (*pool.Batch, error) {
 func (o *Outbox) SealAll(ctx context.Context) (int, error) {
 	n := 0
 	for ctx.Err() == nil {
-		before, err := o.pool.List(ctx, pool.Filter{State: core.StateScored, Limit: 1})
-		if err != nil || len(before) == 0 {
-			return n, err
-		}
-		b, err := o.Seal(ctx)
-		if err != nil {
+		b, took, err := o.seal(ctx)
+		if err != nil || !took {
 			return n, err
 		}
 		if b != nil {
 			n++
-		}
-		if pol, _ := o.current(); pol.Mode == ModeNone {
-			return n, nil
 		}
 	}
 	return n, ctx.Err()
