@@ -5,6 +5,49 @@ import (
 	"strings"
 )
 
+// prefixed are the vendor tokens that are a fixed prefix then a body of at
+// least min bytes of an alphabet. Where one prefix starts another, the
+// longer comes first.
+var prefixed = []struct {
+	prefix string
+	min    int
+	ok     func(byte) bool
+	vendor string
+}{
+	{"ghp_", 36, isAlnum, "github"}, {"gho_", 36, isAlnum, "github"}, {"ghu_", 36, isAlnum, "github"},
+	{"ghs_", 36, isAlnum, "github"}, {"ghr_", 36, isAlnum, "github"}, {"github_pat_", 40, isWord, "github"},
+	{"glpat-", 20, isB64URL, "gitlab"}, {"gldt-", 20, isB64URL, "gitlab"}, {"glrt-", 20, isB64URL, "gitlab"},
+	{"glptt-", 20, isB64URL, "gitlab"}, {"glcbt-", 20, isB64URL, "gitlab"}, {"glimt-", 20, isB64URL, "gitlab"},
+	{"gloas-", 20, isB64URL, "gitlab"}, {"glsoat-", 20, isB64URL, "gitlab"}, {"glffct-", 20, isB64URL, "gitlab"},
+	{"glft-", 20, isB64URL, "gitlab"},
+	{"xapp-", 20, isAlnumDash, "slack"},
+	{"sk_live_", 16, isAlnum, "stripe"}, {"sk_test_", 16, isAlnum, "stripe"}, {"rk_live_", 16, isAlnum, "stripe"},
+	{"rk_test_", 16, isAlnum, "stripe"}, {"whsec_", 24, isAlnum, "stripe"},
+	{"sk-ant-", 20, isB64URL, "anthropic"},
+	{"sk-proj-", 20, isB64URL, "openai"}, {"sk-svcacct-", 20, isB64URL, "openai"}, {"sk-admin-", 20, isB64URL, "openai"},
+	{"sk-None-", 20, isB64URL, "openai"},
+	{"ya29.", 20, isB64URL, "google"}, {"GOCSPX-", 24, isB64URL, "google"},
+	{"hf_", 30, isAlnum, "huggingface"},
+	{"npm_", 36, isAlnum, "npm"},
+	{"pypi-AgE", 47, isB64URL, "pypi"},
+}
+
+// prefixedBy lists, by first byte, the entries of prefixed to try, and
+// prefixedSecond the second bytes they have: most words part from every
+// prefix there.
+var prefixedBy, prefixedSecond = func() (m [256][]int, second [256]string) {
+	for i, p := range prefixed {
+		c := p.prefix[0]
+		m[c] = append(m[c], i)
+		if strings.IndexByte(second[c], p.prefix[1]) < 0 {
+			second[c] += p.prefix[1:2]
+		}
+	}
+	return m, second
+}()
+
+func isAlnumDash(c byte) bool { return isAlnum(c) || c == '-' }
+
 // vendor tries the published formats of vendors' keys and tokens at a word
 // start. Each is a fixed prefix and a body of a known alphabet and length,
 // so a match is specific; bodies must also end where the token does.
@@ -38,8 +81,19 @@ func (d *detector) vendor(s int) {
 		d.add(s, e, APIKey, vendor)
 		return true
 	}
-	switch t[s] {
-	case 'A':
+	matched := false
+	if len(rest) > 1 && strings.IndexByte(prefixedSecond[rest[0]], rest[1]) >= 0 {
+		for _, i := range prefixedBy[rest[0]] {
+			if p := &prefixed[i]; strings.HasPrefix(rest, p.prefix) {
+				add(body(len(p.prefix), p.min, p.ok), p.vendor)
+				matched = true
+				break
+			}
+		}
+	}
+	switch c := t[s]; {
+	case matched:
+	case c == 'A':
 		if len(rest) >= 20 && awsPrefix(rest[:4]) {
 			if add(exact(4, 16, isUpperDigit), "aws") {
 				return
@@ -51,9 +105,8 @@ func (d *detector) vendor(s int) {
 		if strings.HasPrefix(rest, "AC") {
 			add(exact(2, 32, isHex), "twilio")
 		}
-	case 'S':
-		switch {
-		case strings.HasPrefix(rest, "SG."):
+	case c == 'S':
+		if strings.HasPrefix(rest, "SG.") {
 			e := runOf(t, s+3, isB64URL)
 			if n := e - (s + 3); n >= 20 && n <= 24 && e < len(t) && t[e] == '.' {
 				e2 := runOf(t, e+1, isB64URL)
@@ -61,85 +114,31 @@ func (d *detector) vendor(s int) {
 					add(e2, "sendgrid")
 				}
 			}
-		case strings.HasPrefix(rest, "SK"):
+		} else if strings.HasPrefix(rest, "SK") {
 			add(exact(2, 32, isHex), "twilio")
 		}
-	case 'g':
-		switch {
-		case len(rest) > 4 && rest[0] == 'g' && rest[1] == 'h' && strings.IndexByte("pousr", rest[2]) >= 0 && rest[3] == '_':
-			add(body(4, 36, isAlnum), "github")
-		case strings.HasPrefix(rest, "github_pat_"):
-			add(body(11, 40, isWord), "github")
-		case strings.HasPrefix(rest, "gl"):
-			for _, p := range []string{"glpat-", "gldt-", "glrt-", "glptt-", "glcbt-", "glimt-", "gloas-", "glsoat-", "glffct-", "glft-"} {
-				if strings.HasPrefix(rest, p) {
-					add(body(len(p), 20, isB64URL), "gitlab")
-					return
-				}
-			}
-		}
-	case 'x':
+	case c == 'x':
 		if len(rest) > 5 && strings.HasPrefix(rest, "xox") && strings.IndexByte("abposre", rest[3]) >= 0 && rest[4] == '-' {
-			if e := body(5, 10, func(c byte) bool { return isAlnum(c) || c == '-' }); e >= 0 && hasDigit(t[s+5:e]) {
+			if e := body(5, 10, isAlnumDash); e >= 0 && hasDigit(t[s+5:e]) {
 				add(e, "slack")
 			}
-		} else if strings.HasPrefix(rest, "xapp-") {
-			add(body(5, 20, func(c byte) bool { return isAlnum(c) || c == '-' }), "slack")
 		}
-	case 's':
-		switch {
-		case strings.HasPrefix(rest, "sk_live_") || strings.HasPrefix(rest, "sk_test_"):
-			add(body(8, 16, isAlnum), "stripe")
-		case strings.HasPrefix(rest, "sk-ant-"):
-			add(body(7, 20, isB64URL), "anthropic")
-		case strings.HasPrefix(rest, "sk-"):
-			for _, p := range []string{"sk-proj-", "sk-svcacct-", "sk-admin-", "sk-None-"} {
-				if strings.HasPrefix(rest, p) {
-					add(body(len(p), 20, isB64URL), "openai")
-					return
-				}
-			}
+	case c == 's':
+		// OpenAI's older keys: "sk-" and a mixed body.
+		if strings.HasPrefix(rest, "sk-") {
 			if e := body(3, 32, isAlnum); e >= 0 && hasDigit(t[s+3:e]) && hasUpperLower(t[s+3:e]) {
 				add(e, "openai")
 			}
 		}
-	case 'r':
-		if strings.HasPrefix(rest, "rk_live_") || strings.HasPrefix(rest, "rk_test_") {
-			add(body(8, 16, isAlnum), "stripe")
-		}
-	case 'w':
-		if strings.HasPrefix(rest, "whsec_") {
-			add(body(6, 24, isAlnum), "stripe")
-		}
-	case 'y':
-		if strings.HasPrefix(rest, "ya29.") {
-			add(body(5, 20, isB64URL), "google")
-		}
-	case 'G':
-		if strings.HasPrefix(rest, "GOCSPX-") {
-			add(body(7, 24, isB64URL), "google")
-		}
-	case 'h':
-		if strings.HasPrefix(rest, "hf_") {
-			add(body(3, 30, isAlnum), "huggingface")
-		}
-	case 'n':
-		if strings.HasPrefix(rest, "npm_") {
-			add(body(4, 36, isAlnum), "npm")
-		}
-	case 'p':
-		if strings.HasPrefix(rest, "pypi-AgE") {
-			add(body(5, 50, isB64URL), "pypi")
-		}
-	case 'e':
+	case c == 'e':
 		if strings.HasPrefix(rest, "eyJ") {
 			d.jwt(s)
 		}
-	case 'L':
+	case c == 'L':
 		if strings.HasPrefix(rest, "LS0tLS1CRUdJTi") {
 			d.pemBase64(s)
 		}
-	case 'b':
+	case c == 'b':
 		// api.telegram.org/bot<token>/sendMessage
 		if strings.HasPrefix(rest, "bot") && len(rest) > 4 && isDigit(rest[3]) {
 			d.telegram(s + 3)
