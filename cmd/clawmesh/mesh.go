@@ -300,11 +300,11 @@ func printMeshStatus(w io.Writer, st peer.Status) {
 		fmt.Fprintf(w, "running   no (%d revocations known)\n", st.Revocations)
 	}
 	for i, a := range st.Addrs {
-		label := "addrs"
-		if i > 0 || !st.Running {
-			label = ""
-		}
-		if i == 0 && !st.Running {
+		label := ""
+		switch {
+		case i == 0 && st.Running:
+			label = "addrs"
+		case i == 0:
 			label = "last at"
 		}
 		fmt.Fprintf(w, "%-9s %s\n", label, a)
