@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -463,4 +465,38 @@ func TestRelayACL(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, tc.got, tc.want)
 		}
 	}
+}
+
+// TestMDNSDiscovery: two hosts with mDNS on find and connect to each other
+// without being given an address.
+func TestMDNSDiscovery(t *testing.T) {
+	if !haveMulticast() {
+		t.Skip("no network interface here carries multicast: mDNS cannot work")
+	}
+	oa := testOptions(t, newGate(true))
+	oa.MDNS = true
+	a := startHost(t, oa)
+	ob := testOptions(t, newGate(true))
+	ob.MDNS = true
+	b := startHost(t, ob)
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.Contains(a.Connected(), b.ID()) {
+		if time.Now().After(deadline) {
+			t.Fatal("the hosts did not find each other by mDNS in 30 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func haveMulticast() bool {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return false
+	}
+	for _, i := range ifs {
+		if i.Flags&net.FlagUp != 0 && i.Flags&net.FlagMulticast != 0 {
+			return true
+		}
+	}
+	return false
 }
