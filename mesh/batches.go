@@ -465,6 +465,14 @@ type Store interface {
 	Put(ctx context.Context, id core.BatchID, payload []byte, b *batch.Batch) error
 }
 
+// OriginStore is a Store that also keeps which peer announced each batch:
+// the device that shipped it, since devices announce only their own
+// batches. Collect calls PutFrom instead of Put when the store has it.
+type OriginStore interface {
+	Store
+	PutFrom(ctx context.Context, id core.BatchID, from PeerID, payload []byte, b *batch.Batch) error
+}
+
 // PullOptions bound what a trainer accepts.
 type PullOptions struct {
 	Limits batch.Limits
@@ -567,7 +575,12 @@ func (m *Mesh) collect(ctx context.Context, st Store, acks Topic, man Manifest, 
 		if err != nil {
 			return err
 		}
-		if err := st.Put(ctx, man.ID, payload, b); err != nil {
+		if os, ok := st.(OriginStore); ok {
+			err = os.PutFrom(ctx, man.ID, from, payload, b)
+		} else {
+			err = st.Put(ctx, man.ID, payload, b)
+		}
+		if err != nil {
 			return err
 		}
 		m.log.Info("batch stored", "batch", man.ID, "steps", len(b.Steps), "bytes", len(payload))

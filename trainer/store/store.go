@@ -33,7 +33,10 @@ type Entry struct {
 	ID       core.BatchID `json:"id"`
 	Size     int          `json:"size"`
 	Received time.Time    `json:"received"`
-	Header   batch.Header `json:"header"`
+	// From is the peer that announced the batch: the device that shipped
+	// it ("" when unknown).
+	From   mesh.PeerID  `json:"from,omitempty"`
+	Header batch.Header `json:"header"`
 }
 
 // Store is a trainer's batch store. It is safe for concurrent use.
@@ -86,10 +89,16 @@ func (s *Store) Has(ctx context.Context, id core.BatchID) (bool, error) {
 
 // Put stores a verified batch (b is payload decoded) in one synced write.
 func (s *Store) Put(ctx context.Context, id core.BatchID, payload []byte, b *batch.Batch) error {
+	return s.PutFrom(ctx, id, "", payload, b)
+}
+
+// PutFrom is Put that also records the peer that announced the batch
+// (mesh.OriginStore).
+func (s *Store) PutFrom(ctx context.Context, id core.BatchID, from mesh.PeerID, payload []byte, b *batch.Batch) error {
 	if batch.ID(payload) != id {
 		return fmt.Errorf("store: %w", batch.ErrHashMismatch)
 	}
-	e := Entry{ID: id, Size: len(payload), Received: s.now().UTC(), Header: b.Header}
+	e := Entry{ID: id, Size: len(payload), Received: s.now().UTC(), From: from, Header: b.Header}
 	meta, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -123,6 +132,23 @@ func (s *Store) Batch(ctx context.Context, id core.BatchID) (*batch.Batch, error
 		return nil, err
 	}
 	return batch.Verify(b, id, batch.Limits{MaxBytes: int64(len(b))})
+}
+
+// Entry returns what the store knows of batch id.
+func (s *Store) Entry(ctx context.Context, id core.BatchID) (Entry, error) {
+	v, closer, err := s.db.Get(metaKey(id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return Entry{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("store: %w", err)
+	}
+	defer closer.Close()
+	var e Entry
+	if err := json.Unmarshal(v, &e); err != nil {
+		return Entry{}, fmt.Errorf("store: entry %s: %v", id, err)
+	}
+	return e, nil
 }
 
 // List returns the stored batches, oldest first.
@@ -162,3 +188,5 @@ func (quiet) Errorf(string, ...any) {}
 func (quiet) Fatalf(format string, args ...any) {
 	panic(fmt.Sprintf(format, args...))
 }
+
+var _ mesh.OriginStore = (*Store)(nil)
