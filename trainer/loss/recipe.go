@@ -31,11 +31,11 @@ func (r Recipe) String() string {
 	return fmt.Sprintf("recipe(%d)", uint8(r))
 }
 
-// ParseRecipe reads "rl" (or "grpo", "binary-rl"), "opd" or "combined",
+// ParseRecipe reads "rl" (or "grpo", "binary", "binary-rl"), "opd" or "combined",
 // ignoring case and surrounding space.
 func ParseRecipe(s string) (Recipe, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "rl", "grpo", "binary-rl", "binary_rl":
+	case "rl", "grpo", "binary", "binary-rl", "binary_rl":
 		return RecipeRL, nil
 	case "opd":
 		return RecipeOPD, nil

@@ -1,0 +1,449 @@
+package group
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+)
+
+// Entry is one command of the group's log. Exactly one of its fields but At
+// is set. At is the proposing leader's clock: Apply never reads one.
+type Entry struct {
+	At        time.Time     `json:"at"`
+	Configure *Config       `json:"configure,omitempty"`
+	Genesis   *Genesis      `json:"genesis,omitempty"`
+	Add       []BatchRef    `json:"add,omitempty"`
+	Refuse    []Refusal     `json:"refuse,omitempty"`
+	Register  *Trainer      `json:"register,omitempty"`
+	Leave     mesh.PeerID   `json:"leave,omitempty"`
+	Start     *Start        `json:"start,omitempty"`
+	Publish   *Publish      `json:"publish,omitempty"`
+	Abort     *Abort        `json:"abort,omitempty"`
+	Revoke    *Revocation   `json:"revoke,omitempty"`
+	Speeds    []SpeedUpdate `json:"speeds,omitempty"`
+}
+
+// Genesis commits version 0: the adapter every trainer starts from.
+type Genesis struct {
+	Hash      string      `json:"hash"`
+	Publisher mesh.PeerID `json:"publisher"`
+}
+
+// BatchRef adds a batch to the ledger as pending.
+type BatchRef struct {
+	ID       core.BatchID `json:"id"`
+	From     mesh.PeerID  `json:"from,omitempty"`
+	Steps    int          `json:"steps"`
+	Adapters []string     `json:"adapters,omitempty"`
+}
+
+// Refusal refuses a batch, with why.
+type Refusal struct {
+	ID     core.BatchID `json:"id"`
+	Reason string       `json:"reason"`
+}
+
+// Refusal reasons the group itself gives.
+const (
+	ReasonStale   = "stale"
+	ReasonRevoked = "revoked"
+)
+
+// Start opens a round.
+type Start struct {
+	Round    uint64                         `json:"round"`
+	Base     uint64                         `json:"base"`
+	Leader   mesh.PeerID                    `json:"leader"`
+	Deadline time.Time                      `json:"deadline"`
+	Shares   map[mesh.PeerID][]core.BatchID `json:"shares"`
+}
+
+// Publish closes the open round into the next version.
+type Publish struct {
+	Round        uint64         `json:"round"`
+	Version      uint64         `json:"version"`
+	Parent       uint64         `json:"parent"`
+	Hash         string         `json:"hash"`
+	Publisher    mesh.PeerID    `json:"publisher"`
+	Contributors []Contribution `json:"contributors"`
+	// Refused are batches of the round its trainers refused (they failed
+	// verification, or could not be read); the round's other batches that
+	// no contributor trained go back to pending.
+	Refused []Refusal `json:"refused,omitempty"`
+}
+
+// Abort closes the open round with no new version: its batches go back to
+// pending.
+type Abort struct {
+	Round  uint64 `json:"round"`
+	Reason string `json:"reason"`
+}
+
+// Revocation mirrors a mesh revocation.
+type Revocation struct {
+	Peer   mesh.PeerID `json:"peer"`
+	Reason string      `json:"reason,omitempty"`
+}
+
+// SpeedUpdate records a trainer's measured speed.
+type SpeedUpdate struct {
+	Trainer mesh.PeerID `json:"trainer"`
+	Speed   float64     `json:"speed"`
+}
+
+// MaxEntry bounds an encoded entry.
+const MaxEntry = 4 << 20
+
+// Encode encodes e for the log.
+func (e *Entry) Encode() ([]byte, error) { return json.Marshal(e) }
+
+// DecodeEntry decodes a log entry, refusing unknown fields and trailing
+// data.
+func DecodeEntry(b []byte) (*Entry, error) {
+	if len(b) > MaxEntry {
+		return nil, fmt.Errorf("%w: %d bytes", ErrEntry, len(b))
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var e Entry
+	if err := dec.Decode(&e); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrEntry, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data", ErrEntry)
+	}
+	return &e, nil
+}
+
+func (e *Entry) kinds() int {
+	n := 0
+	for _, set := range []bool{e.Configure != nil, e.Genesis != nil, e.Add != nil, e.Refuse != nil,
+		e.Register != nil, e.Leave != "", e.Start != nil, e.Publish != nil, e.Abort != nil, e.Revoke != nil, e.Speeds != nil} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
+// Apply applies entry e committed at raft term and index. An entry it
+// refuses (fenced, stale, malformed) changes nothing but the applied term
+// and index, and the error says why; every trainer refuses the same
+// entries.
+func (s *State) Apply(e *Entry, term, index uint64) error {
+	s.Term, s.Index = term, index
+	if e == nil || e.kinds() != 1 {
+		return fmt.Errorf("%w: %d commands in one entry", ErrEntry, e.kindsOrZero())
+	}
+	switch {
+	case e.Configure != nil:
+		return s.configure(*e.Configure)
+	case e.Genesis != nil:
+		return s.genesis(e, term, index)
+	case e.Add != nil:
+		return s.add(e.Add, e.At)
+	case e.Refuse != nil:
+		return s.refuse(e.Refuse)
+	case e.Register != nil:
+		return s.register(*e.Register, e.At)
+	case e.Leave != "":
+		return s.leave(e.Leave)
+	case e.Start != nil:
+		return s.start(e, term)
+	case e.Publish != nil:
+		return s.publish(e, term, index)
+	case e.Abort != nil:
+		return s.abort(*e.Abort)
+	case e.Revoke != nil:
+		return s.revoke(*e.Revoke)
+	case e.Speeds != nil:
+		for _, u := range e.Speeds {
+			if t, ok := s.Trainers[u.Trainer]; ok && u.Speed > 0 && u.Speed < 1e12 {
+				t.Speed = u.Speed
+			}
+		}
+		return nil
+	}
+	return ErrEntry
+}
+
+func (e *Entry) kindsOrZero() int {
+	if e == nil {
+		return 0
+	}
+	return e.kinds()
+}
+
+func (s *State) configure(c Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	c = c.WithDefaults()
+	if len(s.Versions) > 0 && (c.Base != s.Config.Base || c.BaseHash != s.Config.BaseHash || c.Seed != s.Config.Seed) {
+		return fmt.Errorf("%w: the base model and seed cannot change once versions exist (base %s, seed %d)", ErrConfig, s.Config.Base, s.Config.Seed)
+	}
+	s.Config, s.Configured = c, true
+	return nil
+}
+
+func (s *State) genesis(e *Entry, term, index uint64) error {
+	if len(s.Versions) > 0 {
+		return ErrGenesis
+	}
+	if !validHash(e.Genesis.Hash) {
+		return fmt.Errorf("%w: genesis hash %q", ErrEntry, e.Genesis.Hash)
+	}
+	if !s.Configured {
+		s.Config, s.Configured = Config{}.WithDefaults(), true
+	}
+	s.Versions = append(s.Versions, Version{Version: 0, Hash: e.Genesis.Hash, Term: term, Index: index, Publisher: e.Genesis.Publisher, At: e.At})
+	return nil
+}
+
+func (s *State) add(refs []BatchRef, at time.Time) error {
+	for _, r := range refs {
+		if !validHash(string(r.ID)) || r.Steps < 0 {
+			return fmt.Errorf("%w: batch %q", ErrEntry, r.ID)
+		}
+	}
+	for _, r := range refs {
+		if _, ok := s.Batches[r.ID]; ok {
+			continue
+		}
+		b := &Batch{ID: r.ID, From: r.From, Steps: r.Steps, Adapters: slices.Clone(r.Adapters), Added: at}
+		s.Batches[r.ID] = b
+		s.setStatus(b, Pending)
+		if reason, ok := s.Revoked[r.From]; ok && r.From != "" {
+			s.refuseBatch(b, ReasonRevoked+revokedWhy(reason))
+		}
+	}
+	return nil
+}
+
+func revokedWhy(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return ": " + reason
+}
+
+func (s *State) refuseBatch(b *Batch, reason string) {
+	s.setStatus(b, Refused)
+	b.Reason = reason
+	b.Trainer, b.Round = "", 0
+	key := reason
+	if i := strings.IndexByte(key, ':'); i >= 0 {
+		key = key[:i]
+	}
+	s.Refusals[key]++
+}
+
+func (s *State) refuse(rs []Refusal) error {
+	for _, r := range rs {
+		b, ok := s.Batches[r.ID]
+		if !ok || b.Status != Pending {
+			return fmt.Errorf("%w: %s is not pending", ErrBatch, r.ID)
+		}
+		if r.Reason == "" {
+			return fmt.Errorf("%w: refusal of %s without a reason", ErrEntry, r.ID)
+		}
+	}
+	for _, r := range rs {
+		s.refuseBatch(s.Batches[r.ID], r.Reason)
+	}
+	return nil
+}
+
+func (s *State) register(t Trainer, at time.Time) error {
+	if t.ID == "" || !(t.Speed >= 0) {
+		return fmt.Errorf("%w: trainer %+v", ErrEntry, t)
+	}
+	if _, ok := s.Revoked[t.ID]; ok {
+		return fmt.Errorf("%w: trainer %s is revoked", ErrTrainer, t.ID)
+	}
+	if old, ok := s.Trainers[t.ID]; ok {
+		t.Joined = old.Joined
+		if t.Speed == 0 {
+			t.Speed = old.Speed
+		}
+	} else {
+		t.Joined = at
+	}
+	if t.Speed == 0 {
+		t.Speed = 1
+	}
+	s.Trainers[t.ID] = &t
+	return nil
+}
+
+func (s *State) leave(p mesh.PeerID) error {
+	if _, ok := s.Trainers[p]; !ok {
+		return fmt.Errorf("%w: %s", ErrTrainer, p)
+	}
+	delete(s.Trainers, p)
+	return nil
+}
+
+func (s *State) start(e *Entry, term uint64) error {
+	st := e.Start
+	cur, ok := s.Current()
+	switch {
+	case !ok:
+		return ErrNoGenesis
+	case s.Round != nil:
+		return fmt.Errorf("%w: round %d is still open", ErrFenced, s.Round.Number)
+	case st.Round != s.Rounds+1:
+		return fmt.Errorf("%w: round %d, next is %d", ErrFenced, st.Round, s.Rounds+1)
+	case st.Base != cur.Version:
+		return fmt.Errorf("%w: round from v%d, current is v%d", ErrVersion, st.Base, cur.Version)
+	case len(st.Shares) == 0:
+		return fmt.Errorf("%w: round with no shares", ErrEntry)
+	}
+	seen := map[core.BatchID]bool{}
+	for t, ids := range st.Shares {
+		if _, ok := s.Trainers[t]; !ok {
+			return fmt.Errorf("%w: %s", ErrTrainer, t)
+		}
+		for _, id := range ids {
+			b, ok := s.Batches[id]
+			if !ok || b.Status != Pending || seen[id] {
+				return fmt.Errorf("%w: %s is not pending", ErrBatch, id)
+			}
+			seen[id] = true
+		}
+	}
+	shares := make(map[mesh.PeerID][]core.BatchID, len(st.Shares))
+	for t, ids := range st.Shares {
+		shares[t] = slices.Clone(ids)
+		for _, id := range ids {
+			b := s.Batches[id]
+			s.setStatus(b, Assigned)
+			b.Round, b.Trainer = st.Round, t
+			b.Tries++
+		}
+	}
+	s.Rounds = st.Round
+	s.Round = &Round{Number: st.Round, Base: st.Base, Term: term, Leader: st.Leader, Started: e.At, Deadline: st.Deadline, Shares: shares}
+	return nil
+}
+
+func (s *State) publish(e *Entry, term, index uint64) error {
+	p := e.Publish
+	r := s.Round
+	cur, _ := s.Current()
+	switch {
+	case r == nil || r.Number != p.Round:
+		return fmt.Errorf("%w: round %d", ErrNoRound, p.Round)
+	case p.Parent != cur.Version || p.Version != cur.Version+1 || r.Base != cur.Version:
+		return fmt.Errorf("%w: v%d from v%d, current is v%d", ErrVersion, p.Version, p.Parent, cur.Version)
+	case !validHash(p.Hash):
+		return fmt.Errorf("%w: hash %q", ErrEntry, p.Hash)
+	case len(p.Contributors) == 0:
+		return fmt.Errorf("%w: a version with no contributor", ErrEntry)
+	}
+	trained := map[core.BatchID]mesh.PeerID{}
+	for _, c := range p.Contributors {
+		share, ok := r.Shares[c.Trainer]
+		if !ok {
+			return fmt.Errorf("%w: %s has no share of round %d", ErrTrainer, c.Trainer, r.Number)
+		}
+		for _, id := range c.Batches {
+			if !slices.Contains(share, id) || trained[id] != "" {
+				return fmt.Errorf("%w: %s is not %s's to train in round %d", ErrBatch, id, c.Trainer, r.Number)
+			}
+			trained[id] = c.Trainer
+		}
+	}
+	refused := map[core.BatchID]string{}
+	for _, rf := range p.Refused {
+		b, ok := s.Batches[rf.ID]
+		if !ok || b.Round != r.Number || b.Status != Assigned || trained[rf.ID] != "" || rf.Reason == "" {
+			return fmt.Errorf("%w: refusal of %s", ErrBatch, rf.ID)
+		}
+		refused[rf.ID] = rf.Reason
+	}
+	for _, ids := range r.Shares {
+		for _, id := range ids {
+			b := s.Batches[id]
+			switch {
+			case trained[id] != "":
+				s.setStatus(b, Trained)
+				b.Version, b.Trainer = p.Version, trained[id]
+			case refused[id] != "":
+				s.refuseBatch(b, refused[id])
+			default:
+				s.setStatus(b, Pending)
+				b.Round, b.Trainer = 0, ""
+			}
+		}
+	}
+	cs := slices.Clone(p.Contributors)
+	for i := range cs {
+		cs[i].Batches = slices.Clone(cs[i].Batches)
+	}
+	s.Versions = append(s.Versions, Version{Version: p.Version, Hash: p.Hash, Parent: p.Parent, Term: term, Index: index,
+		Round: r.Number, Publisher: p.Publisher, Contributors: cs, At: e.At})
+	s.Round = nil
+	return nil
+}
+
+func (s *State) abort(a Abort) error {
+	r := s.Round
+	if r == nil || r.Number != a.Round {
+		return fmt.Errorf("%w: round %d", ErrNoRound, a.Round)
+	}
+	for _, ids := range r.Shares {
+		for _, id := range ids {
+			b := s.Batches[id]
+			s.setStatus(b, Pending)
+			b.Round, b.Trainer = 0, ""
+		}
+	}
+	s.Round = nil
+	return nil
+}
+
+func (s *State) revoke(rv Revocation) error {
+	if rv.Peer == "" {
+		return fmt.Errorf("%w: revocation of no one", ErrEntry)
+	}
+	if _, ok := s.Revoked[rv.Peer]; ok {
+		return nil
+	}
+	s.Revoked[rv.Peer] = rv.Reason
+	delete(s.Trainers, rv.Peer)
+	for _, b := range s.sortedBatches() {
+		if b.From == rv.Peer && b.Status == Pending {
+			s.refuseBatch(b, ReasonRevoked+revokedWhy(rv.Reason))
+		}
+	}
+	return nil
+}
+
+func (s *State) sortedBatches() []*Batch {
+	bs := make([]*Batch, 0, len(s.Batches))
+	for _, b := range s.Batches {
+		bs = append(bs, b)
+	}
+	sortBatches(bs)
+	return bs
+}
+
+func validHash(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	for i := range len(h) {
+		c := h[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}

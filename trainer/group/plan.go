@@ -1,0 +1,108 @@
+package group
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+)
+
+// Stale lists the pending batches every step of which came from an adapter
+// more than MaxLag versions older than the current one: the leader refuses
+// them (Refuse entries) before it plans a round.
+func (s *State) Stale() []Refusal {
+	cur, ok := s.Current()
+	if !ok {
+		return nil
+	}
+	var out []Refusal
+	for _, b := range s.sortedBatches() {
+		if b.Status == Pending && StaleBatch(b, cur.Version, s.Config.MaxLag) {
+			out = append(out, Refusal{ID: b.ID, Reason: ReasonStale})
+		}
+	}
+	return out
+}
+
+// Plan decides the next round: which pending batches it trains and which
+// live trainer trains each. It takes pending batches oldest first, at most
+// Quota steps from one device and RoundSteps in all (a batch larger than a
+// limit still goes alone, so nothing starves), and shares them among the
+// live registered trainers in proportion to their measured speed. ok=false
+// when there is no round to run: a round is open, no version exists, no
+// batch is pending or no registered trainer is live. Plan is pure: the same
+// state and input give the same round.
+func (s *State) Plan(now time.Time, leader mesh.PeerID, live []mesh.PeerID) (*Start, bool) {
+	cur, ok := s.Current()
+	if !ok || s.Round != nil {
+		return nil, false
+	}
+	var ts []*Trainer
+	for _, p := range live {
+		if t, ok := s.Trainers[p]; ok && !slices.ContainsFunc(ts, func(x *Trainer) bool { return x.ID == p }) {
+			ts = append(ts, t)
+		}
+	}
+	if len(ts) == 0 {
+		return nil, false
+	}
+	slices.SortFunc(ts, func(a, b *Trainer) int { return cmp.Compare(a.ID, b.ID) })
+
+	c := s.Config.WithDefaults()
+	perDevice := map[mesh.PeerID]int{}
+	total := 0
+	var take []*Batch
+	for _, b := range s.sortedBatches() {
+		if b.Status != Pending || StaleBatch(b, cur.Version, c.MaxLag) {
+			continue
+		}
+		n := max(b.Steps, 1)
+		if perDevice[b.From] > 0 && perDevice[b.From]+n > c.Quota {
+			continue
+		}
+		if total > 0 && total+n > c.RoundSteps {
+			continue
+		}
+		perDevice[b.From] += n
+		total += n
+		take = append(take, b)
+	}
+	if len(take) == 0 {
+		return nil, false
+	}
+
+	// Largest batches first, each to the trainer furthest below its
+	// speed-proportional target.
+	var speed float64
+	for _, t := range ts {
+		speed += t.Speed
+	}
+	slices.SortStableFunc(take, func(a, b *Batch) int { return cmp.Compare(b.Steps, a.Steps) })
+	load := make([]float64, len(ts))
+	shares := map[mesh.PeerID][]core.BatchID{}
+	for _, b := range take {
+		best, bestGap := 0, 0.0
+		for i, t := range ts {
+			gap := float64(total)*t.Speed/speed - load[i]
+			if i == 0 || gap > bestGap {
+				best, bestGap = i, gap
+			}
+		}
+		load[best] += float64(max(b.Steps, 1))
+		shares[ts[best].ID] = append(shares[ts[best].ID], b.ID)
+	}
+	for t := range shares {
+		slices.Sort(shares[t])
+	}
+	return &Start{Round: s.Rounds + 1, Base: cur.Version, Leader: leader, Deadline: now.Add(c.Deadline), Shares: shares}, true
+}
+
+// Share is trainer t's share of the open round, nil if it has none.
+func (s *State) Share(t mesh.PeerID) []core.BatchID {
+	if s.Round == nil {
+		return nil
+	}
+	return s.Round.Shares[t]
+}

@@ -1,0 +1,377 @@
+// Package group is the replicated state of the trainers' raft group and the
+// decisions taken over it, both pure: State.Apply applies one committed log
+// entry (the recipe and base model, the adapter lineage, the batch ledger,
+// the trainer registry, revocations mirrored from the mesh), and State.Plan
+// decides the next round from the state alone. Nothing here reads a clock,
+// touches a disk or a network: the leader's clock travels in each entry, so
+// every trainer applying the same log reaches the same state, and tests and
+// the simulator can drive it directly. FSM adapts a State to raft.
+package group
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/trainer/loss"
+)
+
+// Errors of Apply: an entry refused leaves the state unchanged. They are
+// how fencing shows: a deposed leader's late entry names a round or a
+// version that is no longer current.
+var (
+	ErrEntry     = errors.New("group: malformed entry")
+	ErrConfig    = errors.New("group: bad configuration")
+	ErrNoRound   = errors.New("group: no such open round")
+	ErrVersion   = errors.New("group: not the next version")
+	ErrBatch     = errors.New("group: batch not in the state the entry needs")
+	ErrTrainer   = errors.New("group: unknown trainer")
+	ErrFenced    = errors.New("group: refused by fencing")
+	ErrGenesis   = errors.New("group: genesis already applied")
+	ErrNoGenesis = errors.New("group: no adapter version yet")
+)
+
+// Defaults of Config.
+const (
+	DefaultBase       = "tiny"
+	DefaultSeed       = 1
+	DefaultMaxLag     = 2
+	DefaultLocalSteps = 4
+	DefaultQuota      = 256
+	DefaultRoundSteps = 1024
+	DefaultDeadline   = 2 * time.Minute
+	DefaultLR         = 1e-2
+	DefaultTrim       = 0.2
+	// MaxVoters bounds the group's voters; further trainers are non-voters.
+	MaxVoters = 5
+)
+
+// Aggregation methods.
+const (
+	AggMean    = "mean"    // sample-weighted mean, each delta norm-clipped
+	AggTrimmed = "trimmed" // coordinate-wise trimmed mean
+)
+
+// Config is what the mesh's trainers agree to train: chosen once by the
+// admin, changed only by a Configure entry. The zero value of a field means
+// its default (WithDefaults).
+type Config struct {
+	// Recipe is binary (rl), opd or combined (default combined).
+	Recipe string `json:"recipe"`
+	// Base names the base model: "tiny" (the tiny model built from Seed)
+	// or a model directory's name; BaseHash, for a directory, is the
+	// SHA-256 of its weights, which every trainer checks its own copy
+	// against.
+	Base     string `json:"base"`
+	BaseHash string `json:"base_hash,omitempty"`
+	// Seed seeds the tiny model's weights and version 0's adapter.
+	Seed uint64 `json:"seed"`
+	// MaxLag: steps produced by an adapter more than MaxLag versions older
+	// than the current one are stale.
+	MaxLag int `json:"max_lag"`
+	// LocalSteps is K, the optimizer steps each trainer takes on its share.
+	LocalSteps int `json:"local_steps"`
+	// LR is the learning rate of those steps.
+	LR float64 `json:"lr"`
+	// Quota bounds the steps of one device in one round; RoundSteps the
+	// steps of a round.
+	Quota      int `json:"quota"`
+	RoundSteps int `json:"round_steps"`
+	// Deadline is how long the leader waits for a round's deltas before it
+	// leaves the stragglers out.
+	Deadline time.Duration `json:"deadline_ns"`
+	// Aggregate is AggMean (default) or AggTrimmed; MaxNorm caps every
+	// delta's norm (0: only the round's lower median clips); Trim is the
+	// fraction AggTrimmed cuts from each end.
+	Aggregate string  `json:"aggregate"`
+	MaxNorm   float64 `json:"max_norm,omitempty"`
+	Trim      float64 `json:"trim,omitempty"`
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Recipe == "" {
+		c.Recipe = loss.RecipeCombined.String()
+	}
+	if c.Base == "" {
+		c.Base = DefaultBase
+	}
+	if c.Seed == 0 {
+		c.Seed = DefaultSeed
+	}
+	if c.MaxLag == 0 {
+		c.MaxLag = DefaultMaxLag
+	}
+	if c.LocalSteps == 0 {
+		c.LocalSteps = DefaultLocalSteps
+	}
+	if c.LR == 0 {
+		c.LR = DefaultLR
+	}
+	if c.Quota == 0 {
+		c.Quota = DefaultQuota
+	}
+	if c.RoundSteps == 0 {
+		c.RoundSteps = DefaultRoundSteps
+	}
+	if c.Deadline == 0 {
+		c.Deadline = DefaultDeadline
+	}
+	if c.Aggregate == "" {
+		c.Aggregate = AggMean
+	}
+	if c.Aggregate == AggTrimmed && c.Trim == 0 {
+		c.Trim = DefaultTrim
+	}
+	return c
+}
+
+// Validate reports a configuration out of range (after defaults).
+func (c Config) Validate() error {
+	d := c.WithDefaults()
+	if _, err := loss.ParseRecipe(d.Recipe); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	switch {
+	case d.MaxLag < 0, d.LocalSteps < 1, d.LocalSteps > 10000, !(d.LR > 0) || d.LR > 1,
+		d.Quota < 1, d.RoundSteps < 1, d.Deadline < time.Second,
+		d.Aggregate != AggMean && d.Aggregate != AggTrimmed,
+		!(d.MaxNorm >= 0), !(d.Trim >= 0 && d.Trim < 0.5):
+		return fmt.Errorf("%w: %+v", ErrConfig, c)
+	case strings.ContainsAny(d.Base, "\n\x00"):
+		return fmt.Errorf("%w: base %q", ErrConfig, d.Base)
+	}
+	return nil
+}
+
+// RecipeOf is the loss recipe the configuration names.
+func (c Config) RecipeOf() loss.Recipe {
+	r, _ := loss.ParseRecipe(c.WithDefaults().Recipe)
+	return r
+}
+
+// Status of a batch in the ledger.
+type Status string
+
+// Batch statuses.
+const (
+	Pending  Status = "pending"
+	Assigned Status = "assigned"
+	Trained  Status = "trained"
+	Refused  Status = "refused"
+)
+
+// Batch is one batch's line in the ledger.
+type Batch struct {
+	ID core.BatchID `json:"id"`
+	// From is the device that shipped it (the peer that announced it).
+	From  mesh.PeerID `json:"from,omitempty"`
+	Steps int         `json:"steps"`
+	// Adapters are the adapter versions that produced its steps.
+	Adapters []string  `json:"adapters,omitempty"`
+	Added    time.Time `json:"added"`
+	Status   Status    `json:"status"`
+	// Round and Trainer: the round it is assigned to (or was trained in)
+	// and the trainer that has it; Version the version it went into.
+	Round   uint64      `json:"round,omitempty"`
+	Trainer mesh.PeerID `json:"trainer,omitempty"`
+	Version uint64      `json:"version,omitempty"`
+	// Reason says why it was refused.
+	Reason string `json:"reason,omitempty"`
+	// Tries counts the rounds it was assigned to.
+	Tries int `json:"tries,omitempty"`
+}
+
+// Trainer is one trainer's line in the registry.
+type Trainer struct {
+	ID     mesh.PeerID `json:"id"`
+	Engine string      `json:"engine"`
+	Device string      `json:"device"`
+	// Speed is the trainer's measured training speed in samples a second
+	// (the leader shares rounds in proportion to it).
+	Speed float64 `json:"speed"`
+	// Addrs are where the trainer serves adapter versions.
+	Addrs  []string  `json:"addrs,omitempty"`
+	Joined time.Time `json:"joined"`
+}
+
+// Contribution is one trainer's part in a version.
+type Contribution struct {
+	Trainer mesh.PeerID    `json:"trainer"`
+	Batches []core.BatchID `json:"batches"`
+	Samples int            `json:"samples"`
+	// Norm is its delta's norm, Clipped the norm it was clipped to.
+	Norm    float64 `json:"norm"`
+	Clipped float64 `json:"clipped"`
+	// Seconds it spent training.
+	Seconds float64 `json:"seconds"`
+}
+
+// Version is one adapter version in the lineage.
+type Version struct {
+	Version uint64 `json:"version"`
+	// Hash is the SHA-256 of its PEFT bundle (trainer/adapter.Hash).
+	Hash   string `json:"hash"`
+	Parent uint64 `json:"parent"`
+	// Term and Index are the raft term and log index of the entry that
+	// committed it: the fencing token every peer compares.
+	Term  uint64 `json:"term"`
+	Index uint64 `json:"index"`
+	Round uint64 `json:"round,omitempty"`
+	// Publisher is the leader that committed it.
+	Publisher    mesh.PeerID    `json:"publisher,omitempty"`
+	Contributors []Contribution `json:"contributors,omitempty"`
+	At           time.Time      `json:"at"`
+}
+
+// Name is the version as adapters are named on devices: "v7".
+func (v Version) Name() string { return "v" + strconv.FormatUint(v.Version, 10) }
+
+// Round is the open round.
+type Round struct {
+	Number uint64 `json:"number"`
+	// Base is the version the round trains from.
+	Base uint64 `json:"base"`
+	// Term is the raft term of the entry that started it.
+	Term     uint64                         `json:"term"`
+	Leader   mesh.PeerID                    `json:"leader"`
+	Started  time.Time                      `json:"started"`
+	Deadline time.Time                      `json:"deadline"`
+	Shares   map[mesh.PeerID][]core.BatchID `json:"shares"`
+}
+
+// Trainers lists the round's trainers, sorted.
+func (r *Round) Trainers() []mesh.PeerID { return slices.Sorted(maps.Keys(r.Shares)) }
+
+// State is the group's replicated state.
+type State struct {
+	Configured bool                     `json:"configured"`
+	Config     Config                   `json:"config"`
+	Versions   []Version                `json:"versions"`
+	Batches    map[core.BatchID]*Batch  `json:"batches"`
+	Trainers   map[mesh.PeerID]*Trainer `json:"trainers"`
+	Revoked    map[mesh.PeerID]string   `json:"revoked"`
+	Round      *Round                   `json:"round,omitempty"`
+	Rounds     uint64                   `json:"rounds"`
+	Counts     map[Status]int           `json:"counts"`
+	Refusals   map[string]int           `json:"refusals,omitempty"`
+	Term       uint64                   `json:"term"`
+	Index      uint64                   `json:"index"`
+}
+
+// New returns an empty state.
+func New() *State {
+	return &State{
+		Batches:  map[core.BatchID]*Batch{},
+		Trainers: map[mesh.PeerID]*Trainer{},
+		Revoked:  map[mesh.PeerID]string{},
+		Counts:   map[Status]int{},
+		Refusals: map[string]int{},
+	}
+}
+
+// Current is the latest version, ok=false before genesis.
+func (s *State) Current() (Version, bool) {
+	if len(s.Versions) == 0 {
+		return Version{}, false
+	}
+	return s.Versions[len(s.Versions)-1], true
+}
+
+// Version returns version v of the lineage.
+func (s *State) Version(v uint64) (Version, bool) {
+	if v >= uint64(len(s.Versions)) {
+		return Version{}, false
+	}
+	return s.Versions[v], true
+}
+
+// Claim is a version as a peer announces it: fencing compares it with the
+// lineage.
+type Claim struct {
+	Version uint64 `json:"version"`
+	Hash    string `json:"hash"`
+	Term    uint64 `json:"term"`
+	Index   uint64 `json:"index"`
+}
+
+// ClaimOf is v's claim.
+func ClaimOf(v Version) Claim {
+	return Claim{Version: v.Version, Hash: v.Hash, Term: v.Term, Index: v.Index}
+}
+
+// Check fences a claimed version: it is accepted only if the lineage
+// committed exactly that version, with that hash, term and index. A deposed
+// leader's late output, whatever it calls itself, is refused.
+func (s *State) Check(c Claim) error {
+	v, ok := s.Version(c.Version)
+	if !ok {
+		cur, _ := s.Current()
+		if c.Term < cur.Term || (c.Term == cur.Term && c.Index <= cur.Index) {
+			return fmt.Errorf("%w: version %d at term %d index %d is older than v%d (term %d, index %d)", ErrFenced, c.Version, c.Term, c.Index, cur.Version, cur.Term, cur.Index)
+		}
+		return fmt.Errorf("%w: version %d is not committed", ErrFenced, c.Version)
+	}
+	if v.Hash != c.Hash || v.Term != c.Term || v.Index != c.Index {
+		return fmt.Errorf("%w: version %d is %s at term %d index %d, not %s at term %d index %d", ErrFenced, c.Version, short(v.Hash), v.Term, v.Index, short(c.Hash), c.Term, c.Index)
+	}
+	return nil
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+func (s *State) setStatus(b *Batch, st Status) {
+	if b.Status != "" {
+		s.Counts[b.Status]--
+	}
+	b.Status = st
+	s.Counts[st]++
+}
+
+// ParseVersion reads an adapter version named "7" or "v7"; ok=false for
+// anything else ("" included).
+func ParseVersion(name string) (uint64, bool) {
+	t := strings.TrimPrefix(strings.TrimSpace(name), "v")
+	if t == "" {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(t, 10, 64)
+	return v, err == nil
+}
+
+// StaleBatch reports whether every step of b came from an adapter more than
+// maxLag versions older than current. Steps with no version (a device's own
+// base model, or an adapter not from the mesh) are never stale.
+func StaleBatch(b *Batch, current uint64, maxLag int) bool {
+	if len(b.Adapters) == 0 {
+		return false
+	}
+	for _, a := range b.Adapters {
+		v, ok := ParseVersion(a)
+		if !ok || v+uint64(maxLag) >= current {
+			return false
+		}
+	}
+	return true
+}
+
+func sortBatches(bs []*Batch) {
+	slices.SortFunc(bs, func(a, b *Batch) int {
+		if c := a.Added.Compare(b.Added); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+}
