@@ -25,8 +25,8 @@ import (
 //	byte     0: AppendedAt is the zero time (and nothing follows)
 //	         1: varint Unix seconds, uvarint nanoseconds (< 1e9)
 //
-// The encoding is canonical: the decoder refuses overlong varints, a set
-// time that reads back as the zero time, and trailing bytes, so that every
+// The encoding is canonical: the decoder refuses overlong varints, the zero
+// time written as a set one, and trailing bytes, so that every
 // accepted value is exactly what appendLog writes for what it decodes to.
 // AppendedAt comes back in UTC, without its monotonic reading; raft uses it
 // only for metrics.
@@ -86,11 +86,9 @@ func decodeLog(b []byte, l *raft.Log) error {
 			break
 		}
 		at = time.Unix(sec, int64(nsec)).UTC()
-		// time.Unix wraps for seconds beyond what time.Time holds, and
-		// the zero time is written as flag 0: either would read back as
-		// something else.
-		if at.IsZero() || at.Unix() != sec {
-			d.fail("time %d.%09d not representable", sec, nsec)
+		// The zero time is written as flag 0, never like this.
+		if at.IsZero() {
+			d.fail("zero time written as set")
 		}
 	default:
 		d.fail("bad time flag %d", flag)
