@@ -144,6 +144,9 @@ type callState struct {
 	// plugin's: the time its judge calls took does not count.
 	computeEnd time.Time     // when Deadline runs out, judge calls aside
 	judging    time.Duration // time spent in judge calls so far
+
+	// replay, set for a Replay, refuses judge calls and notes them.
+	replay *replayState
 }
 
 type callKey struct{}
@@ -173,6 +176,10 @@ func (h *host) hostJudge(ctx context.Context, mod api.Module, stack []uint64) {
 	ptr, size := uint32(stack[0]), uint32(stack[1])
 	stack[0] = 0
 	cs := stateOf(ctx)
+	if cs != nil && cs.replay != nil {
+		cs.replay.judged = true
+		return
+	}
 	if cs == nil || !cs.judge || h.opts.Judge == nil {
 		return
 	}
@@ -371,35 +378,44 @@ func (p *plugin) put(inst *instance) {
 // score runs the plugin on one input. It never fails: every failure is an
 // abstention with its reason.
 func (p *plugin) score(ctx context.Context, in *input) core.Score {
-	sc := core.Score{Plugin: p.cfg.Name, Hash: p.hash, Weight: p.cfg.Weight}
+	sc, _ := p.run(ctx, in, p.cfg)
+	return sc
+}
+
+// run is score with the name and config the plugin is shown (c), which
+// also says whether the abstention it may return is a failure rather than
+// the plugin's verdict: the plugin is unusable or set aside, its input is
+// over the limit, or the call trapped, exited or ran out of time.
+func (p *plugin) run(ctx context.Context, in *input, c PluginConfig) (sc core.Score, failed bool) {
+	sc = core.Score{Plugin: c.Name, Hash: p.hash, Weight: c.Weight}
 	if p.broken != "" {
 		sc.Reason = p.broken
-		return sc
+		return sc, true
 	}
 	if why := p.setAside(); why != "" {
 		sc.Reason = why
-		return sc
+		return sc, true
 	}
 	var b []byte
 	if p.abi == abiFlat {
-		b = in.encodeFlat(p.cfg)
+		b = in.encodeFlat(c)
 	} else {
 		var err error
-		if b, err = in.encode(p.cfg); err != nil {
+		if b, err = in.encode(c); err != nil {
 			sc.Reason = "encode input: " + err.Error()
-			return sc
+			return sc, true
 		}
 	}
 	if len(b) > maxInput {
 		sc.Reason = fmt.Sprintf("input of %d bytes exceeds %d", len(b), maxInput)
-		return sc
+		return sc, true
 	}
 	out, err := p.call(ctx, b)
 	if err != nil {
 		sc.Reason = err.Error()
-		p.h.log.Info("plugin abstained", "plugin", p.cfg.Name, "reason", sc.Reason)
+		p.h.log.Info("plugin abstained", "plugin", c.Name, "reason", sc.Reason)
 		p.failed(sc.Reason)
-		return sc
+		return sc, true
 	}
 	p.succeeded()
 	decode := DecodeResult
@@ -408,12 +424,14 @@ func (p *plugin) score(ctx context.Context, in *input) core.Score {
 	}
 	res, err := decode(out)
 	if err != nil {
+		// A result the host rejects is the plugin's doing, the same on
+		// every run: an abstention, not a failure.
 		sc.Reason = err.Error()
-		p.h.log.Info("plugin abstained", "plugin", p.cfg.Name, "reason", sc.Reason)
-		return sc
+		p.h.log.Info("plugin abstained", "plugin", c.Name, "reason", sc.Reason)
+		return sc, false
 	}
 	sc.Value, sc.Hint, sc.Labels, sc.Reason = res.Score, res.Hint, res.Labels, res.Reason
-	return sc
+	return sc, false
 }
 
 // setAside says why the plugin does not run now, or "" if it does.
@@ -466,7 +484,7 @@ func (p *plugin) call(ctx context.Context, in []byte) ([]byte, error) {
 	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	cs := &callState{plugin: p.cfg.Name, judge: p.cfg.Judge, inst: inst,
-		computeEnd: p.h.opts.Now().Add(p.h.opts.Deadline)}
+		computeEnd: p.h.opts.Now().Add(p.h.opts.Deadline), replay: replayOf(ctx)}
 	defer func() {
 		if cs.cancel != nil {
 			cs.cancel()

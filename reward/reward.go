@@ -11,6 +11,12 @@
 // affects nothing else. The plugin set can be swapped at run time (Reload);
 // calls in flight finish on the set they started with.
 //
+// Replay runs a plugin as a peer that checks a recorded score can (judge
+// calls refused, optionally without the plugin's config); Rescore scores a
+// step again so that every score a device ships is one such a peer can
+// replay from the step alone; Module gives a loaded plugin's module by its
+// hash, for the mesh to serve.
+//
 // The package also carries the plugin author's tooling behind `clawmesh
 // reward`: Scaffold writes a new plugin, Build compiles one, ReadSteps reads
 // steps to test it on. See RATIONALE.md for the choices made here.
@@ -202,6 +208,9 @@ type Runner struct {
 	mu     sync.Mutex
 	cur    *set
 	closed bool
+	// mods are the modules of the sets loaded so far, by hash, so that a
+	// module can be served (Module) after a Reload has replaced it.
+	mods map[string]PluginConfig
 }
 
 // New starts a runner with opts.Plugins. A plugin that cannot be loaded
@@ -434,5 +443,6 @@ func (r *Runner) load(ctx context.Context, cfgs []PluginConfig) (*set, error) {
 		s.close(ctx)
 		return nil, errors.Join(unusable...)
 	}
+	r.remember(s)
 	return s, nil
 }
