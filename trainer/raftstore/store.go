@@ -228,12 +228,22 @@ func keyIndex(k []byte) (uint64, error) {
 // FirstIndex returns the lowest stored index, 0 if there is none. It is
 // answered from memory.
 func (s *Store) FirstIndex() (uint64, error) {
+	done, err := s.enter()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
 	return s.bounds.Load().first, nil
 }
 
 // LastIndex returns the highest stored index, 0 if there is none. It is
 // answered from memory.
 func (s *Store) LastIndex() (uint64, error) {
+	done, err := s.enter()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
 	return s.bounds.Load().last, nil
 }
 

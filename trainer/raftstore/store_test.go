@@ -32,8 +32,8 @@ func TestReopen(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.LastIndex(); err != nil {
-		t.Fatalf("LastIndex after Close: %v", err)
+	if _, err := s.LastIndex(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("LastIndex after Close = %v, want ErrClosed", err)
 	}
 	if err := s.GetLog(50, new(raft.Log)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("GetLog after Close = %v, want ErrClosed", err)
