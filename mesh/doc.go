@@ -5,6 +5,8 @@
 // renewal, revocations spread and enforced; the tokens, certificates and
 // revocations themselves are mesh/member), and the shipping of batches:
 // announcements on gossip that name no device, the pull protocol only
-// trainers may use, and the signed acks that mark a batch shipped. The
-// batch wire format is mesh/batch.
+// trainers may use, and the signed acks that mark a batch shipped; and the
+// plugin protocol, by which an admitted peer fetches, by content hash, the
+// reward plugin modules a batch's scores name, to replay them. The batch
+// wire format is mesh/batch.
 package mesh
