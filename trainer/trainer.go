@@ -1,11 +1,25 @@
 // Package trainer is a trainer peer: a volunteer's machine in the mesh that
-// receives the devices' scrubbed batches to train the mesh's adapter. It
-// joins the mesh with its trainer certificate, pulls every batch announced
-// on it, verifies it, keeps it in its batch store (trainer/store) and
-// acknowledges it, which lets the device that made it mark it shipped. It
-// serves the same `clawmesh mesh ...` admin API as a node, on a loopback
-// listener of its own. Training rounds over those batches, in a raft group
-// of trainers, build on this.
+// trains the mesh's adapter from the devices' scrubbed batches. It joins the
+// mesh with its trainer certificate, pulls every batch announced on it,
+// verifies it, keeps it in its batch store (trainer/store) and acknowledges
+// it, which lets the device that made it mark it shipped.
+//
+// Trainers form a raft group (hashicorp/raft over the mesh's streams,
+// mesh/raftnet; its log on Pebble, trainer/raftstore) whose replicated state
+// is trainer/group's: the recipe and base model, the adapter lineage, the
+// batch ledger and the trainer registry. The first trainer bootstraps the
+// group, later ones join through its leader (up to group.MaxVoters voters,
+// then non-voters, promoted when a voter leaves or stops answering). The
+// leader runs rounds: it adds the stored batches to the ledger, refuses the
+// stale, shares the pending among the live trainers by speed; each trainer
+// trains K steps from the current version on its share and hands its delta
+// to the leader (again to a new leader after a failover), which aggregates
+// the deltas (trainer/adapter) into the next version, writes it as a PEFT
+// bundle under DATA/adapters/vN and commits it with the raft term and index
+// that fence it. Trainers fetch versions from each other over Protocol and
+// check them against the lineage. It serves the `clawmesh mesh ...` admin
+// API as a node does, and `clawmesh trainer status|leave|config`, on a
+// loopback listener of its own.
 package trainer
 
 import (
@@ -27,6 +41,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/store"
 )
 
@@ -57,16 +72,40 @@ type Config struct {
 	// Limits bound the batches accepted (mesh/batch defaults).
 	Limits batch.Limits
 	// Stall is how long a pull may make no progress (mesh default).
-	Stall  time.Duration
+	Stall time.Duration
+	// Engine is the training engine (native; torch needs the torch
+	// worker), Device its device (cpu), Base the base model: "tiny" (or
+	// "") for the tiny model, or a Hugging Face model directory.
+	Engine, Device, Base string
+	// Group is the configuration this trainer proposes if it bootstraps
+	// the group (the group keeps its own afterwards).
+	Group group.Config
+	// Timing tunes raft and the rounds.
+	Timing Timing
+	// Verify, when set, checks a batch before the leader adds it to the
+	// ledger: a non-empty reason refuses it.
+	Verify func(ctx context.Context, id core.BatchID, from mesh.PeerID) (reason string)
 	Logger *slog.Logger
 }
 
 // Trainer is a running trainer peer.
 type Trainer struct {
-	cfg   Config
-	log   *slog.Logger
-	peer  *peer.Peer
-	store *store.Store
+	cfg    Config
+	log    *slog.Logger
+	peer   *peer.Peer // nil when the host was given (NewOn)
+	host   mesh.Host
+	mesh   *mesh.Mesh
+	self   mesh.PeerID
+	store  *store.Store
+	group  *node
+	work   *workLoop
+	timing Timing
+	verify func(ctx context.Context, id core.BatchID, from mesh.PeerID) string
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// beforePublish, in tests, runs before the leader proposes a version.
+	beforePublish func(round uint64)
 
 	mu   sync.Mutex
 	addr net.Addr
@@ -90,19 +129,81 @@ func New(ctx context.Context, cfg Config) (*Trainer, error) {
 	if c, _ := st.Certificate(); c.Role() != member.RoleTrainer {
 		return nil, ErrNotTrainer
 	}
-	s, err := store.Open(filepath.Join(cfg.DataDir, StoreDir), nil)
-	if err != nil {
+	if err := checkEngine(cfg.Engine, cfg.Device); err != nil {
+		return nil, err
+	}
+	if err := cfg.Group.Validate(); err != nil {
+		return nil, err
+	}
+	if _, _, err := BaseID(cfg.Base); err != nil {
 		return nil, err
 	}
 	p, err := peer.Start(ctx, peer.Options{DataDir: cfg.DataDir, Listen: cfg.Listen, Bootstrap: cfg.Bootstrap, MDNS: cfg.MDNS, NAT: cfg.NAT, Stall: cfg.Stall, Logger: cfg.Logger})
 	if err != nil {
+		return nil, err
+	}
+	t, err := newTrainer(cfg, p.Host, p.Mesh)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	t.peer = p
+	return t, nil
+}
+
+// NewOn makes a trainer on a host and mesh the caller made, started and
+// runs (a simulated network's, say); Run then runs only the trainer's own
+// work.
+func NewOn(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("trainer: no data directory")
+	}
+	if cfg.Admin == "" {
+		cfg.Admin = "127.0.0.1:0"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if m.Cert().Role() != member.RoleTrainer {
+		return nil, ErrNotTrainer
+	}
+	if err := checkEngine(cfg.Engine, cfg.Device); err != nil {
+		return nil, err
+	}
+	if err := cfg.Group.Validate(); err != nil {
+		return nil, err
+	}
+	return newTrainer(cfg, h, m)
+}
+
+func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
+	s, err := store.Open(filepath.Join(cfg.DataDir, StoreDir), nil)
+	if err != nil {
+		return nil, err
+	}
+	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
+		timing: cfg.Timing.withDefaults(), verify: cfg.Verify}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	if t.group, err = openNode(t, t.timing); err != nil {
 		s.Close()
 		return nil, err
 	}
-	return &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), peer: p, store: s}, nil
+	t.work = newWorkLoop(t, &worker{log: t.log, baseDir: baseDir(cfg.Base), engineID: cfg.Engine})
+	h.Handle(Protocol, t.serveRPC)
+	return t, nil
 }
 
-// Peer is the trainer's mesh peer.
+func baseDir(base string) string {
+	if base == group.DefaultBase {
+		return ""
+	}
+	return base
+}
+
+// ID is the trainer's peer id.
+func (t *Trainer) ID() mesh.PeerID { return t.self }
+
+// Peer is the trainer's mesh peer (nil for a trainer made by NewOn).
 func (t *Trainer) Peer() *peer.Peer { return t.peer }
 
 // Store is the trainer's batch store.
@@ -129,17 +230,33 @@ func (t *Trainer) Run(ctx context.Context) error {
 		t.log.Warn("cannot write the address file", "err", err)
 	}
 	defer os.Remove(addrPath)
-	srv := &http.Server{Handler: peer.Handler(t.peer, Batches{t.store}), ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	context.AfterFunc(ctx, t.cancel)
+	srv := &http.Server{Handler: t.handler(stop), ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() { defer wg.Done(); srv.Serve(ln) }()
-	go func() { defer wg.Done(); t.peer.Run(ctx) }()
+	goRun := func(fn func()) {
+		wg.Add(1)
+		go func() { defer wg.Done(); fn() }()
+	}
+	goRun(func() { srv.Serve(ln) })
+	if t.peer != nil {
+		goRun(func() { t.peer.Run(ctx) })
+	}
 	var collectErr error
-	go func() {
-		defer wg.Done()
-		collectErr = t.peer.Mesh.Collect(ctx, t.store, mesh.PullOptions{Limits: t.cfg.Limits})
-	}()
-	t.log.Info("trainer running", "peer", t.peer.Mesh.ID(), "mesh", t.peer.Mesh.MeshID(), "admin", ln.Addr().String(), "p2p", strings.Join(t.peer.Host.Addrs(), " "))
+	goRun(func() { collectErr = t.mesh.Collect(ctx, t.store, mesh.PullOptions{Limits: t.cfg.Limits}) })
+	goRun(func() { t.group.watchObservations(ctx) })
+	goRun(func() {
+		if err := t.group.join(ctx); err != nil {
+			if ctx.Err() == nil {
+				t.log.Error("cannot join or make the trainers' group", "err", err)
+			}
+			return
+		}
+		goRun(func() { t.lead(ctx) })
+		goRun(func() { t.work.run(ctx) })
+	})
+	t.log.Info("trainer running", "peer", t.self, "mesh", t.mesh.MeshID(), "admin", ln.Addr().String(), "p2p", strings.Join(t.host.Addrs(), " "))
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	srv.Shutdown(sctx)
@@ -148,9 +265,15 @@ func (t *Trainer) Run(ctx context.Context) error {
 	return collectErr
 }
 
-// Close stops the peer and closes the store.
+// Close stops the group's member, the peer (when New made it), the
+// engine, and closes the store.
 func (t *Trainer) Close() error {
-	return errors.Join(t.peer.Close(), t.store.Close())
+	t.cancel()
+	errs := []error{t.group.close(), t.work.w.close()}
+	if t.peer != nil {
+		errs = append(errs, t.peer.Close())
+	}
+	return errors.Join(append(errs, t.store.Close())...)
 }
 
 // Batches is a batch store as the admin API lists it.

@@ -1,0 +1,507 @@
+package trainer
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/trainer/adapter"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// AdaptersDir holds the committed adapter versions, one PEFT bundle per
+// version (AdaptersDir/v7/), in a trainer's data directory.
+const AdaptersDir = "adapters"
+
+// maxAdd bounds the batches of one Add entry.
+const maxAdd = 256
+
+func (t *Trainer) versionDir(v uint64) string {
+	return filepath.Join(t.cfg.DataDir, AdaptersDir, "v"+strconv.FormatUint(v, 10))
+}
+
+// VersionDir is where committed version v's bundle is kept.
+func (t *Trainer) VersionDir(v uint64) string { return t.versionDir(v) }
+
+// bundleBytes packs a committed version's bundle for the wire: the config's
+// length (4 bytes), the config, then the weights.
+func (t *Trainer) bundleBytes(v uint64) ([]byte, error) {
+	dir := t.versionDir(v)
+	cfg, err := os.ReadFile(filepath.Join(dir, "adapter_config.json"))
+	if err != nil {
+		return nil, &rpcError{Code: codeNotFound, Msg: fmt.Sprintf("no version %d here", v)}
+	}
+	model, err := os.ReadFile(filepath.Join(dir, "adapter_model.safetensors"))
+	if err != nil {
+		return nil, &rpcError{Code: codeNotFound, Msg: fmt.Sprintf("no version %d here", v)}
+	}
+	out := make([]byte, 4, 4+len(cfg)+len(model))
+	binary.BigEndian.PutUint32(out, uint32(len(cfg)))
+	out = append(out, cfg...)
+	return append(out, model...), nil
+}
+
+// ensureVersion makes sure committed version v is on disk with the hash
+// the lineage gives it, fetching it from the trainers that have it.
+func (t *Trainer) ensureVersion(ctx context.Context, v group.Version) (string, error) {
+	dir := t.versionDir(v.Version)
+	if h, err := adapter.Hash(dir); err == nil {
+		if h == v.Hash {
+			return dir, nil
+		}
+		t.log.Warn("a kept version does not match the lineage: fetching it again", "version", v.Name())
+	}
+	sources := []mesh.PeerID{v.Publisher}
+	if l := t.group.leader(); l != "" {
+		sources = append(sources, l)
+	}
+	sources = append(sources, t.group.trainerPeers()...)
+	var errs []error
+	for _, p := range sources {
+		if p == "" || p == t.self {
+			continue
+		}
+		b, err := t.call(ctx, p, request{Op: opBundle, Version: v.Version}, nil)
+		if err == nil {
+			err = t.installBundle(b, v)
+		}
+		if err == nil {
+			return dir, nil
+		}
+		errs = append(errs, fmt.Errorf("from %s: %w", p, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return "", fmt.Errorf("trainer: version %s: %w", v.Name(), errors.Join(append(errs, errors.New("no trainer could give it"))...))
+}
+
+// installBundle verifies a packed bundle against v's hash and keeps it.
+func (t *Trainer) installBundle(b []byte, v group.Version) error {
+	if len(b) < 4 {
+		return errors.New("short bundle")
+	}
+	n := int(binary.BigEndian.Uint32(b))
+	if n > len(b)-4 {
+		return errors.New("bad bundle")
+	}
+	parent := filepath.Join(t.cfg.DataDir, AdaptersDir)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(parent, ".fetch-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.WriteFile(filepath.Join(tmp, "adapter_config.json"), b[4:4+n], 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "adapter_model.safetensors"), b[4+n:], 0o600); err != nil {
+		return err
+	}
+	h, err := adapter.Hash(tmp)
+	if err != nil {
+		return err
+	}
+	if err := t.group.fenceCheck(group.Claim{Version: v.Version, Hash: h, Term: v.Term, Index: v.Index}); err != nil {
+		return err
+	}
+	if _, err := adapter.Read(tmp); err != nil {
+		return err
+	}
+	return t.keepVersion(tmp, v.Version)
+}
+
+// keepVersion moves a verified bundle directory into place as version v.
+func (t *Trainer) keepVersion(tmp string, v uint64) error {
+	dir := t.versionDir(v)
+	os.RemoveAll(dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	atomicfile.SyncDir(filepath.Dir(dir))
+	return nil
+}
+
+// fenceCheck checks a claimed version against the committed lineage.
+func (n *node) fenceCheck(c group.Claim) error {
+	var err error
+	n.view(func(s *group.State) { err = s.Check(c) })
+	return err
+}
+
+// lead is the leader's loop: it keeps the group configured, feeds the
+// ledger, refuses stale batches, and runs rounds.
+func (t *Trainer) lead(ctx context.Context) {
+	tick := time.NewTicker(t.timing.Tick)
+	defer tick.Stop()
+	lastPromote := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-t.group.wake:
+			t.work.poke()
+		}
+		if !t.group.isLeader() {
+			continue
+		}
+		if time.Since(lastPromote) > 2*time.Second {
+			t.group.promote()
+			lastPromote = time.Now()
+		}
+		if err := t.leadOnce(ctx); err != nil && ctx.Err() == nil {
+			if codeOf(err) == codeNotLeader {
+				continue
+			}
+			t.log.Warn("leader: step failed", "err", err)
+		}
+	}
+}
+
+func (t *Trainer) leadOnce(ctx context.Context) error {
+	g := t.group
+	var (
+		configured bool
+		cfg        group.Config
+		cur        group.Version
+		hasVersion bool
+		registered bool
+		round      *group.Round
+		known      map[core.BatchID]bool
+	)
+	g.view(func(s *group.State) {
+		configured, cfg = s.Configured, s.Config
+		cur, hasVersion = s.Current()
+		_, registered = s.Trainers[t.self]
+		if s.Round != nil {
+			r := *s.Round
+			round = &r
+		}
+		known = make(map[core.BatchID]bool, len(s.Batches))
+		for id := range s.Batches {
+			known[id] = true
+		}
+	})
+	if !configured {
+		c := t.cfg.Group.WithDefaults()
+		name, hash, err := BaseID(t.cfg.Base)
+		if err != nil {
+			return err
+		}
+		c.Base, c.BaseHash = name, hash
+		return g.propose(ctx, &group.Entry{Configure: &c})
+	}
+	if !hasVersion {
+		return t.genesis(ctx, cfg)
+	}
+	if !registered {
+		return g.propose(ctx, &group.Entry{Register: t.registration()})
+	}
+	if err := t.ingest(ctx, known); err != nil {
+		return err
+	}
+	var stale []group.Refusal
+	g.view(func(s *group.State) { stale = s.Stale() })
+	if len(stale) > 0 {
+		if err := g.propose(ctx, &group.Entry{Refuse: stale}); err != nil {
+			return err
+		}
+		t.log.Info("stale batches refused", "batches", len(stale))
+	}
+	if round != nil {
+		return t.closeRound(ctx, cfg, cur, round)
+	}
+	var start *group.Start
+	var ok bool
+	live := g.live()
+	g.view(func(s *group.State) { start, ok = s.Plan(time.Now().UTC(), t.self, live) })
+	if !ok {
+		return nil
+	}
+	if err := g.propose(ctx, &group.Entry{Start: start}); err != nil {
+		return err
+	}
+	t.log.Info("round started", "round", start.Round, "from", "v"+strconv.FormatUint(start.Base, 10), "trainers", len(start.Shares))
+	t.work.poke()
+	return nil
+}
+
+func (t *Trainer) registration() *group.Trainer {
+	return &group.Trainer{ID: t.self, Engine: t.engineName(), Device: t.deviceName(), Speed: t.work.speed(), Addrs: t.host.Addrs()}
+}
+
+func (t *Trainer) engineName() string {
+	if t.cfg.Engine == "" {
+		return EngineNative
+	}
+	return t.cfg.Engine
+}
+
+func (t *Trainer) deviceName() string {
+	if t.cfg.Device == "" {
+		return DeviceCPU
+	}
+	return t.cfg.Device
+}
+
+// genesis commits version 0.
+func (t *Trainer) genesis(ctx context.Context, cfg group.Config) error {
+	parent := filepath.Join(t.cfg.DataDir, AdaptersDir)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(parent, ".genesis-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	dir := filepath.Join(tmp, "v0")
+	hash, err := t.work.w.genesis(ctx, cfg, dir)
+	if err != nil {
+		return err
+	}
+	if err := t.group.propose(ctx, &group.Entry{Genesis: &group.Genesis{Hash: hash, Publisher: t.self}}); err != nil {
+		return err
+	}
+	t.log.Info("version 0 committed", "hash", short(hash))
+	return t.keepVersion(dir, 0)
+}
+
+// ingest adds the stored batches the ledger lacks, after verifying them.
+func (t *Trainer) ingest(ctx context.Context, known map[core.BatchID]bool) error {
+	es, err := t.store.List(ctx)
+	if err != nil {
+		return err
+	}
+	var add []group.BatchRef
+	var refuse []group.Refusal
+	for _, e := range es {
+		if known[e.ID] {
+			continue
+		}
+		add = append(add, group.BatchRef{ID: e.ID, From: e.From, Steps: e.Header.Steps, Adapters: e.Header.Adapters})
+		if t.verify != nil {
+			if reason := t.verify(ctx, e.ID, e.From); reason != "" {
+				refuse = append(refuse, group.Refusal{ID: e.ID, Reason: reason})
+			}
+		}
+		if len(add) == maxAdd {
+			break
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	if err := t.group.propose(ctx, &group.Entry{Add: add}); err != nil {
+		return err
+	}
+	t.log.Info("batches added to the ledger", "batches", len(add))
+	if len(refuse) > 0 {
+		if err := t.group.propose(ctx, &group.Entry{Refuse: refuse}); err != nil {
+			return err
+		}
+		t.log.Warn("batches refused by verification", "batches", len(refuse))
+	}
+	return nil
+}
+
+// takeDelta accepts a trainer's delta for the open round (leader only).
+func (n *node) takeDelta(from mesh.PeerID, req request, payload []byte) error {
+	var share []core.BatchID
+	var ok bool
+	n.view(func(s *group.State) {
+		if r := s.Round; r != nil && r.Number == req.Round && r.Base == req.Base {
+			share, ok = r.Shares[from]
+		}
+	})
+	if !ok {
+		return fmt.Errorf("%w: no share of round %d from v%d for %s", group.ErrNoRound, req.Round, req.Base, from)
+	}
+	for _, id := range req.Batches {
+		if !slices.Contains(share, id) {
+			return fmt.Errorf("%w: %s is not %s's", group.ErrBatch, id, from)
+		}
+	}
+	for _, r := range req.Refused {
+		if !slices.Contains(share, r.ID) || slices.Contains(req.Batches, r.ID) {
+			return fmt.Errorf("%w: refusal of %s", group.ErrBatch, r.ID)
+		}
+	}
+	if req.Samples > 0 {
+		if _, err := adapter.UnmarshalDelta(payload, adapter.Limits{}); err != nil {
+			return err
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.deltaRound != req.Round {
+		n.deltaRound, n.deltas = req.Round, map[mesh.PeerID]*submission{}
+	}
+	ids := make([]string, len(req.Batches))
+	for i, id := range req.Batches {
+		ids[i] = string(id)
+	}
+	n.deltas[from] = &submission{round: req.Round, base: req.Base, samples: req.Samples, seconds: req.Seconds,
+		batches: ids, refused: req.Refused, delta: payload}
+	n.poke()
+	return nil
+}
+
+// closeRound publishes the open round once every share is in, or at its
+// deadline with what came; with nothing by then it aborts the round.
+func (t *Trainer) closeRound(ctx context.Context, cfg group.Config, cur group.Version, r *group.Round) error {
+	g := t.group
+	g.mu.Lock()
+	subs := map[mesh.PeerID]*submission{}
+	if g.deltaRound == r.Number {
+		for k, v := range g.deltas {
+			subs[k] = v
+		}
+	}
+	since := g.leaderSince
+	g.mu.Unlock()
+	due := r.Deadline
+	if grace := since.Add(cfg.Deadline / 2); grace.After(due) {
+		due = grace
+	}
+	all := len(subs) == len(r.Shares)
+	late := time.Now().After(due)
+	switch {
+	case all:
+	case late && len(subs) > 0:
+		var missing []mesh.PeerID
+		for _, p := range r.Trainers() {
+			if subs[p] == nil {
+				missing = append(missing, p)
+			}
+		}
+		t.log.Warn("round deadline passed: stragglers left out", "round", r.Number, "missing", missing)
+	case late:
+		t.log.Warn("round deadline passed with no delta: round aborted", "round", r.Number)
+		return g.propose(ctx, &group.Entry{Abort: &group.Abort{Round: r.Number, Reason: "no delta by the deadline"}})
+	default:
+		return nil
+	}
+	return t.publish(ctx, cfg, cur, r, subs)
+}
+
+func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Version, r *group.Round, subs map[mesh.PeerID]*submission) error {
+	parentDir, err := t.ensureVersion(ctx, cur)
+	if err != nil {
+		return err
+	}
+	parent, err := adapter.Read(parentDir)
+	if err != nil {
+		return err
+	}
+	// Each contribution weighs the steps the leader assigned it, not what
+	// it says it trained.
+	steps := map[core.BatchID]int{}
+	t.group.view(func(s *group.State) {
+		for _, ids := range r.Shares {
+			for _, id := range ids {
+				if b, ok := s.Batches[id]; ok {
+					steps[id] = max(b.Steps, 1)
+				}
+			}
+		}
+	})
+	var parts []adapter.Contribution
+	var contributors []group.Contribution
+	var refused []group.Refusal
+	var speeds []group.SpeedUpdate
+	for _, p := range r.Trainers() {
+		s := subs[p]
+		if s == nil {
+			continue
+		}
+		c := group.Contribution{Trainer: p, Samples: s.samples, Seconds: s.seconds}
+		for _, id := range s.batches {
+			c.Batches = append(c.Batches, core.BatchID(id))
+		}
+		refused = append(refused, s.refused...)
+		weight := 0
+		for _, id := range c.Batches {
+			weight += steps[id]
+		}
+		if s.samples > 0 && weight > 0 {
+			d, err := adapter.UnmarshalDelta(s.delta, adapter.Limits{})
+			if err != nil {
+				return err
+			}
+			parts = append(parts, adapter.Contribution{From: string(p), Weight: float64(weight), Delta: d})
+			if s.seconds > 0 {
+				speeds = append(speeds, group.SpeedUpdate{Trainer: p, Speed: float64(s.samples) / s.seconds})
+			}
+		}
+		contributors = append(contributors, c)
+	}
+	child := parent
+	if len(parts) > 0 {
+		agg, rep, err := adapter.Aggregate(parts, aggOptions(cfg))
+		if err != nil {
+			return err
+		}
+		for i := range contributors {
+			for _, pr := range rep.Parts {
+				if pr.From == string(contributors[i].Trainer) {
+					contributors[i].Norm, contributors[i].Clipped = pr.Norm, pr.ClippedTo
+				}
+			}
+		}
+		if child, err = adapter.Apply(parent, agg); err != nil {
+			return err
+		}
+	}
+	root := filepath.Join(t.cfg.DataDir, AdaptersDir)
+	tmp, err := os.MkdirTemp(root, ".publish-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	dir := filepath.Join(tmp, "bundle")
+	if err := child.Write(dir); err != nil {
+		return err
+	}
+	hash, err := adapter.Hash(dir)
+	if err != nil {
+		return err
+	}
+	if t.beforePublish != nil {
+		t.beforePublish(r.Number)
+	}
+	err = t.group.propose(ctx, &group.Entry{Publish: &group.Publish{
+		Round: r.Number, Version: cur.Version + 1, Parent: cur.Version, Hash: hash, Publisher: t.self,
+		Contributors: contributors, Refused: refused}})
+	if err != nil {
+		return fmt.Errorf("trainer: publishing v%d: %w", cur.Version+1, err)
+	}
+	if err := t.keepVersion(dir, cur.Version+1); err != nil {
+		return err
+	}
+	t.log.Info("version published", "version", cur.Version+1, "round", r.Number, "contributors", len(contributors), "hash", short(hash))
+	if len(speeds) > 0 {
+		t.group.propose(ctx, &group.Entry{Speeds: speeds})
+	}
+	return nil
+}
+
+func aggOptions(cfg group.Config) adapter.AggOptions {
+	o := adapter.AggOptions{MaxNorm: cfg.MaxNorm, Trim: cfg.Trim}
+	if cfg.Aggregate == group.AggTrimmed {
+		o.Method = adapter.TrimmedMean
+	}
+	return o
+}

@@ -1,0 +1,291 @@
+package trainer
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// Protocol is the trainers' own protocol: joining the group, registering,
+// handing deltas to the leader, and fetching adapter versions and batches
+// from one another. Only trainers of the mesh may open it.
+const Protocol = "/clawmesh/trainer/1"
+
+// RPC operations.
+const (
+	opJoin      = "join"      // add the caller to the raft group
+	opRegister  = "register"  // record the caller in the registry
+	opDelta     = "delta"     // the caller's delta for a round (payload)
+	opBundle    = "bundle"    // an adapter version's bundle (payload back)
+	opBatch     = "batch"     // a batch's bytes (payload back)
+	opLeave     = "leave"     // remove the caller from the group
+	opConfigure = "configure" // change the group's configuration
+)
+
+// Error codes of a reply.
+const (
+	codeNotLeader = "not_leader" // ask Leader instead
+	codeNoGroup   = "no_group"   // the callee is in no group yet
+	codeRefused   = "refused"
+	codeNotFound  = "not_found"
+)
+
+// Limits of the protocol.
+const (
+	maxRequest = 64 << 10
+	maxPayload = 256 << 20
+	rpcTimeout = 2 * time.Minute
+)
+
+// request is the first line of a stream.
+type request struct {
+	Op      string          `json:"op"`
+	Version uint64          `json:"version,omitempty"`
+	Batch   core.BatchID    `json:"batch,omitempty"`
+	Round   uint64          `json:"round,omitempty"`
+	Base    uint64          `json:"base,omitempty"`
+	Samples int             `json:"samples,omitempty"`
+	Seconds float64         `json:"seconds,omitempty"`
+	Batches []core.BatchID  `json:"batches,omitempty"`
+	Refused []group.Refusal `json:"refused,omitempty"`
+	Trainer *group.Trainer  `json:"trainer,omitempty"`
+	Config  *group.Config   `json:"config,omitempty"`
+	// Fresh says the caller is in no group yet (join).
+	Fresh bool `json:"fresh,omitempty"`
+	// Size is the length of the payload that follows the line.
+	Size int64 `json:"size,omitempty"`
+}
+
+// reply answers a request.
+type reply struct {
+	OK     bool        `json:"ok"`
+	Code   string      `json:"code,omitempty"`
+	Err    string      `json:"err,omitempty"`
+	Leader mesh.PeerID `json:"leader,omitempty"`
+	Size   int64       `json:"size,omitempty"`
+}
+
+// rpcError is a refusal from a peer.
+type rpcError struct {
+	Code, Msg string
+	Leader    mesh.PeerID
+}
+
+func (e *rpcError) Error() string {
+	if e.Msg == "" {
+		return "trainer: refused: " + e.Code
+	}
+	return e.Msg
+}
+
+func codeOf(err error) string {
+	var re *rpcError
+	if errors.As(err, &re) {
+		return re.Code
+	}
+	return ""
+}
+
+func writeFrame(w io.Writer, v any, payload []byte) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
+	if _, err := w.Write(n[:]); err != nil {
+		return err
+	}
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	if len(payload) > 0 {
+		_, err = w.Write(payload)
+	}
+	return err
+}
+
+func readFrame(r io.Reader, v any) error {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return err
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if size > maxRequest {
+		return fmt.Errorf("trainer: frame of %d bytes", size)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+func readPayload(r io.Reader, size int64) ([]byte, error) {
+	if size < 0 || size > maxPayload {
+		return nil, fmt.Errorf("trainer: payload of %d bytes", size)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// call sends req (with payload) to p and returns the reply's payload.
+func (t *Trainer) call(ctx context.Context, p mesh.PeerID, req request, payload []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	s, err := t.host.NewStream(ctx, p, Protocol)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		s.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { s.Reset() })
+	defer stop()
+	req.Size = int64(len(payload))
+	bw := bufio.NewWriter(s)
+	if err := writeFrame(bw, req, payload); err != nil {
+		return nil, err
+	}
+	if err := bw.Flush(); err != nil {
+		return nil, err
+	}
+	s.CloseWrite()
+	br := bufio.NewReader(s)
+	var rep reply
+	if err := readFrame(br, &rep); err != nil {
+		return nil, fmt.Errorf("trainer: %s from %s: %w", req.Op, p, err)
+	}
+	if !rep.OK {
+		return nil, &rpcError{Code: rep.Code, Msg: rep.Err, Leader: rep.Leader}
+	}
+	return readPayload(br, rep.Size)
+}
+
+// serveRPC serves one stream of Protocol.
+func (t *Trainer) serveRPC(s mesh.Stream) {
+	defer s.Close()
+	s.SetDeadline(time.Now().Add(rpcTimeout))
+	from := s.RemotePeer()
+	br := bufio.NewReader(s)
+	var req request
+	if err := readFrame(br, &req); err != nil {
+		s.Reset()
+		return
+	}
+	var payload []byte
+	if req.Size > 0 {
+		var err error
+		if payload, err = readPayload(br, req.Size); err != nil {
+			s.Reset()
+			return
+		}
+	}
+	out, err := t.handle(t.ctx, from, req, payload)
+	rep := reply{OK: err == nil, Size: int64(len(out))}
+	if err != nil {
+		var re *rpcError
+		if errors.As(err, &re) {
+			rep.Code, rep.Leader = re.Code, re.Leader
+		} else {
+			rep.Code = codeRefused
+		}
+		rep.Err = err.Error()
+		out = nil
+		rep.Size = 0
+	}
+	bw := bufio.NewWriter(s)
+	if writeFrame(bw, rep, out) == nil {
+		bw.Flush()
+	}
+}
+
+// handle answers one request from trainer from.
+func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, payload []byte) ([]byte, error) {
+	switch req.Op {
+	case opBundle:
+		return t.bundleBytes(req.Version)
+	case opBatch:
+		return t.store.Payload(ctx, req.Batch)
+	}
+	g := t.group
+	if g == nil || !g.inGroup() {
+		return nil, &rpcError{Code: codeNoGroup, Msg: "not in a group yet"}
+	}
+	if !g.isLeader() {
+		return nil, &rpcError{Code: codeNotLeader, Msg: "not the leader", Leader: g.leader()}
+	}
+	switch req.Op {
+	case opJoin:
+		return nil, g.addServer(from)
+	case opRegister:
+		if req.Trainer == nil || req.Trainer.ID != from {
+			return nil, errors.New("trainer: a trainer registers only itself")
+		}
+		return nil, g.propose(ctx, &group.Entry{Register: req.Trainer})
+	case opLeave:
+		return nil, g.removeServer(ctx, from)
+	case opConfigure:
+		if req.Config == nil {
+			return nil, errors.New("trainer: no configuration")
+		}
+		return nil, g.propose(ctx, &group.Entry{Configure: req.Config})
+	case opDelta:
+		return nil, g.takeDelta(from, req, payload)
+	}
+	return nil, fmt.Errorf("trainer: unknown operation %q", req.Op)
+}
+
+// toLeader sends req to the group's leader, following redirections.
+func (t *Trainer) toLeader(ctx context.Context, req request, payload []byte) ([]byte, error) {
+	var lastErr error
+	for range 5 {
+		l := t.group.leader()
+		if l == "" {
+			lastErr = errors.New("trainer: the group has no leader now")
+			if err := sleep(ctx, 200*time.Millisecond); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if l == t.self {
+			return t.handle(ctx, t.self, req, payload)
+		}
+		out, err := t.call(ctx, l, req, payload)
+		if err == nil {
+			return out, nil
+		}
+		lastErr = err
+		if codeOf(err) != codeNotLeader && codeOf(err) != "" {
+			return nil, err
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	return nil, lastErr
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tm.C:
+		return nil
+	}
+}

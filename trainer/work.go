@@ -1,0 +1,215 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/batch"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// workLoop trains this trainer's share of each round and hands the delta
+// to the leader, again after a change of leader, until the round closes.
+type workLoop struct {
+	t    *Trainer
+	w    *worker
+	wake chan struct{}
+
+	mu      sync.Mutex
+	done    map[uint64]*request // round → the delta sent or to send
+	payload map[uint64][]byte
+	acked   map[uint64]mesh.PeerID // the leader that took a round's delta
+	lastSpd float64
+}
+
+func newWorkLoop(t *Trainer, w *worker) *workLoop {
+	return &workLoop{t: t, w: w, wake: make(chan struct{}, 1), done: map[uint64]*request{}, payload: map[uint64][]byte{}, acked: map[uint64]mesh.PeerID{}}
+}
+
+func (l *workLoop) poke() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (l *workLoop) speed() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastSpd
+}
+
+func (l *workLoop) run(ctx context.Context) {
+	tick := time.NewTicker(l.t.timing.Tick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-l.wake:
+		}
+		if err := l.once(ctx); err != nil && ctx.Err() == nil {
+			l.t.log.Warn("trainer: share not done yet", "err", err)
+			if sleep(ctx, time.Second) != nil {
+				return
+			}
+		}
+	}
+}
+
+func (l *workLoop) once(ctx context.Context) error {
+	t := l.t
+	var (
+		r          *group.Round
+		base       group.Version
+		cfg        group.Config
+		registered bool
+		versions   bool
+	)
+	t.group.view(func(s *group.State) {
+		_, registered = s.Trainers[t.self]
+		versions = len(s.Versions) > 0
+		if s.Round != nil && len(s.Round.Shares[t.self]) > 0 {
+			rr := *s.Round
+			r = &rr
+			base, _ = s.Version(rr.Base)
+			cfg = s.Config
+		}
+	})
+	if !registered && versions && !t.group.isLeader() {
+		if _, err := t.toLeader(ctx, request{Op: opRegister, Trainer: t.registration()}, nil); err != nil {
+			return fmt.Errorf("registering: %w", err)
+		}
+		t.log.Info("registered with the group's leader")
+	}
+	l.mu.Lock()
+	for k := range l.done {
+		if r == nil || k != r.Number {
+			delete(l.done, k)
+			delete(l.payload, k)
+			delete(l.acked, k)
+		}
+	}
+	l.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	leader := t.group.leader()
+	l.mu.Lock()
+	req, payload, acked := l.done[r.Number], l.payload[r.Number], l.acked[r.Number]
+	l.mu.Unlock()
+	if req != nil && acked == leader && leader != "" {
+		return nil // this leader has it
+	}
+	if req == nil {
+		var err error
+		if req, payload, err = l.train(ctx, cfg, base, r); err != nil {
+			return err
+		}
+		l.mu.Lock()
+		l.done[r.Number], l.payload[r.Number] = req, payload
+		l.mu.Unlock()
+	}
+	if leader == "" {
+		return errors.New("no leader to take the delta")
+	}
+	if _, err := t.toLeader(ctx, *req, payload); err != nil {
+		if errors.Is(err, group.ErrNoRound) || codeOf(err) == codeRefused {
+			// The round closed, or this leader will not take it: drop it.
+			var open bool
+			t.group.view(func(s *group.State) { open = s.Round != nil && s.Round.Number == r.Number })
+			if !open {
+				return nil
+			}
+		}
+		return fmt.Errorf("delta of round %d: %w", r.Number, err)
+	}
+	l.mu.Lock()
+	l.acked[r.Number] = leader
+	l.mu.Unlock()
+	return nil
+}
+
+// train trains this trainer's share of r.
+func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Version, r *group.Round) (*request, []byte, error) {
+	t := l.t
+	dir, err := t.ensureVersion(ctx, base)
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		steps   []*core.Step
+		ids     []core.BatchID
+		refused []group.Refusal
+	)
+	for _, id := range r.Shares[t.self] {
+		b, err := t.readBatch(ctx, id)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
+			}
+			if errors.Is(err, batch.ErrMalformed) || errors.Is(err, batch.ErrHashMismatch) {
+				refused = append(refused, group.Refusal{ID: id, Reason: "unreadable: " + err.Error()})
+				continue
+			}
+			return nil, nil, err
+		}
+		steps = append(steps, b.Steps...)
+		ids = append(ids, id)
+	}
+	res, err := l.w.train(ctx, cfg, dir, base.Version, steps)
+	if err != nil {
+		return nil, nil, err
+	}
+	var payload []byte
+	if res.samples > 0 {
+		if payload, err = res.delta.MarshalBinary(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if res.seconds > 0 && res.samples > 0 {
+		l.mu.Lock()
+		l.lastSpd = float64(res.samples) / res.seconds
+		l.mu.Unlock()
+	}
+	t.log.Info("share trained", "round", r.Number, "batches", len(ids), "samples", res.samples, "stale", res.report.Stale,
+		"loss", res.report.Loss, "seconds", res.seconds)
+	return &request{Op: opDelta, Round: r.Number, Base: base.Version, Samples: res.samples, Seconds: res.seconds,
+		Batches: ids, Refused: refused}, payload, nil
+}
+
+// readBatch reads a batch from the store, fetching it from the leader or
+// another trainer when this trainer has not pulled it.
+func (t *Trainer) readBatch(ctx context.Context, id core.BatchID) (*batch.Batch, error) {
+	b, err := t.store.Batch(ctx, id)
+	if err == nil {
+		return b, nil
+	}
+	var errs []error
+	peers := append([]mesh.PeerID{t.group.leader()}, t.group.trainerPeers()...)
+	for _, p := range peers {
+		if p == "" || p == t.self {
+			continue
+		}
+		payload, err := t.call(ctx, p, request{Op: opBatch, Batch: id}, nil)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b, err := batch.Verify(payload, id, t.cfg.Limits)
+		if err != nil {
+			return nil, err
+		}
+		if err := t.store.Put(ctx, id, payload, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("trainer: batch %s: %w", id, errors.Join(append(errs, err)...))
+}

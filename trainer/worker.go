@@ -1,0 +1,260 @@
+package trainer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/trainer/adapter"
+	"github.com/clawmesh/clawmesh/trainer/chat"
+	"github.com/clawmesh/clawmesh/trainer/engine"
+	"github.com/clawmesh/clawmesh/trainer/engine/native"
+	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/learn"
+	"github.com/clawmesh/clawmesh/trainer/sample"
+	"github.com/clawmesh/clawmesh/trainer/tokenizer"
+)
+
+// Engines and devices a trainer accepts.
+const (
+	EngineNative = "native"
+	EngineTorch  = "torch"
+	DeviceCPU    = "cpu"
+	DeviceCUDA   = "cuda"
+)
+
+// ErrEngine reports an engine or device this trainer cannot run.
+var ErrEngine = errors.New("trainer: engine unavailable")
+
+// worker trains shares of rounds: it holds the base model and its engine,
+// made once the group's configuration is known.
+type worker struct {
+	log *slog.Logger
+
+	mu       sync.Mutex // one training at a time
+	cfg      group.Config
+	eng      engine.Engine
+	builder  *sample.Builder
+	baseDir  string // --base DIR ("" for tiny)
+	engineID string
+}
+
+func checkEngine(name, device string) error {
+	switch {
+	case name != "" && name != EngineNative && name != EngineTorch:
+		return fmt.Errorf("%w: unknown engine %q (native or torch)", ErrEngine, name)
+	case name == EngineTorch:
+		return fmt.Errorf("%w: the torch worker is not part of this build; use --engine native", ErrEngine)
+	case device != "" && device != DeviceCPU && device != DeviceCUDA:
+		return fmt.Errorf("%w: unknown device %q (cpu or cuda)", ErrEngine, device)
+	case device == DeviceCUDA:
+		return fmt.Errorf("%w: the native engine runs on the CPU; CUDA needs the torch engine", ErrEngine)
+	}
+	return nil
+}
+
+// BaseID names a base model as the group's configuration records it:
+// "tiny", or a model directory's name with the SHA-256 of its weights.
+func BaseID(base string) (name, hash string, err error) {
+	if base == "" || base == group.DefaultBase {
+		return group.DefaultBase, "", nil
+	}
+	h, err := fileHash(filepath.Join(base, "model.safetensors"))
+	if err != nil {
+		return "", "", fmt.Errorf("trainer: base model %s: %w", base, err)
+	}
+	return filepath.Base(filepath.Clean(base)), h, nil
+}
+
+// ready makes the engine for cfg if it is not made yet. It refuses a
+// configuration whose base is not the one this trainer was given.
+func (w *worker) ready(ctx context.Context, cfg group.Config) error {
+	if w.eng != nil {
+		if cfg.Base != w.cfg.Base || cfg.Seed != w.cfg.Seed || cfg.BaseHash != w.cfg.BaseHash {
+			return fmt.Errorf("trainer: the group's base changed under a running engine")
+		}
+		w.cfg = cfg
+		return nil
+	}
+	name, hash, err := BaseID(w.baseDir)
+	if err != nil {
+		return err
+	}
+	if name != cfg.Base || hash != cfg.BaseHash {
+		return fmt.Errorf("trainer: the group trains base %q (%s), this trainer has %q (%s): restart with the group's --base", cfg.Base, short(cfg.BaseHash), name, short(hash))
+	}
+	var (
+		eng      engine.Engine
+		tok      *tokenizer.Tokenizer
+		renderer chat.Renderer = chat.Qwen3()
+	)
+	if w.baseDir == "" {
+		tok, err = tokenizer.Tiny(tokenizer.TinyOptions{})
+		if err != nil {
+			return err
+		}
+		nc := native.TinyConfig(tok.VocabSize())
+		if id, ok := tok.TokenID("<|im_end|>"); ok {
+			nc.EOS = []int{id}
+		}
+		eng, err = native.NewTiny(nc, cfg.Seed, native.Options{Name: "tiny", Seed: cfg.Seed})
+	} else {
+		if tok, err = tokenizer.Load(filepath.Join(w.baseDir, "tokenizer.json")); err != nil {
+			return err
+		}
+		tc := filepath.Join(w.baseDir, "tokenizer_config.json")
+		if _, statErr := os.Stat(tc); statErr == nil {
+			if t, err := chat.FromTokenizerConfig(tc); err == nil {
+				renderer = t
+			}
+		} else if !errors.Is(statErr, fs.ErrNotExist) {
+			return statErr
+		}
+		eng, err = native.Open(ctx, w.baseDir, native.Options{Seed: cfg.Seed})
+	}
+	if err != nil {
+		return err
+	}
+	w.eng, w.cfg = eng, cfg
+	w.builder = sample.NewBuilder(tok, renderer, sample.Options{})
+	return nil
+}
+
+// genesis writes version 0, the fresh adapter every trainer starts from, to
+// dir, and returns its hash.
+func (w *worker) genesis(ctx context.Context, cfg group.Config, dir string) (string, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.ready(ctx, cfg); err != nil {
+		return "", err
+	}
+	if err := w.eng.ResetAdapter(); err != nil {
+		return "", err
+	}
+	return exportBundle(ctx, w.eng, dir)
+}
+
+// exportBundle exports eng's adapter to dir (atomically, through the bundle
+// writer) and returns its hash.
+func exportBundle(ctx context.Context, eng engine.Engine, dir string) (string, error) {
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".export-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	if err := eng.ExportAdapter(ctx, tmp); err != nil {
+		return "", err
+	}
+	b, err := adapter.Read(tmp)
+	if err != nil {
+		return "", err
+	}
+	if err := b.Write(dir); err != nil {
+		return "", err
+	}
+	return adapter.Hash(dir)
+}
+
+// trained is one share's result.
+type trained struct {
+	delta   *adapter.Delta
+	samples int
+	seconds float64
+	report  learn.Report
+}
+
+// train trains K steps from the adapter in parentDir (version base) on
+// steps and returns the delta from it.
+func (w *worker) train(ctx context.Context, cfg group.Config, parentDir string, base uint64, steps []*core.Step) (*trained, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.ready(ctx, cfg); err != nil {
+		return nil, err
+	}
+	parent, err := adapter.Read(parentDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.eng.LoadAdapter(ctx, parentDir); err != nil {
+		return nil, err
+	}
+	l, err := learn.New(w.eng, w.builder, learn.Options{
+		Recipe:    cfg.RecipeOf(),
+		Engine:    engine.Recipe{LR: cfg.LR},
+		Staleness: max(cfg.MaxLag, 0),
+		Epochs:    cfg.LocalSteps,
+		Version:   base,
+		Logger:    w.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	rep, err := l.Train(ctx, steps)
+	if err != nil {
+		return nil, err
+	}
+	secs := time.Since(start).Seconds()
+	tmp, err := os.MkdirTemp(filepath.Dir(parentDir), ".child-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	if err := w.eng.ExportAdapter(ctx, tmp); err != nil {
+		return nil, err
+	}
+	child, err := adapter.Read(tmp)
+	if err != nil {
+		return nil, err
+	}
+	d, err := adapter.Diff(child, parent)
+	if err != nil {
+		return nil, err
+	}
+	return &trained{delta: d, samples: rep.Used, seconds: secs, report: rep}, nil
+}
+
+func (w *worker) close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.eng == nil {
+		return nil
+	}
+	err := w.eng.Close()
+	w.eng = nil
+	return err
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	if h == "" {
+		return "-"
+	}
+	return h
+}
+
+// fileHash is the SHA-256 (hex) of a file's bytes.
+func fileHash(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
