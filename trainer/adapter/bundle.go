@@ -186,11 +186,20 @@ func ReadLimited(dir string, l Limits) (*Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
-	ts, _, err := decodeTensors(wb, l)
+	b, err := parseBundle(cb, wb, l)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, WeightsFile), err)
+		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
-	b := &Bundle{Config: cb, Tensors: ts}
+	return b, nil
+}
+
+// parseBundle is ReadLimited after the files are read (l with defaults).
+func parseBundle(config, weights []byte, l Limits) (*Bundle, error) {
+	ts, _, err := decodeTensors(weights, l)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", WeightsFile, err)
+	}
+	b := &Bundle{Config: config, Tensors: ts}
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
