@@ -11,12 +11,15 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/reward"
 )
 
 // MeshConfig makes a node that is in a mesh (its data directory holds a
 // membership: `clawmesh mesh init` or `clawmesh join`) a mesh peer: it
 // announces its sealed batches to the mesh, serves them to the trainers
-// that pull them, and marks each shipped at a trainer's first ack.
+// that pull them, and marks each shipped at a trainer's first ack. It also
+// serves its reward plugins' modules by hash (mesh.ProtoPlugin), so that a
+// trainer can replay the scores its batches carry.
 type MeshConfig struct {
 	// Listen are libp2p multiaddrs; default QUIC and TCP on port 4001 (or
 	// a free port).
@@ -50,7 +53,22 @@ func (n *Node) startMesh(ctx context.Context) error {
 		return fmt.Errorf("node: mesh: %w", err)
 	}
 	n.peer = p
+	if n.reward != nil {
+		p.Mesh.ServePlugins(runnerPlugins{n.reward})
+	}
 	return nil
+}
+
+// runnerPlugins serves the modules of the plugins the reward runner has
+// loaded.
+type runnerPlugins struct{ r *reward.Runner }
+
+func (s runnerPlugins) Plugin(ctx context.Context, hash string) ([]byte, error) {
+	b, err := s.r.Module(hash)
+	if errors.Is(err, reward.ErrUnknownPlugin) {
+		return nil, fmt.Errorf("%w: %v", mesh.ErrNoPlugin, err)
+	}
+	return b, err
 }
 
 // Peer returns the node's mesh peer, nil when it is not in a mesh.

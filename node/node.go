@@ -216,12 +216,40 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.pool = p
+	if !cfg.NoScoring {
+		plugins := cfg.Plugins
+		if plugins == nil {
+			plugins = reward.Builtins()
+		}
+		r, err := reward.New(ctx, reward.Options{
+			Plugins:      plugins,
+			CacheDir:     filepath.Join(cfg.DataDir, "cache", "wazero"),
+			Deadline:     cfg.PluginDeadline,
+			MemoryLimit:  cfg.PluginMemoryLimit,
+			JudgeTimeout: cfg.JudgeTimeout,
+			Strict:       true,
+			Judge:        n.judge,
+			Now:          cfg.Now,
+			Logger:       log,
+		})
+		if err != nil {
+			n.Close(ctx)
+			return nil, fmt.Errorf("node: reward plugins: %w", err)
+		}
+		n.reward = r
+	}
 	key, err := share.LoadKey(cfg.DataDir)
 	if err != nil {
 		n.Close(ctx)
 		return nil, err
 	}
-	n.outbox, err = share.New(share.Options{Pool: p, Key: key, Policy: cfg.Share, Now: cfg.Now, Logger: log})
+	so := share.Options{Pool: p, Key: key, Policy: cfg.Share, Now: cfg.Now, Logger: log}
+	if n.reward != nil {
+		// The scores that leave are made again on the scrubbed steps, so
+		// that a trainer can replay them (trainer/verify/RATIONALE.md).
+		so.Rescore = n.reward
+	}
+	n.outbox, err = share.New(so)
 	if err != nil {
 		n.Close(ctx)
 		return nil, err
@@ -249,28 +277,6 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err := n.resume(ctx); err != nil {
 		n.Close(ctx)
 		return nil, err
-	}
-	if !cfg.NoScoring {
-		plugins := cfg.Plugins
-		if plugins == nil {
-			plugins = reward.Builtins()
-		}
-		r, err := reward.New(ctx, reward.Options{
-			Plugins:      plugins,
-			CacheDir:     filepath.Join(cfg.DataDir, "cache", "wazero"),
-			Deadline:     cfg.PluginDeadline,
-			MemoryLimit:  cfg.PluginMemoryLimit,
-			JudgeTimeout: cfg.JudgeTimeout,
-			Strict:       true,
-			Judge:        n.judge,
-			Now:          cfg.Now,
-			Logger:       log,
-		})
-		if err != nil {
-			n.Close(ctx)
-			return nil, fmt.Errorf("node: reward plugins: %w", err)
-		}
-		n.reward = r
 	}
 	if err := n.startMesh(ctx); err != nil {
 		n.Close(ctx)

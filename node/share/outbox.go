@@ -12,6 +12,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/node/scrub"
 	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/reward"
 )
 
 // DefaultMaxSteps is how many steps a batch takes at most.
@@ -27,20 +28,34 @@ type Options struct {
 	Policy Policy
 	// MaxSteps bounds the steps one batch takes; default DefaultMaxSteps.
 	MaxSteps int
+	// Rescore, if set, scores each step again once it is scrubbed, and
+	// the batch carries those scores rather than the ones made before
+	// scrubbing: so every score that leaves is of the bytes that leave,
+	// and a trainer can replay it (see Rescorer). Nil ships the step's
+	// scores as they were made, scrubbed.
+	Rescore Rescorer
 	// Now is the clock; default time.Now.
 	Now    func() time.Time
 	Logger *slog.Logger
 }
 
+// Rescorer scores a scrubbed step again as it is to leave the device:
+// reward.Runner.Rescore, whose scores are each one a peer holding only the
+// step, the plugin's name and its module can replay, or a judge's.
+type Rescorer interface {
+	Rescore(ctx context.Context, s *core.Step) core.Reward
+}
+
 // Outbox makes the pool's outbox batches. It is safe for concurrent use;
 // seals are serialized.
 type Outbox struct {
-	pool   *pool.Pool
-	key    []byte
-	max    int
-	now    func() time.Time
-	log    *slog.Logger
-	sealMu sync.Mutex
+	pool    *pool.Pool
+	key     []byte
+	max     int
+	rescore Rescorer
+	now     func() time.Time
+	log     *slog.Logger
+	sealMu  sync.Mutex
 
 	mu       sync.Mutex
 	policy   Policy
@@ -67,7 +82,7 @@ func New(o Options) (*Outbox, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	ob := &Outbox{pool: o.Pool, key: o.Key, max: o.MaxSteps, now: o.Now, log: o.Logger.With("component", "outbox")}
+	ob := &Outbox{pool: o.Pool, key: o.Key, max: o.MaxSteps, rescore: o.Rescore, now: o.Now, log: o.Logger.With("component", "outbox")}
 	if err := ob.SetPolicy(o.Policy); err != nil {
 		return nil, err
 	}
@@ -173,6 +188,13 @@ func (o *Outbox) Prepare(ctx context.Context) (*Prepared, error) {
 		for k, n := range t.Counts() {
 			pr.Found[k] += n - before[k]
 		}
+		if o.rescore != nil && sc.Reward != nil {
+			sc.Reward = o.rescored(ctx, pass, t, sc)
+			if ok, why := pol.Allows(sc); !ok {
+				pr.Held = append(pr.Held, Held{ID: s.ID, Reason: "scored again once scrubbed: " + why})
+				continue
+			}
+		}
 		sc.State = core.StateBatched
 		out = append(out, sc)
 		pr.Steps = append(pr.Steps, s.ID)
@@ -190,6 +212,31 @@ func (o *Outbox) Prepare(ctx context.Context) (*Prepared, error) {
 	}
 	pr.Payload, pr.ID, pr.Scrubbed, pr.Header = payload, batch.ID(payload), out, h
 	return pr, nil
+}
+
+// rescored is the reward the scrubbed step sc leaves with: its scores made
+// again on sc (Options.Rescore), their reasons and labels scrubbed. A
+// score whose hint scrubbing would change is left out: the hint that
+// left would not be the plugin's, and a trainer replaying the plugin
+// would refuse the batch for it.
+func (o *Outbox) rescored(ctx context.Context, pass *scrub.Pass, t *scrub.Table, sc *core.Step) *core.Reward {
+	rw := o.rescore.Rescore(ctx, sc)
+	kept := make([]core.Score, 0, len(rw.Scores))
+	for _, x := range rw.Scores {
+		if pass.Text(t, x.Hint) != x.Hint {
+			o.log.Debug("a score left out: scrubbing would change its hint", "plugin", x.Plugin)
+			continue
+		}
+		x.Reason = pass.Text(t, x.Reason)
+		labels := x.Labels
+		x.Labels = nil
+		for _, l := range labels {
+			x.Labels = append(x.Labels, pass.Text(t, l))
+		}
+		kept = append(kept, x)
+	}
+	out := reward.Combine(kept, scrub.Hour(o.now()))
+	return &out
 }
 
 // replay numbers, in t, the placeholders of s's session's steps before s.

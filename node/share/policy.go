@@ -1,10 +1,12 @@
 // Package share decides what leaves a device and makes it ready to leave:
 // the user's sharing policy ([share] in config.toml), the device's id key,
 // and the Outbox, which turns the pool's scored steps into outbox batches:
-// the steps the policy lets out, scrubbed (node/scrub) and encoded in the
-// batch wire format (mesh/batch), sealed in the pool under their content
-// address; the steps it keeps on the device move to held. Nothing else
-// makes the bytes that leave a device.
+// the steps the policy lets out, scrubbed (node/scrub), scored again as
+// scrubbed when it is given a Rescorer (so that the scores that leave are
+// of what leaves), and encoded in the batch wire format (mesh/batch),
+// sealed in the pool under their content address; the steps it keeps on
+// the device move to held. Nothing else makes the bytes that leave a
+// device.
 //
 // It also answers what the next batch would be (Preview), so a user can see
 // exactly what would leave before anything does.

@@ -1,0 +1,100 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/reward"
+	"github.com/clawmesh/clawmesh/wasm-rewards/builtin"
+)
+
+// TestNodeServesPlugins: a node in a mesh serves the modules of its reward
+// plugins by hash to an admitted trainer over loopback libp2p (a plugin
+// loaded from a file as well as a built-in), and refuses a hash it does
+// not know.
+func TestNodeServesPlugins(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	loopback := []string{"/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/127.0.0.1/tcp/0"}
+	data := t.TempDir()
+	key, id, err := peer.Identity(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mesh.Init(data, "home", key, id, time.Now(), rand.Reader); err != nil {
+		t.Fatal(err)
+	}
+	hint, _ := builtin.Module("hint")
+	file := filepath.Join(t.TempDir(), "tool.wasm")
+	tool, _ := builtin.Module("toolerror")
+	if err := os.WriteFile(file, tool, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n, err := node.New(ctx, node.Config{
+		DataDir: data, Upstream: "http://127.0.0.1:9/v1",
+		Plugins: []reward.PluginConfig{{Builtin: "hint", Enabled: true}, {Name: "tool", Path: file, Enabled: true}},
+		Mesh:    &node.MeshConfig{Listen: loopback},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { n.Serve(ctx, ln); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; n.Close(context.Background()) })
+
+	tok, err := mesh.Invite(data, key, member.RoleTrainer, time.Hour, 1, n.Peer().Host.Addrs(), time.Now(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trData := t.TempDir()
+	if _, err := peer.Join(ctx, trData, tok.String(), loopback, nil); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := peer.Start(ctx, peer.Options{DataDir: trData, Listen: loopback, Bootstrap: n.Peer().Host.Addrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	trDone := make(chan struct{})
+	go func() { tr.Run(ctx); close(trDone) }()
+	t.Cleanup(func() { cancel(); <-trDone; tr.Close() })
+	for deadline := time.Now().Add(20 * time.Second); !tr.Mesh.Admitted(n.Peer().Mesh.ID()) || !n.Peer().Mesh.Admitted(tr.Mesh.ID()); {
+		if time.Now().After(deadline) {
+			t.Fatal("the trainer and the node did not admit each other in 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer fcancel()
+	for _, want := range [][]byte{hint, tool} {
+		got, err := tr.Mesh.FetchPlugin(fctx, n.Peer().Mesh.ID(), sha(want), 0)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("fetch %s: %d bytes, %v", sha(want)[:12], len(got), err)
+		}
+	}
+	if _, err := tr.Mesh.FetchPlugin(fctx, n.Peer().Mesh.ID(), sha([]byte("no such module")), 0); !errors.Is(err, mesh.ErrNoPlugin) {
+		t.Fatalf("an unknown hash: %v", err)
+	}
+}
+
+func sha(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
