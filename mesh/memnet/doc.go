@@ -27,7 +27,10 @@
 //     neighbour forwarded it first (Message.From); every host that receives
 //     a message forwards it to its own admitted, subscribed neighbours, so
 //     gossip crosses hosts that are not directly connected. Publishing what
-//     a host has already seen does nothing.
+//     a host has already seen does nothing. This is flooding, not
+//     GossipSub's mesh of a few peers per topic with heartbeats and
+//     scores: the same messages reach the same hosts, with more copies
+//     sent on the way.
 //   - Notify: calls come in order, on a goroutine of the Host's own, and
 //     none after Close or Crash.
 //
@@ -35,7 +38,9 @@
 // can reach which (connections across a new cut are closed at once, their
 // streams reset, both ends notified); Crash makes a host vanish as under
 // kill -9; SetDrop and Options.Drop lose gossip on a link. Latency and
-// jitter delay each stream opened and each gossip message on each hop.
+// jitter delay each stream opened and each gossip message on each hop;
+// connecting, and the bytes on an open stream, take no time. Stats counts
+// what the network carried.
 //
 // Determinism: every random draw is a pure function of Options.Seed and
 // of what is drawn: a gossip message's drop and delay on a link depend on

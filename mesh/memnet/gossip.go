@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -176,20 +175,25 @@ func (h *Host) forward(topic, id string, data []byte, except mesh.PeerID) {
 		}
 	}
 	n.mu.Unlock()
-	slices.SortFunc(hops, func(a, b hop) int { return cmpID(a.to.id, b.to.id) })
 	now := time.Now()
 	for _, o := range hops {
-		if o.to.id == except || h.gate.Blocked(o.to.id) || !h.gate.Admitted(o.to.id) {
+		if h.gate.Blocked(o.to.id) || !h.gate.Admitted(o.to.id) {
 			continue
 		}
 		n.stats.sent.Add(1)
-		r := n.draw("gossip", h.id, o.to.id, id, 0)
-		if r.Float64() < o.drop {
-			n.stats.dropped.Add(1)
-			h.log.Debug("gossip dropped on the link", "to", o.to.id, "topic", topic)
-			continue
+		delay := n.o.Latency
+		if o.drop > 0 || n.o.Jitter > 0 {
+			// The drop is drawn first, always, so that a link's delays
+			// do not change with its drop probability.
+			r := n.draw("gossip", h.id, o.to.id, id, 0)
+			if r.Float64() < o.drop {
+				n.stats.dropped.Add(1)
+				h.log.Debug("gossip dropped on the link", "to", o.to.id, "topic", topic)
+				continue
+			}
+			delay = n.delay(r)
 		}
-		o.c.send(h, delivery{at: now.Add(n.delay(r)), topic: topic, id: id, data: data})
+		o.c.send(h, delivery{at: now.Add(delay), topic: topic, id: id, data: data})
 	}
 }
 
