@@ -254,7 +254,8 @@ func (b *Bundle) encodeWeights() ([]byte, error) {
 // both files go into a new directory beside dir, are synced, and the
 // directory is renamed to dir. An existing dir is replaced: it is renamed
 // aside first, so for a moment dir is absent, never partial. A crash can
-// leave a hidden ".<name>.*.tmp" directory beside dir.
+// leave a hidden ".<name>.*.tmp" or ".<name>.*.tmp.old" directory beside
+// dir.
 func (b *Bundle) Write(dir string) error {
 	wb, err := b.encodeWeights()
 	if err != nil {
@@ -292,7 +293,10 @@ func (b *Bundle) Write(dir string) error {
 			return err
 		}
 		atomicfile.SyncDir(parent)
-		return os.RemoveAll(aside)
+		// The new bundle is in place: a failure to remove the old one
+		// leaves a hidden directory, as a crash would, not a failed Write.
+		os.RemoveAll(aside)
+		return nil
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
