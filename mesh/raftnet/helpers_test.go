@@ -164,22 +164,40 @@ func acceptWithin(t testing.TB, l *Layer) *conn {
 	}
 }
 
-// refused writes to c and reads: it reports whether the other end reset
-// the stream, failing the test if the read times out instead.
-func refused(t testing.TB, c io.ReadWriter, dl interface{ SetDeadline(time.Time) error }) error {
+// deadliner is a stream or a conn: what refused needs.
+type deadliner interface {
+	io.ReadWriteCloser
+	SetDeadline(time.Time) error
+}
+
+// refused opens a stream with open, writes and reads: it fails the test
+// unless the other end resets the stream. The reset shows as open's error
+// if the host negotiates the protocol before it returns, or as the read's
+// (or the write's) if it negotiates lazily with the first write.
+func refused[S deadliner](t testing.TB, open func() (S, error)) {
 	t.Helper()
-	_ = dl.SetDeadline(time.Now().Add(waitFor))
-	if _, err := c.Write([]byte("hello")); err != nil {
-		return err
+	s, err := open()
+	if err != nil {
+		if errors.Is(err, ErrNotAllowed) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("open: %v, want a reset", err)
+		}
+		return
 	}
-	_, err := c.Read(make([]byte, 16))
+	defer s.Close()
+	_ = s.SetDeadline(time.Now().Add(waitFor))
+	if _, err := s.Write([]byte("hello")); err != nil {
+		return
+	}
+	_, err = s.Read(make([]byte, 16))
 	if err == nil {
 		t.Fatal("read data from a stream that should have been refused")
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatal("the stream was neither answered nor refused")
 	}
-	return err
+	if errors.Is(err, io.EOF) {
+		t.Fatal("the stream was closed, not reset: something at the other end took it")
+	}
 }
 
 // fsm is a raft.FSM that records the commands it applied, in order.

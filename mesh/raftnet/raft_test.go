@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/clawmesh/clawmesh/mesh"
 )
 
 // commands are the commands cmd0…cmd(n-1).
@@ -121,12 +123,9 @@ func TestRefusedPeerTakesNoPart(t *testing.T) {
 	}
 
 	// And a stream it opens to a member is reset before raft sees it.
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	st, err := out.NewStream(ctx, nodes[0].host.ID(), Protocol)
-	if err != nil {
-		t.Fatalf("outsider's NewStream: %v", err)
-	}
-	defer st.Close()
-	_ = refused(t, st, st)
+	refused(t, func() (mesh.Stream, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+		defer cancel()
+		return out.NewStream(ctx, nodes[0].host.ID(), Protocol)
+	})
 }

@@ -67,8 +67,8 @@ var _ raft.StreamLayer = (*Layer)(nil)
 // goroutines and must not block.
 //
 // The handler stays registered after Close (mesh.Host has no way to remove
-// one) and resets every stream that arrives; a Layer is meant to live as
-// long as its host.
+// one) and resets every stream that arrives, until a later New on the same
+// host replaces it.
 func New(h mesh.Host, allow func(mesh.PeerID) bool) *Layer {
 	return newLayer(h, allow, AcceptBacklog)
 }
