@@ -245,25 +245,31 @@ func (s fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 
 func (fsmSnapshot) Release() {}
 
-// node is one raft server on a p2p host.
+// node is one raft server, on a p2p host or (for the baseline) on raft's
+// TCP transport.
 type node struct {
-	host  *p2p.Host
+	host  *p2p.Host // nil on TCP
+	id    raft.ServerID
+	addr  raft.ServerAddress
 	raft  *raft.Raft
 	fsm   *fsm
 	store *raft.InmemStore
 }
 
-func (n *node) id() raft.ServerID { return raft.ServerID(n.host.ID()) }
-
 // testConfig is raft's configuration tuned for a quick election on
-// loopback; nothing asserts on how long anything takes.
-func testConfig(id raft.ServerID, log *slog.Logger) *raft.Config {
+// loopback; nothing asserts on how long anything takes. Benchmarks keep
+// raft's default timeouts: a loaded two-core machine pushing entries flat
+// out can miss a short heartbeat, and a benchmark measures the steady
+// state, not elections.
+func testConfig(t testing.TB, id raft.ServerID, log *slog.Logger) *raft.Config {
 	c := raft.DefaultConfig()
 	c.LocalID = id
-	c.HeartbeatTimeout = 400 * time.Millisecond
-	c.ElectionTimeout = 400 * time.Millisecond
-	c.LeaderLeaseTimeout = 200 * time.Millisecond
-	c.CommitTimeout = 20 * time.Millisecond
+	if _, bench := t.(*testing.B); !bench {
+		c.HeartbeatTimeout = 400 * time.Millisecond
+		c.ElectionTimeout = 400 * time.Millisecond
+		c.LeaderLeaseTimeout = 200 * time.Millisecond
+		c.CommitTimeout = 20 * time.Millisecond
+	}
 	c.Logger = HCLog(log.With("server", id))
 	return c
 }
@@ -272,9 +278,18 @@ func testConfig(id raft.ServerID, log *slog.Logger) *raft.Config {
 // its host closed, when the test ends.
 func startNode(t testing.TB, h *p2p.Host, allow func(mesh.PeerID) bool, log *slog.Logger) *node {
 	t.Helper()
-	n := &node{host: h, fsm: &fsm{}, store: raft.NewInmemStore()}
 	trans := NewTransport(New(h, allow), TransportOptions{Logger: log})
-	r, err := raft.NewRaft(testConfig(n.id(), log), n.fsm, n.store, n.store, raft.NewInmemSnapshotStore(), trans)
+	n := startRaft(t, raft.ServerID(h.ID()), trans, log)
+	n.host = h
+	return n
+}
+
+// startRaft starts a raft server with id on trans, shut down when the test
+// ends.
+func startRaft(t testing.TB, id raft.ServerID, trans raft.Transport, log *slog.Logger) *node {
+	t.Helper()
+	n := &node{id: id, addr: trans.LocalAddr(), fsm: &fsm{}, store: raft.NewInmemStore()}
+	r, err := raft.NewRaft(testConfig(t, id, log), n.fsm, n.store, n.store, raft.NewInmemSnapshotStore(), trans)
 	if err != nil {
 		t.Fatalf("NewRaft: %v", err)
 	}
@@ -289,12 +304,12 @@ func bootstrap(t testing.TB, nodes []*node) {
 	var cfg raft.Configuration
 	for _, n := range nodes {
 		cfg.Servers = append(cfg.Servers, raft.Server{
-			Suffrage: raft.Voter, ID: n.id(), Address: raft.ServerAddress(n.id()),
+			Suffrage: raft.Voter, ID: n.id, Address: n.addr,
 		})
 	}
 	for _, n := range nodes {
 		if err := n.raft.BootstrapCluster(cfg).Error(); err != nil {
-			t.Fatalf("bootstrap %s: %v", n.id(), err)
+			t.Fatalf("bootstrap %s: %v", n.id, err)
 		}
 	}
 }
@@ -335,7 +350,7 @@ func waitLeader(t testing.TB, nodes []*node) *node {
 			return false
 		}
 		for _, n := range nodes {
-			if _, id := n.raft.LeaderWithID(); id != leader.id() {
+			if _, id := n.raft.LeaderWithID(); id != leader.id {
 				return false
 			}
 		}

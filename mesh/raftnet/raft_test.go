@@ -27,11 +27,11 @@ func commands(from, n int) []string {
 func waitApplied(t *testing.T, nodes []*node, want []string) {
 	t.Helper()
 	for _, n := range nodes {
-		eventually(t, fmt.Sprintf("%s applies %d commands", n.id(), len(want)), func() bool {
+		eventually(t, fmt.Sprintf("%s applies %d commands", n.id, len(want)), func() bool {
 			return len(dedup(n.fsm.entries())) >= len(want)
 		})
 		if got := dedup(n.fsm.entries()); !slices.Equal(got, want) {
-			t.Fatalf("%s applied %q, want %q", n.id(), got, want)
+			t.Fatalf("%s applied %q, want %q", n.id, got, want)
 		}
 	}
 }
@@ -93,7 +93,7 @@ func TestRefusedPeerTakesNoPart(t *testing.T) {
 	// The group commits the change without the outsider: three of four.
 	var err error
 	eventually(t, "the outsider is added as a voter", func() bool {
-		err = leader.raft.AddVoter(outsider.id(), raft.ServerAddress(outsider.id()), 0, waitFor).Error()
+		err = leader.raft.AddVoter(outsider.id, raft.ServerAddress(outsider.id), 0, waitFor).Error()
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
 			leader = waitLeader(t, nodes)
 			return false
@@ -113,7 +113,7 @@ func TestRefusedPeerTakesNoPart(t *testing.T) {
 	// own Layer; the outsider has received nothing, not even the
 	// configuration.
 	eventually(t, "a member's dial to the outsider is refused", func() bool {
-		return sink.has(ErrNotAllowed.Error(), string(outsider.id()))
+		return sink.has(ErrNotAllowed.Error(), string(outsider.id))
 	})
 	if got := outsider.fsm.entries(); len(got) != 0 {
 		t.Fatalf("the outsider applied %q", got)
