@@ -8,10 +8,11 @@
 // NetworkTransport on a Layer, and HCLog sends raft's logs to a
 // *slog.Logger.
 //
-// The Layer adds nothing to the stream: no handshake, no framing. A
-// refused peer learns of its refusal when its first read or write fails,
-// as with a TCP connection the other end resets, and raft treats it as any
-// failed RPC; a handshake would cost a round trip on every new connection
+// The Layer adds nothing to the stream: no handshake, no framing. A peer
+// refused at the other end sees its stream reset, in Dial if the host
+// negotiates the protocol before NewStream returns, else at its first read,
+// as with a TCP connection the other end resets; raft treats it as any
+// failed RPC. A handshake would cost a round trip on every new connection
 // to report what the dialler's own allow function already knows in the
 // common case (both ends hold the same membership).
 package raftnet
