@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -100,6 +102,11 @@ type SpeedUpdate struct {
 // MaxEntry bounds an encoded entry.
 const MaxEntry = 4 << 20
 
+// maxSpeed bounds a trainer's speed (samples a second): Register refuses a
+// speed at or above it, Speeds ignores one. Above it, sums of speeds in Plan
+// lose their meaning, and an infinite one would not even encode.
+const maxSpeed = 1e12
+
 // Encode encodes e for the log.
 func (e *Entry) Encode() ([]byte, error) { return json.Marshal(e) }
 
@@ -115,16 +122,20 @@ func DecodeEntry(b []byte) (*Entry, error) {
 	if err := dec.Decode(&e); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrEntry, err)
 	}
-	if dec.More() {
+	// dec.More misses a trailing "}" or "]": only the end may follow.
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: trailing data", ErrEntry)
 	}
 	return &e, nil
 }
 
+// kinds counts the commands e carries. A list counts only when it is not
+// empty: its encoding leaves an empty one out, and an entry must mean the
+// same applied directly and decoded from the log.
 func (e *Entry) kinds() int {
 	n := 0
-	for _, set := range []bool{e.Configure != nil, e.Genesis != nil, e.Add != nil, e.Refuse != nil,
-		e.Register != nil, e.Leave != "", e.Start != nil, e.Publish != nil, e.Abort != nil, e.Revoke != nil, e.Speeds != nil} {
+	for _, set := range []bool{e.Configure != nil, e.Genesis != nil, len(e.Add) > 0, len(e.Refuse) > 0,
+		e.Register != nil, e.Leave != "", e.Start != nil, e.Publish != nil, e.Abort != nil, e.Revoke != nil, len(e.Speeds) > 0} {
 		if set {
 			n++
 		}
@@ -146,9 +157,9 @@ func (s *State) Apply(e *Entry, term, index uint64) error {
 		return s.configure(*e.Configure)
 	case e.Genesis != nil:
 		return s.genesis(e, term, index)
-	case e.Add != nil:
+	case len(e.Add) > 0:
 		return s.add(e.Add, e.At)
-	case e.Refuse != nil:
+	case len(e.Refuse) > 0:
 		return s.refuse(e.Refuse)
 	case e.Register != nil:
 		return s.register(*e.Register, e.At)
@@ -162,9 +173,9 @@ func (s *State) Apply(e *Entry, term, index uint64) error {
 		return s.abort(*e.Abort)
 	case e.Revoke != nil:
 		return s.revoke(*e.Revoke)
-	case e.Speeds != nil:
+	case len(e.Speeds) > 0:
 		for _, u := range e.Speeds {
-			if t, ok := s.Trainers[u.Trainer]; ok && u.Speed > 0 && u.Speed < 1e12 {
+			if t, ok := s.Trainers[u.Trainer]; ok && u.Speed > 0 && u.Speed < maxSpeed {
 				t.Speed = u.Speed
 			}
 		}
@@ -245,11 +256,13 @@ func (s *State) refuseBatch(b *Batch, reason string) {
 }
 
 func (s *State) refuse(rs []Refusal) error {
+	seen := make(map[core.BatchID]bool, len(rs))
 	for _, r := range rs {
 		b, ok := s.Batches[r.ID]
-		if !ok || b.Status != Pending {
+		if !ok || b.Status != Pending || seen[r.ID] {
 			return fmt.Errorf("%w: %s is not pending", ErrBatch, r.ID)
 		}
+		seen[r.ID] = true
 		if r.Reason == "" {
 			return fmt.Errorf("%w: refusal of %s without a reason", ErrEntry, r.ID)
 		}
@@ -261,7 +274,7 @@ func (s *State) refuse(rs []Refusal) error {
 }
 
 func (s *State) register(t Trainer, at time.Time) error {
-	if t.ID == "" || !(t.Speed >= 0) {
+	if t.ID == "" || !(t.Speed >= 0 && t.Speed < maxSpeed) {
 		return fmt.Errorf("%w: trainer %+v", ErrEntry, t)
 	}
 	if _, ok := s.Revoked[t.ID]; ok {
@@ -278,6 +291,7 @@ func (s *State) register(t Trainer, at time.Time) error {
 	if t.Speed == 0 {
 		t.Speed = 1
 	}
+	t.Addrs = slices.Clone(t.Addrs)
 	s.Trainers[t.ID] = &t
 	return nil
 }
@@ -318,6 +332,9 @@ func (s *State) start(e *Entry, term uint64) error {
 			seen[id] = true
 		}
 	}
+	if len(seen) == 0 {
+		return fmt.Errorf("%w: round with no batch", ErrEntry)
+	}
 	shares := make(map[mesh.PeerID][]core.BatchID, len(st.Shares))
 	for t, ids := range st.Shares {
 		shares[t] = slices.Clone(ids)
@@ -347,14 +364,25 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 	case len(p.Contributors) == 0:
 		return fmt.Errorf("%w: a version with no contributor", ErrEntry)
 	}
+	owner := map[core.BatchID]mesh.PeerID{}
+	for t, ids := range r.Shares {
+		for _, id := range ids {
+			owner[id] = t
+		}
+	}
 	trained := map[core.BatchID]mesh.PeerID{}
-	for _, c := range p.Contributors {
-		share, ok := r.Shares[c.Trainer]
-		if !ok {
+	for i, c := range p.Contributors {
+		if _, ok := r.Shares[c.Trainer]; !ok {
 			return fmt.Errorf("%w: %s has no share of round %d", ErrTrainer, c.Trainer, r.Number)
 		}
+		if slices.ContainsFunc(p.Contributors[:i], func(o Contribution) bool { return o.Trainer == c.Trainer }) {
+			return fmt.Errorf("%w: %s contributes twice", ErrEntry, c.Trainer)
+		}
+		if !finite(c.Norm) || !finite(c.Clipped) || !finite(c.Seconds) {
+			return fmt.Errorf("%w: contribution of %s: norm %v, clipped %v, seconds %v", ErrEntry, c.Trainer, c.Norm, c.Clipped, c.Seconds)
+		}
 		for _, id := range c.Batches {
-			if !slices.Contains(share, id) || trained[id] != "" {
+			if owner[id] != c.Trainer || trained[id] != "" {
 				return fmt.Errorf("%w: %s is not %s's to train in round %d", ErrBatch, id, c.Trainer, r.Number)
 			}
 			trained[id] = c.Trainer
@@ -378,8 +406,7 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 			case refused[id] != "":
 				s.refuseBatch(b, refused[id])
 			default:
-				s.setStatus(b, Pending)
-				b.Round, b.Trainer = 0, ""
+				s.unassign(b)
 			}
 		}
 	}
@@ -400,13 +427,22 @@ func (s *State) abort(a Abort) error {
 	}
 	for _, ids := range r.Shares {
 		for _, id := range ids {
-			b := s.Batches[id]
-			s.setStatus(b, Pending)
-			b.Round, b.Trainer = 0, ""
+			s.unassign(s.Batches[id])
 		}
 	}
 	s.Round = nil
 	return nil
+}
+
+// unassign returns a batch of a closed round that no one trained to
+// pending, or refuses it if its device was revoked while the round ran.
+func (s *State) unassign(b *Batch) {
+	b.Round, b.Trainer = 0, ""
+	if reason, ok := s.Revoked[b.From]; ok && b.From != "" {
+		s.refuseBatch(b, ReasonRevoked+revokedWhy(reason))
+		return
+	}
+	s.setStatus(b, Pending)
 }
 
 func (s *State) revoke(rv Revocation) error {
@@ -418,22 +454,13 @@ func (s *State) revoke(rv Revocation) error {
 	}
 	s.Revoked[rv.Peer] = rv.Reason
 	delete(s.Trainers, rv.Peer)
-	for _, b := range s.sortedBatches() {
-		if b.From == rv.Peer && b.Status == Pending {
-			s.refuseBatch(b, ReasonRevoked+revokedWhy(rv.Reason))
-		}
+	for _, b := range s.sortedBatches(0, func(b *Batch) bool { return b.From == rv.Peer && b.Status == Pending }) {
+		s.refuseBatch(b, ReasonRevoked+revokedWhy(rv.Reason))
 	}
 	return nil
 }
 
-func (s *State) sortedBatches() []*Batch {
-	bs := make([]*Batch, 0, len(s.Batches))
-	for _, b := range s.Batches {
-		bs = append(bs, b)
-	}
-	sortBatches(bs)
-	return bs
-}
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
 func validHash(h string) bool {
 	if len(h) != 64 {

@@ -17,11 +17,10 @@ func (s *State) Stale() []Refusal {
 	if !ok {
 		return nil
 	}
+	maxLag := s.Config.WithDefaults().MaxLag
 	var out []Refusal
-	for _, b := range s.sortedBatches() {
-		if b.Status == Pending && StaleBatch(b, cur.Version, s.Config.MaxLag) {
-			out = append(out, Refusal{ID: b.ID, Reason: ReasonStale})
-		}
+	for _, b := range s.sortedBatches(0, func(b *Batch) bool { return b.Status == Pending && StaleBatch(b, cur.Version, maxLag) }) {
+		out = append(out, Refusal{ID: b.ID, Reason: ReasonStale})
 	}
 	return out
 }
@@ -54,15 +53,14 @@ func (s *State) Plan(now time.Time, leader mesh.PeerID, live []mesh.PeerID) (*St
 	perDevice := map[mesh.PeerID]int{}
 	total := 0
 	var take []*Batch
-	for _, b := range s.sortedBatches() {
-		if b.Status != Pending || StaleBatch(b, cur.Version, c.MaxLag) {
-			continue
-		}
+	for _, b := range s.sortedBatches(s.Counts[Pending], func(b *Batch) bool { return b.Status == Pending && !StaleBatch(b, cur.Version, c.MaxLag) }) {
+		// A batch over a limit goes alone; the comparisons are written so
+		// that no sum of steps can overflow.
 		n := max(b.Steps, 1)
-		if perDevice[b.From] > 0 && perDevice[b.From]+n > c.Quota {
+		if perDevice[b.From] > 0 && n > c.Quota-perDevice[b.From] {
 			continue
 		}
-		if total > 0 && total+n > c.RoundSteps {
+		if total > 0 && n > c.RoundSteps-total {
 			continue
 		}
 		perDevice[b.From] += n

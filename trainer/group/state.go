@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -143,7 +144,7 @@ func (c Config) Validate() error {
 	case d.MaxLag < 0, d.LocalSteps < 1, d.LocalSteps > 10000, !(d.LR > 0) || d.LR > 1,
 		d.Quota < 1, d.RoundSteps < 1, d.Deadline < time.Second,
 		d.Aggregate != AggMean && d.Aggregate != AggTrimmed,
-		!(d.MaxNorm >= 0), !(d.Trim >= 0 && d.Trim < 0.5):
+		!(d.MaxNorm >= 0) || math.IsInf(d.MaxNorm, 1), !(d.Trim >= 0 && d.Trim < 0.5):
 		return fmt.Errorf("%w: %+v", ErrConfig, c)
 	case strings.ContainsAny(d.Base, "\n\x00"):
 		return fmt.Errorf("%w: base %q", ErrConfig, d.Base)
@@ -353,25 +354,36 @@ func ParseVersion(name string) (uint64, bool) {
 
 // StaleBatch reports whether every step of b came from an adapter more than
 // maxLag versions older than current. Steps with no version (a device's own
-// base model, or an adapter not from the mesh) are never stale.
+// base model, or an adapter not from the mesh) are never stale, nor are
+// steps from a version past current, nor any step if maxLag < 0.
 func StaleBatch(b *Batch, current uint64, maxLag int) bool {
 	if len(b.Adapters) == 0 {
 		return false
 	}
 	for _, a := range b.Adapters {
 		v, ok := ParseVersion(a)
-		if !ok || v+uint64(maxLag) >= current {
+		if !ok || maxLag < 0 || v >= current || current-v <= uint64(maxLag) {
 			return false
 		}
 	}
 	return true
 }
 
-func sortBatches(bs []*Batch) {
+// sortedBatches lists the batches keep accepts (all if keep is nil) oldest
+// first, then by id; size hints how many it will find. It filters before it
+// sorts: the ledger only grows, and its trained batches are most of it.
+func (s *State) sortedBatches(size int, keep func(*Batch) bool) []*Batch {
+	bs := make([]*Batch, 0, size)
+	for _, b := range s.Batches {
+		if keep == nil || keep(b) {
+			bs = append(bs, b)
+		}
+	}
 	slices.SortFunc(bs, func(a, b *Batch) int {
 		if c := a.Added.Compare(b.Added); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.ID, b.ID)
 	})
+	return bs
 }

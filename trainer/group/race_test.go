@@ -1,0 +1,7 @@
+//go:build race
+
+package group
+
+// raceEnabled: the race detector slows the property test down tenfold; it
+// runs fewer seeds under it.
+const raceEnabled = true
