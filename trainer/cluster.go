@@ -270,3 +270,21 @@ func SyntheticBatch(seed uint64, n int, adapter string) ([]byte, error) {
 	}
 	return batch.Encode(batch.Meta{Created: at, Policy: "cluster"}, steps)
 }
+
+// Isolate cuts trainer i off the other trainers (its raft and trainer
+// streams are refused both ways and its connections dropped) or, with
+// off false, heals it.
+func (c *Cluster) Isolate(i int, on bool) {
+	t := c.trainers[i].t
+	if t == nil {
+		return
+	}
+	t.isolated.Store(on)
+	if on {
+		for _, o := range c.trainers {
+			if o.t != nil && o.t != t {
+				t.host.Disconnect(o.t.self)
+			}
+		}
+	}
+}

@@ -21,7 +21,7 @@ const clusterWait = 90 * time.Second
 
 func testLogger(t *testing.T) *slog.Logger {
 	if os.Getenv("CLAWMESH_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -101,12 +102,54 @@ type submission struct {
 	delta       []byte
 }
 
+// isTrainerPeer reports a peer this trainer may run the group with: one
+// admitted with a trainer certificate of this mesh, now or before (a
+// trainer whose connection dropped is dialled again, and the mesh admits
+// it anew), and not blocked since.
 func (t *Trainer) isTrainerPeer(p mesh.PeerID) bool {
 	if p == t.self {
 		return true
 	}
-	pr, ok := t.mesh.Peer(p)
-	return ok && pr.Cert != nil && pr.Cert.Role() == member.RoleTrainer && t.mesh.Admitted(p)
+	if t.isolated.Load() || t.mesh.Blocked(p) {
+		return false
+	}
+	if pr, ok := t.mesh.Peer(p); ok {
+		if pr.Cert == nil || pr.Cert.Role() != member.RoleTrainer {
+			return false
+		}
+		t.known.Store(p, &knownTrainer{addrs: pr.Addrs})
+		return true
+	}
+	v, ok := t.known.Load(p)
+	if ok {
+		t.redial(p, v.(*knownTrainer))
+	}
+	return ok
+}
+
+// knownTrainer is a trainer admitted once.
+type knownTrainer struct {
+	addrs []string
+	last  atomic.Int64 // unix nanoseconds of the last redial
+}
+
+// redial connects again to a known trainer that is not connected, at most
+// once a second, so that the mesh admits it and the streams raft and the
+// rounds open to it go through (the host opens them only to admitted
+// peers).
+func (t *Trainer) redial(p mesh.PeerID, k *knownTrainer) {
+	now := time.Now().UnixNano()
+	last := k.last.Load()
+	if now-last < int64(time.Second) || !k.last.CompareAndSwap(last, now) || len(k.addrs) == 0 {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(t.ctx, 10*time.Second)
+		defer cancel()
+		if _, err := t.host.Connect(ctx, k.addrs); err != nil {
+			t.log.Debug("cannot reach a trainer", "trainer", p, "err", err)
+		}
+	}()
 }
 
 func openNode(t *Trainer, timing Timing) (*node, error) {

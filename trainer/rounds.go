@@ -60,11 +60,20 @@ func (t *Trainer) ensureVersion(ctx context.Context, v group.Version) (string, e
 		}
 		t.log.Warn("a kept version does not match the lineage: fetching it again", "version", v.Name())
 	}
-	sources := []mesh.PeerID{v.Publisher}
-	if l := t.group.leader(); l != "" {
-		sources = append(sources, l)
+	// The trainers connected now first (the publisher and the leader
+	// first among them), then the others.
+	var sources, later []mesh.PeerID
+	for _, p := range append([]mesh.PeerID{v.Publisher, t.group.leader()}, t.group.trainerPeers()...) {
+		if p == "" || p == t.self || slices.Contains(sources, p) || slices.Contains(later, p) {
+			continue
+		}
+		if t.mesh.Admitted(p) {
+			sources = append(sources, p)
+		} else {
+			later = append(later, p)
+		}
 	}
-	sources = append(sources, t.group.trainerPeers()...)
+	sources = append(sources, later...)
 	var errs []error
 	for _, p := range sources {
 		if p == "" || p == t.self {
@@ -480,12 +489,13 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 		return err
 	}
 	if t.beforePublish != nil {
-		t.beforePublish(r.Number)
+		t.beforePublish(ctx, r.Number)
 	}
 	err = t.group.propose(ctx, &group.Entry{Publish: &group.Publish{
 		Round: r.Number, Version: cur.Version + 1, Parent: cur.Version, Hash: hash, Publisher: t.self,
 		Contributors: contributors, Refused: refused}})
 	if err != nil {
+		t.fenced.Add(1)
 		return fmt.Errorf("trainer: publishing v%d: %w", cur.Version+1, err)
 	}
 	if err := t.keepVersion(dir, cur.Version+1); err != nil {

@@ -44,6 +44,9 @@ const (
 	maxRequest = 64 << 10
 	maxPayload = 256 << 20
 	rpcTimeout = 2 * time.Minute
+	// openTimeout bounds opening a stream: a trainer cut off answers no
+	// sooner.
+	openTimeout = 5 * time.Second
 )
 
 // request is the first line of a stream.
@@ -143,9 +146,14 @@ func readPayload(r io.Reader, size int64) ([]byte, error) {
 
 // call sends req (with payload) to p and returns the reply's payload.
 func (t *Trainer) call(ctx context.Context, p mesh.PeerID, req request, payload []byte) ([]byte, error) {
+	if !t.isTrainerPeer(p) {
+		return nil, fmt.Errorf("trainer: %s is not a trainer of this mesh", p)
+	}
 	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 	defer cancel()
-	s, err := t.host.NewStream(ctx, p, Protocol)
+	octx, ocancel := context.WithTimeout(ctx, openTimeout)
+	s, err := t.host.NewStream(octx, p, Protocol)
+	ocancel()
 	if err != nil {
 		return nil, err
 	}
@@ -178,8 +186,12 @@ func (t *Trainer) call(ctx context.Context, p mesh.PeerID, req request, payload 
 // serveRPC serves one stream of Protocol.
 func (t *Trainer) serveRPC(s mesh.Stream) {
 	defer s.Close()
-	s.SetDeadline(time.Now().Add(rpcTimeout))
 	from := s.RemotePeer()
+	if !t.isTrainerPeer(from) {
+		s.Reset()
+		return
+	}
+	s.SetDeadline(time.Now().Add(rpcTimeout))
 	br := bufio.NewReader(s)
 	var req request
 	if err := readFrame(br, &req); err != nil {

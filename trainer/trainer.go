@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
@@ -104,8 +105,12 @@ type Trainer struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// beforePublish, in tests, runs before the leader proposes a version.
-	beforePublish func(round uint64)
+	// beforePublish, in tests, runs before the leader proposes a version;
+	// isolated cuts the trainer off the group (tests of partitions).
+	beforePublish func(ctx context.Context, round uint64)
+	isolated      atomic.Bool
+	fenced        atomic.Int64 // publications the group refused
+	known         sync.Map     // mesh.PeerID → true: trainers admitted once
 
 	mu   sync.Mutex
 	addr net.Addr
