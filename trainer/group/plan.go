@@ -53,7 +53,10 @@ func (s *State) Plan(now time.Time, leader mesh.PeerID, live []mesh.PeerID) (*St
 	perDevice := map[mesh.PeerID]int{}
 	total := 0
 	var take []*Batch
-	for _, b := range s.sortedBatches(s.Counts[Pending], func(b *Batch) bool { return b.Status == Pending && !StaleBatch(b, cur.Version, c.MaxLag) }) {
+	for _, b := range s.sortedBatches(s.Counts[Pending], func(b *Batch) bool { return b.Status == Pending }) {
+		if StaleBatch(b, cur.Version, c.MaxLag) {
+			continue
+		}
 		// A batch over a limit goes alone; the comparisons are written so
 		// that no sum of steps can overflow.
 		n := max(b.Steps, 1)
