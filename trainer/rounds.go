@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
@@ -218,6 +220,9 @@ func (t *Trainer) leadOnce(ctx context.Context) error {
 	if !registered {
 		return g.propose(ctx, &group.Entry{Register: t.registration()})
 	}
+	if err := t.mirrorRevocations(ctx); err != nil {
+		return err
+	}
 	if err := t.ingest(ctx, known); err != nil {
 		return err
 	}
@@ -286,6 +291,33 @@ func (t *Trainer) genesis(ctx context.Context, cfg group.Config) error {
 	}
 	t.log.Info("version 0 committed", "hash", short(hash))
 	return t.keepVersion(dir, 0)
+}
+
+// mirrorRevocations records the mesh's revocations in the group: a
+// revoked device's pending batches are refused, a revoked trainer leaves
+// the registry (and the raft group).
+func (t *Trainer) mirrorRevocations(ctx context.Context) error {
+	var revoked map[mesh.PeerID]string
+	t.group.view(func(s *group.State) {
+		revoked = make(map[mesh.PeerID]string, len(s.Revoked))
+		for k, v := range s.Revoked {
+			revoked[k] = v
+		}
+	})
+	for _, r := range t.mesh.Revocations() {
+		p := mesh.PeerID(r.Subject())
+		if _, ok := revoked[p]; ok {
+			continue
+		}
+		if err := t.group.propose(ctx, &group.Entry{Revoke: &group.Revocation{Peer: p, Reason: r.Reason()}}); err != nil {
+			return err
+		}
+		t.log.Info("revocation mirrored in the group", "peer", p)
+		if p != t.self {
+			t.group.raft.RemoveServer(raft.ServerID(p), 0, 10*time.Second)
+		}
+	}
+	return nil
 }
 
 // ingest adds the stored batches the ledger lacks, after verifying them.

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -430,61 +429,6 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "next: run the node with --data %s\n", s.Data)
 	}
 	return nil
-}
-
-const trainerHelp = `Usage: clawmesh trainer --data DIR [--p2p-listen ADDR]... [--bootstrap ADDR]...
-
-Runs a trainer peer: it joins the mesh with its trainer certificate (from
-'clawmesh join' with a token made by 'clawmesh invite --role trainer'), pulls
-every batch the devices announce, verifies it and keeps it in DIR/batches,
-and acknowledges it, so the device marks it shipped.
-
-  clawmesh mesh batches --data DIR          what it received
-  clawmesh mesh batch ID --data DIR         one batch's steps, as JSONL
-
-SIGINT or SIGTERM stops it.
-`
-
-func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var s settings
-	fs := newFlags("trainer", trainerHelp, stderr)
-	fs.StringVar(&s.Config, "config", "", "config file (TOML); default $CLAWMESH_CONFIG, else DATA/config.toml if it exists")
-	fs.StringVar(&s.Data, "data", "", "data directory (default $CLAWMESH_DATA, else ~/.clawmesh)")
-	var listen, bootstrap multiFlag
-	fs.Var(&listen, "p2p-listen", "libp2p multiaddr to listen on (repeatable; default QUIC and TCP on port 4001, or a free port)")
-	fs.Var(&bootstrap, "bootstrap", "a peer's multiaddr to dial at start (repeatable)")
-	noMDNS := fs.Bool("no-mdns", false, "do not look for peers on the local network")
-	admin := fs.String("admin", "127.0.0.1:0", "loopback address of the admin API")
-	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageErr("unexpected arguments %q", fs.Args())
-	}
-	if err := s.resolve(fs); err != nil {
-		return err
-	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return usageErr("--log: %v", err)
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true, Admin: *admin, Logger: log})
-	if errors.Is(err, mesh.ErrNotJoined) {
-		return fmt.Errorf("%w; for a trainer: a token from 'clawmesh invite --role trainer', then clawmesh join TOKEN --data %s", err, s.Data)
-	}
-	if err != nil {
-		return err
-	}
-	runErr := t.Run(ctx)
-	if err := t.Close(); err != nil && runErr == nil {
-		runErr = err
-	}
-	if runErr == nil {
-		fmt.Fprintln(stderr, "clawmesh trainer: stopped")
-	}
-	return runErr
 }
 
 // multiFlag is a repeatable string flag.

@@ -175,6 +175,25 @@ func TestMeshCLI(t *testing.T) {
 		t.Errorf("batches:\n%s", human)
 	}
 
+	// The trainer, alone in its group, trains the device's batch into v1.
+	var ts trainer.Status
+	waitFor(t, "the trainer to train the batch", func() bool {
+		out, _, _ := runCLI(t, "trainer", "status", "--json", "--data", tr)
+		return json.Unmarshal([]byte(out), &ts) == nil && ts.Batches.Trained == 1 && ts.Version != nil && ts.Version.Version.Version >= 1
+	})
+	if ts.State != "leader" || ts.Leader != ts.Peer || len(ts.Voters) != 1 || ts.Config.Recipe != "combined" || ts.Config.Base != "tiny" || ts.Version.Dir == "" {
+		t.Errorf("trainer status: %+v", ts)
+	}
+	if human := cli(t, "trainer", "status", "--data", tr); !strings.Contains(human, "1 trained") || !strings.Contains(human, "leader") {
+		t.Errorf("trainer status:\n%s", human)
+	}
+	if out := cli(t, "trainer", "config", "--recipe", "opd", "--data", tr); !strings.Contains(out, "recipe opd") {
+		t.Errorf("trainer config: %s", out)
+	}
+	if _, errs, code := runCLI(t, "trainer", "config", "--recipe", "sft", "--data", tr); code == 0 || !strings.Contains(errs, "recipe") {
+		t.Errorf("a bad recipe: %d %s", code, errs)
+	}
+
 	// Revoke the device from the admin's.
 	bid := string(nb.Peer().Mesh.ID())
 	if out := cli(t, "mesh", "revoke", bid, "--reason", "sold", "--data", a); !strings.Contains(out, "revoked") {

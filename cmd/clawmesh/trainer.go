@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+const trainerHelp = `Usage: clawmesh trainer --data DIR [--engine native] [--base tiny|DIR] [flags]
+       clawmesh trainer status [--json] --data DIR
+       clawmesh trainer leave --data DIR
+       clawmesh trainer config [--recipe binary|opd|combined] [...] --data DIR
+
+Runs a trainer peer: it joins the mesh with its trainer certificate (from
+'clawmesh join' with a token made by 'clawmesh invite --role trainer'), pulls
+every batch the devices announce, verifies it and keeps it in DIR/batches,
+and acknowledges it, so the device marks it shipped.
+
+The mesh's trainers form a raft group. The first trainer bootstraps it
+(after --join-wait without finding one); later ones join through its
+leader: up to 5 voters, then non-voters, promoted when a voter leaves or
+stops answering. The leader runs rounds: it shares the pending batches
+among the live trainers in proportion to their speed, each trains
+--local-steps steps from the current adapter version on its share, and the
+leader aggregates their deltas into the next version, kept as a PEFT
+bundle in DIR/adapters/vN. Kill any trainer at any moment: the others go on,
+and no batch is trained twice or lost.
+
+  clawmesh trainer status --data DIR        leader, term, voters, round, adapter
+                                            version, batches pending/trained/refused
+  clawmesh trainer leave --data DIR         hand over cleanly, then stop
+  clawmesh trainer config --recipe opd --data DIR
+                                            change what the group trains
+  clawmesh mesh batches --data DIR          the batches it received
+
+The recipe, base model and training settings are the group's: the first
+trainer proposes its flags (--recipe, --local-steps, ...); 'trainer config'
+changes them later (the base model and seed never change once a version
+exists). Every trainer must run the group's base model.
+
+SIGINT or SIGTERM stops it.
+`
+
+func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "status", "leave", "config":
+			return runTrainerCommand(ctx, args[0], args[1:], stdout, stderr)
+		}
+	}
+	var s settings
+	fs := newFlags("trainer", trainerHelp, stderr)
+	fs.StringVar(&s.Config, "config", "", "config file (TOML); default $CLAWMESH_CONFIG, else DATA/config.toml if it exists")
+	fs.StringVar(&s.Data, "data", "", "data directory (default $CLAWMESH_DATA, else ~/.clawmesh)")
+	var listen, bootstrap multiFlag
+	fs.Var(&listen, "p2p-listen", "libp2p multiaddr to listen on (repeatable; default QUIC and TCP on port 4001, or a free port)")
+	fs.Var(&bootstrap, "bootstrap", "a peer's multiaddr to dial at start (repeatable)")
+	noMDNS := fs.Bool("no-mdns", false, "do not look for peers on the local network")
+	admin := fs.String("admin", "127.0.0.1:0", "loopback address of the admin API")
+	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
+	engine := fs.String("engine", trainer.EngineNative, "training engine: native (Go, CPU) or torch (the torch worker)")
+	device := fs.String("device", trainer.DeviceCPU, "device of the engine: cpu or cuda")
+	base := fs.String("base", group.DefaultBase, "base model: tiny (built in, no download) or a Hugging Face model directory")
+	joinWait := fs.Duration("join-wait", 5*time.Second, "how long to look for a trainers' group before bootstrapping one")
+	var gc group.Config
+	bindGroupFlags(fs, &gc)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr("unexpected arguments %q (trainer commands: status, leave, config)", fs.Args())
+	}
+	if err := s.resolve(fs); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usageErr("--log: %v", err)
+	}
+	if err := gc.Validate(); err != nil {
+		return usageErr("%v", err)
+	}
+	if *joinWait <= 0 {
+		return usageErr("--join-wait must be positive")
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
+		Admin: *admin, Engine: *engine, Device: *device, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
+	if errors.Is(err, mesh.ErrNotJoined) {
+		return fmt.Errorf("%w; for a trainer: a token from 'clawmesh invite --role trainer', then clawmesh join TOKEN --data %s", err, s.Data)
+	}
+	if err != nil {
+		return err
+	}
+	runErr := t.Run(ctx)
+	if err := t.Close(); err != nil && runErr == nil {
+		runErr = err
+	}
+	if runErr == nil {
+		fmt.Fprintln(stderr, "clawmesh trainer: stopped")
+	}
+	return runErr
+}
+
+// bindGroupFlags binds the group's configuration; a flag not given keeps
+// its zero value, which means "unchanged" to 'trainer config' and "the
+// default" to a bootstrapping trainer.
+func bindGroupFlags(fs interface {
+	StringVar(*string, string, string, string)
+	IntVar(*int, string, int, string)
+	Float64Var(*float64, string, float64, string)
+	DurationVar(*time.Duration, string, time.Duration, string)
+}, c *group.Config) {
+	fs.StringVar(&c.Recipe, "recipe", "", "learning recipe: binary (GRPO on rewards), opd (on-policy distillation from hints) or combined (default combined)")
+	fs.IntVar(&c.LocalSteps, "local-steps", 0, fmt.Sprintf("optimizer steps each trainer takes on its share of a round (default %d)", group.DefaultLocalSteps))
+	fs.Float64Var(&c.LR, "lr", 0, fmt.Sprintf("learning rate (default %g)", group.DefaultLR))
+	fs.IntVar(&c.MaxLag, "max-lag", 0, fmt.Sprintf("steps made by an adapter more than this many versions old are refused as stale (default %d)", group.DefaultMaxLag))
+	fs.IntVar(&c.Quota, "quota", 0, fmt.Sprintf("most steps one device may put in a round (default %d)", group.DefaultQuota))
+	fs.IntVar(&c.RoundSteps, "round-steps", 0, fmt.Sprintf("most steps in a round (default %d)", group.DefaultRoundSteps))
+	fs.DurationVar(&c.Deadline, "round-deadline", 0, fmt.Sprintf("how long the leader waits for a round's deltas before leaving stragglers out (default %s)", group.DefaultDeadline))
+	fs.StringVar(&c.Aggregate, "aggregate", "", "how deltas combine: mean (sample-weighted, each norm-clipped to the round's lower median) or trimmed (coordinate-wise trimmed mean) (default mean)")
+	fs.Float64Var(&c.MaxNorm, "max-norm", 0, "cap on every delta's norm (default: none beyond the round's median)")
+	fs.Float64Var(&c.Trim, "trim", 0, fmt.Sprintf("fraction the trimmed mean cuts from each end (default %g)", group.DefaultTrim))
+}
+
+func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	fs := newFlags("trainer "+sub, trainerHelp, stderr)
+	s.bindCommon(fs)
+	var asJSON bool
+	var gc group.Config
+	switch sub {
+	case "status":
+		fs.BoolVar(&asJSON, "json", false, "print JSON (a stable format)")
+	case "config":
+		bindGroupFlags(fs, &gc)
+		fs.BoolVar(&asJSON, "json", false, "print the configuration as JSON")
+	}
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr("%s takes no arguments", sub)
+	}
+	if err := s.resolve(fs); err != nil {
+		return err
+	}
+	addr, err := trainer.ReadAddr(s.Data)
+	if err != nil {
+		return fmt.Errorf("no trainer runs on %s (start one with 'clawmesh trainer --data %s')", s.Data, s.Data)
+	}
+	c := &trainer.Client{Base: "http://" + addr, Token: s.Token}
+	switch sub {
+	case "status":
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(stdout, st)
+		}
+		printTrainerStatus(stdout, st)
+		return nil
+	case "leave":
+		if err := c.Leave(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "left the trainers' group; the trainer stops now")
+		return nil
+	}
+	cur, err := c.Configure(ctx, gc)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(stdout, cur)
+	}
+	fmt.Fprintf(stdout, "recipe %s, base %s (seed %d), %d local steps at lr %g, max lag %d, quota %d, %d steps a round, deadline %s, aggregate %s\n",
+		cur.Recipe, cur.Base, cur.Seed, cur.LocalSteps, cur.LR, cur.MaxLag, cur.Quota, cur.RoundSteps, cur.Deadline, cur.Aggregate)
+	return nil
+}
+
+func printTrainerStatus(w io.Writer, st trainer.Status) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "peer\t%s (%s)\n", st.Peer, st.State)
+	fmt.Fprintf(tw, "leader\t%s\n", orDash(string(st.Leader)))
+	fmt.Fprintf(tw, "term\t%d (applied %d)\n", st.Term, st.Applied)
+	fmt.Fprintf(tw, "voters\t%s\n", joinIDs(st.Voters))
+	if len(st.Nonvoters) > 0 {
+		fmt.Fprintf(tw, "non-voters\t%s\n", joinIDs(st.Nonvoters))
+	}
+	fmt.Fprintf(tw, "recipe\t%s on %s\n", orDash(st.Config.Recipe), orDash(st.Config.Base))
+	if v := st.Version; v != nil {
+		fmt.Fprintf(tw, "adapter\t%s (sha256 %s, term %d, index %d)\n", v.Name, shortHash(v.Hash), v.Term, v.Index)
+		if v.Dir != "" {
+			fmt.Fprintf(tw, "bundle\t%s\n", v.Dir)
+		}
+	} else {
+		fmt.Fprintf(tw, "adapter\t-\n")
+	}
+	if r := st.Round; r != nil {
+		fmt.Fprintf(tw, "round\t%d from v%d, %d trainers, deadline %s\n", r.Number, r.Base, len(r.Shares), r.Deadline.Local().Format("15:04:05"))
+	} else {
+		fmt.Fprintf(tw, "round\t%d done, none open\n", st.Rounds)
+	}
+	b := st.Batches
+	fmt.Fprintf(tw, "batches\t%d pending, %d assigned, %d trained, %d refused\n", b.Pending, b.Assigned, b.Trained, b.Refused)
+	for reason, n := range st.Refusals {
+		fmt.Fprintf(tw, "  refused\t%d %s\n", n, reason)
+	}
+	fmt.Fprintf(tw, "trainers\t%d\n", len(st.Trainers))
+	for _, t := range st.Trainers {
+		fmt.Fprintf(tw, "  %s\t%s/%s, %.1f samples/s\n", t.ID, t.Engine, t.Device, t.Speed)
+	}
+	tw.Flush()
+}
+
+func joinIDs(ids []mesh.PeerID) string {
+	if len(ids) == 0 {
+		return "-"
+	}
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = string(id)
+	}
+	return strings.Join(s, " ")
+}
+
+func shortHash(h string) string {
+	if len(h) > 16 {
+		return h[:16]
+	}
+	return h
+}
