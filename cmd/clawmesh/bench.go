@@ -18,7 +18,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
-const benchHelp = `Usage: clawmesh bench <gateway|pool|engine|learn|scrub|mesh> [flags]
+const benchHelp = `Usage: clawmesh bench <gateway|pool|engine|learn|scrub|mesh|trainers> [flags]
 
 Measures clawmesh's parts on this machine, against a baseline measured in
 the same run. Everything runs locally (loopback, a temporary directory).
@@ -54,6 +54,11 @@ the same run. Everything runs locally (loopback, a temporary directory).
             a mesh peer: CPU and resident memory of this binary run as an
             idle node in a mesh and as one that is not (goal: under 1% of a
             core and 100 MiB more)
+  trainers  the trainers' raft group on loopback: time from the leader's
+            death to a new leader, p50/p99 over repeated kills (goal p99
+            <= 3 s with the default timing), and a round's overhead
+            (start to commit) against its pure training time on the tiny
+            model (goal <= 10%)
 
 Examples:
   clawmesh bench gateway --rate 1000 --duration 10s
@@ -64,12 +69,13 @@ Examples:
   clawmesh bench learn --rounds 8
   clawmesh bench scrub
   clawmesh bench mesh --idle 30s
+  clawmesh bench trainers --kills 20
 `
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchHelp)
-		return usageErr("which benchmark? gateway, pool, engine, learn, scrub or mesh")
+		return usageErr("which benchmark? gateway, pool, engine, learn, scrub, mesh or trainers")
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlags("bench "+sub, benchHelp, stderr)
@@ -159,6 +165,26 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 			fmt.Fprintf(stdout, "  the mesh adds %.2f%% of a core and %.1f MiB; goal < 1%% and < 100 MiB: %s\n", peer.CPU-alone.CPU, mib(peer.RSS-alone.RSS), verdict)
 		}
+		return nil
+	case "trainers":
+		var o trainer.GroupBenchOptions
+		fs.IntVar(&o.Kills, "kills", 0, "times the leader is killed (default 10)")
+		fs.IntVar(&o.Trainers, "trainers", 0, "trainers in the failover group (default 3)")
+		fs.IntVar(&o.Rounds, "rounds", 0, "rounds measured for the overhead (default 5)")
+		fs.IntVar(&o.RoundBatches, "round-batches", 0, "batches a round (default 8)")
+		fs.IntVar(&o.BatchSteps, "batch-steps", 0, "steps a batch (default 16)")
+		asJSON := fs.Bool("json", false, "print JSON (a stable format)")
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		r, err := trainer.BenchGroup(ctx, o)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, r)
+		}
+		r.Print(stdout)
 		return nil
 	case "scrub":
 		minTime := fs.Duration("time", time.Second, "how long each timed measure runs at least")

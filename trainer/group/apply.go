@@ -415,7 +415,7 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 		cs[i].Batches = slices.Clone(cs[i].Batches)
 	}
 	s.Versions = append(s.Versions, Version{Version: p.Version, Hash: p.Hash, Parent: p.Parent, Term: term, Index: index,
-		Round: r.Number, Publisher: p.Publisher, Contributors: cs, At: e.At})
+		Round: r.Number, Started: r.Started, Publisher: p.Publisher, Contributors: cs, At: e.At})
 	s.Round = nil
 	return nil
 }

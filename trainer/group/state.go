@@ -226,6 +226,9 @@ type Version struct {
 	Term  uint64 `json:"term"`
 	Index uint64 `json:"index"`
 	Round uint64 `json:"round,omitempty"`
+	// Started is when its round started (the leader's clock); At when it
+	// was published.
+	Started time.Time `json:"started,omitzero"`
 	// Publisher is the leader that committed it.
 	Publisher    mesh.PeerID    `json:"publisher,omitempty"`
 	Contributors []Contribution `json:"contributors,omitempty"`
