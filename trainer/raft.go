@@ -44,6 +44,9 @@ type Timing struct {
 	ReplaceAfter time.Duration
 	// SnapshotThreshold is raft's: logs between snapshots (default 1024).
 	SnapshotThreshold uint64
+	// MaxVoters bounds the group's voters (default group.MaxVoters);
+	// further trainers are non-voters.
+	MaxVoters int
 }
 
 func (o Timing) withDefaults() Timing {
@@ -67,6 +70,9 @@ func (o Timing) withDefaults() Timing {
 	}
 	if o.SnapshotThreshold == 0 {
 		o.SnapshotThreshold = 1024
+	}
+	if o.MaxVoters == 0 {
+		o.MaxVoters = group.MaxVoters
 	}
 	return o
 }
@@ -289,13 +295,13 @@ func (n *node) addServer(p mesh.PeerID) error {
 			voters++
 		}
 	}
-	if voters < group.MaxVoters {
+	if voters < n.timing.MaxVoters {
 		err = n.raft.AddVoter(raft.ServerID(p), raft.ServerAddress(p), 0, 10*time.Second).Error()
 	} else {
 		err = n.raft.AddNonvoter(raft.ServerID(p), raft.ServerAddress(p), 0, 10*time.Second).Error()
 	}
 	if err == nil {
-		n.log.Info("trainer joined the group", "trainer", p, "voter", voters < group.MaxVoters)
+		n.log.Info("trainer joined the group", "trainer", p, "voter", voters < n.timing.MaxVoters)
 	}
 	return err
 }
@@ -478,7 +484,7 @@ func (n *node) promote() {
 		}
 	}
 	for _, s := range standby {
-		if voters >= group.MaxVoters {
+		if voters >= n.timing.MaxVoters {
 			if len(dead) == 0 {
 				break
 			}
