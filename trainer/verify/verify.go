@@ -10,9 +10,9 @@
 // scores, then replays every score of a sample of the scored steps, chosen
 // from the batch's content with a secret seed so that a device cannot know
 // which of its steps will be replayed. A replay runs the plugin as
-// reward.Runner.Replay does: a fresh instance, no config, judge calls
-// refused; a score whose plugin asks the judge cannot be replayed and is
-// counted, not checked.
+// reward.Runner.Replay does, with no config and judge calls refused, in a
+// fresh instance unless Config.ReuseInstances; a score whose plugin asks
+// the judge cannot be replayed and is counted, not checked.
 //
 // It relies on the device having scored the steps as they left it, after
 // scrubbing (node/share's Rescorer, reward.Runner.Rescore); RATIONALE.md
