@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -172,14 +173,31 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	}
 }
 
-// Every trainer stops; restarted from disk they continue from the last
-// version.
+// Every trainer stops; restarted from disk (snapshots and the log after
+// them) they continue from the last version.
 func TestRestartAllFromDisk(t *testing.T) {
-	c := newTestCluster(t, 3)
 	ctx := context.Background()
+	timing := testTiming
+	timing.SnapshotThreshold, timing.SnapshotInterval = 4, 200*time.Millisecond
+	c, err := NewCluster(ctx, ClusterOptions{Trainers: 3, Timing: timing, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	ids := shipN(t, c, 0, 4)
 	tr := waitTrained(t, c, ids)
 	lin := tr.Lineage()
+	if err := c.WaitUntil(ctx, clusterWait, "a snapshot on every trainer", func() bool {
+		for i := range c.Len() {
+			snaps, _ := filepath.Glob(filepath.Join(c.DataDir(i), RaftDir, "snapshots", "snapshots", "*", "state.bin"))
+			if len(snaps) == 0 {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
 	for i := range c.Len() {
 		if err := c.Kill(i); err != nil {
 			t.Logf("kill %d: %v", i, err)

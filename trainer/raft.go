@@ -42,8 +42,10 @@ type Timing struct {
 	// ReplaceAfter is how long a voter may fail heartbeats before the
 	// leader replaces it with a live non-voter (default 30 s).
 	ReplaceAfter time.Duration
-	// SnapshotThreshold is raft's: logs between snapshots (default 1024).
+	// SnapshotThreshold and SnapshotInterval are raft's: logs between
+	// snapshots (default 1024), and how often raft looks (default 2 min).
 	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
 	// MaxVoters bounds the group's voters (default group.MaxVoters);
 	// further trainers are non-voters.
 	MaxVoters int
@@ -70,6 +72,9 @@ func (o Timing) withDefaults() Timing {
 	}
 	if o.SnapshotThreshold == 0 {
 		o.SnapshotThreshold = 1024
+	}
+	if o.SnapshotInterval == 0 {
+		o.SnapshotInterval = 2 * time.Minute
 	}
 	if o.MaxVoters == 0 {
 		o.MaxVoters = group.MaxVoters
@@ -186,6 +191,8 @@ func openNode(t *Trainer, timing Timing) (*node, error) {
 	conf.LeaderLeaseTimeout = timing.LeaderLease
 	conf.CommitTimeout = 20 * time.Millisecond
 	conf.SnapshotThreshold = timing.SnapshotThreshold
+	conf.SnapshotInterval = timing.SnapshotInterval
+	conf.TrailingLogs = max(timing.SnapshotThreshold, 64)
 	conf.Logger = hl
 	n.raft, err = raft.NewRaft(conf, n.fsm, logs, logs, snaps, n.trans)
 	if err != nil {
