@@ -4,8 +4,8 @@
 # made a mesh, a short agent conversation through the node's gateway (a
 # correction, the user moving on, explicit feedback), what the pool
 # recorded and how the reward plugins scored it, what would leave the
-# device (scrubbed), and a trainer peer that joined with an invite token
-# receiving it.
+# device (scrubbed), and a trainer peer that joined with an invite token and
+# trains it into the mesh's next adapter version
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -100,3 +100,15 @@ echo
 echo "== the batch's first step as the trainer got it (clawmesh mesh batch $id)"
 "$cm" mesh batch "$id" --data "$work/trainer" > "$work/batch.jsonl"
 head -1 "$work/batch.jsonl" | python3 -c 'import sys,json; s=json.load(sys.stdin); print(json.dumps({k: s[k] for k in ("id","session_id","timings")}, indent=1)); [print("  ", m["role"], ":", (m.get("content") or "")[:120]) for m in s["request"]["messages"]]'
+
+echo "== the trainer, alone in its raft group, trains the batch into adapter v1 (clawmesh trainer status)"
+for _ in $(seq 1 240); do
+  if "$cm" trainer status --json --data "$work/trainer" 2>/dev/null | python3 -c 'import sys,json; s=json.load(sys.stdin); sys.exit(0 if s["batches"]["trained"] >= 1 else 1)' 2>/dev/null; then
+    break
+  fi
+  sleep 0.25
+done
+"$cm" trainer status --data "$work/trainer"
+"$cm" trainer status --json --data "$work/trainer" | python3 -c 'import sys,json; s=json.load(sys.stdin); sys.exit(0 if s["batches"]["trained"] >= 1 else 1)' \
+  || { echo "the trainer trained nothing"; cat "$work/trainer.log"; exit 1; }
+ls "$work/trainer/adapters"
