@@ -27,6 +27,10 @@ const AdaptersDir = "adapters"
 // maxAdd bounds the batches of one Add entry.
 const maxAdd = 256
 
+// verifyRetry is how long a batch whose verification could not run waits
+// before the next try.
+const verifyRetry = 30 * time.Second
+
 func (t *Trainer) versionDir(v uint64) string {
 	return filepath.Join(t.cfg.DataDir, AdaptersDir, "v"+strconv.FormatUint(v, 10))
 }
@@ -332,12 +336,25 @@ func (t *Trainer) ingest(ctx context.Context, known map[core.BatchID]bool) error
 		if known[e.ID] {
 			continue
 		}
-		add = append(add, group.BatchRef{ID: e.ID, From: e.From, Steps: e.Header.Steps, Adapters: e.Header.Adapters})
 		if t.verify != nil {
-			if reason := t.verify(ctx, e.ID, e.From); reason != "" {
+			if next, ok := t.verifyLater[e.ID]; ok && time.Now().Before(next) {
+				continue
+			}
+			reason, err := t.verify(ctx, e.ID, e.From)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				t.verifyLater[e.ID] = time.Now().Add(verifyRetry)
+				t.log.Warn("batch not verified yet: trying again later", "batch", e.ID, "err", err, "in", verifyRetry)
+				continue
+			}
+			delete(t.verifyLater, e.ID)
+			if reason != "" {
 				refuse = append(refuse, group.Refusal{ID: e.ID, Reason: reason})
 			}
 		}
+		add = append(add, group.BatchRef{ID: e.ID, From: e.From, Steps: e.Header.Steps, Adapters: e.Header.Adapters})
 		if len(add) == maxAdd {
 			break
 		}

@@ -44,6 +44,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/store"
+	"github.com/clawmesh/clawmesh/trainer/verify"
 )
 
 // Files in a trainer's data directory, beside the mesh peer's.
@@ -52,6 +53,8 @@ const (
 	StoreDir = "batches"
 	// AddrFile holds the running trainer's admin address.
 	AddrFile = "trainer.addr"
+	// PluginsDir caches the reward plugin modules verification runs.
+	PluginsDir = "plugins"
 )
 
 // ErrNotTrainer reports a data directory whose certificate is not a
@@ -84,26 +87,35 @@ type Config struct {
 	// Timing tunes raft and the rounds.
 	Timing Timing
 	// Verify, when set, checks a batch before the leader adds it to the
-	// ledger: a non-empty reason refuses it.
-	Verify func(ctx context.Context, id core.BatchID, from mesh.PeerID) (reason string)
-	Logger *slog.Logger
+	// ledger: a non-empty reason refuses it, an error leaves it for later.
+	// nil means the default: the batch's reward scores replayed on a
+	// sample of its steps (trainer/verify), the plugin modules kept in
+	// DATA/plugins and fetched from the mesh; NoVerify turns checking off
+	// (batches made up for benchmarks carry no real plugin).
+	Verify   func(ctx context.Context, id core.BatchID, from mesh.PeerID) (reason string, err error)
+	NoVerify bool
+	Logger   *slog.Logger
 }
 
 // Trainer is a running trainer peer.
 type Trainer struct {
-	cfg    Config
-	log    *slog.Logger
-	peer   *peer.Peer // nil when the host was given (NewOn)
-	host   mesh.Host
-	mesh   *mesh.Mesh
-	self   mesh.PeerID
-	store  *store.Store
-	group  *node
-	work   *workLoop
-	timing Timing
-	verify func(ctx context.Context, id core.BatchID, from mesh.PeerID) string
-	ctx    context.Context
-	cancel context.CancelFunc
+	cfg     Config
+	log     *slog.Logger
+	peer    *peer.Peer // nil when the host was given (NewOn)
+	host    mesh.Host
+	mesh    *mesh.Mesh
+	self    mesh.PeerID
+	store   *store.Store
+	group   *node
+	work    *workLoop
+	timing  Timing
+	verify  func(ctx context.Context, id core.BatchID, from mesh.PeerID) (string, error)
+	checker *verify.Checker
+	// verifyLater: batches whose verification failed to run, and when to
+	// try again (the leader's loop only).
+	verifyLater map[core.BatchID]time.Time
+	ctx         context.Context
+	cancel      context.CancelFunc
 
 	// beforePublish, in tests, runs before the leader proposes a version;
 	// isolated cuts the trainer off the group (tests of partitions).
@@ -187,8 +199,16 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
 		return nil, err
 	}
 	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
-		timing: cfg.Timing.withDefaults(), verify: cfg.Verify}
+		timing: cfg.Timing.withDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	if t.verify == nil && !cfg.NoVerify {
+		t.checker, err = verify.New(verify.Config{CacheDir: filepath.Join(cfg.DataDir, PluginsDir), Fetch: t.fetchPlugin, Logger: t.log})
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		t.verify = t.check
+	}
 	if t.group, err = openNode(t, t.timing); err != nil {
 		s.Close()
 		return nil, err
@@ -275,6 +295,9 @@ func (t *Trainer) Run(ctx context.Context) error {
 func (t *Trainer) Close() error {
 	t.cancel()
 	errs := []error{t.group.close(), t.work.w.close()}
+	if t.checker != nil {
+		errs = append(errs, t.checker.Close(context.Background()))
+	}
 	if t.peer != nil {
 		errs = append(errs, t.peer.Close())
 	}
@@ -304,3 +327,46 @@ func (b Batches) Get(ctx context.Context, id core.BatchID) (*batch.Batch, error)
 
 // ReadAddr returns the admin address a running trainer wrote in dataDir.
 func ReadAddr(dataDir string) (string, error) { return adminapi.ReadAddr(dataDir, AddrFile) }
+
+// check replays a stored batch's scores (the default Verify).
+func (t *Trainer) check(ctx context.Context, id core.BatchID, from mesh.PeerID) (string, error) {
+	b, err := t.store.Batch(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	res, err := t.checker.Check(ctx, b, from)
+	if err != nil {
+		return "", err
+	}
+	if res.Verified {
+		return "", nil
+	}
+	return "verification: " + res.Reason, nil
+}
+
+// fetchPlugin fetches a plugin module from the peer that announced the
+// batch, else from any admitted peer that has it (the built-in plugins are
+// on every device).
+func (t *Trainer) fetchPlugin(ctx context.Context, from mesh.PeerID, hash string, maxBytes int64) ([]byte, error) {
+	peers := []mesh.PeerID{from}
+	for _, p := range t.mesh.Peers() {
+		if p.ID != from && p.ID != t.self {
+			peers = append(peers, p.ID)
+		}
+	}
+	var errs []error
+	for _, p := range peers {
+		if p == "" {
+			continue
+		}
+		b, err := t.mesh.FetchPlugin(ctx, p, hash, maxBytes)
+		if err == nil {
+			return b, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -183,6 +184,10 @@ func TestMeshCLI(t *testing.T) {
 	})
 	if ts.State != "leader" || ts.Leader != ts.Peer || len(ts.Voters) != 1 || ts.Config.Recipe != "combined" || ts.Config.Base != "tiny" || ts.Version.Dir == "" {
 		t.Errorf("trainer status: %+v", ts)
+	}
+	// It replayed the batch's reward plugins first, fetched from the device.
+	if mods, _ := filepath.Glob(filepath.Join(tr, trainer.PluginsDir, "*.wasm")); len(mods) == 0 {
+		t.Errorf("the trainer verified no plugin of the batch")
 	}
 	if human := cli(t, "trainer", "status", "--data", tr); !strings.Contains(human, "1 trained") || !strings.Contains(human, "leader") {
 		t.Errorf("trainer status:\n%s", human)
