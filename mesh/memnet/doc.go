@@ -9,8 +9,13 @@
 //   - Identity: a Host's id is the libp2p peer id of its Ed25519 key, as
 //     mesh/p2p derives it (IDFromKey, KeyOf), so that mesh certificates
 //     verify; a host may also be named by any id, for tests that need no
-//     keys. Addresses are multiaddr strings ending in /p2p/<id>, one per
-//     id, kept when a host of that id is made again after a crash.
+//     keys. Addresses are multiaddr strings ending in /p2p/<id>: a host
+//     listens at its id's usual address, the same when it is made again
+//     after a crash (a device on a fixed port), unless
+//     HostOptions.NewAddr gives it a fresh one (a port of the system's
+//     choosing). A host dials a peer by id only at an address it has of
+//     it: one given to Connect, or learnt on connecting (as libp2p's
+//     identify tells each end the other's listen addresses).
 //   - Admission: a peer the Gate calls Blocked can neither connect nor be
 //     connected to; a connected peer that is not Admitted may open only
 //     the open protocols (HostOptions.Open), and its streams of other

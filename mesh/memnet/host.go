@@ -24,19 +24,20 @@ const (
 // Host is a mesh.Host on a Network. Make it with Network.NewHost; Close
 // it (or let Network.Crash kill it).
 type Host struct {
-	n     *Network
-	id    mesh.PeerID
-	key   ed25519.PrivateKey
-	addr  string
-	gate  mesh.Gate
-	open  map[string]bool
-	log   *slog.Logger
-	notif *notifier
-	state atomic.Int32 // changed under n.mu
+	n      *Network
+	id     mesh.PeerID
+	key    ed25519.PrivateKey
+	prefix string // the address without /p2p/<id>
+	addr   string
+	gate   mesh.Gate
+	open   map[string]bool
+	log    *slog.Logger
+	notif  *notifier
+	state  atomic.Int32 // changed under n.mu
 
-	// known are the peers whose address this host has (connected once,
-	// or given by Connect); guarded by n.mu.
-	known map[mesh.PeerID]bool
+	// known are the addresses (without /p2p/<id>) this host has of each
+	// peer: given to Connect, or learnt connecting; guarded by n.mu.
+	known map[mesh.PeerID]map[string]bool
 
 	mu       sync.Mutex
 	handlers map[string]mesh.StreamHandler
@@ -47,13 +48,13 @@ type Host struct {
 
 var _ mesh.Host = (*Host)(nil)
 
-func newHost(n *Network, id mesh.PeerID, key ed25519.PrivateKey, addr string, gate mesh.Gate, open []string) *Host {
+func newHost(n *Network, id mesh.PeerID, key ed25519.PrivateKey, prefix string, gate mesh.Gate, open []string) *Host {
 	h := &Host{
-		n: n, id: id, key: key, addr: addr, gate: gate,
+		n: n, id: id, key: key, prefix: prefix, addr: prefix + "/p2p/" + string(id), gate: gate,
 		open:     make(map[string]bool, len(open)),
 		log:      n.log.With("peer", id),
 		notif:    newNotifier(),
-		known:    map[mesh.PeerID]bool{},
+		known:    map[mesh.PeerID]map[string]bool{},
 		handlers: map[string]mesh.StreamHandler{},
 		topics:   map[string]*topic{},
 		seen:     map[string]time.Time{},
@@ -71,19 +72,28 @@ func (h *Host) ID() mesh.PeerID { return h.id }
 func (h *Host) Key() ed25519.PrivateKey { return h.key }
 
 // Addrs is this host's one address: a multiaddr string ending in
-// /p2p/<id>, the same for every host of this id on this Network.
+// /p2p/<id>.
 func (h *Host) Addrs() []string { return []string{h.addr} }
+
+// learnLocked records an address of peer p; n.mu is held.
+func (h *Host) learnLocked(p mesh.PeerID, prefix string) {
+	if h.known[p] == nil {
+		h.known[p] = map[string]bool{}
+	}
+	h.known[p][prefix] = true
+}
 
 func (h *Host) address() Addr { return Addr{ID: h.id, Addr: h.addr} }
 
 func (h *Host) running() bool { return h.state.Load() == stateRunning }
 
 // Connect connects to the peer that addrs name (all of them the same
-// peer) and returns its id. An address may be just /p2p/<id> if this host
-// already has the peer's address. It fails if this host's Gate blocks the
-// peer (ErrBlocked), the peer's blocks this host (ErrRefused), no host
-// runs at the address (ErrUnreachable), or a partition is between them
-// (ErrPartitioned). Connecting to a connected peer does nothing.
+// peer) and returns its id; this host keeps the addresses. An address may
+// be just /p2p/<id> if this host already has one of the peer's. It fails
+// if this host's Gate blocks the peer (ErrBlocked), the peer's blocks this
+// host (ErrRefused), the peer does not run at any address this host has
+// of it (ErrUnreachable), or a partition is between them (ErrPartitioned).
+// Connecting to a connected peer does nothing.
 func (h *Host) Connect(ctx context.Context, addrs []string) (mesh.PeerID, error) {
 	if !h.running() {
 		return "", fmt.Errorf("%w: host %s", ErrClosed, h.id)
@@ -113,22 +123,12 @@ func (h *Host) Connect(ctx context.Context, addrs []string) (mesh.PeerID, error)
 	}
 	n := h.n
 	n.mu.Lock()
-	found := false
 	for _, p := range prefixes {
-		if p == "" && h.known[id] || p != "" && p == n.addrs[id] {
-			found = true
+		if p != "" {
+			h.learnLocked(id, p)
 		}
-	}
-	if found {
-		h.known[id] = true
 	}
 	n.mu.Unlock()
-	if !found {
-		if slices.Equal(prefixes, make([]string, len(prefixes))) {
-			return "", fmt.Errorf("memnet: connect to %s: %w", id, fmt.Errorf("%w: %s knows no address of it", ErrNoAddr, h.id))
-		}
-		return "", fmt.Errorf("memnet: connect to %s: %w: nothing listens at %v", id, ErrUnreachable, addrs)
-	}
 	if _, err := h.dial(ctx, id); err != nil {
 		return "", fmt.Errorf("memnet: connect to %s: %w", id, err)
 	}
@@ -164,7 +164,7 @@ func (h *Host) dial(ctx context.Context, p mesh.PeerID) (*conn, error) {
 }
 
 // NewStream opens a stream of proto to p, connecting first if this host
-// has p's address. A peer not admitted may only be asked for open
+// has p's address. The stream is a *Stream. A peer not admitted may only be asked for open
 // protocols (ErrNotAdmitted), a blocked one for none (ErrBlocked). The
 // stream is opened after the network's latency; if p's Gate does not let
 // this host open proto, p resets the stream before its handler sees it,
@@ -228,10 +228,10 @@ func (h *Host) NewStream(ctx context.Context, p mesh.PeerID, proto string) (mesh
 	return local, nil
 }
 
-// Handle serves proto with fn, each stream on its own goroutine. Unless
-// proto is open, a stream from a peer not admitted is reset before fn
-// sees it; one from a blocked peer always is. A nil fn stops serving
-// proto.
+// Handle serves proto with fn, each stream (a *Stream) on its own
+// goroutine. Unless proto is open, a stream from a peer not admitted is
+// reset before fn sees it; one from a blocked peer always is. A nil fn
+// stops serving proto.
 func (h *Host) Handle(proto string, fn mesh.StreamHandler) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -91,6 +91,9 @@ func TestConnectErrors(t *testing.T) {
 	n := newNet(t, memnet.Options{})
 	a, b := newHost(t, n, nil), newHost(t, n, nil)
 	ctx := context.Background()
+	if _, err := a.NewStream(ctx, b.ID(), protoEcho); !errors.Is(err, memnet.ErrNoAddr) {
+		t.Errorf("a stream to a peer never met: %v", err)
+	}
 	prefix := strings.TrimSuffix(b.Addrs()[0], "/p2p/"+string(b.ID()))
 	for _, c := range []struct {
 		addrs []string
@@ -107,9 +110,6 @@ func TestConnectErrors(t *testing.T) {
 		if _, err := a.Connect(ctx, c.addrs); !errors.Is(err, c.want) {
 			t.Errorf("connect %v: %v, want %v", c.addrs, err, c.want)
 		}
-	}
-	if _, err := a.NewStream(ctx, b.ID(), protoEcho); !errors.Is(err, memnet.ErrNoAddr) {
-		t.Errorf("a stream to a peer never met: %v", err)
 	}
 	if len(a.Connected()) != 0 {
 		t.Errorf("connected to %v", a.Connected())
@@ -136,6 +136,53 @@ func TestConnectErrors(t *testing.T) {
 	}
 	if _, err := b.Connect(ctx, a.Addrs()); !errors.Is(err, memnet.ErrClosed) {
 		t.Errorf("connect from a closed host: %v", err)
+	}
+}
+
+// TestNewAddr: a host made again at a fresh address cannot be dialled at
+// the old one; its peers learn the new one when it connects to them, or
+// when given it.
+func TestNewAddr(t *testing.T) {
+	n := newNet(t, memnet.Options{})
+	a := newHost(t, n, nil)
+	key := n.NewKey()
+	b, err := n.NewHost(memnet.HostOptions{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect(t, a, b)
+	b.Close()
+	b2, err := n.NewHost(memnet.HostOptions{Key: key, NewAddr: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b2.ID() != b.ID() || b2.Addrs()[0] == b.Addrs()[0] {
+		t.Fatalf("made again at %v, was at %v", b2.Addrs(), b.Addrs())
+	}
+	ctx := context.Background()
+	if _, err := a.Connect(ctx, []string{"/p2p/" + string(b.ID())}); !errors.Is(err, memnet.ErrUnreachable) {
+		t.Errorf("dial by id at the old address: %v", err)
+	}
+	if _, err := a.Connect(ctx, b.Addrs()); !errors.Is(err, memnet.ErrUnreachable) {
+		t.Errorf("dial at the old address: %v", err)
+	}
+	connect(t, b2, a) // a learns b2's address
+	a.Disconnect(b2.ID())
+	if _, err := a.Connect(ctx, []string{"/p2p/" + string(b.ID())}); err != nil {
+		t.Errorf("dial by id once the new address is known: %v", err)
+	}
+
+	// Made again at its usual address, it is reachable there.
+	b2.Close()
+	b3, err := n.NewHost(memnet.HostOptions{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b3.Addrs()[0] != b.Addrs()[0] {
+		t.Errorf("made again at %v, its usual address is %v", b3.Addrs(), b.Addrs())
+	}
+	if _, err := a.Connect(ctx, []string{"/p2p/" + string(b.ID())}); err != nil {
+		t.Errorf("dial by id at the usual address: %v", err)
 	}
 }
 

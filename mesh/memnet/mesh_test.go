@@ -31,9 +31,7 @@ type simPeer struct {
 func startPeer(t *testing.T, n *memnet.Network, dataDir string, key ed25519.PrivateKey) *simPeer {
 	t.Helper()
 	m, err := mesh.New(mesh.Config{
-		DataDir: dataDir, Key: key, KeyOf: memnet.KeyOf,
-		AdmitTimeout: 5 * time.Second, RefuseFor: 10 * time.Second, Stall: 5 * time.Second,
-		Logger: testLogger(t),
+		DataDir: dataDir, Key: key, KeyOf: memnet.KeyOf, Logger: testLogger(t),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +47,16 @@ func startPeer(t *testing.T, n *memnet.Network, dataDir string, key ed25519.Priv
 	}
 	p := &simPeer{mesh: m, host: h, cancel: cancel}
 	p.goRun(func() { m.Run(ctx) })
-	t.Cleanup(p.stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			var ids []mesh.PeerID
+			for _, q := range m.Peers() {
+				ids = append(ids, q.ID)
+			}
+			t.Logf("peer %s (%s): connected to %v, admits %v", m.ID(), m.Cert().Role(), h.Connected(), ids)
+		}
+		p.stop()
+	})
 	return p
 }
 
@@ -82,7 +89,9 @@ func joinMesh(t *testing.T, n *memnet.Network, inviterDir string, inviterKey ed2
 		t.Fatal(err)
 	}
 	key := n.NewKey()
-	h, err := n.NewHost(memnet.HostOptions{Key: key, Gate: nobody{}, Open: mesh.OpenProtocols})
+	// The joining host listens at a port of the system's choosing, as
+	// mesh/peer.Join's does; the peer it becomes, at its usual address.
+	h, err := n.NewHost(memnet.HostOptions{Key: key, Gate: nobody{}, Open: mesh.OpenProtocols, NewAddr: true})
 	if err != nil {
 		t.Fatal(err)
 	}

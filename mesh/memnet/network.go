@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,7 +27,8 @@ type Network struct {
 	mu       sync.Mutex
 	closed   bool
 	hosts    map[mesh.PeerID]*Host                 // running
-	addrs    map[mesh.PeerID]string                // each id's address, without /p2p/<id>; never forgotten
+	addrs    map[mesh.PeerID]string                // each id's usual address, without /p2p/<id>
+	ports    int                                   // fresh addresses given (HostOptions.NewAddr)
 	conns    map[mesh.PeerID]map[mesh.PeerID]*conn // each connection under both its ends
 	group    map[mesh.PeerID]int                   // partition of each host named by Partition; 0 for the rest
 	isolated map[mesh.PeerID]bool
@@ -78,7 +80,7 @@ func (n *Network) NewKey() ed25519.PrivateKey {
 // else HostOptions.ID, else that of a key the Network makes; no other
 // running host may have it. A host of an id that ran before (and was
 // closed or crashed) gets the same address again, as a device restarted
-// on its data directory.
+// on its data directory, unless HostOptions.NewAddr.
 func (n *Network) NewHost(o HostOptions) (*Host, error) {
 	key, id := o.Key, o.ID
 	switch {
@@ -124,7 +126,11 @@ func (n *Network) NewHost(o HostOptions) (*Host, error) {
 		prefix = fmt.Sprintf("/ip4/10.%d.%d.%d/tcp/4001", i>>16&0xff, i>>8&0xff, i&0xff)
 		n.addrs[id] = prefix
 	}
-	h := newHost(n, id, key, prefix+"/p2p/"+string(id), gate, o.Open)
+	if o.NewAddr {
+		n.ports++
+		prefix = fmt.Sprintf("%s/tcp/%d", strings.TrimSuffix(prefix, "/tcp/4001"), 10000+n.ports)
+	}
+	h := newHost(n, id, key, prefix, gate, o.Open)
 	n.hosts[id] = h
 	if n.conns[id] == nil {
 		n.conns[id] = map[mesh.PeerID]*conn{}
@@ -294,12 +300,15 @@ func (n *Network) routeLocked(h *Host, p mesh.PeerID) (*conn, *Host, error) {
 	if c := n.conns[h.id][p]; c != nil {
 		return c, nil, nil
 	}
-	if !h.known[p] {
+	if len(h.known[p]) == 0 {
 		return nil, nil, fmt.Errorf("%w: %s knows no address of %s", ErrNoAddr, h.id, p)
 	}
 	t := n.hosts[p]
 	if t == nil {
 		return nil, nil, fmt.Errorf("%w: no host %s is running", ErrUnreachable, p)
+	}
+	if !h.known[p][t.prefix] {
+		return nil, nil, fmt.Errorf("%w: %s does not listen at the addresses %s knows", ErrUnreachable, p, h.id)
 	}
 	if err := n.reachableLocked(h.id, p); err != nil {
 		return nil, nil, err
@@ -313,8 +322,8 @@ func (n *Network) connectLocked(a, b *Host) *conn {
 	c := newConn(a, b)
 	n.conns[a.id][b.id] = c
 	n.conns[b.id][a.id] = c
-	a.known[b.id] = true
-	b.known[a.id] = true
+	a.learnLocked(b.id, b.prefix) // as identify tells each its peer's listen address
+	b.learnLocked(a.id, a.prefix)
 	a.notif.push(b.id, true)
 	b.notif.push(a.id, true)
 	n.log.Debug("connected", "from", a.id, "to", b.id)

@@ -99,6 +99,12 @@ type HostOptions struct {
 	// Open are the protocols any connected peer may open; every other
 	// protocol is for admitted peers only.
 	Open []string
+	// NewAddr gives the host a fresh address (a port of the system's
+	// choosing, as `clawmesh join` listens on), which peers that knew
+	// the id's usual address do not know. By default a host listens at
+	// its id's usual address, the same every time (a device on a fixed
+	// port, restarted).
+	NewAddr bool
 }
 
 // validID reports whether id can name a host: it must fit in an address
