@@ -52,15 +52,17 @@
 // the link and the message's id, a stream's delay on the link, its
 // protocol and how many streams that link has opened before, a key on how
 // many keys the Network made before. The same seed and the same calls give
-// the same faults and delays, however goroutines are scheduled.
+// the same faults and delays, however goroutines are scheduled (but
+// streams opened at once on one link may swap their draws).
 //
 // Time: memnet uses the time package only (timers, time.Now) and waits on
 // channels only, so a network built inside a testing/synctest bubble runs
 // on the bubble's virtual clock.
 //
-// Why not go-libp2p's mocknet or simnet: mesh/p2p builds its own libp2p
-// host with its own transports, so neither can be put under it without
-// changing it, and neither draws faults from a seed nor cuts a partition's
-// streams at once. memnet implements the mesh's small Host interface
-// instead, and mesh/p2p's own tests keep the real stack honest.
+// Why not go-libp2p's mocknet or simnet (x/simlibp2p): mesh/p2p builds
+// its own libp2p host with its own transports, so neither can be put
+// under it without changing mesh/p2p, and neither draws its faults from a
+// seed. memnet implements the mesh's small Host interface instead; mesh/p2p's
+// own tests keep the real stack honest, and the semantics above are what
+// the two must share.
 package memnet
