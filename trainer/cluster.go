@@ -54,6 +54,9 @@ type ClusterOptions struct {
 	// removed by Close).
 	Dir    string
 	Logger *slog.Logger
+	// Verify checks batches (see Config.Verify); nil checks nothing, as
+	// the batches made up here carry no real plugin to replay.
+	Verify func(ctx context.Context, id core.BatchID, from mesh.PeerID) (string, error)
 }
 
 // NewCluster makes the mesh, joins the trainers and starts them all.
@@ -140,8 +143,8 @@ func (c *Cluster) Start(ctx context.Context, i int) error {
 			boot = append(boot, o.t.host.Addrs()...)
 		}
 	}
-	// The batches made up here carry no real plugin to replay.
-	t, err := New(ctx, Config{DataDir: ct.dir, Listen: benchListen, Bootstrap: boot, Timing: c.opts.Timing, Group: c.opts.Group, NoVerify: true,
+	t, err := New(ctx, Config{DataDir: ct.dir, Listen: benchListen, Bootstrap: boot, Timing: c.opts.Timing, Group: c.opts.Group,
+		Verify: c.opts.Verify, NoVerify: c.opts.Verify == nil,
 		Logger: c.opts.Logger.With("trainer", i)})
 	if err != nil {
 		return err

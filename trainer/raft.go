@@ -46,6 +46,9 @@ type Timing struct {
 	// snapshots (default 1024), and how often raft looks (default 2 min).
 	SnapshotThreshold uint64
 	SnapshotInterval  time.Duration
+	// VerifyRetry is how long a batch whose verification could not run
+	// (its plugins out of reach) waits for the next try (default 30 s).
+	VerifyRetry time.Duration
 	// MaxVoters bounds the group's voters (default group.MaxVoters);
 	// further trainers are non-voters.
 	MaxVoters int
@@ -75,6 +78,9 @@ func (o Timing) withDefaults() Timing {
 	}
 	if o.SnapshotInterval == 0 {
 		o.SnapshotInterval = 2 * time.Minute
+	}
+	if o.VerifyRetry == 0 {
+		o.VerifyRetry = 30 * time.Second
 	}
 	if o.MaxVoters == 0 {
 		o.MaxVoters = group.MaxVoters

@@ -27,10 +27,6 @@ const AdaptersDir = "adapters"
 // maxAdd bounds the batches of one Add entry.
 const maxAdd = 256
 
-// verifyRetry is how long a batch whose verification could not run waits
-// before the next try.
-const verifyRetry = 30 * time.Second
-
 func (t *Trainer) versionDir(v uint64) string {
 	return filepath.Join(t.cfg.DataDir, AdaptersDir, "v"+strconv.FormatUint(v, 10))
 }
@@ -345,8 +341,8 @@ func (t *Trainer) ingest(ctx context.Context, known map[core.BatchID]bool) error
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				t.verifyLater[e.ID] = time.Now().Add(verifyRetry)
-				t.log.Warn("batch not verified yet: trying again later", "batch", e.ID, "err", err, "in", verifyRetry)
+				t.verifyLater[e.ID] = time.Now().Add(t.timing.VerifyRetry)
+				t.log.Warn("batch not verified yet: trying again later", "batch", e.ID, "err", err, "in", t.timing.VerifyRetry)
 				continue
 			}
 			delete(t.verifyLater, e.ID)

@@ -2,7 +2,15 @@ package trainer
 
 import (
 	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/batch"
 
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
@@ -55,5 +63,59 @@ func TestStaleBatchesRefused(t *testing.T) {
 	}
 	if n := tr().Status().Refusals[group.ReasonStale]; n != 1 {
 		t.Errorf("status counts %d stale refusals", n)
+	}
+}
+
+// A batch that fails verification is refused in the ledger with the
+// verifier's reason; one whose check cannot run yet waits; the others
+// are trained.
+func TestUnverifiedBatchesRefused(t *testing.T) {
+	ctx := context.Background()
+	bad, _ := SyntheticBatch(300, 4, "")
+	good, _ := SyntheticBatch(301, 4, "")
+	badID := batch.ID(bad)
+	var tries atomic.Int32
+	timing := testTiming
+	timing.VerifyRetry = 500 * time.Millisecond
+	c, err := NewCluster(ctx, ClusterOptions{Trainers: 1, Timing: timing, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t),
+		Verify: func(ctx context.Context, id core.BatchID, from mesh.PeerID) (string, error) {
+			if id != badID {
+				return "", nil
+			}
+			if tries.Add(1) == 1 {
+				return "", errors.New("the device is away")
+			}
+			return "verification: step s1: score forged", nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Ship(bad)
+	goodID := c.Ship(good)
+	if err := c.WaitUntil(ctx, clusterWait, "the good batch trained", func() bool {
+		for _, b := range c.Trainer(0).Ledger() {
+			if b.ID == goodID && b.Status == group.Trained {
+				return true
+			}
+		}
+		return false
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range c.Trainer(0).Ledger() {
+		if b.ID == badID {
+			t.Fatalf("a batch whose verification could not run is in the ledger: %+v", b)
+		}
+	}
+	if err := c.WaitUntil(ctx, clusterWait, "the bad batch refused", func() bool {
+		for _, b := range c.Trainer(0).Ledger() {
+			if b.ID == badID {
+				return b.Status == group.Refused && strings.Contains(b.Reason, "score forged")
+			}
+		}
+		return false
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
