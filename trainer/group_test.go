@@ -13,7 +13,23 @@ import (
 
 // testTiming makes raft and rounds quick enough for tests on a loaded
 // two-core machine; nothing asserts on durations.
-var testTiming = Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond}
+var testTiming = Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond,
+	SnapshotThreshold: 4, SnapshotInterval: 200 * time.Millisecond}
+
+// testCluster is what the scenarios need of a cluster: Cluster on
+// loopback libp2p, or SimCluster on a simulated network.
+type testCluster interface {
+	Len() int
+	Trainer(i int) *Trainer
+	DataDir(i int) string
+	Start(ctx context.Context, i int) error
+	Kill(i int) error
+	Isolate(i int, on bool)
+	Leader() (int, bool)
+	Ship(payload []byte) core.BatchID
+	WaitUntil(ctx context.Context, d time.Duration, what string, cond func() bool) error
+	Close() error
+}
 
 var testGroup = group.Config{Deadline: 4 * time.Second, LocalSteps: 2}
 
@@ -28,12 +44,19 @@ func testLogger(t *testing.T) *slog.Logger {
 
 func newTestCluster(t *testing.T, n int) *Cluster {
 	t.Helper()
-	ctx := context.Background()
-	c, err := NewCluster(ctx, ClusterOptions{Trainers: n, Timing: testTiming, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)})
+	c, err := NewCluster(context.Background(), ClusterOptions{Trainers: n, Timing: testTiming, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	settle(t, c, n)
+	return c
+}
+
+// settle waits for a leader of n voters that committed version 0.
+func settle(t *testing.T, c testCluster, n int) {
+	t.Helper()
+	ctx := context.Background()
 	if err := c.WaitUntil(ctx, clusterWait, "leader with every trainer a voter", func() bool {
 		i, ok := c.Leader()
 		if !ok {
@@ -44,7 +67,6 @@ func newTestCluster(t *testing.T, n int) *Cluster {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return c
 }
 
 func TestGroupTrainsEveryBatchOnce(t *testing.T) {

@@ -258,6 +258,7 @@ func (t *Trainer) Run(ctx context.Context) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	context.AfterFunc(ctx, t.cancel)
+	context.AfterFunc(t.ctx, stop) // Close and a crash stop Run too
 	srv := &http.Server{Handler: t.handler(stop), ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	goRun := func(fn func()) {
