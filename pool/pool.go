@@ -31,15 +31,14 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/pebblelock"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -160,7 +159,7 @@ func Open(dir string, opts Options) (*Pool, error) {
 	// never waits).
 	lock, err := pebble.LockDirectory(dir, fs)
 	if err != nil {
-		if isLockHeld(err) {
+		if pebblelock.Held(err) {
 			return nil, fmt.Errorf("%w: %s: %v", ErrLocked, dir, err)
 		}
 		return nil, fmt.Errorf("pool: lock %s: %w", dir, err)
@@ -178,14 +177,6 @@ func Open(dir string, opts Options) (*Pool, error) {
 	p := &Pool{db: db, lock: lock, opts: opts, log: log, now: now, seed: maphash.MakeSeed(), cache: newDecodedCache(decodedCacheBytes), known: newKnownBlobs(knownBlobsMax)}
 	log.Debug("opened", "dir", dir)
 	return p, nil
-}
-
-// isLockHeld reports whether err from pebble.LockDirectory means another
-// holder: fcntl answers EAGAIN or EACCES, and Pebble itself refuses a second
-// lock of the same file within one process.
-func isLockHeld(err error) bool {
-	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
-		strings.Contains(err.Error(), "lock held by current process")
 }
 
 // Close flushes nothing (every write is already synced) and releases the

@@ -184,10 +184,13 @@ func (t *Trainer) crash() error {
 
 // Leader is the index of the running trainer that leads, ok=false if none
 // does (or more than one think they do).
-func (c *Cluster) Leader() (int, bool) {
+func (c *Cluster) Leader() (int, bool) { return leaderAmong(len(c.trainers), c.Trainer) }
+
+// leaderAmong finds the one running trainer of n that leads.
+func leaderAmong(n int, trainer func(int) *Trainer) (int, bool) {
 	idx := -1
-	for i, ct := range c.trainers {
-		if ct.t != nil && ct.t.group.isLeader() {
+	for i := range n {
+		if t := trainer(i); t != nil && t.group.isLeader() {
 			if idx >= 0 {
 				return -1, false
 			}
@@ -198,19 +201,19 @@ func (c *Cluster) Leader() (int, bool) {
 }
 
 // Ship has the device ship a batch.
-func (c *Cluster) Ship(payload []byte) core.BatchID {
-	id := batch.ID(payload)
-	c.out.add(id, payload)
-	c.out.show(id)
-	return id
-}
+func (c *Cluster) Ship(payload []byte) core.BatchID { return c.out.ship(payload) }
 
 // WaitUntil polls cond every few milliseconds for at most d.
 func (c *Cluster) WaitUntil(ctx context.Context, d time.Duration, what string, cond func() bool) error {
+	return waitFor(ctx, d, "cluster: no "+what, cond)
+}
+
+// waitFor polls cond every few milliseconds for at most d.
+func waitFor(ctx context.Context, d time.Duration, what string, cond func() bool) error {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("trainer: cluster: no %s within %s", what, d)
+			return fmt.Errorf("trainer: %s within %s", what, d)
 		}
 		if err := sleep(ctx, 10*time.Millisecond); err != nil {
 			return err

@@ -491,18 +491,7 @@ func (bm *benchMesh) serveBare(s mesh.Stream) {
 
 // waitUntil polls cond until it holds, for at most benchWait.
 func waitUntil(ctx context.Context, what string, cond func() bool) error {
-	deadline := time.Now().Add(benchWait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("peer: bench: no %s within %s", what, benchWait)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return nil
+	return waitFor(ctx, benchWait, "peer: bench: no "+what, cond)
 }
 
 // benchOutbox is a node's outbox in memory whose batches appear one at a
@@ -531,6 +520,14 @@ func (o *benchOutbox) add(id core.BatchID, payload []byte) <-chan struct{} {
 		o.acked[id] = c
 	}
 	return c
+}
+
+// ship holds a batch and shows it at once.
+func (o *benchOutbox) ship(payload []byte) core.BatchID {
+	id := batch.ID(payload)
+	o.add(id, payload)
+	o.show(id)
+	return id
 }
 
 // show makes a batch visible to Unshipped, and says when.

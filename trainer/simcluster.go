@@ -15,7 +15,6 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
-	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/memnet"
 )
@@ -234,39 +233,14 @@ func (c *SimCluster) Isolate(i int, on bool) {
 
 // Leader is the index of the running trainer that leads, ok=false if none
 // (or more than one) does.
-func (c *SimCluster) Leader() (int, bool) {
-	idx := -1
-	for i, st := range c.trainers {
-		if st.t != nil && st.t.group.isLeader() {
-			if idx >= 0 {
-				return -1, false
-			}
-			idx = i
-		}
-	}
-	return idx, idx >= 0
-}
+func (c *SimCluster) Leader() (int, bool) { return leaderAmong(len(c.trainers), c.Trainer) }
 
 // Ship has the device ship a batch.
-func (c *SimCluster) Ship(payload []byte) core.BatchID {
-	id := batch.ID(payload)
-	c.out.add(id, payload)
-	c.out.show(id)
-	return id
-}
+func (c *SimCluster) Ship(payload []byte) core.BatchID { return c.out.ship(payload) }
 
 // WaitUntil polls cond for at most d.
 func (c *SimCluster) WaitUntil(ctx context.Context, d time.Duration, what string, cond func() bool) error {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("trainer: sim cluster: no %s within %s", what, d)
-		}
-		if err := sleep(ctx, 10*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	return nil
+	return waitFor(ctx, d, "sim cluster: no "+what, cond)
 }
 
 // Close stops everything and removes the directory if NewSimCluster made

@@ -24,14 +24,14 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/raft"
+
+	"github.com/clawmesh/clawmesh/internal/pebblelock"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -134,7 +134,7 @@ func Open(dir string, o Options) (*Store, error) {
 	// never waits).
 	lock, err := pebble.LockDirectory(dir, fs)
 	if err != nil {
-		if isLockHeld(err) {
+		if pebblelock.Held(err) {
 			return nil, fmt.Errorf("%w: %s: %v", ErrLocked, dir, err)
 		}
 		return nil, fmt.Errorf("raftstore: lock %s: %w", dir, err)
@@ -154,14 +154,6 @@ func Open(dir string, o Options) (*Store, error) {
 	s.bounds.Store(&b)
 	log.Debug("opened", "dir", dir, "first", b.first, "last", b.last)
 	return s, nil
-}
-
-// isLockHeld reports whether err from pebble.LockDirectory means another
-// holder: fcntl answers EAGAIN or EACCES, and Pebble itself refuses a second
-// lock of the same file within one process.
-func isLockHeld(err error) bool {
-	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
-		strings.Contains(err.Error(), "lock held by current process")
 }
 
 // Close closes the database and releases the directory. Operations in

@@ -11,12 +11,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/pebblelock"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/batch"
 )
@@ -52,20 +52,12 @@ func Open(dir string, now func() time.Time) (*Store, error) {
 	}
 	db, err := pebble.Open(dir, &pebble.Options{Logger: quiet{}})
 	if err != nil {
-		if isLock(err) {
+		if pebblelock.Held(err) {
 			return nil, fmt.Errorf("%w: %v", ErrLocked, err)
 		}
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	return &Store{db: db, now: now}, nil
-}
-
-// isLock reports Pebble's refusal of a directory another holder has locked:
-// fcntl answers EAGAIN or EACCES, and Pebble refuses a second lock of the
-// same file within one process.
-func isLock(err error) bool {
-	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) ||
-		strings.Contains(err.Error(), "lock held by current process")
 }
 
 // Close closes the store.
