@@ -375,9 +375,11 @@ func (t *Trainer) ingest(ctx context.Context, known map[core.BatchID]bool) error
 func (n *node) takeDelta(from mesh.PeerID, req request, payload []byte) error {
 	var share []core.BatchID
 	var ok bool
+	var base group.Version
 	n.view(func(s *group.State) {
 		if r := s.Round; r != nil && r.Number == req.Round && r.Base == req.Base {
 			share, ok = r.Shares[from]
+			base, _ = s.Version(r.Base)
 		}
 	})
 	if !ok {
@@ -394,7 +396,24 @@ func (n *node) takeDelta(from mesh.PeerID, req request, payload []byte) error {
 		}
 	}
 	if req.Samples > 0 {
-		if _, err := adapter.UnmarshalDelta(payload, adapter.Limits{}); err != nil {
+		// A delta the aggregate cannot take is refused here, so that it
+		// cannot hold the round up.
+		d, err := adapter.UnmarshalDelta(payload, adapter.Limits{})
+		if err != nil {
+			return err
+		}
+		if d.Parent != base.Hash {
+			return fmt.Errorf("%w: a delta from %s, not from v%d", adapter.ErrMismatch, short(d.Parent), base.Version)
+		}
+		dir, err := n.t.ensureVersion(n.t.ctx, base)
+		if err != nil {
+			return err
+		}
+		parent, err := adapter.Read(dir)
+		if err != nil {
+			return err
+		}
+		if _, err := adapter.Apply(parent, d); err != nil {
 			return err
 		}
 	}
