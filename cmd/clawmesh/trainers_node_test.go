@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/share"
+	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// TestTrainersOnNodeBatches: a real node records conversations through its
+// gateway, scores, scrubs and ships them; three trainers in a raft group
+// verify every batch (replaying its plugins, fetched from the node) and
+// train each exactly once.
+func TestTrainersOnNodeBatches(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a node and three trainers")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Sure, here it is."}}})
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Run(ctx, upLn)
+	a := t.TempDir()
+	cli(t, "mesh", "init", "--data", a)
+	n := runMeshNode(t, a, "http://"+upLn.Addr().String()+"/v1", share.Policy{Mode: share.ModeAll})
+
+	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond}
+	var trs []*trainer.Trainer
+	for range 3 {
+		d := t.TempDir()
+		cli(t, "join", strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a)), "--data", d, "--p2p-listen", loopbackP2P[1])
+		tctx, tcancel := context.WithCancel(context.Background())
+		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackP2P, Bootstrap: n.Peer().Host.Addrs(), Timing: timing,
+			Group: group.Config{Deadline: 5 * time.Second, LocalSteps: 1}})
+		if err != nil {
+			tcancel()
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { tr.Run(tctx); close(done) }()
+		t.Cleanup(func() { tcancel(); <-done; tr.Close() })
+		trs = append(trs, tr)
+	}
+
+	addr, _ := node.ReadAddr(a)
+	const sessions = 5
+	for i := range sessions {
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"Question %d: list the files"}]}`, i)
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Session-Done", "true")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	var shipped []core.BatchID
+	waitFor(t, "the node to ship every step", func() bool {
+		bs, err := n.Pool().Batches(ctx)
+		if err != nil {
+			return false
+		}
+		shipped = shipped[:0]
+		steps := 0
+		for _, b := range bs {
+			if b.Shipped.IsZero() {
+				return false
+			}
+			shipped = append(shipped, b.ID)
+			steps += len(b.Steps)
+		}
+		return steps == sessions
+	})
+	var lead *trainer.Trainer
+	waitFor(t, "every batch trained", func() bool {
+		for _, tr := range trs {
+			if st := tr.Status(); st.State == "leader" && st.Batches.Trained == len(shipped) && len(st.Voters) == 3 {
+				lead = tr
+				return true
+			}
+		}
+		return false
+	})
+	seen := map[core.BatchID]uint64{}
+	for _, v := range lead.Lineage() {
+		for _, c := range v.Contributors {
+			for _, id := range c.Batches {
+				if w, ok := seen[id]; ok {
+					t.Fatalf("batch %s trained in v%d and v%d", id, w, v.Version)
+				}
+				seen[id] = v.Version
+			}
+		}
+	}
+	for _, id := range shipped {
+		if _, ok := seen[id]; !ok {
+			t.Errorf("batch %s shipped but in no version", id)
+		}
+	}
+}
