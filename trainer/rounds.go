@@ -35,16 +35,35 @@ func (t *Trainer) versionDir(v uint64) string {
 func (t *Trainer) VersionDir(v uint64) string { return t.versionDir(v) }
 
 // bundleBytes packs a committed version's bundle for the wire: the config's
-// length (4 bytes), the config, then the weights.
+// length (4 bytes), the config, then the weights. A version this trainer
+// holds but has not installed yet is served too.
 func (t *Trainer) bundleBytes(v uint64) ([]byte, error) {
-	dir := t.versionDir(v)
-	cfg, err := os.ReadFile(filepath.Join(dir, "adapter_config.json"))
-	if err != nil {
-		return nil, &rpcError{Code: codeNotFound, Msg: fmt.Sprintf("no version %d here", v)}
+	b, err := packBundle(t.versionDir(v))
+	if err == nil {
+		return b, nil
 	}
-	model, err := os.ReadFile(filepath.Join(dir, "adapter_model.safetensors"))
+	var hash string
+	t.group.view(func(s *group.State) {
+		if ver, ok := s.Version(v); ok {
+			hash = ver.Hash
+		}
+	})
+	if hash != "" {
+		if b, err := packBundle(t.heldDir(hash)); err == nil {
+			return b, nil
+		}
+	}
+	return nil, &rpcError{Code: codeNotFound, Msg: fmt.Sprintf("no version %d here", v)}
+}
+
+func packBundle(dir string) ([]byte, error) {
+	cfg, err := os.ReadFile(filepath.Join(dir, adapter.ConfigFile))
 	if err != nil {
-		return nil, &rpcError{Code: codeNotFound, Msg: fmt.Sprintf("no version %d here", v)}
+		return nil, err
+	}
+	model, err := os.ReadFile(filepath.Join(dir, adapter.WeightsFile))
+	if err != nil {
+		return nil, err
 	}
 	out := make([]byte, 4, 4+len(cfg)+len(model))
 	binary.BigEndian.PutUint32(out, uint32(len(cfg)))
@@ -61,6 +80,14 @@ func (t *Trainer) ensureVersion(ctx context.Context, v group.Version) (string, e
 			return dir, nil
 		}
 		t.log.Warn("a kept version does not match the lineage: fetching it again", "version", v.Name())
+	}
+	if held := t.heldDir(v.Hash); exists(held) {
+		if h, err := adapter.Hash(held); err == nil && h == v.Hash {
+			if err := t.keepVersion(held, v.Version); err == nil {
+				return dir, nil
+			}
+		}
+		os.RemoveAll(held)
 	}
 	// The trainers connected now first (the publisher and the leader
 	// first among them), then the others.
@@ -98,39 +125,134 @@ func (t *Trainer) ensureVersion(ctx context.Context, v group.Version) (string, e
 
 // installBundle verifies a packed bundle against v's hash and keeps it.
 func (t *Trainer) installBundle(b []byte, v group.Version) error {
-	if len(b) < 4 {
-		return errors.New("short bundle")
-	}
-	n := int(binary.BigEndian.Uint32(b))
-	if n > len(b)-4 {
-		return errors.New("bad bundle")
-	}
-	parent := filepath.Join(t.cfg.DataDir, AdaptersDir)
-	if err := os.MkdirAll(parent, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.MkdirTemp(parent, ".fetch-")
+	tmp, h, err := t.unpackBundle(b)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if err := os.WriteFile(filepath.Join(tmp, "adapter_config.json"), b[4:4+n], 0o600); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(tmp, "adapter_model.safetensors"), b[4+n:], 0o600); err != nil {
-		return err
-	}
-	h, err := adapter.Hash(tmp)
-	if err != nil {
-		return err
-	}
 	if err := t.group.fenceCheck(group.Claim{Version: v.Version, Hash: h, Term: v.Term, Index: v.Index}); err != nil {
 		return err
 	}
-	if _, err := adapter.Read(tmp); err != nil {
+	return t.keepVersion(tmp, v.Version)
+}
+
+// unpackBundle writes a packed bundle to a new directory beside the kept
+// versions, checks that it reads as a bundle, and returns the directory
+// and the bundle's hash.
+func (t *Trainer) unpackBundle(b []byte) (dir, hash string, err error) {
+	if len(b) < 4 {
+		return "", "", errors.New("trainer: short bundle")
+	}
+	n := int(binary.BigEndian.Uint32(b))
+	if n > len(b)-4 {
+		return "", "", errors.New("trainer: bad bundle")
+	}
+	parent := filepath.Join(t.cfg.DataDir, AdaptersDir)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return "", "", err
+	}
+	tmp, err := os.MkdirTemp(parent, ".fetch-")
+	if err != nil {
+		return "", "", err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err = os.WriteFile(filepath.Join(tmp, adapter.ConfigFile), b[4:4+n], 0o600); err != nil {
+		return "", "", err
+	}
+	if err = os.WriteFile(filepath.Join(tmp, adapter.WeightsFile), b[4+n:], 0o600); err != nil {
+		return "", "", err
+	}
+	if hash, err = adapter.Hash(tmp); err != nil {
+		return "", "", err
+	}
+	if _, err = adapter.Read(tmp); err != nil {
+		return "", "", err
+	}
+	return tmp, hash, nil
+}
+
+// heldDir is where a bundle handed over before its commit waits, by hash.
+func (t *Trainer) heldDir(hash string) string {
+	return filepath.Join(t.cfg.DataDir, AdaptersDir, ".held-"+hash)
+}
+
+// hold keeps a bundle the leader hands over before it commits it, so that
+// the version outlives the leader (opHold).
+func (t *Trainer) hold(hash string, b []byte) error {
+	tmp, h, err := t.unpackBundle(b)
+	if err != nil {
 		return err
 	}
-	return t.keepVersion(tmp, v.Version)
+	defer os.RemoveAll(tmp)
+	if h != hash {
+		return fmt.Errorf("trainer: the bundle handed over is %s, not %s", short(h), short(hash))
+	}
+	dir := t.heldDir(hash)
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	atomicfile.SyncDir(filepath.Dir(dir))
+	return nil
+}
+
+// handOver gives the bundle in dir, about to be committed as version v,
+// to the other live trainers, and succeeds once enough of them hold it
+// that, with this one, a majority of the voters do: a version the group
+// commits is never lost with its leader.
+func (t *Trainer) handOver(ctx context.Context, dir string, v uint64, hash string) error {
+	servers, err := t.group.configuration()
+	if err != nil {
+		return err
+	}
+	voters := 0
+	for _, s := range servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	need := voters / 2
+	var peers []mesh.PeerID
+	for _, p := range t.group.live() {
+		if p != t.self {
+			peers = append(peers, p)
+		}
+	}
+	if need == 0 || len(peers) == 0 {
+		return nil
+	}
+	b, err := packBundle(dir)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	errs := make(chan error, len(peers))
+	for _, p := range peers {
+		go func() {
+			_, err := t.call(ctx, p, request{Op: opHold, Version: v, Hash: hash}, b)
+			errs <- err
+		}()
+	}
+	ok := 0
+	var failed []error
+	for range peers {
+		if err := <-errs; err != nil {
+			failed = append(failed, err)
+		} else {
+			ok++
+		}
+	}
+	if ok < need {
+		return fmt.Errorf("trainer: only %d trainers hold v%d, %d needed: %w", ok, v, need, errors.Join(failed...))
+	}
+	return nil
 }
 
 // keepVersion moves a verified bundle directory into place as version v.
@@ -284,6 +406,9 @@ func (t *Trainer) genesis(ctx context.Context, cfg group.Config) error {
 	dir := filepath.Join(tmp, "v0")
 	hash, err := t.work.w.genesis(ctx, cfg, dir)
 	if err != nil {
+		return err
+	}
+	if err := t.handOver(ctx, dir, 0, hash); err != nil {
 		return err
 	}
 	if err := t.group.propose(ctx, &group.Entry{Genesis: &group.Genesis{Hash: hash, Publisher: t.self}}); err != nil {
@@ -552,6 +677,9 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 	if err != nil {
 		return err
 	}
+	if err := t.handOver(ctx, dir, cur.Version+1, hash); err != nil {
+		return err
+	}
 	if t.beforePublish != nil {
 		t.beforePublish(ctx, r.Number)
 	}
@@ -578,4 +706,9 @@ func aggOptions(cfg group.Config) adapter.AggOptions {
 		o.Method = adapter.TrimmedMean
 	}
 	return o
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -29,6 +29,7 @@ const (
 	opBatch     = "batch"     // a batch's bytes (payload back)
 	opLeave     = "leave"     // remove the caller from the group
 	opConfigure = "configure" // change the group's configuration
+	opHold      = "hold"      // keep a bundle about to be committed (payload)
 )
 
 // Error codes of a reply.
@@ -53,6 +54,7 @@ const (
 type request struct {
 	Op      string          `json:"op"`
 	Version uint64          `json:"version,omitempty"`
+	Hash    string          `json:"hash,omitempty"`
 	Batch   core.BatchID    `json:"batch,omitempty"`
 	Round   uint64          `json:"round,omitempty"`
 	Base    uint64          `json:"base,omitempty"`
@@ -232,6 +234,8 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 		return t.bundleBytes(req.Version)
 	case opBatch:
 		return t.store.Payload(ctx, req.Batch)
+	case opHold:
+		return nil, t.hold(req.Hash, payload)
 	}
 	g := t.group
 	if g == nil || !g.inGroup() {

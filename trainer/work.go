@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +28,38 @@ type workLoop struct {
 	payload map[uint64][]byte
 	acked   map[uint64]mesh.PeerID // the leader that took a round's delta
 	lastSpd float64
+	swept   time.Time
+}
+
+// heldFor is how long a bundle handed over but never committed (its
+// leader deposed before the commit) is kept.
+const heldFor = 10 * time.Minute
+
+// sweepHeld removes, once a minute, the bundles handed over that no
+// committed version names and that are older than heldFor.
+func (l *workLoop) sweepHeld() {
+	if time.Since(l.swept) < time.Minute {
+		return
+	}
+	l.swept = time.Now()
+	t := l.t
+	dirs, _ := filepath.Glob(filepath.Join(t.cfg.DataDir, AdaptersDir, ".held-*"))
+	if len(dirs) == 0 {
+		return
+	}
+	named := map[string]bool{}
+	t.group.view(func(s *group.State) {
+		for _, v := range s.Versions {
+			named[v.Hash] = true
+		}
+	})
+	for _, d := range dirs {
+		fi, err := os.Stat(d)
+		if err != nil || named[strings.TrimPrefix(filepath.Base(d), ".held-")] || time.Since(fi.ModTime()) < heldFor {
+			continue
+		}
+		os.RemoveAll(d)
+	}
 }
 
 func newWorkLoop(t *Trainer, w *worker) *workLoop {
@@ -71,10 +106,12 @@ func (l *workLoop) once(ctx context.Context) error {
 		cfg        group.Config
 		registered bool
 		versions   bool
+		cur        group.Version
 	)
 	t.group.view(func(s *group.State) {
 		_, registered = s.Trainers[t.self]
 		versions = len(s.Versions) > 0
+		cur, _ = s.Current()
 		if s.Round != nil && len(s.Round.Shares[t.self]) > 0 {
 			rr := *s.Round
 			r = &rr
@@ -88,6 +125,14 @@ func (l *workLoop) once(ctx context.Context) error {
 		}
 		t.log.Info("registered with the group's leader")
 	}
+	// Every trainer keeps the current version, so that it outlives any one
+	// of them.
+	if versions && !exists(t.versionDir(cur.Version)) {
+		if _, err := t.ensureVersion(ctx, cur); err != nil {
+			t.log.Debug("current version not fetched yet", "version", cur.Name(), "err", err)
+		}
+	}
+	l.sweepHeld()
 	l.mu.Lock()
 	for k := range l.done {
 		if r == nil || k != r.Number {
