@@ -221,3 +221,42 @@ func restartAllFromDisk(t *testing.T, c testCluster) {
 		t.Fatalf("no version after the restart: %d versions, %d before", n, len(lin))
 	}
 }
+
+// Before the leader commits a version, a majority of the voters hold its
+// bundle: a version never dies with its leader.
+func TestVersionHandedOverBeforeCommit(t *testing.T) {
+	c := newTestCluster(t, 3)
+	ctx := context.Background()
+	if err := c.WaitUntil(ctx, clusterWait, "three registered trainers", func() bool {
+		i, ok := c.Leader()
+		return ok && len(c.Trainer(i).Status().Trainers) == 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	li, leader := leaderOf(t, c)
+	holders := make(chan int, 1)
+	leader.beforePublish = func(ctx context.Context, round uint64) {
+		n := 0
+		for i := range c.Len() {
+			if i == li {
+				continue
+			}
+			if held, _ := filepath.Glob(filepath.Join(c.DataDir(i), AdaptersDir, ".held-*")); len(held) > 0 {
+				n++
+			}
+		}
+		select {
+		case holders <- n:
+		default:
+		}
+	}
+	shipN(t, c, 0, 3)
+	select {
+	case n := <-holders:
+		if n < 1 {
+			t.Fatalf("%d other trainers held the version before its commit", n)
+		}
+	case <-time.After(clusterWait):
+		t.Fatal("no version published")
+	}
+}
