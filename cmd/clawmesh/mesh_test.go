@@ -178,7 +178,7 @@ func TestMeshCLI(t *testing.T) {
 
 	// The trainer, alone in its group, trains the device's batch into v1.
 	var ts trainer.Status
-	waitFor(t, "the trainer to train the batch", func() bool {
+	waitLong(t, 4*time.Minute, "the trainer to verify and train the batch", func() bool {
 		out, _, _ := runCLI(t, "trainer", "status", "--json", "--data", tr)
 		return json.Unmarshal([]byte(out), &ts) == nil && ts.Batches.Trained == 1 && ts.Version != nil && ts.Version.Version.Version >= 1
 	})

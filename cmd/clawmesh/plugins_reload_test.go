@@ -67,12 +67,7 @@ func (s *syncBuffer) String() string {
 // (a bound against hanging, not a timing assertion).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("waited a minute for %s", what)
+	waitLong(t, time.Minute, what, cond)
 }
 
 // exportSteps reads the pool of data with `clawmesh pool export`, by step id.

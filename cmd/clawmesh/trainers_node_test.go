@@ -37,7 +37,8 @@ func TestTrainersOnNodeBatches(t *testing.T) {
 	cli(t, "mesh", "init", "--data", a)
 	n := runMeshNode(t, a, "http://"+upLn.Addr().String()+"/v1", share.Policy{Mode: share.ModeAll})
 
-	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond}
+	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond,
+		VerifyRetry: 2 * time.Second}
 	var trs []*trainer.Trainer
 	for range 3 {
 		d := t.TempDir()
@@ -85,8 +86,10 @@ func TestTrainersOnNodeBatches(t *testing.T) {
 		}
 		return steps == sessions
 	})
+	// The leader verifies each batch first: the first check compiles the
+	// reward plugins, which takes long on a loaded machine.
 	var lead *trainer.Trainer
-	waitFor(t, "every batch trained", func() bool {
+	waitLong(t, 4*time.Minute, "every batch trained", func() bool {
 		for _, tr := range trs {
 			if st := tr.Status(); st.State == "leader" && st.Batches.Trained == len(shipped) && len(st.Voters) == 3 {
 				lead = tr
@@ -111,4 +114,15 @@ func TestTrainersOnNodeBatches(t *testing.T) {
 			t.Errorf("batch %s shipped but in no version", id)
 		}
 	}
+}
+
+// waitLong is waitFor with a bound of its own.
+func waitLong(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("waited %s for %s", d, what)
 }
