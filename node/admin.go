@@ -22,9 +22,10 @@ import (
 )
 
 // The admin API lets `clawmesh pool ...` read and feed a pool that a running
-// node holds open (Pebble allows one process per directory). It is served by
-// the gateway under /clawmesh/v1/pool/, on the same loopback listener and
-// behind the same bearer token.
+// node holds open (Pebble allows one process per directory). It is the data
+// directory owner's: served on the owner-only socket DATA/admin.sock, and by
+// the gateway under /clawmesh/v1/pool/ on its loopback listener only to the
+// owner's token (DATA/admin.token), not to the gateway's.
 //
 //	GET  /clawmesh/v1/pool/stats                 Stats as JSON
 //	GET  /clawmesh/v1/pool/steps?session=&state=&since=&until=&after=&limit=
@@ -81,6 +82,12 @@ func (n *Node) adminHandler() http.Handler {
 		n.meshAdmin.Do(func() { n.meshHandler = peer.Handler(n.peer, Batches{n.pool}) })
 		n.meshHandler.ServeHTTP(w, r)
 	})
+	// A single-use login URL for a browser (the owner asks for it through
+	// the socket or with the token; see adminapi.Sessions).
+	mux.HandleFunc("POST /clawmesh/v1/login-url", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, LoginURL{URL: "http://" + n.loginHost() + adminapi.LoginPath + "?code=" + n.sessions.NewCode(), Expires: time.Now().Add(adminapi.LoginTTL).UTC()}, nil)
+	})
+	mux.HandleFunc("GET "+adminapi.LoginPath, n.sessions.Login)
 	mux.HandleFunc("GET "+adminPrefix+"preview", func(w http.ResponseWriter, r *http.Request) {
 		limit := 0
 		if s := r.URL.Query().Get("limit"); s != "" {
@@ -95,6 +102,22 @@ func (n *Node) adminHandler() http.Handler {
 		writeJSON(w, pv, err)
 	})
 	return mux
+}
+
+// LoginURL is a single-use URL that logs a browser in to the node's admin
+// pages.
+type LoginURL struct {
+	URL     string    `json:"url"`
+	Expires time.Time `json:"expires"`
+}
+
+// loginHost is the gateway's address as a browser on this machine reaches
+// it.
+func (n *Node) loginHost() string {
+	if a := n.Addr(); a != nil {
+		return a.String()
+	}
+	return n.cfg.Listen
 }
 
 // ParseFilter reads a pool.Filter from query parameters: session, state
@@ -252,6 +275,18 @@ func (c *Client) Import(ctx context.Context, r io.Reader) (pool.ImportReport, er
 	defer resp.Body.Close()
 	err = json.NewDecoder(resp.Body).Decode(&rep)
 	return rep, err
+}
+
+// LoginURL asks the node for a single-use login URL for a browser.
+func (c *Client) LoginURL(ctx context.Context) (LoginURL, error) {
+	var l LoginURL
+	resp, err := adminapi.Do(ctx, c.HTTP, http.MethodPost, strings.TrimSuffix(c.Base, "/")+"/clawmesh/v1/login-url", c.Token, nil)
+	if err != nil {
+		return l, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&l)
+	return l, err
 }
 
 // Preview returns the next batch to leave the node's device (at most limit

@@ -24,6 +24,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/private"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/node/gateway"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
@@ -159,15 +160,19 @@ func (c *Config) Validate() error {
 
 // Node is a running device node.
 type Node struct {
-	cfg    Config
-	log    *slog.Logger
-	now    func() time.Time
-	pool   *pool.Pool
-	reward *reward.Runner
-	gw     *gateway.Gateway
-	outbox *share.Outbox
-	peer   *peer.Peer
-	joined bool
+	cfg Config
+	// adminToken is what the admin API demands over TCP; sessions are the
+	// browser sessions opened with login URLs.
+	adminToken string
+	sessions   *adminapi.Sessions
+	log        *slog.Logger
+	now        func() time.Time
+	pool       *pool.Pool
+	reward     *reward.Runner
+	gw         *gateway.Gateway
+	outbox     *share.Outbox
+	peer       *peer.Peer
+	joined     bool
 
 	meshAdmin   sync.Once
 	meshHandler http.Handler
@@ -208,6 +213,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: log.With("component", "node"), now: cfg.Now, joined: in}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
+	}
+	// The recorded conversations, keys and tokens are the owner's alone.
+	if note, err := private.CheckDataDir(cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	} else if note != "" {
+		log.Warn("data directory was open to other accounts", "fixed", note)
 	}
 	p, err := pool.Open(filepath.Join(cfg.DataDir, "pool"), pool.Options{
 		Logger: log, Now: cfg.Now, MaxAge: cfg.MaxAge, MaxBytes: cfg.MaxBytes,
@@ -255,6 +266,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	caps, _ := Caps(cfg.UpstreamKind)
+	n.adminToken, err = adminapi.LoadOrCreateToken(cfg.DataDir)
+	if err != nil {
+		n.Close(ctx)
+		return nil, err
+	}
+	n.sessions = adminapi.NewSessions(n.adminToken, cfg.Now)
 	gw, err := gateway.New(gateway.Config{
 		Upstream:        cfg.Upstream,
 		Caps:            caps,
@@ -268,6 +285,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		Now:             cfg.Now,
 		Logger:          log,
 		Admin:           n.adminHandler(),
+		AdminAuth:       n.sessions.Authorized,
 	})
 	if err != nil {
 		n.Close(ctx)
@@ -355,6 +373,11 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	n.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", n.cfg.Upstream)
 
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	// The owner's way in: the admin API on a socket only they can open.
+	sock, err := adminapi.ServeSocket(bg, n.cfg.DataDir, n.adminHandler())
+	if err != nil {
+		n.log.Warn("no admin socket: commands reach the node over TCP with DATA/admin.token", "err", err)
+	}
 	var wg sync.WaitGroup
 	if n.reward != nil {
 		wg.Add(1)
@@ -370,9 +393,12 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); n.runMesh(bg) }()
 	}
-	err := n.gw.Run(ctx, ln)
+	err = n.gw.Run(ctx, ln)
 	stop()
 	wg.Wait()
+	if sock != nil {
+		<-sock
+	}
 	return err
 }
 
@@ -502,6 +528,10 @@ func (n *Node) retentionLoop(ctx context.Context) {
 		}
 	}
 }
+
+// AdminToken is the credential the node's admin API demands (the data
+// directory's admin.token), for programs that embed a node.
+func (n *Node) AdminToken() string { return n.adminToken }
 
 // ReadAddr returns the address a running node wrote into dataDir.
 func ReadAddr(dataDir string) (string, error) { return adminapi.ReadAddr(dataDir, AddrFile) }

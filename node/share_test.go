@@ -76,7 +76,7 @@ func TestNodeSealsScrubbedBatches(t *testing.T) {
 	}
 
 	// The admin API shows the sealed batch, as `clawmesh pool preview` does.
-	c := &node.Client{Base: base}
+	c := &node.Client{Base: base, Token: n.AdminToken()}
 	pv, err := c.Preview(ctx, 5)
 	if err != nil {
 		t.Fatal(err)

@@ -38,6 +38,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/private"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/mesh/member"
@@ -194,6 +195,11 @@ func NewOn(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
 }
 
 func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
+	if note, err := private.CheckDataDir(cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("trainer: %w", err)
+	} else if note != "" {
+		cfg.Logger.Warn("data directory was open to other accounts", "fixed", note)
+	}
 	s, err := store.Open(filepath.Join(cfg.DataDir, StoreDir), nil)
 	if err != nil {
 		return nil, err
@@ -243,6 +249,10 @@ func (t *Trainer) Addr() net.Addr {
 
 // Run serves the admin API and collects batches until ctx is done.
 func (t *Trainer) Run(ctx context.Context) error {
+	token, err := adminapi.LoadOrCreateToken(t.cfg.DataDir)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", t.cfg.Admin)
 	if err != nil {
 		return fmt.Errorf("trainer: admin listener: %w", err)
@@ -259,13 +269,19 @@ func (t *Trainer) Run(ctx context.Context) error {
 	defer stop()
 	context.AfterFunc(ctx, t.cancel)
 	context.AfterFunc(t.ctx, stop) // Close and a crash stop Run too
-	srv := &http.Server{Handler: t.handler(stop), ReadHeaderTimeout: 10 * time.Second}
+	// Only the data directory's owner reads the trainer's state.
+	srv := &http.Server{Handler: adminapi.RequireToken(token, t.handler(stop)), ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	goRun := func(fn func()) {
 		wg.Add(1)
 		go func() { defer wg.Done(); fn() }()
 	}
 	goRun(func() { srv.Serve(ln) })
+	if sock, err := adminapi.ServeSocket(ctx, t.cfg.DataDir, t.handler(stop)); err != nil {
+		t.log.Warn("no admin socket: commands reach the trainer over TCP with DATA/admin.token", "err", err)
+	} else {
+		goRun(func() { <-sock })
+	}
 	if t.peer != nil {
 		goRun(func() { t.peer.Run(ctx) })
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/clawmesh/clawmesh/internal/private"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/reward"
 )
@@ -183,6 +184,12 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 			return fmt.Errorf("config %s: unknown key %q", path, k.String())
 		}
 		s.Config = path
+		if fc.Token != "" || fc.UpstreamToken != "" {
+			// Credentials are the owner's (as ssh is with a private key).
+			if err := private.CheckFile(expandHome(path)); err != nil {
+				return fmt.Errorf("config %s holds tokens: %w", path, err)
+			}
+		}
 	}
 	file := func(name string, dst *string, v string) {
 		if !set[name] && v != "" {

@@ -36,9 +36,10 @@ func init() {
 		{"mesh", "make a mesh and see it: init, status, peers, batches, batch, revoke", runMesh},
 		{"invite", "print an invite token for another device or a trainer to join the mesh", runInvite},
 		{"join", "join a mesh with an invite token", runJoin},
-		{"trainer", "run a trainer peer: pull, verify and keep the mesh's batches", runTrainer},
+		{"trainer", "run a trainer peer in the trainers' raft group (status, leave, config)", runTrainer},
+		{"login", "print a single-use URL that lets a browser into a running node's admin pages", runLogin},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
-		{"bench", "measure the parts (gateway, pool, engine, learn, scrub, mesh)", runBench},
+		{"bench", "measure the parts (gateway, pool, engine, learn, scrub, mesh, trainers)", runBench},
 		{"version", "print the version", runVersion},
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/batch"
@@ -217,12 +218,21 @@ func meshInit(data, name string, stdout io.Writer) error {
 // runningPeer returns a client of the node or trainer running on the data
 // directory, or nil.
 func runningPeer(s *settings) *peer.Client {
+	if hc, ok := adminapi.SocketClient(s.Data); ok {
+		c := &peer.Client{Base: adminapi.SocketBase, HTTP: hc}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := c.Status(ctx)
+		cancel()
+		if err == nil {
+			return c
+		}
+	}
 	for _, read := range []func(string) (string, error){node.ReadAddr, trainer.ReadAddr} {
 		addr, err := read(s.Data)
 		if err != nil {
 			continue
 		}
-		c := &peer.Client{Base: "http://" + addr, Token: s.Token}
+		c := &peer.Client{Base: "http://" + addr, Token: adminapi.ClientToken(s.Data, s.Token)}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, err = c.Status(ctx)
 		cancel()

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/scrub"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
@@ -39,8 +38,9 @@ sharing policy keeps on the device move to held instead.
 The JSONL schema (clawmesh.step/v1) is described in docs/step-schema.md.
 
 While a node is running it holds the pool open; these commands then ask it
-over its loopback admin API instead (the address it wrote in DATA/node.addr,
-with --token if it needs one), so export and import work in both cases.
+through its admin API instead: its owner-only socket DATA/admin.sock, else
+its loopback listener with the owner's token (DATA/admin.token, read by
+itself), so export and import work in both cases.
 `
 
 // poolAccess is what the pool commands need; *pool.Pool serves it for a
@@ -91,11 +91,11 @@ func openPool(s *settings, create bool) (poolAccess, func(), error) {
 	if !errors.Is(err, pool.ErrLocked) {
 		return nil, nil, err
 	}
-	addr, aerr := node.ReadAddr(s.Data)
-	if aerr != nil {
-		return nil, nil, fmt.Errorf("%w, and no running node's address in %s: %v", err, s.Data, aerr)
+	c, cerr := runningNode(s)
+	if cerr != nil {
+		return nil, nil, fmt.Errorf("%w, and %v", err, cerr)
 	}
-	return &node.Client{Base: "http://" + addr, Token: s.Token}, func() {}, nil
+	return c, func() {}, nil
 }
 
 func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/pool"
@@ -59,6 +61,7 @@ func serveAndNode(t *testing.T, serveArgs ...string) (modelAddr, gwAddr string) 
 
 	data := t.TempDir()
 	gwAddr = freeAddr(t)
+	gatewayData.Store(gwAddr, data)
 	nodeDone := make(chan int, 1)
 	go func() {
 		nodeDone <- run(ctx, []string{"node", "--upstream", "http://" + modelAddr + "/v1", "--upstream-kind", "clawmesh",
@@ -133,7 +136,7 @@ func TestNodeInFrontOfServe(t *testing.T) {
 	}
 	call(2)
 
-	c := &node.Client{Base: "http://" + gwAddr}
+	c := nodeClient(gwAddr)
 	steps, err := c.List(ctx, pool.Filter{})
 	if err != nil {
 		t.Fatal(err)
@@ -162,4 +165,15 @@ func TestNodeInFrontOfServe(t *testing.T) {
 			t.Errorf("step %d: usage %+v for %d recorded tokens", i, u, len(ch[0].Tokens))
 		}
 	}
+}
+
+// gatewayData maps a node's gateway address to its data directory, for
+// the admin API's token.
+var gatewayData sync.Map
+
+// nodeClient is the owner's client of the node serving at gwAddr.
+func nodeClient(gwAddr string) *node.Client {
+	data, _ := gatewayData.Load(gwAddr)
+	dir, _ := data.(string)
+	return &node.Client{Base: "http://" + gwAddr, Token: adminapi.ClientToken(dir, "")}
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/trainer/chat"
 	"github.com/clawmesh/clawmesh/trainer/engine/native"
@@ -48,7 +47,7 @@ func TestTrainOnRecordedSteps(t *testing.T) {
 			t.Fatalf("call %d: %d %s", i, resp.StatusCode, b)
 		}
 	}
-	steps, err := (&node.Client{Base: "http://" + gwAddr}).List(ctx, pool.Filter{})
+	steps, err := nodeClient(gwAddr).List(ctx, pool.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
@@ -154,11 +155,16 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 	if err := s.resolve(fs); err != nil {
 		return err
 	}
-	addr, err := trainer.ReadAddr(s.Data)
-	if err != nil {
-		return fmt.Errorf("no trainer runs on %s (start one with 'clawmesh trainer --data %s')", s.Data, s.Data)
+	var c *trainer.Client
+	if hc, ok := adminapi.SocketClient(s.Data); ok {
+		c = &trainer.Client{Base: adminapi.SocketBase, HTTP: hc}
+	} else {
+		addr, err := trainer.ReadAddr(s.Data)
+		if err != nil {
+			return fmt.Errorf("no trainer runs on %s (start one with 'clawmesh trainer --data %s')", s.Data, s.Data)
+		}
+		c = &trainer.Client{Base: "http://" + addr, Token: adminapi.ClientToken(s.Data, s.Token)}
 	}
-	c := &trainer.Client{Base: "http://" + addr, Token: s.Token}
 	switch sub {
 	case "status":
 		st, err := c.Status(ctx)

@@ -1,6 +1,7 @@
-// Package adminapi holds what the loopback admin APIs of a node and a
-// trainer share: how they write errors, how their clients read them, and
-// the file in a data directory that says where a running one listens.
+// Package adminapi holds what the admin APIs of a node and a trainer share:
+// how they write errors and how their clients read them, the file in a data
+// directory that says where a running one listens, the owner-only socket
+// they serve on, and the owner's token they demand over TCP.
 package adminapi
 
 import (

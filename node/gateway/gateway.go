@@ -127,6 +127,12 @@ type Config struct {
 	Transport http.RoundTripper
 	// Admin, if set, serves /clawmesh/v1/* paths other than feedback.
 	Admin http.Handler
+	// AdminAuth, if set, is the only judge of who may use Admin's paths
+	// (the owner's token or browser session, not the gateway's Token),
+	// except adminapi.LoginPath, which Admin serves to anyone: it checks
+	// its own single-use code. Without it those paths take the gateway's
+	// Token like every other path.
+	AdminAuth func(*http.Request) bool
 	// TickInterval is how often Run lets idle chains time out (default 30s).
 	TickInterval time.Duration
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
@@ -666,5 +667,34 @@ func TestDNSRebinding(t *testing.T) {
 	}
 	if st, _, _ := post(t, tok.url+"/v1/chat/completions", chatBody, map[string]string{"Host": "macmini.example:8400"}); st != 401 {
 		t.Errorf("no token, foreign name: %d", st)
+	}
+}
+
+// With an admin token, the admin paths open to it alone: not to the
+// gateway's token, and the admin token does not open the model routes.
+func TestAdminToken(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Token = "gw-secret"
+		c.AdminAuth = adminapi.NewSessions("owner-secret", nil).Authorized
+		c.Admin = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "admin") })
+	})
+	admin := e.url + "/clawmesh/v1/pool/import"
+	for _, c := range []struct {
+		url, auth string
+		want      int
+	}{
+		{admin, "", 401},
+		{admin, "Bearer gw-secret", 401},
+		{admin, "Bearer owner-secret", 200},
+		{e.url + "/v1/chat/completions", "Bearer owner-secret", 401},
+		{e.url + "/v1/chat/completions", "Bearer gw-secret", 200},
+	} {
+		h := map[string]string{}
+		if c.auth != "" {
+			h["Authorization"] = c.auth
+		}
+		if st, _, b := post(t, c.url, chatBody, h); st != c.want {
+			t.Errorf("%s with %q: %d %s, want %d", c.url, c.auth, st, b, c.want)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/httpguard"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
@@ -95,13 +96,22 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, false, http.StatusNotFound, "not_found_error", "not_found", "no route for "+r.URL.Path)
 		return
 	}
-	via, authed := g.authorized(r)
-	if !authed {
-		writeError(w, anthropic, http.StatusUnauthorized, "authentication_error", "invalid_api_key", "missing or wrong gateway token")
-		return
-	}
-	if via != "" {
-		r.Header.Del(via) // the gateway's token is not the upstream's
+	if rt.admin && g.cfg.AdminAuth != nil {
+		// The recorded data is the owner's: the gateway's own token, which
+		// agents and other accounts may hold, does not open it.
+		if r.URL.Path != adminapi.LoginPath && !g.cfg.AdminAuth(r) {
+			writeError(w, false, http.StatusUnauthorized, "authentication_error", "invalid_api_key", adminapi.ErrNoToken.Error())
+			return
+		}
+	} else {
+		via, authed := g.authorized(r)
+		if !authed {
+			writeError(w, anthropic, http.StatusUnauthorized, "authentication_error", "invalid_api_key", "missing or wrong gateway token")
+			return
+		}
+		if via != "" {
+			r.Header.Del(via) // the gateway's token is not the upstream's
+		}
 	}
 	// The admin API streams what it reads (a pool import is a JSONL file of
 	// any length, bounded per line); the other routes hold a body whole.

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/clawmesh/clawmesh/internal/adminapi"
+	"github.com/clawmesh/clawmesh/node"
+)
+
+const loginHelp = `Usage: clawmesh login [--json] --data DIR
+
+Prints a URL that logs a browser in to the admin pages of the node running
+on DIR: open it once (it is single-use, and expires in 10 minutes) and the
+browser holds a session for 12 hours, in an HttpOnly, SameSite=Strict
+cookie. Only the data directory's owner can get one: the command asks the
+node through its socket (DIR/admin.sock), else with the owner's token
+(DIR/admin.token).
+`
+
+func runLogin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	fs := newFlags("login", loginHelp, stderr)
+	s.bindCommon(fs)
+	asJSON := fs.Bool("json", false, "print JSON (a stable format: url, expires)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErr("login takes no arguments")
+	}
+	if err := s.resolve(fs); err != nil {
+		return err
+	}
+	c, err := runningNode(&s)
+	if err != nil {
+		return err
+	}
+	l, err := c.LoginURL(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(stdout, l)
+	}
+	fmt.Fprintln(stdout, l.URL)
+	return nil
+}
+
+// runningNode returns the owner's client of the node running on the data
+// directory: through its socket, else over TCP with the owner's token.
+func runningNode(s *settings) (*node.Client, error) {
+	if hc, ok := adminapi.SocketClient(s.Data); ok {
+		return &node.Client{Base: adminapi.SocketBase, HTTP: hc}, nil
+	}
+	addr, err := node.ReadAddr(s.Data)
+	if err != nil {
+		return nil, fmt.Errorf("no node runs on %s (start one with 'clawmesh node --data %s')", s.Data, s.Data)
+	}
+	return &node.Client{Base: "http://" + addr, Token: adminapi.ClientToken(s.Data, s.Token)}, nil
+}
