@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/clawmesh/clawmesh/internal/bench"
+	"github.com/clawmesh/clawmesh/node/gateway/bench"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/trainer"

@@ -1,6 +1,8 @@
-// Package bench measures clawmesh's parts for `clawmesh bench ...`: each
-// benchmark sets up real components on loopback (or on disk), drives them,
-// and reports figures against a baseline measured in the same run.
+// Package bench measures the gateway for `clawmesh bench gateway`: it sets
+// up a scripted model server and a gateway recording into a real pool on
+// loopback, drives the same load directly and through the gateway,
+// interleaved, and reports the added latency against that baseline
+// measured in the same run.
 package bench
 
 import (
