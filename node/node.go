@@ -74,9 +74,12 @@ type Config struct {
 	// addresses, that clients may reach the gateway by when it has no Token
 	// (see gateway.Config.AllowedHosts).
 	AllowedHosts []string
-	// MaxAge and MaxBytes are the pool's retention policy (0: unlimited).
-	MaxAge   time.Duration
-	MaxBytes int64
+	// MaxAge and MaxBytes are the pool's retention policy (0: unlimited),
+	// applied at start and every RetentionEvery (default
+	// DefaultRetention).
+	RetentionEvery time.Duration
+	MaxAge         time.Duration
+	MaxBytes       int64
 	// Plugins are the reward plugins; nil means the built-ins. An enabled
 	// plugin that cannot be loaded (a missing file, not WebAssembly, ...)
 	// makes New fail, naming it (reward.ErrUnusable).
@@ -513,7 +516,11 @@ func (n *Node) shareLoop(ctx context.Context) {
 }
 
 func (n *Node) retentionLoop(ctx context.Context) {
-	t := time.NewTicker(DefaultRetention)
+	every := n.cfg.RetentionEvery
+	if every <= 0 {
+		every = DefaultRetention
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		if d, err := n.pool.ApplyRetention(ctx); err != nil && ctx.Err() == nil {
