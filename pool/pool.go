@@ -76,6 +76,12 @@ type Options struct {
 	// them), ApplyRetention drops the oldest steps first, shipped ones before
 	// all others. 0 means no limit.
 	MaxBytes int64
+	// TombstoneAge is how long a dropped step's tombstone is kept, counted
+	// from the step's time: while it is there a late update of the step
+	// (the next state of a dropped reply) is refused instead of bringing
+	// the step back; then ApplyRetention purges it. 0 means
+	// DefaultTombstoneAge; negative keeps tombstones forever.
+	TombstoneAge time.Duration
 	// FS is the filesystem Pebble runs on. Nil means the disk. vfs.NewMem()
 	// is for unit tests only.
 	FS vfs.FS
@@ -90,6 +96,10 @@ func (o *Options) validate() error {
 	}
 	return nil
 }
+
+// DefaultTombstoneAge is Options.TombstoneAge's default: no session is
+// still being continued a month after its step.
+const DefaultTombstoneAge = 30 * 24 * time.Hour
 
 // stripes is the number of per-step write locks; writes to steps whose ids
 // fall on different stripes commit concurrently.
@@ -137,6 +147,9 @@ type Pool struct {
 func Open(dir string, opts Options) (*Pool, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
+	}
+	if opts.TombstoneAge == 0 {
+		opts.TombstoneAge = DefaultTombstoneAge
 	}
 	log := opts.Logger
 	if log == nil {

@@ -13,9 +13,10 @@ import (
 )
 
 // ApplyRetention drops the steps that Options.MaxAge and Options.MaxBytes
-// say to drop, leaving a tombstone for each, then deletes the blobs no step
-// references any more. It returns how many steps it dropped. Runs are
-// serialized; writers are not stopped.
+// say to drop, leaving a tombstone for each, purges the tombstones older
+// than Options.TombstoneAge, then deletes the blobs no step references any
+// more. It returns how many steps it dropped. Runs are serialized; writers
+// are not stopped.
 //
 // By size, the figure limited is step data as Stats.Bytes counts it: live
 // step records plus the blobs they reference. Shipped steps go first, oldest
@@ -48,12 +49,53 @@ func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 			return dropped, fmt.Errorf("pool: retention: %w", err)
 		}
 	}
+	purged, err := p.purgeTombstones(ctx)
+	if err != nil {
+		return dropped, fmt.Errorf("pool: retention: %w", err)
+	}
 	swept, err := p.sweepBlobs(ctx)
 	if err != nil {
 		return dropped, err
 	}
-	p.log.Info("retention", "dropped", dropped, "blobs_deleted", swept)
+	p.log.Info("retention", "dropped", dropped, "tombstones_purged", purged, "blobs_deleted", swept)
 	return dropped, nil
+}
+
+// purgeTombstones deletes the tombstones of steps older than
+// Options.TombstoneAge (their record and their state index entry), in
+// one synced batch.
+func (p *Pool) purgeTombstones(ctx context.Context) (int, error) {
+	if p.opts.TombstoneAge < 0 {
+		return 0, nil
+	}
+	cutoff := p.now().Add(-p.opts.TombstoneAge)
+	b := p.db.NewBatch()
+	defer b.Close()
+	n := 0
+	snap := p.db.NewSnapshot()
+	defer snap.Close()
+	err := scan(ctx, snap, prefixStep, prefixStepEnd, func(k, v []byte) error {
+		h, _, err := decodeHeader(v)
+		if err != nil {
+			return fmt.Errorf("record %q: %w", k, err)
+		}
+		if h.state != core.StateDropped || !h.t.Before(cutoff) {
+			return nil
+		}
+		id := core.StepID(k[len(prefixStep):])
+		deleteIndex(b, id, h)
+		n++
+		return b.Delete(stepKey(id), nil)
+	})
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	// A step written since the snapshot under a purged id is not a
+	// tombstone any more: Put refuses to write over one, so none is.
+	if err := b.Commit(pebble.Sync); err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 type retained struct {

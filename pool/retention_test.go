@@ -240,3 +240,70 @@ func stepIndex(t *testing.T, g *StepGen, id core.StepID) int {
 	}
 	return sess*g.PerSession + turn
 }
+
+// Tombstones stop a dropped step from coming back while a late update may
+// still arrive, and are purged once older than TombstoneAge; a reopened
+// pool keeps the same record.
+func TestTombstonesPurged(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	now := t0.Add(2 * time.Hour)
+	clock := func() time.Time { return now }
+	p := openTest(t, dir, Options{MaxAge: time.Hour, TombstoneAge: 24 * time.Hour, Now: clock})
+	old := simpleStep("old", "s", t0, core.StateClosed, "old one")
+	if err := p.Put(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Put(ctx, simpleStep("new", "s", now, core.StateClosed, "new one")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.ApplyRetention(ctx); err != nil || n != 1 {
+		t.Fatalf("dropped %d, %v", n, err)
+	}
+	tombs := func(p *Pool) int {
+		l, err := p.List(ctx, Filter{State: core.StateDropped})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(l)
+	}
+	if n := tombs(p); n != 1 {
+		t.Fatalf("%d tombstones after the drop", n)
+	}
+	// While the tombstone stands, the step does not come back.
+	late := simpleStep("old", "s", t0, core.StateScored, "old one")
+	if err := p.Put(ctx, late); err == nil {
+		t.Fatal("a dropped step came back under its tombstone")
+	}
+	// A day later the tombstone goes, with its index entry; the fresh
+	// step stays.
+	now = t0.Add(25 * time.Hour)
+	if _, err := p.ApplyRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := tombs(p); n != 1 { // "new" was dropped now, by age
+		t.Fatalf("%d tombstones after the purge, want only the newly dropped one", n)
+	}
+	st, err := p.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ByState[core.StateDropped] != 1 {
+		t.Errorf("stats count %d tombstones", st.ByState[core.StateDropped])
+	}
+	p.Close()
+	p = openTest(t, dir, Options{MaxAge: time.Hour, TombstoneAge: 24 * time.Hour, Now: clock})
+	if n := tombs(p); n != 1 {
+		t.Fatalf("%d tombstones after reopening", n)
+	}
+	// Kept forever with a negative TombstoneAge.
+	p.Close()
+	now = t0.Add(1000 * time.Hour)
+	p = openTest(t, dir, Options{MaxAge: time.Hour, TombstoneAge: -1, Now: clock})
+	if _, err := p.ApplyRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := tombs(p); n != 1 {
+		t.Fatalf("%d tombstones kept with TombstoneAge < 0", n)
+	}
+}
