@@ -164,6 +164,12 @@ func (b *Builder) Build(s *core.Step) ([]Sample, error) {
 			old  []float32
 		)
 		if ids := recordedIDs(c); ids != nil && !thinkingOff(s.Request.Params) {
+			// The prompt the model read, as the upstream returned it (vLLM's
+			// prompt_token_ids), is exact where a re-rendered template may
+			// not be.
+			if pt := s.Response.PromptTokenIDs; len(pt) > 0 {
+				p = slices.Clone(pt)
+			}
 			resp, old = b.fromRollout(ids, c, len(p))
 		} else {
 			if cutShort(c) {

@@ -344,6 +344,40 @@ func TestRolloutTokens(t *testing.T) {
 		}
 	}
 
+	// The prompt's ids as the upstream returned them are the sample's
+	// prompt, not the template's rendering; without exact reply ids they
+	// are not used.
+	served := tok.Encode("<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n")
+	if slices.Equal(served, p) {
+		t.Fatal("the served prompt renders like the template's: pick another")
+	}
+	for _, exact := range []bool{true, false} {
+		s := step(ctx, core.Message{Role: core.RoleAssistant, Content: "Sunny."})
+		s.Response.PromptTokenIDs = served
+		ch := &s.Response.Choices[0]
+		if exact {
+			ch.Fidelity = core.FidelityExact
+			for _, id := range append(tok.Encode("Sunny."), end) {
+				ch.Tokens = append(ch.Tokens, core.TokenLogprob{ID: id, Logprob: -0.5})
+			}
+		}
+		got, err := b.Build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := got[0]
+		want := p
+		if exact {
+			want = served
+		}
+		if !slices.Equal(g.Tokens[:g.PromptLen], want) {
+			t.Errorf("exact %v: prompt %v, want %v", exact, g.Tokens[:g.PromptLen], want)
+		}
+		if exact && (g.OldLogprobs[g.PromptLen] != -0.5 || g.OldLogprobs[0] != 0) {
+			t.Errorf("old logprobs not aligned to the served prompt: %v", g.OldLogprobs)
+		}
+	}
+
 	// Without exact ids the template renders the reply, and the trainer
 	// recomputes its log-probs.
 	for _, f := range []core.Fidelity{core.FidelityNone, core.FidelityLogprob, core.FidelityPartial} {
