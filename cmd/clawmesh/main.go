@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 )
@@ -152,13 +153,53 @@ func parse(fs *flag.FlagSet, args []string) error {
 }
 
 func runVersion(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("version", "Usage: clawmesh version\n\nPrints the version of this clawmesh binary.\n", stderr)
+	fs := newFlags("version", "Usage: clawmesh version\n\nPrints the version of this clawmesh binary, the revision it was built from\n(with +dirty for a tree with changes) and the Go release that built it.\n", stderr)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageErr("unexpected arguments %q", fs.Args())
 	}
-	fmt.Fprintln(stdout, "clawmesh", version)
+	fmt.Fprintln(stdout, versionLine(debug.ReadBuildInfo()))
 	return nil
+}
+
+// versionLine says which clawmesh this is: the version set at build time
+// (else the module's), the VCS revision and time it was built from, with
+// "+dirty" when the tree had changes, and the Go release.
+func versionLine(bi *debug.BuildInfo, ok bool) string {
+	v := version
+	if !ok {
+		return "clawmesh " + v
+	}
+	if v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		v = bi.Main.Version
+	}
+	var rev, at string
+	dirty := false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	line := "clawmesh " + v
+	if rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		if dirty {
+			rev += "+dirty"
+		}
+		line += " (" + rev
+		if at != "" {
+			line += ", " + at
+		}
+		line += ")"
+	}
+	return line + " " + bi.GoVersion
 }
