@@ -92,6 +92,8 @@ type Config struct {
 	JudgeTimeout      time.Duration
 	// NoScoring turns the background scorer off.
 	NoScoring bool
+	// LogCalls logs one line per proxied call at Info.
+	LogCalls bool
 	// ScoreInterval is how often closed steps are looked for; default 2s.
 	ScoreInterval time.Duration
 	// IdleTimeout closes a chain after this long without a call; default
@@ -289,6 +291,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		Logger:          log,
 		Admin:           n.adminHandler(),
 		AdminAuth:       n.sessions.Authorized,
+		LogCalls:        cfg.LogCalls,
 	})
 	if err != nil {
 		n.Close(ctx)

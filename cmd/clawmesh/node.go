@@ -76,6 +76,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&s.MaxAge, "max-age", 0, "retention: drop steps older than this (e.g. 720h; 0 keeps them)")
 	fs.Int64Var(&s.MaxBytes, "max-bytes", 0, "retention: keep the pool under this many bytes (0: no limit)")
 	noScore := fs.Bool("no-scoring", false, "do not score closed steps in the background")
+	logRequests := fs.Bool("log-requests", true, "log one line per call (API, model, session, status, stream, duration, step id); --log-requests=false turns it off")
 	var p2pListen, bootstrap multiFlag
 	fs.Var(&p2pListen, "p2p-listen", "libp2p multiaddr to listen on when the data directory is in a mesh (repeatable; default QUIC and TCP on port 4001, or a free port)")
 	fs.Var(&bootstrap, "bootstrap", "a mesh peer's multiaddr to dial at start (repeatable)")
@@ -135,6 +136,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Mesh:          &node.MeshConfig{Listen: p2pListen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true},
 		ShareInterval: *shareEvery,
 		NoScoring:     *noScore,
+		LogCalls:      *logRequests,
 		Logger:        log,
 
 		PluginDeadline:    s.PluginDeadline,

@@ -125,6 +125,9 @@ type Config struct {
 	// Transport carries upstream requests (default: a keep-alive transport
 	// with many idle connections per host and no compression negotiation).
 	Transport http.RoundTripper
+	// LogCalls logs one line per proxied call (API, model, session, status,
+	// stream or not, duration, step id) at Info.
+	LogCalls bool
 	// Admin, if set, serves /clawmesh/v1/* paths other than feedback.
 	Admin http.Handler
 	// AdminAuth, if set, is the only judge of who may use Admin's paths

@@ -2,15 +2,18 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -698,3 +701,41 @@ func TestAdminToken(t *testing.T) {
 		}
 	}
 }
+
+// A node says what it does: one line per call, off when asked.
+func TestLogCalls(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		var mu sync.Mutex
+		var buf bytes.Buffer
+		w := writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) })
+		e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "hi"}, {Text: "there"}}}, func(c *Config) {
+			c.LogCalls = on
+			c.Logger = slog.New(slog.NewTextHandler(w, nil))
+		})
+		if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, nil); st != 200 {
+			t.Fatalf("call: %d %s", st, b)
+		}
+		if st, _, b := post(t, e.url+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`, nil); st != 200 {
+			t.Fatalf("streamed call: %d %s", st, b)
+		}
+		e.stop()
+		<-e.done
+		e.done <- nil // for the cleanup
+		mu.Lock()
+		logs := buf.String()
+		mu.Unlock()
+		n := strings.Count(logs, "msg=call ")
+		switch {
+		case on && n != 2:
+			t.Errorf("%d call lines:\n%s", n, logs)
+		case on && (!strings.Contains(logs, "api=chat.completions model=m") || !strings.Contains(logs, "status=200 stream=false") || !strings.Contains(logs, "stream=true") || !strings.Contains(logs, "step=")):
+			t.Errorf("call lines:\n%s", logs)
+		case !on && n != 0:
+			t.Errorf("calls logged with LogCalls off:\n%s", logs)
+		}
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

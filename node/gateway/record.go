@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node/gateway/sse"
@@ -83,7 +84,10 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 	chain, others := splitClosures(asg.Closures, asg.Parent)
 	g.closeLater(others)
 	storeCtx := context.WithoutCancel(r.Context())
-	commit := func(ok bool) { g.commit(storeCtx, step, ok, who.done, chain) }
+	commit := func(ok bool) {
+		g.commit(storeCtx, step, ok, who.done, chain)
+		g.logCall(step, req.Stream)
+	}
 
 	caps := g.cfg.Caps
 	upBody, err := wire.UpstreamBody(req, body, caps)
@@ -336,6 +340,23 @@ func (g *Gateway) commit(ctx context.Context, step *core.Step, ok, done bool, ch
 		g.applyClosures(ctx, own)
 	}
 	g.closeLater(others)
+}
+
+// logCall writes the one line a proxy writes per call (Config.LogCalls).
+func (g *Gateway) logCall(step *core.Step, stream bool) {
+	if !g.cfg.LogCalls {
+		return
+	}
+	status := step.Response.Status
+	if status == 0 && step.Response.Error == nil {
+		status = http.StatusOK
+	}
+	attrs := []any{"api", step.API, "model", step.Model, "session", step.SessionID, "status", status,
+		"stream", stream, "duration", step.Timings.Total.Round(time.Millisecond), "step", step.ID}
+	if step.ClientDisconnected {
+		attrs = append(attrs, "client_gone", true)
+	}
+	g.log.Info("call", attrs...)
 }
 
 // store writes step and the closures in chain, in one commit when the Store
