@@ -385,6 +385,13 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 		n.log.Warn("no admin socket: commands reach the node over TCP with DATA/admin.token", "err", err)
 	}
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if w := ProbeUpstream(bg, n.cfg.Upstream, n.cfg.UpstreamToken); w != "" && bg.Err() == nil {
+			n.log.Warn(w)
+		}
+	}()
 	if n.reward != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); n.scoreLoop(bg) }()
