@@ -146,6 +146,15 @@ func (s *settings) bindCommon(flags *flag.FlagSet) {
 	flags.StringVar(&s.Token, "token", "", "bearer token clients must send (default $CLAWMESH_TOKEN, else none)")
 }
 
+// bindClient adds the same flags to a command that talks to a running
+// node or trainer, with what they mean there.
+func (s *settings) bindClient(flags *flag.FlagSet) {
+	flags.StringVar(&s.Config, "config", "", "config file (TOML); default $CLAWMESH_CONFIG, else DATA/config.toml if it exists")
+	flags.StringVar(&s.Data, "data", "", "data directory of the node or trainer (default $CLAWMESH_DATA, else ~/.clawmesh)")
+	flags.StringVar(&s.Listen, "listen", "", "not used here: a running node is found through DATA (its admin.sock, else the address in DATA/node.addr)")
+	flags.StringVar(&s.Token, "token", "", "admin credential to send when DATA/admin.token cannot be read (default $CLAWMESH_TOKEN); the owner needs none")
+}
+
 // resolve fills s from the config file and the environment, leaving values
 // set by flags on fs as they are.
 func (s *settings) resolve(flags *flag.FlagSet) error {

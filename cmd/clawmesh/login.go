@@ -22,7 +22,7 @@ node through its socket (DIR/admin.sock), else with the owner's token
 func runLogin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var s settings
 	fs := newFlags("login", loginHelp, stderr)
-	s.bindCommon(fs)
+	s.bindClient(fs)
 	asJSON := fs.Bool("json", false, "print JSON (a stable format: url, expires)")
 	if err := parse(fs, args); err != nil {
 		return err

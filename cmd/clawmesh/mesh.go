@@ -56,7 +56,7 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	sub, args := args[0], args[1:]
 	var s settings
 	fs := newFlags("mesh "+sub, meshHelp, stderr)
-	s.bindCommon(fs)
+	s.bindClient(fs)
 	var asJSON bool
 	var name, reason string
 	switch sub {
@@ -334,7 +334,7 @@ be online then. A token is good for --uses redemptions until --ttl passes.
 func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var s settings
 	fs := newFlags("invite", inviteHelp, stderr)
-	s.bindCommon(fs)
+	s.bindClient(fs)
 	role := fs.String("role", "member", "what the invited peer may do: member (a device that shares batches) or trainer (pulls them to train)")
 	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token stays valid")
 	uses := fs.Int("uses", 1, "how many peers may join with it")
@@ -409,7 +409,7 @@ this device) was removed from the mesh.
 func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var s settings
 	fs := newFlags("join", joinHelp, stderr)
-	s.bindCommon(fs)
+	s.bindClient(fs)
 	var listen multiFlag
 	fs.Var(&listen, "p2p-listen", "libp2p address to use while joining (repeatable; default any free QUIC and TCP port)")
 	if err := parse(fs, args); err != nil {

@@ -110,7 +110,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var asJSON bool
 	var out string
 	fs := newFlags("pool "+sub, poolHelp, stderr)
-	s.bindCommon(fs)
+	s.bindClient(fs)
 	filterFlags := func() {
 		fs.StringVar((*string)(&f.Session), "session", "", "only this session")
 		fs.StringVar(&state, "state", "", "only this state: open, closed, scored, held, batched, shipped, dropped")

@@ -188,9 +188,11 @@ Examples:
 		}
 	}
 	// FailureLimit -1: a plugin that fails is run on every step all the
-	// same, so that each line says why.
+	// same, so that each line says why. Strict: a file that is not a usable
+	// plugin (a .go file, a module without the exports) is an error, not a
+	// plugin that abstains on every step.
 	r, err := reward.New(ctx, reward.Options{Plugins: plugins, Deadline: *deadline, MemoryLimit: *memory << 20,
-		Judge: judge, JudgeTimeout: *judgeTimeout, FailureLimit: -1})
+		Judge: judge, JudgeTimeout: *judgeTimeout, FailureLimit: -1, Strict: true})
 	if err != nil {
 		return err
 	}

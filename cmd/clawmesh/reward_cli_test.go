@@ -257,3 +257,15 @@ func TestRewardTestJudge(t *testing.T) {
 		t.Errorf("a --judge that is not a URL: code %d, %q", code, errs)
 	}
 }
+
+// A file that is not a usable plugin is an error, not a plugin that
+// abstains on every step.
+func TestRewardTestRefusesANonPlugin(t *testing.T) {
+	steps := filepath.Join("..", "..", "reward", "testdata", "steps.jsonl")
+	for _, bad := range []string{"main.go", filepath.Join("..", "..", "reward", "testdata", "hostile")} {
+		_, errs, code := runCLI(t, "reward", "test", bad, "--steps", steps)
+		if code == 0 || !strings.Contains(errs, "cannot be loaded") {
+			t.Errorf("reward test %s: code %d, %s", bad, code, errs)
+		}
+	}
+}

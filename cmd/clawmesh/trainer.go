@@ -136,7 +136,7 @@ func bindGroupFlags(fs interface {
 func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, stderr io.Writer) error {
 	var s settings
 	fs := newFlags("trainer "+sub, trainerHelp, stderr)
-	s.bindCommon(fs)
+	s.bindClient(fs)
 	var asJSON bool
 	var gc group.Config
 	switch sub {
