@@ -94,6 +94,9 @@ type Config struct {
 	NoScoring bool
 	// LogCalls logs one line per proxied call at Info.
 	LogCalls bool
+	// MaxBody bounds a call's request body (default
+	// gateway.DefaultMaxBody, 32 MiB); a larger one is refused with 413.
+	MaxBody int64
 	// ScoreInterval is how often closed steps are looked for; default 2s.
 	ScoreInterval time.Duration
 	// IdleTimeout closes a chain after this long without a call; default
@@ -292,6 +295,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		Admin:           n.adminHandler(),
 		AdminAuth:       n.sessions.Authorized,
 		LogCalls:        cfg.LogCalls,
+		MaxBodyBytes:    cfg.MaxBody,
 	})
 	if err != nil {
 		n.Close(ctx)

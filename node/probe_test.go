@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node"
 )
 
@@ -34,5 +35,23 @@ func TestProbeUpstream(t *testing.T) {
 	ln.Close()
 	if w := node.ProbeUpstream(ctx, dead, ""); !strings.Contains(w, "does not answer") {
 		t.Errorf("an unreachable upstream: %q", w)
+	}
+}
+
+// MaxBody bounds a call's body: a larger one is refused with 413 and
+// nothing is recorded.
+func TestMaxBody(t *testing.T) {
+	n, base := startNode(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "ok"}}}, node.Config{MaxBody: 2048, NoScoring: true})
+	big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 4096) + `"}]}`
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("a 4 KiB body with MaxBody 2 KiB: %d", resp.StatusCode)
+	}
+	if st, err := n.Pool().Stats(context.Background()); err != nil || st.Steps != 0 {
+		t.Errorf("recorded %d steps, %v", st.Steps, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -76,6 +77,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&s.MaxAge, "max-age", 0, "retention: drop steps older than this (e.g. 720h; 0 keeps them)")
 	fs.Int64Var(&s.MaxBytes, "max-bytes", 0, "retention: keep the pool under this many bytes (0: no limit)")
 	noScore := fs.Bool("no-scoring", false, "do not score closed steps in the background")
+	maxBody := fs.String("max-body", "32MiB", "largest request body a call may send (a number of bytes, or with KiB, MiB or GiB); larger calls are refused with 413")
 	logRequests := fs.Bool("log-requests", true, "log one line per call (API, model, session, status, stream, duration, step id); --log-requests=false turns it off")
 	var p2pListen, bootstrap multiFlag
 	fs.Var(&p2pListen, "p2p-listen", "libp2p multiaddr to listen on when the data directory is in a mesh (repeatable; default QUIC and TCP on port 4001, or a free port)")
@@ -85,6 +87,10 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	maxBodyBytes, err := parseSize(*maxBody)
+	if err != nil || maxBodyBytes < 1024 {
+		return usageErr("--max-body %q: want a size of at least 1KiB, such as 32MiB", *maxBody)
 	}
 	if fs.NArg() > 0 {
 		return usageErr("unexpected arguments %q", fs.Args())
@@ -137,6 +143,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		ShareInterval: *shareEvery,
 		NoScoring:     *noScore,
 		LogCalls:      *logRequests,
+		MaxBody:       maxBodyBytes,
 		Logger:        log,
 
 		PluginDeadline:    s.PluginDeadline,
@@ -222,4 +229,26 @@ func isLoopback(addr string) bool {
 	}
 	host = strings.Trim(host, "[]")
 	return host == "127.0.0.1" || host == "localhost" || host == "::1" || strings.HasPrefix(host, "127.")
+}
+
+// parseSize reads a size in bytes: a number, optionally followed by KiB,
+// MiB or GiB (or K, M, G, KB, MB, GB, meaning the same powers of 1024).
+func parseSize(v string) (int64, error) {
+	t, mult := strings.TrimSpace(v), int64(1)
+	units := []struct {
+		suffix string
+		m      int64
+	}{{"GiB", 1 << 30}, {"GB", 1 << 30}, {"G", 1 << 30}, {"MiB", 1 << 20}, {"MB", 1 << 20}, {"M", 1 << 20},
+		{"KiB", 1 << 10}, {"KB", 1 << 10}, {"K", 1 << 10}, {"B", 1}}
+	for _, u := range units {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("bad size %q", v)
+	}
+	return n * mult, nil
 }

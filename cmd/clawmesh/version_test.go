@@ -25,3 +25,19 @@ func TestVersionLine(t *testing.T) {
 		t.Errorf("clawmesh version: %q", out)
 	}
 }
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"32MiB": 32 << 20, "1024": 1024, "2 GiB": 2 << 30, "512K": 512 << 10, "64KB": 64 << 10, "10B": 10} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("%q: %d %v, want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "MiB", "-1", "1.5MiB", "9999999999GiB", "12 parsecs"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("%q parsed", in)
+		}
+	}
+	if _, errs, code := runCLI(t, "node", "--max-body", "12", "--upstream", "http://127.0.0.1:9/v1", "--data", t.TempDir()); code == 0 || !strings.Contains(errs, "--max-body") {
+		t.Errorf("a tiny --max-body: %d %s", code, errs)
+	}
+}

@@ -141,7 +141,7 @@ type Config struct {
 }
 
 const (
-	defaultMaxBody      = 32 << 20
+	DefaultMaxBody      = 32 << 20
 	maxEventBytes       = 64 << 20
 	maxUpstreamBody     = 1 << 30
 	defaultTickInterval = 30 * time.Second
@@ -207,7 +207,7 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = defaultMaxBody
+		cfg.MaxBodyBytes = DefaultMaxBody
 	}
 	if cfg.ReadHeaderTimeout == 0 {
 		cfg.ReadHeaderTimeout = 10 * time.Second
