@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net"
@@ -71,6 +72,41 @@ func runTrainerPeer(t *testing.T, data string) *trainer.Trainer {
 	return tr
 }
 
+// scriptedUpstream serves a model server that answers every call with
+// text, until the test ends, and returns its base URL (…/v1).
+func scriptedUpstream(t *testing.T, text string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: text}}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Run(ctx, ln)
+	return "http://" + ln.Addr().String() + "/v1"
+}
+
+// endedCall makes one chat call through the gateway of the node running
+// on data, saying the session ends with it (so that it is scored and
+// shipped without waiting).
+func endedCall(t *testing.T, data, content string) {
+	t.Helper()
+	addr, err := node.ReadAddr(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{{"role": "user", "content": content}}})
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Session-Done", "true")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+}
+
 func cli(t *testing.T, args ...string) string {
 	t.Helper()
 	out, errs, code := runCLI(t, args...)
@@ -85,15 +121,7 @@ func cli(t *testing.T, args ...string) string {
 // device reaching the trainer scrubbed, as `mesh batches` and `mesh batch`
 // show on each side; `mesh revoke` removes the device.
 func TestMeshCLI(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Sure, I will write to ann.lee@example.org."}}})
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go up.Run(ctx, upLn)
-	upstream := "http://" + upLn.Addr().String() + "/v1"
+	upstream := scriptedUpstream(t, "Sure, I will write to ann.lee@example.org.")
 
 	a, b, tr := t.TempDir(), t.TempDir(), t.TempDir()
 	out := cli(t, "mesh", "init", "--name", "home", "--data", a)
@@ -138,15 +166,7 @@ func TestMeshCLI(t *testing.T) {
 	}
 
 	// A call through the second device's gateway.
-	addr, _ := node.ReadAddr(b)
-	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"Mail ann.lee@example.org the report"}]}`))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Session-Done", "true")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	endedCall(t, b, "Mail ann.lee@example.org the report")
 
 	var got []peer.BatchInfo
 	waitFor(t, "the trainer to store the batch", func() bool {
@@ -271,15 +291,8 @@ func TestBenchMeshCLI(t *testing.T) {
 // mesh waits in the outbox; after the node restarts it is announced again
 // and ships, once, to the trainer that joined meanwhile.
 func TestUnshippedSurvivesRestart(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Noted."}}})
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go up.Run(ctx, upLn)
-	upstream := "http://" + upLn.Addr().String() + "/v1"
+	ctx := context.Background()
+	upstream := scriptedUpstream(t, "Noted.")
 
 	a, b, tr := t.TempDir(), t.TempDir(), t.TempDir()
 	cli(t, "mesh", "init", "--data", a)

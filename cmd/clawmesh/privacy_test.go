@@ -18,7 +18,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/internal/private"
 	"github.com/clawmesh/clawmesh/node"
 )
@@ -57,18 +56,13 @@ func TestAnotherAccountCannotReadThePool(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Hello."}}})
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go up.Run(ctx, upLn)
+	upstream := scriptedUpstream(t, "Hello.")
 	// The data directory where an owner keeps it: under a directory others
 	// may traverse, itself owner-only.
 	parent := t.TempDir()
 	os.Chmod(parent, 0o755)
 	data := filepath.Join(parent, "data")
-	n, err := node.New(ctx, node.Config{DataDir: data, Upstream: "http://" + upLn.Addr().String() + "/v1"})
+	n, err := node.New(ctx, node.Config{DataDir: data, Upstream: upstream})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,15 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/internal/fakeupstream"
-	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
@@ -25,17 +21,10 @@ func TestTrainersOnNodeBatches(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a node and three trainers")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Sure, here it is."}}})
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go up.Run(ctx, upLn)
+	ctx := context.Background()
 	a := t.TempDir()
 	cli(t, "mesh", "init", "--data", a)
-	n := runMeshNode(t, a, "http://"+upLn.Addr().String()+"/v1", share.Policy{Mode: share.ModeAll})
+	n := runMeshNode(t, a, scriptedUpstream(t, "Sure, here it is."), share.Policy{Mode: share.ModeAll})
 
 	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond,
 		VerifyRetry: 2 * time.Second}
@@ -56,18 +45,9 @@ func TestTrainersOnNodeBatches(t *testing.T) {
 		trs = append(trs, tr)
 	}
 
-	addr, _ := node.ReadAddr(a)
 	const sessions = 5
 	for i := range sessions {
-		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"Question %d: list the files"}]}`, i)
-		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Session-Done", "true")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		endedCall(t, a, fmt.Sprintf("Question %d: list the files", i))
 	}
 	var shipped []core.BatchID
 	waitFor(t, "the node to ship every step", func() bool {
