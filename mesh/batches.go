@@ -272,26 +272,37 @@ func (m *Mesh) pullFrom(ctx context.Context, p PeerID, man Manifest, maxSize int
 		s.Reset()
 		return nil, fmt.Errorf("%w: a batch of %d bytes (announced %d, limit %d)", ErrMessage, rep.Size, man.Size, maxSize)
 	}
-	buf := make([]byte, rep.Size)
-	for off := 0; off < len(buf); {
-		s.SetReadDeadline(time.Now().Add(m.stall()))
-		n, err := br.Read(buf[off:])
-		off += n
-		if err != nil && !(errors.Is(err, io.EOF) && off == len(buf)) {
-			s.Reset()
-			if errors.Is(err, io.EOF) {
-				return nil, fmt.Errorf("%w: cut after %d of %d bytes", ErrMessage, off, len(buf))
-			}
-			if isTimeout(err) {
-				return nil, fmt.Errorf("%w after %d of %d bytes", ErrStalled, off, len(buf))
-			}
-			return nil, err
-		}
+	buf, off, err := m.readBody(s, br, rep.Size)
+	switch {
+	case errors.Is(err, io.EOF):
+		return nil, fmt.Errorf("%w: cut after %d of %d bytes", ErrMessage, off, len(buf))
+	case isTimeout(err):
+		return nil, fmt.Errorf("%w after %d of %d bytes", ErrStalled, off, len(buf))
+	case err != nil:
+		return nil, err
 	}
 	if batch.ID(buf) != man.ID {
 		return nil, fmt.Errorf("%w: pulled bytes do not hash to %s", batch.ErrHashMismatch, man.ID)
 	}
 	return buf, nil
+}
+
+// readBody reads a reply's body of size bytes, giving the peer the stall
+// time for each read. On an error the stream is reset, and off says how
+// far it got; io.EOF means the peer ended the stream early.
+func (m *Mesh) readBody(s Stream, br io.Reader, size int64) (buf []byte, off int, err error) {
+	buf = make([]byte, size)
+	for off < len(buf) {
+		s.SetReadDeadline(time.Now().Add(m.stall()))
+		var n int
+		n, err = br.Read(buf[off:])
+		off += n
+		if err != nil && !(errors.Is(err, io.EOF) && off == len(buf)) {
+			s.Reset()
+			return buf, off, err
+		}
+	}
+	return buf, off, nil
 }
 
 func isTimeout(err error) bool {

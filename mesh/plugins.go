@@ -210,18 +210,12 @@ func (m *Mesh) FetchPlugin(ctx context.Context, from PeerID, hash string, maxByt
 		s.Reset()
 		return nil, err
 	}
-	buf := make([]byte, rep.Size)
-	for off := 0; off < len(buf); {
-		s.SetReadDeadline(time.Now().Add(m.stall()))
-		n, err := br.Read(buf[off:])
-		off += n
-		if err != nil && !(errors.Is(err, io.EOF) && off == len(buf)) {
-			s.Reset()
-			if errors.Is(err, io.EOF) {
-				return nil, fmt.Errorf("%w: plugin module cut after %d of %d bytes", ErrMessage, off, len(buf))
-			}
-			return nil, m.fetchErr(ctx, err)
-		}
+	buf, off, err := m.readBody(s, br, rep.Size)
+	switch {
+	case errors.Is(err, io.EOF):
+		return nil, fmt.Errorf("%w: plugin module cut after %d of %d bytes", ErrMessage, off, len(buf))
+	case err != nil:
+		return nil, m.fetchErr(ctx, err)
 	}
 	if got := sha256Hex(buf); got != hash {
 		return nil, fmt.Errorf("%w: asked %s, %s sent bytes that hash to %s", ErrPluginHash, hash, from, got)
