@@ -18,6 +18,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/trainer/adapter"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/store"
 )
 
 // AdaptersDir holds the committed adapter versions, one PEFT bundle per
@@ -312,7 +313,6 @@ func (t *Trainer) leadOnce(ctx context.Context) error {
 		hasVersion bool
 		registered bool
 		round      *group.Round
-		known      map[core.BatchID]bool
 	)
 	g.view(func(s *group.State) {
 		configured, cfg = s.Configured, s.Config
@@ -321,10 +321,6 @@ func (t *Trainer) leadOnce(ctx context.Context) error {
 		if s.Round != nil {
 			r := *s.Round
 			round = &r
-		}
-		known = make(map[core.BatchID]bool, len(s.Batches))
-		for id := range s.Batches {
-			known[id] = true
 		}
 	})
 	if !configured {
@@ -345,7 +341,7 @@ func (t *Trainer) leadOnce(ctx context.Context) error {
 	if err := t.mirrorRevocations(ctx); err != nil {
 		return err
 	}
-	if err := t.ingest(ctx, known); err != nil {
+	if err := t.ingest(ctx); err != nil {
 		return err
 	}
 	var stale []group.Refusal
@@ -446,11 +442,40 @@ func (t *Trainer) mirrorRevocations(ctx context.Context) error {
 }
 
 // ingest adds the stored batches the ledger lacks, after verifying them.
-func (t *Trainer) ingest(ctx context.Context, known map[core.BatchID]bool) error {
+// It reads the store only when a batch arrived since it last added them
+// all, or a verification waits to be tried again.
+func (t *Trainer) ingest(ctx context.Context) error {
+	puts := t.store.Puts()
+	if puts == t.ingested && len(t.verifyLater) == 0 {
+		return nil
+	}
 	es, err := t.store.List(ctx)
 	if err != nil {
 		return err
 	}
+	known := map[core.BatchID]bool{}
+	t.group.view(func(s *group.State) {
+		for _, e := range es {
+			if _, ok := s.Batches[e.ID]; ok {
+				known[e.ID] = true
+			}
+		}
+	})
+	for id := range known {
+		delete(t.verifyLater, id) // in the ledger now, by another leader
+	}
+	if err := t.addBatches(ctx, es, known); err != nil {
+		return err
+	}
+	if len(es)-len(known) <= maxAdd {
+		t.ingested = puts // every stored batch was looked at
+	}
+	return nil
+}
+
+// addBatches verifies the stored batches the ledger lacks (at most maxAdd)
+// and adds them, refusing those that fail.
+func (t *Trainer) addBatches(ctx context.Context, es []store.Entry, known map[core.BatchID]bool) error {
 	var add []group.BatchRef
 	var refuse []group.Refusal
 	for _, e := range es {

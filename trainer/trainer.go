@@ -115,8 +115,11 @@ type Trainer struct {
 	// verifyLater: batches whose verification failed to run, and when to
 	// try again (the leader's loop only).
 	verifyLater map[core.BatchID]time.Time
-	ctx         context.Context
-	cancel      context.CancelFunc
+	// ingested is the store's Puts when the leader last looked at every
+	// stored batch (the leader's loop only).
+	ingested uint64
+	ctx      context.Context
+	cancel   context.CancelFunc
 
 	// beforePublish, in tests, runs before the leader proposes a version;
 	// isolated cuts the trainer off the group (tests of partitions).

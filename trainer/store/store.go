@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -41,8 +42,9 @@ type Entry struct {
 
 // Store is a trainer's batch store. It is safe for concurrent use.
 type Store struct {
-	db  *pebble.DB
-	now func() time.Time
+	db   *pebble.DB
+	now  func() time.Time
+	puts atomic.Uint64
 }
 
 // Open opens (or makes) the store in dir.
@@ -101,8 +103,13 @@ func (s *Store) PutFrom(ctx context.Context, id core.BatchID, from mesh.PeerID, 
 	if err := wb.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
+	s.puts.Add(1)
 	return nil
 }
+
+// Puts counts the batches stored since Open: a reader that saw the same
+// count has seen every batch.
+func (s *Store) Puts() uint64 { return s.puts.Load() }
 
 // Payload returns a batch's bytes (mesh.Source).
 func (s *Store) Payload(ctx context.Context, id core.BatchID) ([]byte, error) {
