@@ -228,6 +228,15 @@ func (m *Mesh) OnAdmit(fn func(*Peer)) {
 	m.mu.Unlock()
 }
 
+// Trust returns what a signature from this mesh is checked against now:
+// the admin's key, the revocations known, and the time.
+func (m *Mesh) Trust() (admin ed25519.PublicKey, revoked member.Revoker, now time.Time) {
+	m.mu.Lock()
+	revs := m.revs
+	m.mu.Unlock()
+	return m.admin, revs, m.now()
+}
+
 // Revocations returns the revocations this peer knows.
 func (m *Mesh) Revocations() []*member.Revocation {
 	m.mu.Lock()

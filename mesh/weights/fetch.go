@@ -1,0 +1,519 @@
+package weights
+
+import (
+	"bufio"
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/mesh"
+)
+
+// ErrNoSource is a fetch that ran out of sources before it had every
+// chunk.
+var ErrNoSource = errors.New("weights: no source could give the whole bundle")
+
+// Source is a peer that serves bundles, at a UDP address.
+type Source struct {
+	Peer  mesh.PeerID `json:"peer"`
+	Addrs []string    `json:"addrs"` // host:port, tried in order
+}
+
+// FetcherConfig configures a Fetcher.
+type FetcherConfig struct {
+	Key    ed25519.PrivateKey // the fetching peer's identity key
+	Logger *slog.Logger
+	// StallTimeout is how long a source may send nothing before the
+	// fetch leaves it (default 10s).
+	StallTimeout time.Duration
+	// Streams is how many requests run at once on each source (default 4).
+	Streams int
+	// PerRequest is how many chunks one request asks for (default 4).
+	PerRequest int
+	// MaxStrikes is how many bad chunks a source may send before the fetch
+	// leaves it (default 2).
+	MaxStrikes int
+}
+
+// Fetcher pulls bundles from the peers that hold them, over QUIC, chunk by
+// chunk from several sources at once, verifying each chunk.
+type Fetcher struct {
+	cfg FetcherConfig
+	id  *identity
+	log *slog.Logger
+
+	mu    sync.Mutex
+	conns map[mesh.PeerID]*quic.Conn
+}
+
+// NewFetcher returns a Fetcher.
+func NewFetcher(cfg FetcherConfig) (*Fetcher, error) {
+	id, err := newIdentity(cfg.Key)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = 10 * time.Second
+	}
+	if cfg.Streams <= 0 {
+		cfg.Streams = 4
+	}
+	if cfg.PerRequest <= 0 || cfg.PerRequest > maxChunksPerRequest {
+		cfg.PerRequest = 4
+	}
+	if cfg.MaxStrikes <= 0 {
+		cfg.MaxStrikes = 2
+	}
+	return &Fetcher{cfg: cfg, id: id, log: cfg.Logger.With("component", "weights"), conns: map[mesh.PeerID]*quic.Conn{}}, nil
+}
+
+// Close ends the fetcher's connections.
+func (f *Fetcher) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for p, c := range f.conns {
+		c.CloseWithError(0, "closing")
+		delete(f.conns, p)
+	}
+	return nil
+}
+
+// conn returns a connection to src, dialing it if there is none: the
+// handshake proves that src.Peer is at the other end.
+func (f *Fetcher) conn(ctx context.Context, src Source) (*quic.Conn, error) {
+	f.mu.Lock()
+	c := f.conns[src.Peer]
+	f.mu.Unlock()
+	if c != nil && c.Context().Err() == nil {
+		return c, nil
+	}
+	c = nil
+	var errs []error
+	for _, a := range src.Addrs {
+		tc, err := f.id.config(src.Peer) // single use: its check closes a channel
+		if err != nil {
+			return nil, err
+		}
+		dctx, cancel := context.WithTimeout(ctx, f.cfg.StallTimeout)
+		c, err = quic.DialAddr(dctx, a, tc, quicConfig())
+		cancel()
+		if err == nil {
+			break
+		}
+		errs = append(errs, err)
+	}
+	if c == nil {
+		return nil, fmt.Errorf("weights: dial %s at %v: %w", src.Peer, src.Addrs, errors.Join(errs...))
+	}
+	f.mu.Lock()
+	if old := f.conns[src.Peer]; old != nil && old.Context().Err() == nil {
+		f.mu.Unlock()
+		c.CloseWithError(0, "duplicate")
+		return old, nil
+	}
+	f.conns[src.Peer] = c
+	f.mu.Unlock()
+	return c, nil
+}
+
+// forget drops a source's connection after an error on it.
+func (f *Fetcher) forget(p mesh.PeerID, c *quic.Conn) {
+	f.mu.Lock()
+	if f.conns[p] == c {
+		delete(f.conns, p)
+	}
+	f.mu.Unlock()
+	c.CloseWithError(0, "leaving")
+}
+
+func (f *Fetcher) open(ctx context.Context, src Source, q request) (*quic.Stream, *bufio.Reader, error) {
+	c, err := f.conn(ctx, src)
+	if err != nil {
+		return nil, nil, err
+	}
+	octx, cancel := context.WithTimeout(ctx, f.cfg.StallTimeout)
+	st, err := c.OpenStreamSync(octx)
+	cancel()
+	if err != nil {
+		f.forget(src.Peer, c)
+		return nil, nil, fmt.Errorf("weights: stream to %s: %w", src.Peer, err)
+	}
+	st.SetWriteDeadline(time.Now().Add(f.cfg.StallTimeout))
+	if _, err := st.Write(q.marshal()); err != nil {
+		st.CancelRead(0)
+		return nil, nil, fmt.Errorf("weights: request to %s: %w", src.Peer, err)
+	}
+	st.Close() // our side is done
+	st.SetReadDeadline(time.Now().Add(f.cfg.StallTimeout))
+	r := bufio.NewReaderSize(st, 64<<10)
+	if err := readStatus(r); err != nil {
+		st.CancelRead(0)
+		return nil, nil, err
+	}
+	return st, r, nil
+}
+
+// Manifest asks src for the manifest of a bundle (zero: of the newest
+// version it holds). The caller verifies it.
+func (f *Fetcher) Manifest(ctx context.Context, src Source, bundle [sha256.Size]byte) (*Manifest, error) {
+	st, r, err := f.open(ctx, src, request{Op: opManifest, Bundle: bundle})
+	if err != nil {
+		return nil, err
+	}
+	defer st.CancelRead(0)
+	b, err := readBlob(r, maxManifest)
+	if err != nil {
+		return nil, err
+	}
+	m, err := ParseManifest(b)
+	if err != nil {
+		return nil, err
+	}
+	if bundle != ([sha256.Size]byte{}) && m.Bundle != bundle {
+		return nil, fmt.Errorf("%w: asked for %x, got %s", ErrManifest, bundle[:6], m.BundleID()[:12])
+	}
+	return m, nil
+}
+
+// Progress is how far a fetch is.
+type Progress struct {
+	Bytes, Total int64 // verified bytes on disk, bundle size
+	Resumed      int64 // bytes found on disk from an earlier fetch
+	Sources      int   // sources still in use
+	// Left are the sources the fetch left, and why.
+	Left map[mesh.PeerID]string
+}
+
+// Fetch fetches the bundle m describes from sources into path. Chunks go
+// to path+".part" as they are verified, so a fetch that stops (a crash, a
+// cancelled context) resumes where it stopped: the next Fetch keeps every
+// chunk of the partial file whose hash checks out. A source that sends a
+// bad chunk is asked for it no more, and left after MaxStrikes bad chunks;
+// a source silent for StallTimeout is left; its chunks go to the others.
+// Once every chunk is in, the whole bundle's hash is checked and the file
+// is synced and renamed to path. progress, if not nil, is called after
+// every chunk.
+func (f *Fetcher) Fetch(ctx context.Context, m *Manifest, sources []Source, path string, progress func(Progress)) error {
+	if _, err := os.Stat(path); err == nil {
+		return checkFile(path, m)
+	}
+	part := path + ".part"
+	file, err := os.OpenFile(part, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("weights: %w", err)
+	}
+	defer file.Close()
+	st, err := file.Stat()
+	if err != nil {
+		return fmt.Errorf("weights: %w", err)
+	}
+	if st.Size() != int64(m.Size) {
+		if err := file.Truncate(0); err != nil {
+			return fmt.Errorf("weights: %w", err)
+		}
+		if err := file.Truncate(int64(m.Size)); err != nil {
+			return fmt.Errorf("weights: %w", err)
+		}
+	}
+	fs := &fetchState{m: m, file: file, f: f, progress: progress,
+		bad: map[int]map[mesh.PeerID]bool{}, live: map[mesh.PeerID]bool{}, left: map[mesh.PeerID]string{},
+		changed: make(chan struct{})}
+	fs.p.Total = int64(m.Size)
+	buf := make([]byte, m.ChunkSize)
+	for i := range m.Chunks {
+		off, n := m.Chunk(i)
+		if st.Size() == int64(m.Size) {
+			if _, err := file.ReadAt(buf[:n], off); err == nil && sha256.Sum256(buf[:n]) == m.Chunks[i] {
+				fs.p.Bytes += int64(n)
+				continue
+			}
+		}
+		fs.pending = append(fs.pending, i)
+	}
+	fs.p.Resumed = fs.p.Bytes
+	if fs.p.Resumed > 0 {
+		f.log.Info("resuming a fetch", "version", m.Name(), "have", fs.p.Resumed, "of", m.Size)
+	}
+	if len(fs.pending) > 0 {
+		var seen []mesh.PeerID
+		for _, s := range sources {
+			if s.Peer == "" || s.Peer == f.id.id || slices.Contains(seen, s.Peer) {
+				continue
+			}
+			seen = append(seen, s.Peer)
+			fs.live[s.Peer] = true
+		}
+		fs.p.Sources = len(fs.live)
+		if len(fs.live) == 0 {
+			return fmt.Errorf("%w: no sources given", ErrNoSource)
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for _, s := range sources {
+			if !fs.live[s.Peer] {
+				continue
+			}
+			for range f.cfg.Streams {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					fs.work(ctx, s)
+				}()
+			}
+		}
+		wg.Wait()
+		cancel()
+		if fs.err == nil && len(fs.pending) > 0 {
+			fs.err = ctx.Err()
+		}
+		if fs.err != nil {
+			return fs.err
+		}
+	}
+	if err := file.Sync(); err != nil {
+		return fmt.Errorf("weights: %w", err)
+	}
+	if err := checkReader(io.NewSectionReader(file, 0, int64(m.Size)), m); err != nil {
+		os.Remove(part) // every chunk checked out, so the manifest is wrong
+		return err
+	}
+	if err := file.Close(); err != nil {
+		return fmt.Errorf("weights: %w", err)
+	}
+	if err := os.Rename(part, path); err != nil {
+		return fmt.Errorf("weights: %w", err)
+	}
+	atomicfile.SyncDir(filepath.Dir(path))
+	return nil
+}
+
+// checkFile checks a whole bundle file against m.
+func checkFile(path string, m *Manifest) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("weights: %w", err)
+	}
+	defer f.Close()
+	return checkReader(f, m)
+}
+
+func checkReader(r io.Reader, m *Manifest) error {
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	if err != nil {
+		return fmt.Errorf("weights: %w", err)
+	}
+	if n != int64(m.Size) || [sha256.Size]byte(h.Sum(nil)) != m.Bundle {
+		return fmt.Errorf("weights: the bundle of %s does not match its manifest", m.Name())
+	}
+	return nil
+}
+
+// fetchState is one fetch's shared state: the chunks still to get, the
+// sources still in use.
+type fetchState struct {
+	m        *Manifest
+	file     *os.File
+	f        *Fetcher
+	progress func(Progress)
+
+	mu       sync.Mutex
+	pending  []int // chunks nobody is fetching, in order
+	inflight int
+	bad      map[int]map[mesh.PeerID]bool // chunk → sources that sent it wrong
+	strikes  map[mesh.PeerID]int
+	live     map[mesh.PeerID]bool
+	left     map[mesh.PeerID]string
+	p        Progress
+	err      error
+	changed  chan struct{} // closed and replaced on every change
+}
+
+// notifyLocked wakes the workers waiting for a change.
+func (fs *fetchState) notifyLocked() {
+	close(fs.changed)
+	fs.changed = make(chan struct{})
+	if fs.err == nil && len(fs.pending) > 0 && fs.inflight == 0 && !fs.anyEligibleLocked() {
+		fs.err = fmt.Errorf("%w (%d of %d chunks missing; sources left: %s)", ErrNoSource, len(fs.pending), len(fs.m.Chunks), fs.leftLocked())
+	}
+}
+
+func (fs *fetchState) anyEligibleLocked() bool {
+	for p := range fs.live {
+		for _, i := range fs.pending {
+			if !fs.bad[i][p] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (fs *fetchState) leftLocked() string {
+	if len(fs.left) == 0 {
+		return "none"
+	}
+	var s string
+	for p, why := range fs.left {
+		if s != "" {
+			s += "; "
+		}
+		s += string(p) + ": " + why
+	}
+	return s
+}
+
+// take hands a source up to PerRequest consecutive pending chunks it has
+// not sent wrong; it waits while there are none but other requests are in
+// flight. It returns nil when the source should stop.
+func (fs *fetchState) take(ctx context.Context, p mesh.PeerID) []int {
+	for {
+		fs.mu.Lock()
+		if fs.err != nil || !fs.live[p] || (len(fs.pending) == 0 && fs.inflight == 0) {
+			fs.mu.Unlock()
+			return nil
+		}
+		var got []int
+		for k := 0; k < len(fs.pending) && len(got) < fs.f.cfg.PerRequest; k++ {
+			i := fs.pending[k]
+			if fs.bad[i][p] || (len(got) > 0 && i != got[len(got)-1]+1) {
+				if len(got) > 0 {
+					break
+				}
+				continue
+			}
+			got = append(got, i)
+		}
+		if len(got) > 0 {
+			fs.pending = slices.DeleteFunc(fs.pending, func(i int) bool { return i >= got[0] && i <= got[len(got)-1] })
+			fs.inflight += len(got)
+			fs.mu.Unlock()
+			return got
+		}
+		wait := fs.changed
+		fs.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wait:
+		}
+	}
+}
+
+// settle returns the chunks of a request that were not written to the
+// queue, and records a bad chunk or the source's departure.
+func (fs *fetchState) settle(p mesh.PeerID, rest []int, badChunk int, leave error) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.inflight -= len(rest)
+	if len(rest) > 0 {
+		fs.pending = append(fs.pending, rest...)
+		slices.Sort(fs.pending)
+	}
+	if badChunk >= 0 {
+		if fs.bad[badChunk] == nil {
+			fs.bad[badChunk] = map[mesh.PeerID]bool{}
+		}
+		fs.bad[badChunk][p] = true
+		if fs.strikes == nil {
+			fs.strikes = map[mesh.PeerID]int{}
+		}
+		fs.strikes[p]++
+		if fs.strikes[p] >= fs.f.cfg.MaxStrikes && leave == nil {
+			leave = fmt.Errorf("%d bad chunks", fs.strikes[p])
+		}
+	}
+	if leave != nil && fs.live[p] {
+		delete(fs.live, p)
+		fs.left[p] = leave.Error()
+		fs.p.Sources = len(fs.live)
+		fs.f.log.Warn("leaving a weights source", "peer", p, "version", fs.m.Name(), "why", leave)
+	}
+	fs.notifyLocked()
+}
+
+// work fetches chunks from one source until none are left for it.
+func (fs *fetchState) work(ctx context.Context, src Source) {
+	buf := make([]byte, fs.m.ChunkSize)
+	for {
+		got := fs.take(ctx, src.Peer)
+		if got == nil {
+			return
+		}
+		done, bad, err := fs.request(ctx, src, got, buf)
+		if ctx.Err() != nil {
+			err = nil // not the source's fault
+		}
+		fs.settle(src.Peer, got[done:], bad, err)
+	}
+}
+
+// request fetches got from src. It returns how many chunks (a prefix of
+// got) it wrote, the index of a chunk that failed its hash (or -1), and
+// an error that should make the fetch leave the source.
+func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []byte) (done, bad int, err error) {
+	st, r, err := fs.f.open(ctx, src, request{Op: opChunks, Bundle: fs.m.Bundle, First: uint32(got[0]), Count: uint32(len(got))})
+	if err != nil {
+		return 0, -1, err
+	}
+	defer st.CancelRead(0)
+	stop := context.AfterFunc(ctx, func() { st.CancelRead(0) })
+	defer stop()
+	for k, i := range got {
+		st.SetReadDeadline(time.Now().Add(fs.f.cfg.StallTimeout))
+		if err := readChunkHeader(r, fs.m, i); err != nil {
+			return k, -1, err
+		}
+		off, n := fs.m.Chunk(i)
+		if _, err := io.ReadFull(r, buf[:n]); err != nil {
+			return k, -1, fmt.Errorf("weights: chunk %d: %w", i, err)
+		}
+		if sha256.Sum256(buf[:n]) != fs.m.Chunks[i] {
+			return k, i, nil
+		}
+		if _, err := fs.file.WriteAt(buf[:n], off); err != nil {
+			fs.mu.Lock()
+			if fs.err == nil {
+				fs.err = fmt.Errorf("weights: writing %s: %w", fs.file.Name(), err)
+			}
+			fs.mu.Unlock()
+			return k, -1, nil
+		}
+		fs.mu.Lock()
+		fs.inflight--
+		fs.p.Bytes += int64(n)
+		p := fs.p
+		p.Left = maps(fs.left)
+		fs.mu.Unlock()
+		if fs.progress != nil {
+			fs.progress(p)
+		}
+	}
+	return len(got), -1, nil
+}
+
+func maps(m map[mesh.PeerID]string) map[mesh.PeerID]string {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[mesh.PeerID]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

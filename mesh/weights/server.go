@@ -1,0 +1,220 @@
+package weights
+
+import (
+	"bufio"
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/clawmesh/clawmesh/mesh"
+)
+
+// Holdings is what a server serves: the bundles a peer holds.
+type Holdings interface {
+	// Open returns the manifest and bytes of the bundle with that SHA-256;
+	// a zero id asks for the newest version held.
+	Open(bundle [sha256.Size]byte) (*Manifest, io.ReaderAt, bool)
+}
+
+// Gate says which peers may fetch: those admitted to the mesh.
+type Gate interface {
+	Admitted(mesh.PeerID) bool
+}
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	Key      ed25519.PrivateKey // the peer's identity key
+	Gate     Gate
+	Holdings Holdings
+	Logger   *slog.Logger
+	// WriteTimeout bounds each write to a fetcher that stopped reading
+	// (default 30s).
+	WriteTimeout time.Duration
+}
+
+// Server serves the bundles a peer holds over QUIC to the mesh's admitted
+// peers.
+type Server struct {
+	cfg ServerConfig
+	id  *identity
+	ln  *quic.Listener
+	log *slog.Logger
+
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[*quic.Conn]struct{}
+	closed bool
+}
+
+// Listen starts a server on a UDP address ("127.0.0.1:0").
+func Listen(addr string, cfg ServerConfig) (*Server, error) {
+	if cfg.Gate == nil || cfg.Holdings == nil {
+		return nil, errors.New("weights: a server needs a Gate and Holdings")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
+	id, err := newIdentity(cfg.Key)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := id.config("")
+	if err != nil {
+		return nil, err
+	}
+	// Each connection gets its own config: libp2p's check is single-use.
+	tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return id.config("") }
+	ln, err := quic.ListenAddr(addr, tc, quicConfig())
+	if err != nil {
+		return nil, fmt.Errorf("weights: listen %s: %w", addr, err)
+	}
+	s := &Server{cfg: cfg, id: id, ln: ln, log: cfg.Logger.With("component", "weights"), conns: map[*quic.Conn]struct{}{}}
+	s.wg.Add(1)
+	go s.accept()
+	return s, nil
+}
+
+// Addr is the UDP address the server listens on.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// ID is the server's peer id.
+func (s *Server) ID() mesh.PeerID { return s.id.id }
+
+// Close stops the server and ends its connections.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.conns {
+		c.CloseWithError(0, "closing")
+	}
+	s.mu.Unlock()
+	err := s.ln.Close()
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept(context.Background())
+		if err != nil {
+			return
+		}
+		p, err := remotePeer(c)
+		if err != nil || !s.cfg.Gate.Admitted(p) {
+			s.log.Debug("refused a weights connection", "peer", p, "err", err)
+			c.CloseWithError(1, "not admitted")
+			continue
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.CloseWithError(0, "closing")
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.serveConn(c, p)
+	}
+}
+
+func (s *Server) serveConn(c *quic.Conn, p mesh.PeerID) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+	var streams sync.WaitGroup
+	defer streams.Wait()
+	for {
+		st, err := c.AcceptStream(context.Background())
+		if err != nil {
+			return
+		}
+		if !s.cfg.Gate.Admitted(p) { // revoked since it connected
+			c.CloseWithError(1, "not admitted")
+			return
+		}
+		streams.Add(1)
+		go func() {
+			defer streams.Done()
+			s.serveStream(st, p)
+		}()
+	}
+}
+
+func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
+	defer st.Close()
+	st.SetReadDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	q, err := readRequest(st)
+	if err != nil {
+		s.refuse(st, statusBad, err.Error())
+		return
+	}
+	st.SetReadDeadline(time.Time{})
+	m, r, ok := s.cfg.Holdings.Open(q.Bundle)
+	if !ok {
+		s.refuse(st, statusNotFound, "no such bundle here")
+		return
+	}
+	w := bufio.NewWriterSize(st, 64<<10)
+	switch q.Op {
+	case opManifest:
+		b := appendStatus(nil, statusOK, "")
+		s.write(st, w, appendBytes(b, m.Marshal()))
+	case opChunks:
+		if uint64(q.First)+uint64(q.Count) > uint64(len(m.Chunks)) {
+			s.refuse(st, statusBad, fmt.Sprintf("chunks %d..%d of %d", q.First, q.First+q.Count, len(m.Chunks)))
+			return
+		}
+		if !s.write(st, w, []byte{statusOK}) {
+			return
+		}
+		buf := make([]byte, m.ChunkSize)
+		for i := int(q.First); i < int(q.First+q.Count); i++ {
+			off, n := m.Chunk(i)
+			if _, err := r.ReadAt(buf[:n], off); err != nil {
+				s.log.Warn("reading a held bundle", "bundle", m.BundleID()[:12], "chunk", i, "err", err)
+				st.CancelWrite(statusError)
+				return
+			}
+			if !s.write(st, w, appendChunkHeader(nil, i, n)) || !s.write(st, w, buf[:n]) {
+				return
+			}
+		}
+	}
+	st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	if err := w.Flush(); err != nil {
+		st.CancelWrite(statusError)
+	}
+	s.log.Debug("served", "peer", p, "op", q.Op, "first", q.First, "count", q.Count)
+}
+
+func (s *Server) write(st *quic.Stream, w *bufio.Writer, b []byte) bool {
+	st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	if _, err := w.Write(b); err != nil {
+		st.CancelWrite(statusError)
+		return false
+	}
+	return true
+}
+
+func (s *Server) refuse(st *quic.Stream, status byte, msg string) {
+	st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	st.Write(appendStatus(nil, status, msg))
+}

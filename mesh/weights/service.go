@@ -1,0 +1,374 @@
+package weights
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/mesh"
+)
+
+// An offer is the one gossip message of the weights topic: a signed
+// manifest and a peer that holds its bundle and serves it at addrs. Every
+// holder offers what it holds, so fetchers spread over them.
+type offer struct {
+	Manifest *Manifest
+	Source   Source
+	Nonce    uint64 // makes a repeated offer a new gossip message
+}
+
+const (
+	offerMagic = "CMWO1"
+	maxAddrs   = 8
+)
+
+func (o *offer) marshal() []byte {
+	b := []byte(offerMagic)
+	b = appendBytes(b, o.Manifest.Marshal())
+	b = appendString(b, string(o.Source.Peer))
+	b = binary.AppendUvarint(b, uint64(len(o.Source.Addrs)))
+	for _, a := range o.Source.Addrs {
+		b = appendString(b, a)
+	}
+	return binary.AppendUvarint(b, o.Nonce)
+}
+
+// parseOffer decodes an offer (not checking the manifest's signature).
+func parseOffer(b []byte) (*offer, error) {
+	d := decoder{b: b}
+	if string(d.take(len(offerMagic))) != offerMagic {
+		return nil, fmt.Errorf("%w: not an offer", ErrManifest)
+	}
+	mb := d.bytes(maxManifest)
+	o := &offer{}
+	o.Source.Peer = mesh.PeerID(d.string(128))
+	n := d.uvarint()
+	if n > maxAddrs {
+		d.fail("%d addresses", n)
+	}
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		o.Source.Addrs = append(o.Source.Addrs, d.string(256))
+	}
+	o.Nonce = d.uvarint()
+	if d.err == nil && len(d.b) != 0 {
+		d.fail("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	m, err := ParseManifest(mb)
+	if err != nil {
+		return nil, err
+	}
+	o.Manifest = m
+	return o, nil
+}
+
+func topicWeights(meshID string) string { return "clawmesh/" + meshID + "/weights/1" }
+
+// Config configures a Service.
+type Config struct {
+	// Dir is where bundles are kept (a Dir), with the last accepted
+	// manifest (for fencing) beside them.
+	Dir  string
+	Key  ed25519.PrivateKey // the peer's identity key
+	Mesh *mesh.Mesh
+	Host mesh.Host
+	// Listen is the UDP address the QUIC server listens on (default
+	// "127.0.0.1:0"; ":0" for every interface).
+	Listen string
+	// Advertise are the host:port addresses others dial (default: the
+	// listening address, or, when it is unspecified, the port on each IP
+	// address the mesh host advertises).
+	Advertise []string
+	// AnnounceEvery is how often the newest bundle held is offered again,
+	// for peers that joined since (default 15s).
+	AnnounceEvery time.Duration
+	// OnManifest is called (from the service's loop; it must not block
+	// for long) for each manifest that is verified and newer than or the
+	// same as the last accepted one.
+	OnManifest func(*Manifest)
+	Fetcher    FetcherConfig
+	Logger     *slog.Logger
+}
+
+// Service is one peer's part in spreading adapter versions: it serves
+// what it holds over QUIC, offers it on gossip, learns of new versions
+// from others' offers (verifying and fencing their manifests) and fetches
+// them from every peer that offers them.
+type Service struct {
+	cfg     Config
+	dir     *Dir
+	srv     *Server
+	fetcher *Fetcher
+	topic   mesh.Topic
+	log     *slog.Logger
+	addrs   []string
+
+	mu      sync.Mutex
+	last    *Manifest                           // the newest accepted
+	sources map[[32]byte]map[mesh.PeerID]Source // by bundle
+	kick    chan struct{}
+}
+
+// fenceFile keeps the last accepted manifest.
+const fenceFile = "accepted.manifest"
+
+// New opens the bundle directory and starts the QUIC server.
+func New(cfg Config) (*Service, error) {
+	if cfg.Mesh == nil || cfg.Host == nil {
+		return nil, errors.New("weights: a service needs the mesh and its host")
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.AnnounceEvery <= 0 {
+		cfg.AnnounceEvery = 15 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	d, err := OpenDir(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, dir: d, log: cfg.Logger.With("component", "weights"),
+		sources: map[[32]byte]map[mesh.PeerID]Source{}, kick: make(chan struct{}, 1)}
+	if b, err := os.ReadFile(filepath.Join(cfg.Dir, fenceFile)); err == nil {
+		if m, err := ParseManifest(b); err == nil {
+			s.last = m
+		}
+	}
+	fc := cfg.Fetcher
+	fc.Key, fc.Logger = cfg.Key, cfg.Logger
+	if s.fetcher, err = NewFetcher(fc); err != nil {
+		return nil, err
+	}
+	s.srv, err = Listen(cfg.Listen, ServerConfig{Key: cfg.Key, Gate: cfg.Mesh, Holdings: d, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	s.addrs = cfg.Advertise
+	if len(s.addrs) == 0 {
+		s.addrs = advertise(s.srv.Addr().(*net.UDPAddr), cfg.Host.Addrs())
+	}
+	return s, nil
+}
+
+// advertise returns the addresses to offer for a server listening at la:
+// la itself, or, when it listens on every interface, its port on each IP
+// address of the host's multiaddrs.
+func advertise(la *net.UDPAddr, hostAddrs []string) []string {
+	if !la.IP.IsUnspecified() {
+		return []string{la.String()}
+	}
+	port := strconv.Itoa(la.Port)
+	var out []string
+	for _, a := range hostAddrs {
+		ip := multiaddrIP(a)
+		if ip == "" || slices.Contains(out, net.JoinHostPort(ip, port)) {
+			continue
+		}
+		out = append(out, net.JoinHostPort(ip, port))
+	}
+	if len(out) == 0 {
+		out = []string{net.JoinHostPort("127.0.0.1", port)}
+	}
+	return firstN(out, maxAddrs)
+}
+
+// multiaddrIP returns the IP address of a /ip4/ or /ip6/ multiaddr.
+func multiaddrIP(a string) string {
+	parts := strings.Split(strings.TrimPrefix(a, "/"), "/")
+	if len(parts) < 2 || (parts[0] != "ip4" && parts[0] != "ip6") || net.ParseIP(parts[1]) == nil {
+		return ""
+	}
+	return parts[1]
+}
+
+func firstN[T any](s []T, n int) []T {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// Dir is the bundles held.
+func (s *Service) Dir() *Dir { return s.dir }
+
+// Self is this peer as a source.
+func (s *Service) Self() Source { return Source{Peer: s.cfg.Host.ID(), Addrs: s.addrs} }
+
+// Latest is the newest manifest accepted (nil: none yet).
+func (s *Service) Latest() *Manifest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
+}
+
+// Run joins the weights topic and handles offers until ctx is done.
+func (s *Service) Run(ctx context.Context) error {
+	t, err := s.cfg.Host.Join(topicWeights(s.cfg.Mesh.MeshID()))
+	if err != nil {
+		return fmt.Errorf("weights: joining the topic: %w", err)
+	}
+	s.mu.Lock()
+	s.topic = t
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.announceLoop(ctx)
+	}()
+	for {
+		msg, err := t.Next(ctx)
+		if err != nil {
+			break
+		}
+		o, err := parseOffer(msg.Data)
+		if err != nil {
+			s.log.Debug("a bad weights offer", "from", msg.From, "err", err)
+			continue
+		}
+		if err := s.Accept(o.Manifest, o.Source); err != nil {
+			s.log.Debug("an offer refused", "from", msg.From, "version", o.Manifest.Name(), "err", err)
+		}
+	}
+	wg.Wait()
+	t.Close()
+	return ctx.Err()
+}
+
+func (s *Service) announceLoop(ctx context.Context) {
+	tk := time.NewTicker(s.cfg.AnnounceEvery)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		case <-s.kick:
+		}
+		if held := s.dir.Held(); len(held) > 0 {
+			s.offer(ctx, held[0])
+		}
+	}
+}
+
+// offer gossips that this peer holds m.
+func (s *Service) offer(ctx context.Context, m *Manifest) {
+	s.mu.Lock()
+	t := s.topic
+	s.mu.Unlock()
+	if t == nil {
+		return
+	}
+	o := &offer{Manifest: m, Source: s.Self(), Nonce: uint64(time.Now().UnixNano())}
+	if err := t.Publish(ctx, o.marshal()); err != nil && ctx.Err() == nil {
+		s.log.Debug("offering a version", "version", m.Name(), "err", err)
+	}
+}
+
+// Accept checks a manifest (signature chain, then fencing), notes source
+// (if any) as holding its bundle, and, when it is new, keeps it as the
+// last accepted and calls OnManifest.
+func (s *Service) Accept(m *Manifest, source Source) error {
+	admin, revoked, now := s.cfg.Mesh.Trust()
+	if m.MeshID != s.cfg.Mesh.MeshID() {
+		return fmt.Errorf("%w: for mesh %s", ErrSignature, m.MeshID)
+	}
+	if _, err := m.Verify(admin, now, revoked); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if err := m.Fence(s.last); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	if source.Peer != "" && source.Peer != s.cfg.Host.ID() && len(source.Addrs) > 0 {
+		if s.sources[m.Bundle] == nil {
+			s.sources[m.Bundle] = map[mesh.PeerID]Source{}
+		}
+		s.sources[m.Bundle][source.Peer] = source
+	}
+	isNew := s.last == nil || m.Version > s.last.Version
+	if isNew {
+		s.last = m
+	}
+	s.mu.Unlock()
+	if isNew {
+		if err := atomicfile.Write(filepath.Join(s.cfg.Dir, fenceFile), m.Marshal(), 0o600); err != nil {
+			s.log.Warn("keeping the last accepted manifest", "err", err)
+		}
+		s.log.Info("version announced", "version", m.Name(), "bundle", m.BundleID()[:12], "bytes", m.Size, "term", m.Term, "index", m.Index)
+		if s.cfg.OnManifest != nil {
+			s.cfg.OnManifest(m)
+		}
+	}
+	return nil
+}
+
+// Publish keeps bundle b under the signed manifest m (this peer made it or
+// already had its bytes), accepts m, and offers it.
+func (s *Service) Publish(ctx context.Context, m *Manifest, b []byte) error {
+	if err := s.dir.Add(m, b); err != nil {
+		return err
+	}
+	if err := s.Accept(m, Source{}); err != nil && !errors.Is(err, ErrStale) {
+		return err
+	}
+	s.offer(ctx, m)
+	return nil
+}
+
+// Sources are the peers known to hold bundle id's bytes, other than this
+// one.
+func (s *Service) Sources(m *Manifest) []Source {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Source
+	for _, src := range s.sources[m.Bundle] {
+		out = append(out, src)
+	}
+	slices.SortFunc(out, func(a, b Source) int {
+		if a.Peer < b.Peer {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
+
+// Fetch fetches m's bundle from the peers that offered it (unless it is
+// held already), keeps it, and offers it in turn.
+func (s *Service) Fetch(ctx context.Context, m *Manifest, progress func(Progress)) error {
+	if _, err := os.Stat(s.dir.manifestPath(m.BundleID())); err == nil {
+		return nil
+	}
+	if err := s.dir.Fetch(ctx, s.fetcher, m, s.Sources(m), progress); err != nil {
+		return err
+	}
+	s.offer(ctx, m)
+	return nil
+}
+
+// Close stops the QUIC server and the fetcher's connections.
+func (s *Service) Close() error {
+	s.fetcher.Close()
+	err := s.srv.Close()
+	s.dir.Close()
+	return err
+}
