@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,7 @@ func writeAdapter(t testing.TB, r int, modules []string, seed float32) string {
 			adapter.Tensor{Name: pre + ".lora_A.weight", Shape: []int{r, 8}, Data: a},
 			adapter.Tensor{Name: pre + ".lora_B.weight", Shape: []int{8, r}, Data: make([]float32, 8*r)})
 	}
+	slices.SortFunc(b.Tensors, func(x, y adapter.Tensor) int { return strings.Compare(x.Name, y.Name) })
 	dir := filepath.Join(t.TempDir(), "adapter")
 	if err := b.Write(dir); err != nil {
 		t.Fatal(err)
