@@ -77,6 +77,8 @@ func (d *ollamaDriver) Load(ctx context.Context, version, dir string) (Target, e
 		}
 	case strings.Contains(msg, "no longer supported"):
 		return Target{}, fmt.Errorf("%w: this Ollama release does not load LoRA adapters (%s): %s", ErrUnsupported, msg, ollamaAlternatives)
+	case strings.Contains(msg, "not found") && strings.Contains(msg, base):
+		return Target{}, fmt.Errorf("%w: Ollama has no base model %s (%s): pull it (`ollama pull %s`) or name the model it serves", ErrConfig, base, msg, base)
 	case strings.Contains(msg, "unsupported architecture"):
 		return Target{}, fmt.Errorf("%w: Ollama cannot convert adapters for base model %s (%s): %s", ErrUnsupported, base, msg, ollamaAlternatives)
 	default:
