@@ -89,7 +89,11 @@ func (d *clawmeshDriver) Warm(ctx context.Context, t Target) error {
 	if err != nil {
 		return err
 	}
-	if got := r.header.Get(AdapterHeader); got != t.Version {
+	switch got := r.header.Get(AdapterHeader); got {
+	case t.Version:
+	case "":
+		return fmt.Errorf("%w: version %s: the reply names no version in %s: is the upstream `clawmesh serve`?", ErrWarm, t.Version, AdapterHeader)
+	default:
 		return fmt.Errorf("%w: version %s: answered by version %q", ErrWarm, t.Version, got)
 	}
 	d.log.Debug("warm", "target", t)

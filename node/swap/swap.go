@@ -14,7 +14,8 @@
 //
 // The package keeps no state beyond what a driver has learnt of its server
 // (the base model's name) and does no I/O but HTTP to Config.Upstream and
-// reading the adapter directories it is handed. Composing drivers into a
+// reading the adapter directories it is handed. Drivers are safe for
+// concurrent use. Composing drivers into a
 // swap (load, warm, flip the gateway's route, unload the old version) is the
 // node's.
 package swap
@@ -33,12 +34,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 )
 
-// Sentinel errors. Every error a Driver returns wraps one of them.
+// Sentinel errors. Every error a Driver returns wraps one of them, or is
+// the context's error.
 var (
 	// ErrConfig: the Config, or a version name, is not usable.
 	ErrConfig = errors.New("swap: bad config")
@@ -169,13 +172,15 @@ func New(kind string, cfg Config) (Driver, error) {
 	k := strings.ToLower(strings.TrimSpace(kind))
 	switch k {
 	case "", "openai", "none":
-		name := k
-		if name == "" {
-			name = "openai"
+		if k == "" {
+			k = "openai"
 		}
-		return nil, fmt.Errorf("%w: the node cannot hot-swap adapters into an upstream of kind %q, so it keeps serving the base model (use --upstream-kind clawmesh, vllm, sglang or ollama for a server that loads adapters)", ErrUnsupported, name)
+		return nil, fmt.Errorf("%w: the node cannot hot-swap adapters into an upstream of kind %q, so it keeps serving the base model (use --upstream-kind clawmesh, vllm, sglang or ollama for a server that loads adapters)", ErrUnsupported, k)
 	case "llama.cpp":
 		k = "llamacpp"
+	}
+	if !slices.Contains(Kinds, k) {
+		return nil, fmt.Errorf("%w: unknown upstream kind %q (want %s, or openai or none, which cannot load adapters)", ErrConfig, kind, strings.Join(Kinds, ", "))
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -190,10 +195,9 @@ func New(kind string, cfg Config) (Driver, error) {
 		return &sglangDriver{c}, nil
 	case "ollama":
 		return &ollamaDriver{c}, nil
-	case "llamacpp":
+	default:
 		return &llamacppDriver{c}, nil
 	}
-	return nil, fmt.Errorf("%w: unknown upstream kind %q (want %s, or openai or none, which cannot load adapters)", ErrConfig, kind, strings.Join(Kinds, ", "))
 }
 
 // nameRE is what a version name, and a Prefix, may look like: every server
@@ -344,6 +348,9 @@ func (c *client) do(ctx context.Context, method, url string, body any, size int6
 	case nil:
 	case io.Reader:
 		r, ctype = b, "application/octet-stream"
+		if size == 0 {
+			r = http.NoBody
+		}
 	default:
 		j, err := json.Marshal(b)
 		if err != nil {

@@ -29,6 +29,7 @@ func TestNew(t *testing.T) {
 		{"", up, ErrUnsupported, `kind "openai", so it keeps serving the base model`},
 		{"none", up, ErrUnsupported, `kind "none", so it keeps serving the base model`},
 		{"tgi", up, ErrConfig, `unknown upstream kind "tgi"`},
+		{"tgi", Config{}, ErrConfig, `unknown upstream kind "tgi"`},
 		{"vllm", Config{}, ErrConfig, "no upstream"},
 		{"vllm", Config{Upstream: "127.0.0.1:8000"}, ErrConfig, "not an http(s) URL"},
 		{"vllm", Config{Upstream: "ftp://127.0.0.1/v1"}, ErrConfig, "not an http(s) URL"},
@@ -283,5 +284,23 @@ func TestOllamaBlobs(t *testing.T) {
 	}
 	if err := d.Warm(ctx, v2); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A clawmesh driver pointed at another server says so.
+func TestClawmeshKindMismatch(t *testing.T) {
+	ctx := ctxT(t)
+	d, err := New("clawmesh", Config{Upstream: serveFake(t, newFakeVLLM()) + "/v1", BaseModel: "Qwen/Qwen3-0.6B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Load(ctx, "v1", writeAdapter(t, 8, []string{"q_proj"}, 1)); !errors.Is(err, ErrUnsupported) || !contains(err, "is it `clawmesh serve`?") {
+		t.Fatalf("Load: %v", err)
+	}
+	if _, err := d.Base(ctx); !errors.Is(err, ErrUnsupported) || !contains(err, "is it `clawmesh serve`?") {
+		t.Fatalf("Base: %v", err)
+	}
+	if err := d.Warm(ctx, Target{Version: BaseVersion}); !errors.Is(err, ErrWarm) || !contains(err, "names no version") {
+		t.Fatalf("Warm: %v", err)
 	}
 }

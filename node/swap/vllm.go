@@ -32,7 +32,9 @@ import (
 // VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; otherwise they are 404 with
 // {"detail": "Not Found"} (or, in newer releases, an error whose message is
 // "Not Found"). Adapters load only with --enable-lora, and only up to
-// --max-lora-rank (default 16; one of vllmRanks).
+// --max-lora-rank (default 16; one of vllmRanks). With --max-loras 2 or
+// more, requests still on the old version and those on the new one share
+// a batch during a swap (the default, 1, serves them in turns).
 type vllmDriver struct{ *client }
 
 // vllmRanks are the values vLLM's --max-lora-rank accepts
