@@ -107,7 +107,8 @@ func (d *sglangDriver) Base(ctx context.Context) (Target, error) {
 }
 
 // Warm implements Driver: SGLang answers an adapter it has not loaded with
-// an error, and names the model it was asked for in the reply.
+// an error, and names the model it was asked for in the reply
+// (serving_chat.py, _build_chat_response: model=request.model).
 func (d *sglangDriver) Warm(ctx context.Context, t Target) error {
 	return d.warmModel(ctx, t, sameName)
 }

@@ -304,3 +304,19 @@ func TestClawmeshKindMismatch(t *testing.T) {
 		t.Fatalf("Warm: %v", err)
 	}
 }
+
+// Server replies are read whatever their shape: no panic, and a message
+// for every one.
+func FuzzReplyMessage(f *testing.F) {
+	for _, s := range []string{`{"error": {"message": "x"}}`, `{"error": "x"}`, `{"detail": [1]}`, `{"error_message": "x"}`, `null`, `[]`, "\xff"} {
+		f.Add(400, []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, status int, body []byte) {
+		if status < 100 || status > 999 {
+			return
+		}
+		if m := (&reply{status: status, body: body}).message(); m == "" && http.StatusText(status) != "" {
+			t.Fatalf("no message for %d %q", status, body)
+		}
+	})
+}
