@@ -15,9 +15,9 @@
 // The package keeps no state beyond what a driver has learnt of its server
 // (the base model's name) and does no I/O but HTTP to Config.Upstream and
 // reading the adapter directories it is handed. Drivers are safe for
-// concurrent use. Composing drivers into a
-// swap (load, warm, flip the gateway's route, unload the old version) is the
-// node's.
+// concurrent use. Composing drivers into a swap (load, warm, flip the
+// gateway's route, unload the old version) is the node's. RATIONALE.md
+// explains the choices.
 package swap
 
 import (
@@ -162,8 +162,11 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Kinds are the upstream kinds New has a driver for.
-var Kinds = []string{"clawmesh", "vllm", "sglang", "ollama", "llamacpp"}
+// kinds are the upstream kinds New has a driver for.
+var kinds = []string{"clawmesh", "vllm", "sglang", "ollama", "llamacpp"}
+
+// Kinds returns the upstream kinds New has a driver for.
+func Kinds() []string { return slices.Clone(kinds) }
 
 // New returns the driver for an upstream kind. Kinds "openai" (a hosted
 // API) and "none" have none: the error wraps ErrUnsupported and says that
@@ -179,8 +182,8 @@ func New(kind string, cfg Config) (Driver, error) {
 	case "llama.cpp":
 		k = "llamacpp"
 	}
-	if !slices.Contains(Kinds, k) {
-		return nil, fmt.Errorf("%w: unknown upstream kind %q (want %s, or openai or none, which cannot load adapters)", ErrConfig, kind, strings.Join(Kinds, ", "))
+	if !slices.Contains(kinds, k) {
+		return nil, fmt.Errorf("%w: unknown upstream kind %q (want %s, or openai or none, which cannot load adapters)", ErrConfig, kind, strings.Join(kinds, ", "))
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
