@@ -384,7 +384,7 @@ func (fs *fetchState) leftLocked() string {
 func (fs *fetchState) take(ctx context.Context, p mesh.PeerID) []int {
 	for {
 		fs.mu.Lock()
-		if fs.err != nil || !fs.live[p] || (len(fs.pending) == 0 && fs.inflight == 0) {
+		if ctx.Err() != nil || fs.err != nil || !fs.live[p] || (len(fs.pending) == 0 && fs.inflight == 0) {
 			fs.mu.Unlock()
 			return nil
 		}
@@ -457,7 +457,8 @@ func (fs *fetchState) work(ctx context.Context, src Source) {
 		}
 		done, bad, err := fs.request(ctx, src, got, buf)
 		if ctx.Err() != nil {
-			err = nil // not the source's fault
+			fs.settle(src.Peer, got[done:], -1, nil) // not the source's fault
+			return
 		}
 		fs.settle(src.Peer, got[done:], bad, err)
 	}

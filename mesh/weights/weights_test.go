@@ -1,0 +1,458 @@
+package weights
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	ic "github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/member"
+)
+
+var t0 = time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+
+type testPeer struct {
+	key ed25519.PrivateKey
+	id  mesh.PeerID
+}
+
+func newTestPeer(t testing.TB) testPeer {
+	t.Helper()
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk, err := ic.UnmarshalEd25519PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := peer.IDFromPrivateKey(sk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testPeer{key: key, id: mesh.PeerID(id.String())}
+}
+
+// world is a mesh admin and a certified trainer.
+type world struct {
+	admin   ed25519.PrivateKey
+	trainer testPeer
+	cert    *member.Certificate
+	meshID  string
+}
+
+func newWorld(t testing.TB) *world {
+	t.Helper()
+	_, admin, _ := ed25519.GenerateKey(rand.Reader)
+	w := &world{admin: admin, trainer: newTestPeer(t)}
+	w.cert = w.issue(t, w.trainer, member.RoleTrainer)
+	w.meshID = member.MeshIDOf(admin.Public().(ed25519.PublicKey))
+	return w
+}
+
+func (w *world) issue(t testing.TB, p testPeer, role member.Role) *member.Certificate {
+	t.Helper()
+	c, err := member.IssueCertificate(w.admin, nil, member.CertSpec{Subject: string(p.id), SubjectKey: p.key.Public().(ed25519.PublicKey), Role: role}, t0, rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (w *world) pub() ed25519.PublicKey { return w.admin.Public().(ed25519.PublicKey) }
+
+// manifest signs a manifest for b as version v at term/index.
+func (w *world) manifest(t testing.TB, b []byte, v, term, index uint64) *Manifest {
+	t.Helper()
+	m, err := NewManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.MeshID, m.Version, m.Parent, m.Base, m.AdapterHash, m.Term, m.Index = w.meshID, v, v-1, "tiny", "abc", term, index
+	if err := m.Sign(w.trainer.key, w.cert, t0); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func randomBytes(t testing.TB, n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+func TestManifestSignedChain(t *testing.T) {
+	w := newWorld(t)
+	b := randomBytes(t, 2*ChunkSize+17)
+	m := w.manifest(t, b, 3, 2, 40)
+	m2, err := ParseManifest(m.Marshal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(m2.Marshal(), m.Marshal()) || len(m2.Chunks) != 3 || m2.Size != uint64(len(b)) {
+		t.Fatalf("round trip changed the manifest: %+v", m2)
+	}
+	if c, err := m2.Verify(w.pub(), t0.Add(time.Hour), nil); err != nil || c.Subject() != string(w.trainer.id) {
+		t.Fatalf("verify: %v", err)
+	}
+
+	tampered := *m2
+	tampered.Term++
+	if _, err := tampered.Verify(w.pub(), t0, nil); !errors.Is(err, ErrSignature) {
+		t.Fatalf("a changed term verified: %v", err)
+	}
+
+	member := newTestPeer(t)
+	mm := *m2
+	if err := mm.Sign(member.key, w.issue(t, member, 1), t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mm.Verify(w.pub(), t0, nil); !errors.Is(err, ErrSignature) {
+		t.Fatalf("a manifest signed by a device (not a trainer) verified: %v", err)
+	}
+
+	other := newWorld(t)
+	if _, err := m2.Verify(other.pub(), t0, nil); !errors.Is(err, ErrSignature) {
+		t.Fatalf("a manifest of another mesh verified: %v", err)
+	}
+
+	if err := m2.Sign(member.key, w.cert, t0); err == nil {
+		t.Fatal("signed with a key that is not the certificate's")
+	}
+}
+
+func TestManifestRevokedSigner(t *testing.T) {
+	w := newWorld(t)
+	m := w.manifest(t, randomBytes(t, 100), 1, 1, 5)
+	revs := member.NewRevocationList(w.pub())
+	r, err := member.NewRevocation(w.admin, nil, string(w.trainer.id), "stolen laptop", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := revs.Add(r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Verify(w.pub(), t0.Add(time.Minute), revs); !errors.Is(err, ErrSignature) || !errors.Is(err, member.ErrRevoked) {
+		t.Fatalf("a manifest signed by a revoked trainer: %v", err)
+	}
+}
+
+func TestManifestFence(t *testing.T) {
+	w := newWorld(t)
+	b1, b2 := randomBytes(t, 100), randomBytes(t, 100)
+	last := w.manifest(t, b1, 5, 3, 50)
+	for _, tc := range []struct {
+		name string
+		m    *Manifest
+		ok   bool
+	}{
+		{"next version", w.manifest(t, b2, 6, 3, 60), true},
+		{"next version, later term", w.manifest(t, b2, 6, 4, 55), true},
+		{"same commit re-announced", w.manifest(t, b1, 5, 3, 50), true},
+		{"older version", w.manifest(t, b2, 4, 3, 40), false},
+		{"newer version from a lower term", w.manifest(t, b2, 6, 2, 70), false},
+		{"newer version at an earlier index", w.manifest(t, b2, 6, 3, 49), false},
+		{"same version, other bundle", w.manifest(t, b2, 5, 3, 50), false},
+		{"same version, other entry", w.manifest(t, b1, 5, 4, 51), false},
+	} {
+		err := tc.m.Fence(last)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrStale)) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+	if err := last.Fence(nil); err != nil {
+		t.Errorf("first manifest: %v", err)
+	}
+}
+
+func TestPackUnpack(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, ConfigFile), []byte(`{"r":4}`), 0o600)
+	os.WriteFile(filepath.Join(dir, WeightsFile), []byte("weights"), 0o600)
+	b, err := Pack(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "v1")
+	if err := Unpack(b, out); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{ConfigFile, WeightsFile} {
+		a, _ := os.ReadFile(filepath.Join(dir, f))
+		c, _ := os.ReadFile(filepath.Join(out, f))
+		if !bytes.Equal(a, c) {
+			t.Errorf("%s differs after unpacking", f)
+		}
+	}
+	if _, _, err := Split([]byte{0, 0, 1, 0}); !errors.Is(err, ErrBundle) {
+		t.Errorf("a config longer than the bundle: %v", err)
+	}
+}
+
+// gate admits a fixed set of peers.
+type gate map[mesh.PeerID]bool
+
+func (g gate) Admitted(p mesh.PeerID) bool { return g[p] }
+
+// holding serves one bundle, counting the chunk bytes it reads; corrupt
+// flips a bit of every chunk it serves, stall blocks every read.
+type holding struct {
+	m       *Manifest
+	b       []byte
+	corrupt bool
+	stall   chan struct{}
+	reads   atomic.Int64
+}
+
+func (h *holding) Open(id [sha256.Size]byte) (*Manifest, io.ReaderAt, bool) {
+	if id != h.m.Bundle && id != ([sha256.Size]byte{}) {
+		return nil, nil, false
+	}
+	return h.m, h, true
+}
+
+func (h *holding) ReadAt(p []byte, off int64) (int, error) {
+	if h.stall != nil {
+		<-h.stall
+		return 0, io.ErrUnexpectedEOF
+	}
+	h.reads.Add(int64(len(p)))
+	n := copy(p, h.b[off:])
+	if h.corrupt && n > 0 {
+		p[n/2] ^= 1
+	}
+	return n, nil
+}
+
+// serve starts a server for h on loopback, admitting fetcher.
+func serve(t testing.TB, h Holdings, admit ...mesh.PeerID) (Source, *Server) {
+	t.Helper()
+	p := newTestPeer(t)
+	g := gate{}
+	for _, a := range admit {
+		g[a] = true
+	}
+	s, err := Listen("127.0.0.1:0", ServerConfig{Key: p.key, Gate: g, Holdings: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return Source{Peer: p.id, Addrs: []string{s.Addr().String()}}, s
+}
+
+func newFetcher(t testing.TB, p testPeer, cfg FetcherConfig) *Fetcher {
+	t.Helper()
+	cfg.Key = p.key
+	f, err := NewFetcher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func checkBundle(t *testing.T, path string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the fetched bundle differs from the original")
+	}
+	if _, err := os.Stat(path + ".part"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the partial file is still there: %v", err)
+	}
+}
+
+func TestFetchFromSeveralSources(t *testing.T) {
+	w := newWorld(t)
+	b := randomBytes(t, 11*ChunkSize+123)
+	m := w.manifest(t, b, 1, 1, 10)
+	me := newTestPeer(t)
+	var hs []*holding
+	var srcs []Source
+	for range 3 {
+		h := &holding{m: m, b: b}
+		src, _ := serve(t, h, me.id)
+		hs, srcs = append(hs, h), append(srcs, src)
+	}
+	f := newFetcher(t, me, FetcherConfig{PerRequest: 2, Streams: 2})
+	ctx := context.Background()
+
+	got, err := f.Manifest(ctx, srcs[0], [32]byte{})
+	if err != nil || !bytes.Equal(got.Marshal(), m.Marshal()) {
+		t.Fatalf("manifest: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "b")
+	var last Progress
+	if err := f.Fetch(ctx, m, srcs, path, func(p Progress) { last = p }); err != nil {
+		t.Fatal(err)
+	}
+	checkBundle(t, path, b)
+	if last.Bytes != int64(len(b)) || last.Total != int64(len(b)) {
+		t.Errorf("last progress %+v", last)
+	}
+	busy := 0
+	var total int64
+	for _, h := range hs {
+		total += h.reads.Load()
+		if h.reads.Load() > 0 {
+			busy++
+		}
+	}
+	if busy < 2 || total != int64(len(b)) {
+		t.Errorf("%d of 3 sources served, %d bytes read for a %d-byte bundle", busy, total, len(b))
+	}
+	// Fetching what is there already only checks it.
+	if err := f.Fetch(ctx, m, nil, path, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFetchRefusesBadChunks(t *testing.T) {
+	w := newWorld(t)
+	b := randomBytes(t, 6*ChunkSize)
+	m := w.manifest(t, b, 1, 1, 10)
+	me := newTestPeer(t)
+	bad, _ := serve(t, &holding{m: m, b: b, corrupt: true}, me.id)
+	good := &holding{m: m, b: b}
+	goodSrc, _ := serve(t, good, me.id)
+	f := newFetcher(t, me, FetcherConfig{PerRequest: 1})
+
+	path := filepath.Join(t.TempDir(), "b")
+	var left map[mesh.PeerID]string
+	err := f.Fetch(context.Background(), m, []Source{bad, goodSrc}, path, func(p Progress) {
+		if p.Left != nil {
+			left = p.Left
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkBundle(t, path, b)
+	if left[bad.Peer] == "" {
+		t.Errorf("the source that sent bad chunks was not left: %v", left)
+	}
+
+	// With only the bad source, the fetch fails and says why.
+	path2 := filepath.Join(t.TempDir(), "b")
+	err = f.Fetch(context.Background(), m, []Source{bad}, path2, nil)
+	if !errors.Is(err, ErrNoSource) {
+		t.Fatalf("fetch from a source that only sends bad chunks: %v", err)
+	}
+	if _, err := os.Stat(path2); err == nil {
+		t.Fatal("a bundle was kept from bad chunks")
+	}
+}
+
+func TestFetchResumes(t *testing.T) {
+	w := newWorld(t)
+	b := randomBytes(t, 10*ChunkSize)
+	m := w.manifest(t, b, 1, 1, 10)
+	me := newTestPeer(t)
+	h := &holding{m: m, b: b}
+	src, _ := serve(t, h, me.id)
+	f := newFetcher(t, me, FetcherConfig{PerRequest: 1, Streams: 1})
+	path := filepath.Join(t.TempDir(), "b")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	err := f.Fetch(ctx, m, []Source{src}, path, func(p Progress) {
+		if p.Bytes >= 4*ChunkSize {
+			cancel()
+		}
+	})
+	if err == nil {
+		t.Fatal("a cancelled fetch succeeded")
+	}
+	if _, err := os.Stat(path + ".part"); err != nil {
+		t.Fatalf("no partial file after a stopped fetch: %v", err)
+	}
+	before := h.reads.Load()
+
+	var first *Progress
+	if err := f.Fetch(context.Background(), m, []Source{src}, path, func(p Progress) {
+		if first == nil {
+			first = &p
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	checkBundle(t, path, b)
+	again := h.reads.Load() - before
+	if first == nil || first.Resumed < 4*ChunkSize || again > int64(len(b))-first.Resumed {
+		t.Fatalf("resumed %v, then read %d more bytes of %d", first, again, len(b))
+	}
+}
+
+func TestFetchLeavesStalledSource(t *testing.T) {
+	w := newWorld(t)
+	b := randomBytes(t, 4*ChunkSize)
+	m := w.manifest(t, b, 1, 1, 10)
+	me := newTestPeer(t)
+	stall := make(chan struct{})
+	stalled, _ := serve(t, &holding{m: m, b: b, stall: stall}, me.id)
+	good, _ := serve(t, &holding{m: m, b: b}, me.id)
+	t.Cleanup(func() { close(stall) }) // before the servers close
+	f := newFetcher(t, me, FetcherConfig{StallTimeout: 300 * time.Millisecond, PerRequest: 1})
+	path := filepath.Join(t.TempDir(), "b")
+	var mu sync.Mutex
+	var left map[mesh.PeerID]string
+	if err := f.Fetch(context.Background(), m, []Source{stalled, good}, path, func(p Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		if p.Left != nil {
+			left = p.Left
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	checkBundle(t, path, b)
+	mu.Lock()
+	defer mu.Unlock()
+	if left[stalled.Peer] == "" {
+		t.Errorf("the stalled source was not left: %v", left)
+	}
+}
+
+func TestServerChecksPeers(t *testing.T) {
+	w := newWorld(t)
+	b := randomBytes(t, 1000)
+	m := w.manifest(t, b, 1, 1, 10)
+	me, stranger := newTestPeer(t), newTestPeer(t)
+	src, _ := serve(t, &holding{m: m, b: b}, me.id)
+	ctx := context.Background()
+
+	// A peer the mesh has not admitted gets nothing.
+	if _, err := newFetcher(t, stranger, FetcherConfig{StallTimeout: 2 * time.Second}).Manifest(ctx, src, m.Bundle); err == nil {
+		t.Fatal("a peer that is not admitted fetched a manifest")
+	}
+	// A fetcher dialling a peer id that is not the server's refuses it.
+	wrong := Source{Peer: newTestPeer(t).id, Addrs: src.Addrs}
+	if _, err := newFetcher(t, me, FetcherConfig{StallTimeout: 2 * time.Second}).Manifest(ctx, wrong, m.Bundle); err == nil {
+		t.Fatal("the fetcher accepted a server that is not the peer it dialled")
+	}
+	if got, err := newFetcher(t, me, FetcherConfig{}).Manifest(ctx, src, m.Bundle); err != nil || got.Version != 1 {
+		t.Fatalf("the admitted peer: %v", err)
+	}
+	// An unknown bundle is not found.
+	var other [32]byte
+	other[0] = 1
+	var re *remoteError
+	if _, err := newFetcher(t, me, FetcherConfig{}).Manifest(ctx, src, other); !errors.As(err, &re) || re.status != statusNotFound {
+		t.Fatalf("unknown bundle: %v", err)
+	}
+}
