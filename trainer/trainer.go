@@ -24,6 +24,7 @@ package trainer
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +44,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/store"
 	"github.com/clawmesh/clawmesh/trainer/verify"
@@ -52,6 +54,9 @@ import (
 const (
 	// StoreDir holds the batch store.
 	StoreDir = "batches"
+	// WeightsDir holds the packed versions served to the mesh, with
+	// their signed manifests.
+	WeightsDir = "weights"
 	// AddrFile holds the running trainer's admin address.
 	AddrFile = "trainer.addr"
 	// PluginsDir caches the reward plugin modules verification runs.
@@ -95,7 +100,14 @@ type Config struct {
 	// (batches made up for benchmarks carry no real plugin).
 	Verify   func(ctx context.Context, id core.BatchID, from mesh.PeerID) (reason string, err error)
 	NoVerify bool
-	Logger   *slog.Logger
+	// Weights is the UDP address of the QUIC service that serves the
+	// committed adapter versions to the mesh (default ":0": any port on
+	// every interface); "off" runs none.
+	Weights string
+	// WeightsAnnounce is how often the newest version held is offered
+	// again on gossip (mesh/weights default).
+	WeightsAnnounce time.Duration
+	Logger          *slog.Logger
 }
 
 // Trainer is a running trainer peer.
@@ -127,6 +139,12 @@ type Trainer struct {
 	isolated      atomic.Bool
 	fenced        atomic.Int64 // publications the group refused
 	known         sync.Map     // mesh.PeerID → true: trainers admitted once
+
+	// weights serves committed versions to the devices (nil on a
+	// simulated network, or when Config.Weights is "off"); key signs
+	// their manifests.
+	weights *weights.Service
+	key     ed25519.PrivateKey
 
 	mu   sync.Mutex
 	addr net.Addr
@@ -169,7 +187,29 @@ func New(ctx context.Context, cfg Config) (*Trainer, error) {
 		return nil, err
 	}
 	t.peer = p
+	if cfg.Weights != "off" {
+		if err := t.startWeights(); err != nil {
+			t.Close()
+			return nil, err
+		}
+	}
 	return t, nil
+}
+
+// startWeights starts the QUIC service that serves committed versions.
+func (t *Trainer) startWeights() error {
+	key, _, err := peer.Identity(t.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	listen := t.cfg.Weights
+	if listen == "" {
+		listen = ":0"
+	}
+	t.key = key
+	t.weights, err = weights.New(weights.Config{Dir: filepath.Join(t.cfg.DataDir, WeightsDir), Key: key, Mesh: t.mesh, Host: t.host,
+		Listen: listen, AnnounceEvery: t.cfg.WeightsAnnounce, Logger: t.cfg.Logger})
+	return err
 }
 
 // NewOn makes a trainer on a host and mesh the caller made, started and
@@ -288,6 +328,9 @@ func (t *Trainer) Run(ctx context.Context) error {
 	if t.peer != nil {
 		goRun(func() { t.peer.Run(ctx) })
 	}
+	if t.weights != nil {
+		goRun(func() { t.weights.Run(ctx) })
+	}
 	var collectErr error
 	goRun(func() { collectErr = t.mesh.Collect(ctx, t.store, mesh.PullOptions{Limits: t.cfg.Limits}) })
 	goRun(func() { t.group.watchObservations(ctx) })
@@ -317,6 +360,9 @@ func (t *Trainer) Close() error {
 	errs := []error{t.group.close(), t.work.w.close()}
 	if t.checker != nil {
 		errs = append(errs, t.checker.Close(context.Background()))
+	}
+	if t.weights != nil {
+		errs = append(errs, t.weights.Close())
 	}
 	if t.peer != nil {
 		errs = append(errs, t.peer.Close())

@@ -132,6 +132,7 @@ func (l *workLoop) once(ctx context.Context) error {
 			t.log.Debug("current version not fetched yet", "version", cur.Name(), "err", err)
 		}
 	}
+	t.shareVersion(ctx)
 	l.sweepHeld()
 	l.mu.Lock()
 	for k := range l.done {

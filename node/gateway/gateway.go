@@ -115,6 +115,11 @@ type Config struct {
 	// Adapter returns the adapter version serving now, recorded per step
 	// (nil: none).
 	Adapter func() string
+	// Route, if set, is read once per recorded call and supersedes
+	// Adapter: the call goes to Route.Model (the name an adapter version
+	// was loaded under; "" keeps the client's model) and its step records
+	// Route.Adapter. A call in flight keeps the route it started with.
+	Route func() Route
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// NewID makes step ids (default: time-sortable ids, 48-bit
@@ -168,6 +173,12 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: MaxBodyBytes is negative", ErrConfig)
 	}
 	return nil
+}
+
+// Route is where a recorded call goes: the model name to send upstream
+// ("" keeps the client's) and the adapter version that serves it.
+type Route struct {
+	Model, Adapter string
 }
 
 // Stats are the gateway's counters since New.
@@ -233,6 +244,10 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.Adapter == nil {
 		cfg.Adapter = func() string { return "" }
+	}
+	if cfg.Route == nil {
+		adapter := cfg.Adapter
+		cfg.Route = func() Route { return Route{Adapter: adapter()} }
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -57,6 +57,15 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 				"previous_response_id", req.PreviousResponseID)
 		}
 	}
+	route := g.cfg.Route()
+	if route.Model != "" && route.Model != req.Model {
+		if b, err := wire.WithModel(body, route.Model); err == nil {
+			body = b
+		} else {
+			g.log.Warn("could not route the call to the adapter's model; sending it as the client did", "err", err)
+			route.Adapter = ""
+		}
+	}
 	step := &core.Step{
 		ID:       g.cfg.NewID(),
 		Turn:     who.turn,
@@ -65,7 +74,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		Request:  req.Normalized,
 		Upstream: g.cfg.Upstream,
 		Model:    req.Model,
-		Adapter:  g.cfg.Adapter(),
+		Adapter:  route.Adapter,
 		TraceID:  who.trace,
 		Source:   "gateway",
 		Timings:  core.Timings{Start: start},

@@ -1,6 +1,10 @@
 package wire
 
-import "github.com/clawmesh/clawmesh/internal/core"
+import (
+	"encoding/json"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+)
 
 // UpstreamBody returns the body to send upstream: the client's body with,
 // where caps allow and the client did not already ask, "logprobs": true
@@ -106,4 +110,22 @@ func addInclude(body []byte) ([]byte, error) {
 		return body, nil // not an array: addedFor added nothing
 	}
 	return apply(body, []edit{e}), nil
+}
+
+// WithModel returns body with its top-level "model" set to model (added
+// if missing): how a request reaches an adapter its server loaded under
+// a name of its own.
+func WithModel(body []byte, model string) ([]byte, error) {
+	q, err := json.Marshal(model)
+	if err != nil {
+		return nil, err
+	}
+	m, closing, ok, err := findMember(body, skipSpace(body, 0), "model")
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	if ok {
+		return apply(body, []edit{{start: m.valStart, end: m.valEnd, repl: q}}), nil
+	}
+	return apply(body, []edit{insertMembers(body, closing, `"model":`+string(q))}), nil
 }

@@ -1,0 +1,101 @@
+package adapters
+
+import (
+	"os"
+	"sort"
+)
+
+// Status is what `clawmesh weights ls --json` prints: a stable contract.
+type Status struct {
+	// Pin is the version pinned ("vN" or "base"); "" follows the newest.
+	Pin string `json:"pin"`
+	// Serving is the version requests go to now ("base" or "vN").
+	Serving string `json:"serving"`
+	// Latest is the newest version the mesh announced ("" if none).
+	Latest string `json:"latest"`
+	// Driver is the upstream kind that hot-swaps ("" when the upstream
+	// cannot).
+	Driver   string    `json:"driver"`
+	Versions []Version `json:"versions"`
+	// Error says why the wanted version is not serving yet.
+	Error string `json:"error,omitempty"`
+}
+
+// Version is one version the node knows of.
+type Version struct {
+	Version string `json:"version"`
+	// State is known (announced, not fetched), downloading, held
+	// (fetched), installed, or serving.
+	State  string `json:"state"`
+	Bytes  uint64 `json:"bytes"`
+	Bundle string `json:"bundle"` // SHA-256, hex
+	// Downloaded is the bytes on disk of a fetch in progress or stopped.
+	Downloaded int64  `json:"downloaded,omitempty"`
+	Term       uint64 `json:"term"`
+	Index      uint64 `json:"index"`
+	// Failed says why the model server would not serve it.
+	Failed string `json:"failed,omitempty"`
+}
+
+// Status reports the versions known and which one serves.
+func (f *Follower) Status() Status {
+	f.mu.Lock()
+	st := Status{Pin: f.st.Pin, Serving: f.Route().Version, Error: f.lastErr}
+	progress := make(map[string]int64, len(f.progress))
+	for id, p := range f.progress {
+		progress[id] = p.Bytes
+	}
+	failed := make(map[string]string, len(f.failed))
+	for k, v := range f.failed {
+		failed[k] = v
+	}
+	f.mu.Unlock()
+	if f.cfg.Driver != nil {
+		st.Driver = f.cfg.Driver.Kind()
+	}
+	seen := map[string]bool{}
+	add := func(m interface {
+		Name() string
+		BundleID() string
+	}, size, term, index uint64, held bool) {
+		name := m.Name()
+		if seen[name] {
+			return
+		}
+		seen[name] = true
+		v := Version{Version: name, Bytes: size, Bundle: m.BundleID(), Term: term, Index: index, State: "known", Failed: failed[name]}
+		switch n, downloading := progress[v.Bundle]; {
+		case name == st.Serving:
+			v.State = "serving"
+		case exists(f.VersionDir(name)):
+			v.State = "installed"
+		case held:
+			v.State = "held"
+		case downloading:
+			v.State, v.Downloaded = "downloading", n
+		}
+		st.Versions = append(st.Versions, v)
+	}
+	if m := f.cfg.Weights.Latest(); m != nil {
+		st.Latest = m.Name()
+		_, err := f.cfg.Weights.Dir().Manifest(m.BundleID())
+		add(m, m.Size, m.Term, m.Index, err == nil && exists(f.cfg.Weights.Dir().BundlePath(m.BundleID())))
+	}
+	for _, m := range f.cfg.Weights.Dir().Held() {
+		add(m, m.Size, m.Term, m.Index, true)
+	}
+	sort.Slice(st.Versions, func(i, j int) bool {
+		a, _ := ParseVersion(st.Versions[i].Version)
+		b, _ := ParseVersion(st.Versions[j].Version)
+		return a > b
+	})
+	if st.Versions == nil {
+		st.Versions = []Version{}
+	}
+	return st
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

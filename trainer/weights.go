@@ -1,0 +1,60 @@
+package trainer
+
+import (
+	"context"
+	"time"
+
+	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// shareVersion puts the current committed version in the weights service,
+// so that the devices fetch it: under the manifest the mesh already
+// accepted for it, or, on the leader, under one it signs (with the raft
+// term and index that committed the version: the fencing token). Version
+// 0, the starting adapter, is not shared: devices serve the base model
+// until the first trained version.
+func (t *Trainer) shareVersion(ctx context.Context) {
+	if t.weights == nil {
+		return
+	}
+	var cur group.Version
+	var base string
+	var ok bool
+	t.group.view(func(s *group.State) {
+		cur, ok = s.Current()
+		base = s.Config.Base
+	})
+	if !ok || cur.Version == 0 || !exists(t.versionDir(cur.Version)) {
+		return
+	}
+	if held := t.weights.Dir().Held(); len(held) > 0 && held[0].Version >= cur.Version {
+		return
+	}
+	b, err := weights.Pack(t.versionDir(cur.Version))
+	if err != nil {
+		t.log.Warn("packing a version to share", "version", cur.Name(), "err", err)
+		return
+	}
+	m := t.weights.Latest()
+	if m == nil || m.Version != cur.Version {
+		if !t.group.isLeader() {
+			return // the leader signs it; this trainer offers it once it has the manifest
+		}
+		if m, err = weights.NewManifest(b); err != nil {
+			t.log.Warn("describing a version to share", "version", cur.Name(), "err", err)
+			return
+		}
+		m.MeshID, m.Version, m.Parent, m.Base, m.AdapterHash = t.mesh.MeshID(), cur.Version, cur.Parent, base, cur.Hash
+		m.Term, m.Index = cur.Term, cur.Index
+		if err := m.Sign(t.key, t.mesh.Cert(), time.Now()); err != nil {
+			t.log.Warn("signing a version's manifest", "version", cur.Name(), "err", err)
+			return
+		}
+	}
+	if err := t.weights.Publish(ctx, m, b); err != nil {
+		t.log.Warn("sharing a version", "version", cur.Name(), "err", err)
+		return
+	}
+	t.log.Info("version shared with the devices", "version", cur.Name(), "bundle", m.BundleID()[:12], "bytes", m.Size)
+}
