@@ -88,6 +88,7 @@ func (n *Node) adminHandler() http.Handler {
 		writeJSON(w, LoginURL{URL: "http://" + n.loginHost() + adminapi.LoginPath + "?code=" + n.sessions.NewCode(), Expires: time.Now().Add(adminapi.LoginTTL).UTC()}, nil)
 	})
 	mux.HandleFunc("GET "+adminapi.LoginPath, n.sessions.Login)
+	n.handleWeights(mux)
 	mux.HandleFunc("GET "+adminPrefix+"preview", func(w http.ResponseWriter, r *http.Request) {
 		limit := 0
 		if s := r.URL.Query().Get("limit"); s != "" {

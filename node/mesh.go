@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
@@ -30,6 +31,14 @@ type MeshConfig struct {
 	MDNS, NAT bool
 	// Ship times the announcements (mesh.ShipOptions).
 	Ship mesh.ShipOptions
+	// Weights is the UDP address of the QUIC service that fetches the
+	// trainers' adapter versions and re-serves them to other devices
+	// (default ":0"); "off" follows none.
+	Weights string
+	// WeightsAnnounce is how often the newest version held is offered
+	// again (mesh/weights default); WeightsRetry how long after a failed
+	// fetch or swap the next try starts (node/adapters default).
+	WeightsAnnounce, WeightsRetry time.Duration
 }
 
 // joined reports whether the node's data directory is in a mesh.
@@ -56,7 +65,7 @@ func (n *Node) startMesh(ctx context.Context) error {
 	if n.reward != nil {
 		p.Mesh.ServePlugins(runnerPlugins{n.reward})
 	}
-	return nil
+	return n.startWeights()
 }
 
 // runnerPlugins serves the modules of the plugins the reward runner has

@@ -20,12 +20,15 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/private"
 	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/gateway"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/node/session"
@@ -181,6 +184,11 @@ type Node struct {
 	outbox     *share.Outbox
 	peer       *peer.Peer
 	joined     bool
+	// weights and follower bring the trainers' adapter versions to the
+	// upstream (nil outside a mesh); route is the follower once it runs.
+	weights  *weights.Service
+	follower *adapters.Follower
+	route    atomic.Pointer[adapters.Follower]
 
 	meshAdmin   sync.Once
 	meshHandler http.Handler
@@ -289,7 +297,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		Store:           p,
 		Sessions:        session.Options{IdleTimeout: cfg.IdleTimeout},
 		ShutdownTimeout: cfg.DrainTimeout,
-		Adapter:         cfg.Adapter,
+		Route:           n.gatewayRoute,
 		Now:             cfg.Now,
 		Logger:          log,
 		Admin:           n.adminHandler(),
@@ -410,6 +418,10 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); n.runMesh(bg) }()
 	}
+	if n.weights != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.runWeights(bg) }()
+	}
 	err = n.gw.Run(ctx, ln)
 	stop()
 	wg.Wait()
@@ -423,6 +435,9 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 // order.
 func (n *Node) Close(ctx context.Context) error {
 	var errs []error
+	if n.weights != nil {
+		errs = append(errs, n.weights.Close())
+	}
 	if n.peer != nil {
 		errs = append(errs, n.peer.Close())
 	}

@@ -389,3 +389,13 @@ func checkInstalled(dir string, m *weights.Manifest) error {
 	}
 	return nil
 }
+
+// Fetch fetches and installs version name now, without serving it.
+func (f *Follower) Fetch(ctx context.Context, name string) error {
+	m, ok := f.manifest(name)
+	if !ok {
+		return fmt.Errorf("adapters: %s is not a version this node has heard of (`clawmesh weights ls` lists them)", name)
+	}
+	_, err := f.Get(ctx, m)
+	return err
+}

@@ -1,0 +1,174 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/node/adapters"
+	"github.com/clawmesh/clawmesh/node/gateway"
+	"github.com/clawmesh/clawmesh/node/swap"
+)
+
+// Directories in a node's data directory for the adapter versions that
+// come back from the trainers: the fetched bundles (with their signed
+// manifests, re-served to other devices) and the installed versions.
+const (
+	WeightsDir  = "weights"
+	AdaptersDir = "adapters"
+)
+
+// ErrNoWeights is asked of a node that follows no adapter versions (not in
+// a mesh, or with weights off).
+var ErrNoWeights = errors.New("node: this node follows no adapter versions (it is not in a mesh, or --weights is off)")
+
+// startWeights starts the weights service on the mesh peer and the
+// follower that keeps the upstream on the wanted version.
+func (n *Node) startWeights() error {
+	mc := n.cfg.Mesh
+	if n.peer == nil || mc.Weights == "off" {
+		return nil
+	}
+	key, _, err := peer.Identity(n.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	listen := mc.Weights
+	if listen == "" {
+		listen = ":0"
+	}
+	var notify func()
+	svc, err := weights.New(weights.Config{Dir: filepath.Join(n.cfg.DataDir, WeightsDir), Key: key, Mesh: n.peer.Mesh, Host: n.peer.Host,
+		Listen: listen, AnnounceEvery: mc.WeightsAnnounce, Logger: n.log,
+		OnManifest: func(*weights.Manifest) {
+			if notify != nil {
+				notify()
+			}
+		}})
+	if err != nil {
+		return fmt.Errorf("node: weights: %w", err)
+	}
+	drv, err := swap.New(n.cfg.UpstreamKind, swap.Config{Upstream: n.cfg.Upstream, Token: n.cfg.UpstreamToken, Logger: n.log})
+	if err != nil {
+		n.log.Warn("adapter versions will be fetched and installed but not served", "why", err)
+		drv = nil
+	}
+	f, err := adapters.New(adapters.Config{Dir: filepath.Join(n.cfg.DataDir, AdaptersDir), Weights: svc, Driver: drv, Retry: mc.WeightsRetry, Logger: n.log})
+	if err != nil {
+		svc.Close()
+		return err
+	}
+	notify = f.Notify
+	n.weights, n.follower = svc, f
+	n.route.Store(f)
+	return nil
+}
+
+// gatewayRoute is the gateway's route: the follower's target once there
+// is one. A response header naming the adapter (clawmesh serve's) still
+// has the last word on what a step records.
+func (n *Node) gatewayRoute() gateway.Route {
+	adapter := ""
+	if n.cfg.Adapter != nil {
+		adapter = n.cfg.Adapter()
+	}
+	if f := n.route.Load(); f != nil {
+		if t := f.Route(); t.Version != adapters.Base {
+			return gateway.Route{Model: t.Model, Adapter: t.Version}
+		} else if t.Model != "" {
+			return gateway.Route{Model: t.Model, Adapter: adapter}
+		}
+	}
+	return gateway.Route{Adapter: adapter}
+}
+
+// runWeights runs the weights service and the follower until ctx is done.
+func (n *Node) runWeights(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { n.weights.Run(ctx); close(done) }()
+	n.follower.Run(ctx)
+	<-done
+}
+
+// Follower is the node's adapter follower (nil when it follows none).
+func (n *Node) Follower() *adapters.Follower { return n.follower }
+
+// WeightsSource is the node's weights service as a source (zero when
+// none).
+func (n *Node) WeightsSource() weights.Source {
+	if n.weights == nil {
+		return weights.Source{}
+	}
+	return n.weights.Self()
+}
+
+// weightsRequest is the body of the weights admin POSTs.
+type weightsRequest struct {
+	Version string `json:"version"`
+}
+
+// handleWeights serves the weights admin API:
+//
+//	GET  /clawmesh/v1/weights        adapters.Status
+//	POST /clawmesh/v1/weights/use    {"version": "vN"|"base"|"latest"}
+//	POST /clawmesh/v1/weights/get    {"version": "vN"}: fetch and install now
+func (n *Node) handleWeights(mux *http.ServeMux) {
+	mux.HandleFunc("GET /clawmesh/v1/weights", func(w http.ResponseWriter, r *http.Request) {
+		if n.follower == nil {
+			writeErr(w, http.StatusNotFound, ErrNoWeights)
+			return
+		}
+		writeJSON(w, n.follower.Status(), nil)
+	})
+	read := func(w http.ResponseWriter, r *http.Request) (string, bool) {
+		if n.follower == nil {
+			writeErr(w, http.StatusNotFound, ErrNoWeights)
+			return "", false
+		}
+		var q weightsRequest
+		b, err := io.ReadAll(io.LimitReader(r.Body, 4096))
+		if err == nil {
+			err = json.Unmarshal(b, &q)
+		}
+		if err != nil {
+			writeErr(w, http.StatusBadRequest, fmt.Errorf(`want {"version": "vN"}: %w`, err))
+			return "", false
+		}
+		return q.Version, true
+	}
+	mux.HandleFunc("POST /clawmesh/v1/weights/use", func(w http.ResponseWriter, r *http.Request) {
+		v, ok := read(w, r)
+		if !ok {
+			return
+		}
+		if err := n.follower.Pin(v); err != nil {
+			writeErr(w, http.StatusBadRequest, err)
+			return
+		}
+		writeJSON(w, n.follower.Status(), nil)
+	})
+	mux.HandleFunc("POST /clawmesh/v1/weights/get", func(w http.ResponseWriter, r *http.Request) {
+		v, ok := read(w, r)
+		if !ok {
+			return
+		}
+		if _, err := adapters.ParseVersion(v); err != nil {
+			writeErr(w, http.StatusBadRequest, err)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), time.Hour)
+		defer cancel()
+		if err := n.follower.Fetch(ctx, v); err != nil {
+			writeErr(w, http.StatusBadGateway, err)
+			return
+		}
+		writeJSON(w, n.follower.Status(), nil)
+	})
+}
