@@ -55,7 +55,7 @@ func (p *Pool) each(ctx context.Context, f Filter, fn func(*core.Step) error) er
 	if f.Limit < 0 {
 		return fmt.Errorf("pool: list: negative limit %d", f.Limit)
 	}
-	if f.State > core.StateHeld {
+	if f.State > core.MaxState {
 		return fmt.Errorf("pool: list: invalid state %d", f.State)
 	}
 	snap := p.db.NewSnapshot()

@@ -281,11 +281,14 @@ func (p *Pool) oldHeader(id core.StepID) (header, bool, error) {
 // shipped, steps skipped or not) and stay; the one way back is scored →
 // closed, which sends a step to be scored again (explicit feedback after
 // scoring). Held is a dead end beside batched: only a scored step enters
-// it, and it stays. Nothing leaves dropped, and only retention drops.
+// it, and it stays. Failed is a dead end beside closed: only an open step
+// enters it, and it stays. Nothing leaves dropped, and only retention drops.
 func Transition(from, to core.State) bool {
 	switch {
 	case from == core.StateDropped || to == core.StateDropped:
 		return false
+	case from == core.StateFailed || to == core.StateFailed:
+		return to == core.StateFailed && (from == core.StateOpen || from == core.StateFailed)
 	case from == core.StateHeld || to == core.StateHeld:
 		return to == core.StateHeld && (from == core.StateScored || from == core.StateHeld)
 	case to >= from:

@@ -113,7 +113,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	s.bindClient(fs)
 	filterFlags := func() {
 		fs.StringVar((*string)(&f.Session), "session", "", "only this session")
-		fs.StringVar(&state, "state", "", "only this state: open, closed, scored, held, batched, shipped, dropped")
+		fs.StringVar(&state, "state", "", "only this state: open, failed, closed, scored, held, batched, shipped, dropped (failed: calls the upstream refused, could not be reached for, or cut; never trained on)")
 		fs.StringVar(&since, "since", "", "only steps after this: RFC 3339 time, or a duration ago like 24h")
 	}
 	switch sub {
