@@ -34,13 +34,13 @@ type Filter struct {
 // List returns the steps f selects, ordered by time then id. Steps are read
 // from one consistent snapshot.
 func (p *Pool) List(ctx context.Context, f Filter) ([]*core.Step, error) {
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	var out []*core.Step
-	err = p.each(ctx, f, func(s *core.Step) error {
+	err = p.each(ctx, in, f, func(s *core.Step) error {
 		out = append(out, s)
 		return nil
 	})
@@ -51,14 +51,14 @@ func (p *Pool) List(ctx context.Context, f Filter) ([]*core.Step, error) {
 }
 
 // each calls fn for every step f selects, in order, from one snapshot.
-func (p *Pool) each(ctx context.Context, f Filter, fn func(*core.Step) error) error {
+func (p *Pool) each(ctx context.Context, in *instance, f Filter, fn func(*core.Step) error) error {
 	if f.Limit < 0 {
 		return fmt.Errorf("pool: list: negative limit %d", f.Limit)
 	}
 	if f.State > core.MaxState {
 		return fmt.Errorf("pool: list: invalid state %d", f.State)
 	}
-	snap := p.db.NewSnapshot()
+	snap := in.db.NewSnapshot()
 	defer snap.Close()
 
 	var cursor *cursorPos
@@ -171,12 +171,12 @@ type Stats struct {
 
 // Stats scans the pool and summarizes it.
 func (p *Pool) Stats(ctx context.Context) (Stats, error) {
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return Stats{}, err
 	}
 	defer done()
-	snap := p.db.NewSnapshot()
+	snap := in.db.NewSnapshot()
 	defer snap.Close()
 
 	st := Stats{ByState: make(map[core.State]int)}
@@ -229,6 +229,6 @@ func (p *Pool) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("pool: stats: %w", err)
 	}
 	st.Bytes = st.StepBytes + st.BlobBytes
-	st.DiskBytes = int64(p.db.Metrics().DiskSpaceUsage())
+	st.DiskBytes = int64(in.db.Metrics().DiskSpaceUsage())
 	return st, nil
 }
