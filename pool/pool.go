@@ -405,7 +405,9 @@ func (p *Pool) stripeIndex(id core.StepID) uint64 {
 	return maphash.String(p.seed, string(id)) % stripes
 }
 
-func (p *Pool) stripe(in *instance, id core.StepID) *sync.Mutex { return &in.stripes[p.stripeIndex(id)] }
+func (p *Pool) stripe(in *instance, id core.StepID) *sync.Mutex {
+	return &in.stripes[p.stripeIndex(id)]
+}
 
 // Put inserts s, or replaces the step with the same id. It returns once the
 // write is synced. Put fills in, in s itself, what was left zero: State
