@@ -14,6 +14,7 @@ import (
 	"github.com/clawmesh/clawmesh/node/gateway/sse"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/node/session"
+	"github.com/clawmesh/clawmesh/pool"
 )
 
 // errClientGone is the cancel cause when the client went away.
@@ -330,11 +331,17 @@ func (g *Gateway) commit(ctx context.Context, step *core.Step, ok, done bool, ch
 	if step.ClientDisconnected {
 		g.disconnected.Add(1)
 	}
-	if err := g.store(ctx, step, chain); err != nil {
+	if cause := g.pausedCause(); cause != "" {
+		g.noteUnrecorded(step, cause)
+	} else if err := g.storeCall(ctx, func(ctx context.Context) error { return g.store(ctx, step, chain) }); err != nil {
 		g.recordFailures.Add(1)
-		g.log.Error("RECORDING FAILED: step not stored", "step", step.ID, "session", step.SessionID, "err", err)
+		cause := err.Error()
+		if errors.Is(err, pool.ErrPaused) {
+			cause = strings.TrimPrefix(cause, pool.ErrPaused.Error()+": ")
+		}
+		g.noteUnrecorded(step, cause)
 	} else {
-		g.recorded.Add(1)
+		g.noteRecorded()
 	}
 	var cl []session.Closure
 	g.mu.Lock()
