@@ -173,3 +173,72 @@ func TestDiskFaults(t *testing.T) {
 		})
 	}
 }
+
+// freeSpaceFS reports free as the free space of its filesystem.
+type freeSpaceFS struct {
+	vfs.FS
+	free atomic.Int64
+}
+
+func (f *freeSpaceFS) GetDiskUsage(path string) (vfs.DiskUsage, error) {
+	return vfs.DiskUsage{AvailBytes: uint64(f.free.Load()), TotalBytes: 100 << 30}, nil
+}
+
+// TestFreeSpaceGuard: below MinFree free bytes writes are refused with
+// ErrPaused (reads go on), retention drops shipped steps to make room, and
+// writes resume above MinFree and a quarter, not before.
+func TestFreeSpaceGuard(t *testing.T) {
+	ctx := context.Background()
+	now := t0.Add(time.Hour)
+	clock := func() time.Time { return now }
+	fs := &freeSpaceFS{FS: vfs.Default}
+	fs.free.Store(10 << 30)
+	p := openTest(t, t.TempDir(), Options{FS: fs, MinFree: 1 << 30, Now: clock})
+	for i, st := range []core.State{core.StateOpen, core.StateScored} {
+		if err := p.Put(ctx, simpleStep(core.StepID(fmt.Sprint("a", i)), "s", t0.Add(time.Duration(i)*time.Second), st, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := p.Seal(ctx, SealSpec{Steps: []core.StepID{"a1"}, Payload: []byte("payload")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.MarkShipped(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	fs.free.Store(512 << 20)
+	now = now.Add(2 * time.Second) // the guard looks at most once a second
+	if err := p.Put(ctx, simpleStep("b", "s", t0, core.StateOpen, "b")); !errors.Is(err, ErrPaused) {
+		t.Fatalf("put below the low-water mark: %v, want ErrPaused", err)
+	}
+	if h := p.Health(); h.Recording || !strings.Contains(h.Paused, "low disk space") || h.FreeBytes != 512<<20 {
+		t.Fatalf("health %+v", h)
+	}
+	if _, err := p.Get(ctx, "a0"); err != nil {
+		t.Fatalf("reads stop with writes: %v", err)
+	}
+	if n, err := p.ApplyRetention(ctx); err != nil || n != 1 {
+		t.Fatalf("retention under low space dropped %d, %v; want the shipped step", n, err)
+	}
+	if _, err := p.Get(ctx, "a1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("shipped step after retention under low space: %v", err)
+	}
+	if _, err := p.Get(ctx, "a0"); err != nil {
+		t.Fatalf("an unshipped step was dropped: %v", err)
+	}
+
+	fs.free.Store(1<<30 + 100<<20) // above the low mark, under the high one
+	now = now.Add(2 * time.Second)
+	if err := p.Put(ctx, simpleStep("b", "s", t0, core.StateOpen, "b")); !errors.Is(err, ErrPaused) {
+		t.Fatalf("put between the marks: %v, want ErrPaused", err)
+	}
+	fs.free.Store(2 << 30)
+	now = now.Add(2 * time.Second)
+	if err := p.Put(ctx, simpleStep("b", "s", t0, core.StateOpen, "b")); err != nil {
+		t.Fatalf("put above the high-water mark: %v", err)
+	}
+	if h := p.Health(); !h.Recording || h.Paused != "" {
+		t.Fatalf("health after: %+v", h)
+	}
+}

@@ -167,6 +167,9 @@ type Stats struct {
 	// shipped.
 	Batches        int `json:"batches"`
 	BatchesShipped int `json:"batches_shipped"`
+	// Health says whether the pool records, and if not why. Stats fills it
+	// in; a node whose store cannot be read answers with it alone.
+	Health *Health `json:"health,omitempty"`
 }
 
 // Stats scans the pool and summarizes it.
@@ -230,5 +233,7 @@ func (p *Pool) Stats(ctx context.Context) (Stats, error) {
 	}
 	st.Bytes = st.StepBytes + st.BlobBytes
 	st.DiskBytes = int64(in.db.Metrics().DiskSpaceUsage())
+	h := p.Health()
+	st.Health = &h
 	return st, nil
 }

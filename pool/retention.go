@@ -21,6 +21,10 @@ import (
 // By size, the figure limited is step data as Stats.Bytes counts it: live
 // step records plus the blobs they reference. Shipped steps go first, oldest
 // first; then all other steps, oldest first, whatever their state.
+//
+// While the free-space guard holds writes back (Options.MinFree), it also
+// drops every shipped step (they have left the device already) and purges
+// every tombstone, to make room.
 func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 	in, done, err := p.enter(ctx)
 	if err != nil {
@@ -30,7 +34,8 @@ func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 	p.retention.Lock()
 	defer p.retention.Unlock()
 
-	victims, err := p.chooseVictims(ctx, in)
+	low := p.LowSpace()
+	victims, err := p.chooseVictims(ctx, in, low)
 	if err != nil {
 		return 0, fmt.Errorf("pool: retention: %w", err)
 	}
@@ -49,7 +54,7 @@ func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 			return dropped, fmt.Errorf("pool: retention: %w", err)
 		}
 	}
-	purged, err := p.purgeTombstones(ctx, in)
+	purged, err := p.purgeTombstones(ctx, in, low)
 	if err != nil {
 		return dropped, fmt.Errorf("pool: retention: %w", err)
 	}
@@ -64,11 +69,14 @@ func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 // purgeTombstones deletes the tombstones of steps older than
 // Options.TombstoneAge (their record and their state index entry), in
 // one synced batch.
-func (p *Pool) purgeTombstones(ctx context.Context, in *instance) (int, error) {
-	if p.opts.TombstoneAge < 0 {
+func (p *Pool) purgeTombstones(ctx context.Context, in *instance, all bool) (int, error) {
+	if p.opts.TombstoneAge < 0 && !all {
 		return 0, nil
 	}
 	cutoff := p.now().Add(-p.opts.TombstoneAge)
+	if all {
+		cutoff = maxTime
+	}
 	b := in.db.NewBatch()
 	defer b.Close()
 	n := 0
@@ -107,8 +115,8 @@ type retained struct {
 }
 
 // chooseVictims picks the steps to drop, from a snapshot.
-func (p *Pool) chooseVictims(ctx context.Context, in *instance) ([]core.StepID, error) {
-	if p.opts.MaxAge == 0 && p.opts.MaxBytes == 0 {
+func (p *Pool) chooseVictims(ctx context.Context, in *instance, low bool) ([]core.StepID, error) {
+	if p.opts.MaxAge == 0 && p.opts.MaxBytes == 0 && !low {
 		return nil, nil
 	}
 	snap := in.db.NewSnapshot()
@@ -193,10 +201,19 @@ func (p *Pool) chooseVictims(ctx context.Context, in *instance) ([]core.StepID, 
 		})
 		return nil
 	}
+	if low {
+		for i := range steps {
+			if steps[i].state == core.StateShipped {
+				if err := release(&steps[i]); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
 	if p.opts.MaxAge > 0 {
 		cutoff := p.now().Add(-p.opts.MaxAge)
 		for i := range steps {
-			if steps[i].t.Before(cutoff) {
+			if !steps[i].gone && steps[i].t.Before(cutoff) {
 				if err := release(&steps[i]); err != nil {
 					return nil, err
 				}
