@@ -39,6 +39,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -216,16 +217,17 @@ func Open(dir string, opts Options) (*Pool, error) {
 // the disk has room) until it can. Only a bad Options and a directory held
 // by another process (ErrLocked) are errors.
 func OpenServing(dir string, opts Options) (*Pool, error) {
-	p, err := Open(dir, opts)
-	if err == nil || errors.Is(err, ErrLocked) {
-		return p, err
+	p, openErr := Open(dir, opts)
+	if openErr == nil || errors.Is(openErr, ErrLocked) {
+		return p, openErr
 	}
-	if p, err = newPool(dir, opts); err != nil {
+	p, err := newPool(dir, opts)
+	if err != nil {
 		return nil, err
 	}
-	p.log.Error("the pool cannot be opened; the node serves without recording and keeps trying", "dir", dir, "err", err)
+	p.log.Error("the pool cannot be opened; the node serves without recording and keeps trying", "dir", dir, "err", openErr)
 	p.mu.Lock()
-	p.pause(err)
+	p.pause(openErr)
 	p.startReopen(nil)
 	p.mu.Unlock()
 	return p, nil
@@ -310,7 +312,7 @@ func (p *Pool) openInstance() (in *instance, err error) {
 	}()
 	db, err := pebble.Open(p.dir, popts)
 	if err != nil {
-		if errors.Is(err, pebble.ErrCorruption) {
+		if pebble.IsCorruptionError(err) || strings.Contains(err.Error(), "error when replaying WAL") {
 			return nil, fmt.Errorf("%w: %s: %v", ErrDamaged, p.dir, err)
 		}
 		return nil, fmt.Errorf("pool: open %s: %w", p.dir, err)

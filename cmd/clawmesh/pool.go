@@ -460,6 +460,12 @@ func orDash(s string) string {
 }
 
 func printStats(w io.Writer, st pool.Stats) {
+	if h := st.Health; h != nil && !h.Recording {
+		fmt.Fprintf(w, "recording paused: %s\n", h.Paused)
+		if h.Damaged {
+			fmt.Fprintln(w, "          run 'clawmesh pool repair' with the same --data to salvage the pool; the node then records again")
+		}
+	}
 	fmt.Fprintf(w, "steps     %d in %d sessions\n", st.Steps, st.Sessions)
 	fmt.Fprint(w, "states   ")
 	for _, s := range core.States {
