@@ -40,6 +40,12 @@ func (n *Node) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+adminPrefix+"stats", func(w http.ResponseWriter, r *http.Request) {
 		st, err := n.pool.Stats(r.Context())
+		if errors.Is(err, pool.ErrPaused) {
+			// The store cannot be read now: say why, which is what the
+			// owner needs to know.
+			h := n.pool.Health()
+			st, err = pool.Stats{ByState: map[core.State]int{}, Health: &h}, nil
+		}
 		writeJSON(w, st, err)
 	})
 	mux.HandleFunc("GET "+adminPrefix+"steps", func(w http.ResponseWriter, r *http.Request) {

@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/private"
@@ -93,6 +95,12 @@ type Config struct {
 	PluginDeadline    time.Duration
 	PluginMemoryLimit uint64
 	JudgeTimeout      time.Duration
+	// MinFree is the free-space guard: below this many bytes free on the
+	// data directory's filesystem the node stops recording (and retention
+	// may drop shipped steps and tombstones to make room) until there is
+	// MinFree and a quarter again. 0 means the smaller of 1 GiB and 5% of
+	// the filesystem; negative turns the guard off.
+	MinFree int64
 	// NoScoring turns the background scorer off.
 	NoScoring bool
 	// LogCalls logs one line per proxied call at Info.
@@ -236,11 +244,20 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	} else if note != "" {
 		log.Warn("data directory was open to other accounts", "fixed", note)
 	}
-	p, err := pool.Open(filepath.Join(cfg.DataDir, "pool"), pool.Options{
-		Logger: log, Now: cfg.Now, MaxAge: cfg.MaxAge, MaxBytes: cfg.MaxBytes,
+	// A pool that cannot be opened (damaged, a failing disk) does not take
+	// the agent down: the node serves, recording paused, and says what to
+	// do.
+	poolDir := filepath.Join(cfg.DataDir, "pool")
+	p, err := pool.OpenServing(poolDir, pool.Options{
+		Logger: log, Now: cfg.Now, MaxAge: cfg.MaxAge, MaxBytes: cfg.MaxBytes, MinFree: minFree(cfg.DataDir, cfg.MinFree),
 	})
 	if err != nil {
 		return nil, err
+	}
+	if h := p.Health(); h.Damaged {
+		log.Error("the pool is damaged: the node serves calls but does not record them",
+			"pool", poolDir, "cause", h.Paused,
+			"fix", "run `clawmesh pool repair --data "+cfg.DataDir+"`: it moves the damaged pool aside, salvages every step it can read into a fresh one, and this node then records again")
 	}
 	n.pool = p
 	if !cfg.NoScoring {
@@ -328,6 +345,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 // steps imported open) close without a next state.
 func (n *Node) resume(ctx context.Context) error {
 	open, err := n.pool.List(ctx, pool.Filter{State: core.StateOpen})
+	if errors.Is(err, pool.ErrPaused) {
+		return nil // nothing to resume from a store that cannot be read
+	}
 	if err != nil {
 		return fmt.Errorf("node: listing open steps: %w", err)
 	}
@@ -408,7 +428,7 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); n.scoreLoop(bg) }()
 	}
-	if n.cfg.MaxAge > 0 || n.cfg.MaxBytes > 0 {
+	if n.cfg.MaxAge > 0 || n.cfg.MaxBytes > 0 || n.cfg.MinFree >= 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); n.retentionLoop(bg) }()
 	}
@@ -469,7 +489,7 @@ func (n *Node) scoreLoop(ctx context.Context) {
 	t := time.NewTicker(n.cfg.ScoreInterval)
 	defer t.Stop()
 	for {
-		if _, err := n.ScoreClosed(ctx, 256); err != nil && ctx.Err() == nil {
+		if _, err := n.ScoreClosed(ctx, 256); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
 			n.log.Warn("scoring", "err", err)
 		}
 		select {
@@ -538,7 +558,7 @@ func (n *Node) shareLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if _, err := n.outbox.SealAll(ctx); err != nil && ctx.Err() == nil {
+		if _, err := n.outbox.SealAll(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
 			n.log.Warn("sealing outbox batches", "err", err)
 		}
 	}
@@ -552,7 +572,10 @@ func (n *Node) retentionLoop(ctx context.Context) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if d, err := n.pool.ApplyRetention(ctx); err != nil && ctx.Err() == nil {
+		if n.cfg.MaxAge == 0 && n.cfg.MaxBytes == 0 && !n.pool.LowSpace() {
+			// Only the free-space guard asks for retention, and there is
+			// room.
+		} else if d, err := n.pool.ApplyRetention(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
 			n.log.Warn("retention", "err", err)
 		} else if d > 0 {
 			n.log.Info("retention dropped steps", "n", d)
@@ -563,6 +586,20 @@ func (n *Node) retentionLoop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// minFree is the free-space guard's low-water mark for a data directory:
+// set (positive), off (negative), or the smaller of 1 GiB and 5% of its
+// filesystem.
+func minFree(dir string, set int64) int64 {
+	if set != 0 {
+		return max(set, 0)
+	}
+	du, err := vfs.Default.GetDiskUsage(dir)
+	if err != nil {
+		return 0
+	}
+	return min(1<<30, int64(du.TotalBytes/20))
 }
 
 // AdminToken is the credential the node's admin API demands (the data

@@ -16,6 +16,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/reward"
 )
@@ -375,4 +376,61 @@ func TestRestartResumesChains(t *testing.T) {
 			t.Errorf("%s: the continuation is %s, want open (its chain goes on)", c.next, cont.State)
 		}
 	}
+}
+
+// TestFailedCallsAreNotTrained: calls the upstream refused (4xx, 5xx) are
+// recorded failed: counted by state, listed by state, never scored or
+// sealed into a batch.
+func TestFailedCallsAreNotTrained(t *testing.T) {
+	n, base := startNode(t, fakeupstream.Script{Turns: []fakeupstream.Turn{
+		{Status: 400, ErrorBody: `{"error":{"message":"prompt too long","type":"invalid_request_error"}}`},
+		{Status: 503},
+		{Text: "fine"},
+	}}, node.Config{ScoreInterval: time.Hour, Share: share.Policy{Mode: share.ModeAll}})
+	ctx := context.Background()
+	for i, want := range []int{400, 503, 200} {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"q`+string(rune('a'+i))+`"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("call %d: status %d, want %d", i, resp.StatusCode, want)
+		}
+	}
+	// The good call's step closes when its session is done; the failed
+	// ones are never candidates.
+	if err := n.Pool().Update(ctx, mustOne(t, n, core.StateOpen).ID, func(s *core.Step) error { s.State = core.StateClosed; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if scored, err := n.ScoreClosed(ctx, 100); err != nil || scored != 1 {
+		t.Fatalf("scored %d, %v: want only the good call", scored, err)
+	}
+	if _, err := n.Outbox().SealAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	failed, err := n.Pool().List(ctx, pool.Filter{State: core.StateFailed})
+	if err != nil || len(failed) != 2 {
+		t.Fatalf("failed steps: %d, %v", len(failed), err)
+	}
+	for _, s := range failed {
+		if s.Reward != nil || s.Response.Status < 400 {
+			t.Errorf("failed step %s: status %d, reward %v", s.ID, s.Response.Status, s.Reward)
+		}
+	}
+	st, err := n.Pool().Stats(ctx)
+	if err != nil || st.ByState[core.StateFailed] != 2 || st.ByState[core.StateBatched]+st.ByState[core.StateHeld] != 1 {
+		t.Fatalf("stats %v, %v: want 2 failed and the good step batched or held", st.ByState, err)
+	}
+}
+
+func mustOne(t *testing.T, n *node.Node, st core.State) *core.Step {
+	t.Helper()
+	steps, err := n.Pool().List(context.Background(), pool.Filter{State: st})
+	if err != nil || len(steps) != 1 {
+		t.Fatalf("%d %s steps, %v; want 1", len(steps), st, err)
+	}
+	return steps[0]
 }

@@ -159,6 +159,39 @@ func TestTransitions(t *testing.T) {
 	}
 }
 
+// TestFailedIsADeadEnd: a failed call's step enters failed from open (or is
+// put failed) and never reaches a state that is scored, batched or shipped.
+func TestFailedIsADeadEnd(t *testing.T) {
+	ctx := context.Background()
+	p := openTest(t, t.TempDir(), Options{})
+	if err := p.Put(ctx, simpleStep("f", "s", t0, core.StateOpen, "f")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Update(ctx, "f", func(s *core.Step) error { s.State = core.StateFailed; return nil }); err != nil {
+		t.Fatalf("open → failed: %v", err)
+	}
+	for _, to := range []core.State{core.StateOpen, core.StateClosed, core.StateScored, core.StateHeld, core.StateBatched, core.StateShipped} {
+		err := p.Update(ctx, "f", func(s *core.Step) error { s.State = to; return nil })
+		if !errors.Is(err, ErrTransition) {
+			t.Errorf("failed → %s: %v, want ErrTransition", to, err)
+		}
+	}
+	if err := p.Put(ctx, simpleStep("g", "s", t0.Add(time.Second), core.StateFailed, "g")); err != nil {
+		t.Fatalf("put failed: %v", err)
+	}
+	if err := p.Put(ctx, simpleStep("c", "s", t0.Add(2*time.Second), core.StateClosed, "c")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Update(ctx, "c", func(s *core.Step) error { s.State = core.StateFailed; return nil }); !errors.Is(err, ErrTransition) {
+		t.Errorf("closed → failed: %v, want ErrTransition", err)
+	}
+	checkIndexOnly(t, p, Filter{State: core.StateFailed}, []core.StepID{"f", "g"})
+	st, err := p.Stats(ctx)
+	if err != nil || st.ByState[core.StateFailed] != 2 || st.ByState[core.StateClosed] != 1 {
+		t.Fatalf("stats %v, %v: want 2 failed and 1 closed", st.ByState, err)
+	}
+}
+
 // TestKnownBlobsForgottenBySweep: a blob the write path knows as stored,
 // then deleted by the sweep once no step references it, is written again by
 // the next step that references it.

@@ -28,7 +28,7 @@ func (p *Pool) Export(ctx context.Context, w io.Writer, f Filter) (int, error) {
 	if f.State == core.StateDropped {
 		return 0, fmt.Errorf("pool: export: dropped steps have no content to export")
 	}
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -37,7 +37,7 @@ func (p *Pool) Export(ctx context.Context, w io.Writer, f Filter) (int, error) {
 	enc := json.NewEncoder(bw)
 	enc.SetEscapeHTML(false)
 	n := 0
-	err = p.each(ctx, f, func(s *core.Step) error {
+	err = p.each(ctx, in, f, func(s *core.Step) error {
 		if err := enc.Encode(core.ExportedStep{Schema: core.SchemaVersion, Step: *s}); err != nil {
 			return fmt.Errorf("pool: export %s: %w", s.ID, err)
 		}
@@ -75,7 +75,7 @@ type BadLine struct {
 // storage, ctx) stops the import with what was done so far reported.
 func (p *Pool) Import(ctx context.Context, r io.Reader) (ImportReport, error) {
 	var rep ImportReport
-	done, err := p.enter(ctx)
+	in, done, err := p.enterWrite(ctx)
 	if err != nil {
 		return rep, err
 	}
@@ -84,12 +84,12 @@ func (p *Pool) Import(ctx context.Context, r io.Reader) (ImportReport, error) {
 	var buf []byte
 	for lineNo := 1; ; lineNo++ {
 		if err := ctx.Err(); err != nil {
-			return rep, p.syncAfter(rep, err)
+			return rep, p.syncAfter(in, rep, err)
 		}
 		line, tooLong, rerr := readLine(br, MaxLineBytes, buf[:0])
 		buf = line
 		if rerr != nil && !errors.Is(rerr, io.EOF) {
-			return rep, p.syncAfter(rep, fmt.Errorf("pool: import: line %d: %w", lineNo, rerr))
+			return rep, p.syncAfter(in, rep, fmt.Errorf("pool: import: line %d: %w", lineNo, rerr))
 		}
 		if errors.Is(rerr, io.EOF) && len(line) == 0 && !tooLong {
 			break
@@ -105,9 +105,9 @@ func (p *Pool) Import(ctx context.Context, r io.Reader) (ImportReport, error) {
 				rep.Bad = append(rep.Bad, BadLine{lineNo, err.Error()})
 				break
 			}
-			added, err := p.importStep(s)
+			added, err := p.importStep(in, s)
 			if err != nil {
-				return rep, p.syncAfter(rep, fmt.Errorf("pool: import: line %d: %w", lineNo, err))
+				return rep, p.syncAfter(in, rep, fmt.Errorf("pool: import: line %d: %w", lineNo, err))
 			}
 			if added {
 				rep.Imported++
@@ -119,34 +119,34 @@ func (p *Pool) Import(ctx context.Context, r io.Reader) (ImportReport, error) {
 			break
 		}
 	}
-	return rep, p.syncAfter(rep, nil)
+	return rep, p.syncAfter(in, rep, nil)
 }
 
 // syncAfter syncs the WAL if anything was imported (imports commit unsynced,
 // one sync covers them all) and returns err, or the sync's error.
-func (p *Pool) syncAfter(rep ImportReport, err error) error {
+func (p *Pool) syncAfter(in *instance, rep ImportReport, err error) error {
 	if rep.Imported == 0 {
 		return err
 	}
-	if serr := p.db.LogData(nil, pebble.Sync); serr != nil && err == nil {
+	if serr := in.logSync(); serr != nil && err == nil {
 		err = fmt.Errorf("pool: import: sync: %w", serr)
 	}
 	return err
 }
 
 // importStep stores s unless its id is known; it reports whether it did.
-func (p *Pool) importStep(s *core.Step) (bool, error) {
-	mu := p.stripe(s.ID)
+func (p *Pool) importStep(in *instance, s *core.Step) (bool, error) {
+	mu := p.stripe(in, s.ID)
 	mu.Lock()
 	defer mu.Unlock()
-	_, exists, err := p.oldHeader(s.ID)
+	_, exists, err := p.oldHeader(in, s.ID)
 	if err != nil || exists {
 		return false, err
 	}
 	if s.Timings.Start.IsZero() {
 		s.Timings.Start = p.now()
 	}
-	return true, p.writeLocked([]*core.Step{s}, pebble.NoSync)
+	return true, p.writeLocked(in, []*core.Step{s}, pebble.NoSync)
 }
 
 // readLine reads one line into buf (without the newline). A line longer than

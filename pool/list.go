@@ -34,13 +34,13 @@ type Filter struct {
 // List returns the steps f selects, ordered by time then id. Steps are read
 // from one consistent snapshot.
 func (p *Pool) List(ctx context.Context, f Filter) ([]*core.Step, error) {
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	var out []*core.Step
-	err = p.each(ctx, f, func(s *core.Step) error {
+	err = p.each(ctx, in, f, func(s *core.Step) error {
 		out = append(out, s)
 		return nil
 	})
@@ -51,14 +51,14 @@ func (p *Pool) List(ctx context.Context, f Filter) ([]*core.Step, error) {
 }
 
 // each calls fn for every step f selects, in order, from one snapshot.
-func (p *Pool) each(ctx context.Context, f Filter, fn func(*core.Step) error) error {
+func (p *Pool) each(ctx context.Context, in *instance, f Filter, fn func(*core.Step) error) error {
 	if f.Limit < 0 {
 		return fmt.Errorf("pool: list: negative limit %d", f.Limit)
 	}
-	if f.State > core.StateHeld {
+	if f.State > core.MaxState {
 		return fmt.Errorf("pool: list: invalid state %d", f.State)
 	}
-	snap := p.db.NewSnapshot()
+	snap := in.db.NewSnapshot()
 	defer snap.Close()
 
 	var cursor *cursorPos
@@ -167,16 +167,19 @@ type Stats struct {
 	// shipped.
 	Batches        int `json:"batches"`
 	BatchesShipped int `json:"batches_shipped"`
+	// Health says whether the pool records, and if not why. Stats fills it
+	// in; a node whose store cannot be read answers with it alone.
+	Health *Health `json:"health,omitempty"`
 }
 
 // Stats scans the pool and summarizes it.
 func (p *Pool) Stats(ctx context.Context) (Stats, error) {
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return Stats{}, err
 	}
 	defer done()
-	snap := p.db.NewSnapshot()
+	snap := in.db.NewSnapshot()
 	defer snap.Close()
 
 	st := Stats{ByState: make(map[core.State]int)}
@@ -229,6 +232,8 @@ func (p *Pool) Stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("pool: stats: %w", err)
 	}
 	st.Bytes = st.StepBytes + st.BlobBytes
-	st.DiskBytes = int64(p.db.Metrics().DiskSpaceUsage())
+	st.DiskBytes = int64(in.db.Metrics().DiskSpaceUsage())
+	h := p.Health()
+	st.Health = &h
 	return st, nil
 }

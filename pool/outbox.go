@@ -81,7 +81,7 @@ func (p *Pool) Seal(ctx context.Context, spec SealSpec) (*Batch, error) {
 	if len(slices.Compact(slices.Sorted(slices.Values(all)))) != len(all) {
 		return nil, fmt.Errorf("pool: seal: a step is named twice")
 	}
-	done, err := p.enter(ctx)
+	in, done, err := p.enterWrite(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -93,18 +93,18 @@ func (p *Pool) Seal(ctx context.Context, spec SealSpec) (*Batch, error) {
 	if len(spec.Steps) > 0 {
 		sum := sha256.Sum256(spec.Payload)
 		id := core.BatchID(hex.EncodeToString(sum[:]))
-		if old, err := p.getBatch(id); err == nil {
+		if old, err := p.getBatch(in, id); err == nil {
 			return old, nil
 		} else if !errors.Is(err, ErrNoBatch) {
 			return nil, fmt.Errorf("pool: seal: %w", err)
 		}
 		b = &Batch{ID: id, Steps: slices.Clone(spec.Steps), Size: int64(len(spec.Payload)), Created: p.now()}
 	}
-	unlock := p.lockSteps(all)
+	unlock := p.lockSteps(in, all)
 	defer unlock()
 	steps := make([]*core.Step, 0, len(all))
 	for i, id := range all {
-		s, err := p.get(p.db, id)
+		s, err := p.get(in.db, id)
 		if errors.Is(err, ErrNotFound) {
 			return nil, fmt.Errorf("%w: step %s is gone", ErrConflict, id)
 		}
@@ -128,7 +128,7 @@ func (p *Pool) Seal(ctx context.Context, spec SealSpec) (*Batch, error) {
 		}
 		extra = [][2][]byte{{payloadKey(b.ID), spec.Payload}, {batchKey(b.ID), rec}}
 	}
-	if err := p.writeWith(steps, extra, pebble.Sync); err != nil {
+	if err := p.writeWith(in, steps, extra, pebble.Sync); err != nil {
 		return nil, fmt.Errorf("pool: seal: %w", err)
 	}
 	return b, nil
@@ -137,12 +137,12 @@ func (p *Pool) Seal(ctx context.Context, spec SealSpec) (*Batch, error) {
 // Payload returns the bytes of an outbox batch, or an error wrapping
 // ErrNoBatch.
 func (p *Pool) Payload(ctx context.Context, id core.BatchID) ([]byte, error) {
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	b, err := getCopy(p.db, payloadKey(id))
+	b, err := getCopy(in.db, payloadKey(id))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, fmt.Errorf("%w: %s", ErrNoBatch, id)
 	}
@@ -155,16 +155,16 @@ func (p *Pool) Payload(ctx context.Context, id core.BatchID) ([]byte, error) {
 // GetBatch returns the outbox batch with the given id, or an error wrapping
 // ErrNoBatch.
 func (p *Pool) GetBatch(ctx context.Context, id core.BatchID) (*Batch, error) {
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	return p.getBatch(id)
+	return p.getBatch(in, id)
 }
 
-func (p *Pool) getBatch(id core.BatchID) (*Batch, error) {
-	rec, err := getCopy(p.db, batchKey(id))
+func (p *Pool) getBatch(in *instance, id core.BatchID) (*Batch, error) {
+	rec, err := getCopy(in.db, batchKey(id))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, fmt.Errorf("%w: %s", ErrNoBatch, id)
 	}
@@ -183,25 +183,25 @@ func (p *Pool) getBatch(id core.BatchID) (*Batch, error) {
 // with the batch's record, in one synced commit. Marking a shipped batch
 // again does nothing; an unknown id is an error wrapping ErrNoBatch.
 func (p *Pool) MarkShipped(ctx context.Context, id core.BatchID) error {
-	done, err := p.enter(ctx)
+	in, done, err := p.enterWrite(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
 	p.outbox.Lock()
 	defer p.outbox.Unlock()
-	b, err := p.getBatch(id)
+	b, err := p.getBatch(in, id)
 	if err != nil {
 		return err
 	}
 	if !b.Shipped.IsZero() {
 		return nil
 	}
-	unlock := p.lockSteps(b.Steps)
+	unlock := p.lockSteps(in, b.Steps)
 	defer unlock()
 	var steps []*core.Step
 	for _, sid := range b.Steps {
-		s, err := p.get(p.db, sid)
+		s, err := p.get(in.db, sid)
 		if errors.Is(err, ErrNotFound) {
 			continue
 		}
@@ -219,7 +219,7 @@ func (p *Pool) MarkShipped(ctx context.Context, id core.BatchID) error {
 	if err != nil {
 		return fmt.Errorf("pool: ship %s: %w", id, err)
 	}
-	if err := p.writeWith(steps, [][2][]byte{{batchKey(id), rec}}, pebble.Sync); err != nil {
+	if err := p.writeWith(in, steps, [][2][]byte{{batchKey(id), rec}}, pebble.Sync); err != nil {
 		return fmt.Errorf("pool: ship %s: %w", id, err)
 	}
 	return nil
@@ -227,13 +227,13 @@ func (p *Pool) MarkShipped(ctx context.Context, id core.BatchID) error {
 
 // Batches returns the outbox batches, in id order.
 func (p *Pool) Batches(ctx context.Context) ([]*Batch, error) {
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	var out []*Batch
-	err = scan(ctx, p.db, prefixOutbox, prefixOutboxEnd, func(k, v []byte) error {
+	err = scan(ctx, in.db, prefixOutbox, prefixOutboxEnd, func(k, v []byte) error {
 		var b Batch
 		if err := json.Unmarshal(v, &b); err != nil {
 			return fmt.Errorf("batch %q: %w: %v", k, errCorrupt, err)

@@ -21,6 +21,14 @@
 // tools list is stored once under the sha256 of its canonical JSON; a step
 // record holds only the hashes. Blobs no step references any more are swept
 // by ApplyRetention.
+//
+// Faults: a store whose disk fails (full, an I/O error, read-only) pauses
+// recording (writes fail at once with ErrPaused, Health says why) and is
+// closed and opened again in the background until it works, recovering
+// every acknowledged write from its WAL; the free-space guard
+// (Options.MinFree) pauses writes before the disk is full. OpenServing
+// starts a pool that cannot be opened (damaged, see Repair) paused instead
+// of failing. See health.go.
 package pool
 
 import (
@@ -31,6 +39,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,6 +68,13 @@ var (
 	ErrTransition = errors.New("pool: bad transition")
 	// ErrNoBatch: no outbox batch has that id.
 	ErrNoBatch = errors.New("pool: batch not found")
+	// ErrPaused: recording is paused: the store failed (a full or failing
+	// disk) and is being reopened, could not be opened, or the free-space
+	// guard holds writes back. Health says why.
+	ErrPaused = errors.New("pool: recording paused")
+	// ErrDamaged: Pebble cannot open the pool's files (a damaged WAL
+	// segment or table); Repair salvages what can be read.
+	ErrDamaged = errors.New("pool: damaged")
 )
 
 // Options configure a Pool. The zero value means defaults.
@@ -82,6 +98,17 @@ type Options struct {
 	// the step back; then ApplyRetention purges it. 0 means
 	// DefaultTombstoneAge; negative keeps tombstones forever.
 	TombstoneAge time.Duration
+	// MinFree is the free-space guard's low-water mark, in bytes free on the
+	// filesystem of the pool's directory: below it, writes are refused with
+	// ErrPaused (recording pauses before the disk is full) and
+	// ApplyRetention also drops shipped steps and every tombstone to make
+	// room; writes resume once the free space is above the high-water mark,
+	// MinFree and a quarter. 0 means no guard.
+	MinFree int64
+	// ReopenInterval is the first wait between attempts to reopen a store
+	// that failed (a full or failing disk) or could not be opened; the wait
+	// doubles up to 10s. Default 1s.
+	ReopenInterval time.Duration
 	// FS is the filesystem Pebble runs on. Nil means the disk. vfs.NewMem()
 	// is for unit tests only.
 	FS vfs.FS
@@ -93,6 +120,12 @@ func (o *Options) validate() error {
 	}
 	if o.MaxBytes < 0 {
 		return fmt.Errorf("pool: MaxBytes %d is negative", o.MaxBytes)
+	}
+	if o.MinFree < 0 {
+		return fmt.Errorf("pool: MinFree %d is negative", o.MinFree)
+	}
+	if o.ReopenInterval < 0 {
+		return fmt.Errorf("pool: ReopenInterval %v is negative", o.ReopenInterval)
 	}
 	return nil
 }
@@ -107,19 +140,23 @@ const stripes = 256
 
 // Pool is an open DataPool. It is safe for concurrent use.
 type Pool struct {
-	db   *pebble.DB
-	lock *pebble.Lock
+	dir  string
+	fs   vfs.FS // opts.FS, or the disk
 	opts Options
 	log  *slog.Logger
 	now  func() time.Time
 
-	// life guards closed: operations hold it shared while they run, Close
-	// takes it exclusively.
-	life   sync.RWMutex
+	// mu guards lock, cur, closed and the health fields; see health.go.
+	mu     sync.Mutex
+	lock   *pebble.Lock
+	cur    *instance // nil while no store is open
 	closed bool
+	health healthState
+	// stop ends the background reopening; bg waits for it.
+	stop chan struct{}
+	bg   sync.WaitGroup
 
-	seed    maphash.Seed
-	stripes [stripes]sync.Mutex
+	seed maphash.Seed
 
 	// cache holds decoded blobs for reads.
 	cache *decodedCache
@@ -128,9 +165,6 @@ type Pool struct {
 	// that writes skip encoding, hashing and looking up what every call of
 	// a conversation resends; see knownBlobs.
 	known *knownBlobs
-
-	// gc coordinates blob writes with the blob sweep; see sweep.go.
-	gc gcState
 
 	// retention serializes ApplyRetention runs.
 	retention sync.Mutex
@@ -142,14 +176,73 @@ type Pool struct {
 	testHookSwept func()
 }
 
+// instance is one open Pebble database on the pool's directory, with the
+// locks of the writes made to it. A store that fails is replaced by a new
+// instance (see health.go); writes stuck in the old one keep its locks and
+// never hold up the new one.
+type instance struct {
+	db      *pebble.DB
+	stripes [stripes]sync.Mutex
+	// gc coordinates blob writes with the blob sweep; see sweep.go.
+	gc gcState
+	// ops counts the operations running on this instance.
+	ops sync.WaitGroup
+}
+
 // Open opens (creating if needed) the pool in dir. If another process holds
-// dir, Open fails at once with an error wrapping ErrLocked.
+// dir, Open fails at once with an error wrapping ErrLocked; a pool Pebble
+// cannot open (damaged, see Repair) fails with an error wrapping ErrDamaged.
 func Open(dir string, opts Options) (*Pool, error) {
+	p, err := newPool(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.fs.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("pool: open %s: %w", dir, err)
+	}
+	in, err := p.openInstance()
+	if err != nil {
+		return nil, err
+	}
+	p.cur = in
+	p.log.Debug("opened", "dir", dir)
+	return p, nil
+}
+
+// OpenServing opens the pool as Open does, for a process that must go on
+// serving whatever state the pool is in (the node): a pool that cannot be
+// opened (damaged, or on a full or failing disk) is not an error. The Pool
+// returned then has recording paused, Health says why, and it tries to open
+// the store again in the background (after `clawmesh pool repair`, once
+// the disk has room) until it can. Only a bad Options and a directory held
+// by another process (ErrLocked) are errors.
+func OpenServing(dir string, opts Options) (*Pool, error) {
+	p, openErr := Open(dir, opts)
+	if openErr == nil || errors.Is(openErr, ErrLocked) {
+		return p, openErr
+	}
+	p, err := newPool(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	p.log.Error("the pool cannot be opened; the node serves without recording and keeps trying", "dir", dir, "err", openErr)
+	p.mu.Lock()
+	p.pause(openErr)
+	p.startReopen(nil)
+	p.mu.Unlock()
+	return p, nil
+}
+
+// newPool makes a Pool with no store open.
+func newPool(dir string, opts Options) (*Pool, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
 	if opts.TombstoneAge == 0 {
 		opts.TombstoneAge = DefaultTombstoneAge
+	}
+	if opts.ReopenInterval == 0 {
+		opts.ReopenInterval = time.Second
 	}
 	log := opts.Logger
 	if log == nil {
@@ -164,71 +257,159 @@ func Open(dir string, opts Options) (*Pool, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
-	if err := fs.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("pool: open %s: %w", dir, err)
-	}
-	// Take Pebble's directory lock ourselves so a held lock is recognised and
-	// reported as ErrLocked (the lock is a non-blocking fcntl lock: this
-	// never waits).
-	lock, err := pebble.LockDirectory(dir, fs)
-	if err != nil {
-		if pebblelock.Held(err) {
-			return nil, fmt.Errorf("%w: %s: %v", ErrLocked, dir, err)
+	return &Pool{dir: dir, fs: fs, opts: opts, log: log, now: now, stop: make(chan struct{}), seed: maphash.MakeSeed(),
+		cache: newDecodedCache(decodedCacheBytes), known: newKnownBlobs(knownBlobsMax)}, nil
+}
+
+// openInstance opens Pebble on the pool's directory, taking the directory
+// lock first if the pool does not hold it. The caller holds mu, or owns p
+// alone.
+func (p *Pool) openInstance() (in *instance, err error) {
+	if p.lock == nil {
+		// Take Pebble's directory lock ourselves so a held lock is
+		// recognised and reported as ErrLocked (the lock is a non-blocking
+		// fcntl lock: this never waits).
+		lock, err := pebble.LockDirectory(p.dir, p.fs)
+		if err != nil {
+			if pebblelock.Held(err) {
+				return nil, fmt.Errorf("%w: %s: %v", ErrLocked, p.dir, err)
+			}
+			return nil, fmt.Errorf("pool: lock %s: %w", p.dir, err)
 		}
-		return nil, fmt.Errorf("pool: lock %s: %w", dir, err)
+		p.lock = lock
 	}
+	defer func() {
+		if err != nil {
+			_ = p.lock.Close()
+			p.lock = nil
+		}
+	}()
+	in = new(instance)
+	// The disk-full callback and the fatal-error hooks name the instance
+	// they belong to: a late report from a replaced one changes nothing.
 	popts := &pebble.Options{
-		FS:     fs,
-		Lock:   lock,
-		Logger: pebbleLogger{log},
+		FS:     vfs.OnDiskFull(p.fs, func() { p.failed(in, errNoSpace) }),
+		Lock:   p.lock,
+		Logger: pebbleLogger{log: p.log, fatal: func(err error) { p.failed(in, err) }},
+		EventListener: &pebble.EventListener{
+			BackgroundError: func(err error) {
+				if diskError(err) {
+					p.failed(in, err)
+				}
+			},
+		},
 	}
-	db, err := pebble.Open(dir, popts)
+	defer func() {
+		// Pebble reports some failures while opening as fatal (a manifest
+		// it cannot write).
+		if r := recover(); r != nil {
+			f, ok := r.(fatalPanic)
+			if !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("pool: open %s: %w", p.dir, f.err)
+		}
+	}()
+	db, err := pebble.Open(p.dir, popts)
 	if err != nil {
-		_ = lock.Close()
-		return nil, fmt.Errorf("pool: open %s: %w", dir, err)
+		if pebble.IsCorruptionError(err) || strings.Contains(err.Error(), "error when replaying WAL") {
+			return nil, fmt.Errorf("%w: %s: %v", ErrDamaged, p.dir, err)
+		}
+		return nil, fmt.Errorf("pool: open %s: %w", p.dir, err)
 	}
-	p := &Pool{db: db, lock: lock, opts: opts, log: log, now: now, seed: maphash.MakeSeed(), cache: newDecodedCache(decodedCacheBytes), known: newKnownBlobs(knownBlobsMax)}
-	log.Debug("opened", "dir", dir)
-	return p, nil
+	in.db = db
+	return in, nil
 }
 
 // Close flushes nothing (every write is already synced) and releases the
-// directory. Operations in progress finish first.
+// directory. Operations in progress finish first, for as long as
+// closeWait; a store wedged beyond that (a disk that stopped answering) is
+// left to the operating system, which loses nothing synced.
 func (p *Pool) Close() error {
-	p.life.Lock()
-	defer p.life.Unlock()
+	p.mu.Lock()
 	if p.closed {
+		p.mu.Unlock()
 		return ErrClosed
 	}
 	p.closed = true
-	err := p.db.Close()
-	if lerr := p.lock.Close(); err == nil {
-		err = lerr
+	close(p.stop)
+	in := p.cur
+	p.cur = nil
+	p.mu.Unlock()
+	if !waitTimeout(p.bg.Wait, closeWait) {
+		return fmt.Errorf("pool: close: the store is still being reopened; left to the operating system")
 	}
+	var err error
+	if in != nil {
+		if !waitTimeout(in.ops.Wait, closeWait) {
+			return fmt.Errorf("pool: close: operations still running after %v; the store is left to the operating system", closeWait)
+		}
+		err = closeDB(in.db)
+	}
+	p.mu.Lock()
+	if p.lock != nil {
+		if lerr := p.lock.Close(); err == nil {
+			err = lerr
+		}
+		p.lock = nil
+	}
+	p.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("pool: close: %w", err)
 	}
 	return nil
 }
 
-// enter starts an operation; the returned function ends it.
-func (p *Pool) enter(ctx context.Context) (func(), error) {
+// closeWait bounds how long Close and a reopen wait for operations running
+// on a store that is closing.
+const closeWait = 10 * time.Second
+
+// enter starts an operation on the open store; the returned function ends
+// it. With no store open (it failed and is being reopened, or could not be
+// opened) it returns an error wrapping ErrPaused.
+func (p *Pool) enter(ctx context.Context) (*instance, func(), error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	p.life.RLock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.closed {
-		p.life.RUnlock()
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
-	return p.life.RUnlock, nil
+	if p.cur == nil {
+		return nil, nil, p.pausedErr()
+	}
+	in := p.cur
+	in.ops.Add(1)
+	return in, in.ops.Done, nil
+}
+
+// enterWrite is enter for an operation that records something: it is also
+// refused, with ErrPaused, while the free-space guard holds writes back.
+func (p *Pool) enterWrite(ctx context.Context) (*instance, func(), error) {
+	p.checkSpace()
+	in, done, err := p.enter(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.mu.Lock()
+	low := p.health.lowSpace
+	err = p.pausedErr()
+	p.mu.Unlock()
+	if low {
+		done()
+		return nil, nil, err
+	}
+	return in, done, nil
 }
 
 func (p *Pool) stripeIndex(id core.StepID) uint64 {
 	return maphash.String(p.seed, string(id)) % stripes
 }
 
-func (p *Pool) stripe(id core.StepID) *sync.Mutex { return &p.stripes[p.stripeIndex(id)] }
+func (p *Pool) stripe(in *instance, id core.StepID) *sync.Mutex {
+	return &in.stripes[p.stripeIndex(id)]
+}
 
 // Put inserts s, or replaces the step with the same id. It returns once the
 // write is synced. Put fills in, in s itself, what was left zero: State
@@ -261,8 +442,8 @@ func checkStorable(s *core.Step) error {
 }
 
 // oldHeader reads the header of the record now stored for id, if any.
-func (p *Pool) oldHeader(id core.StepID) (header, bool, error) {
-	rec, err := getCopy(p.db, stepKey(id))
+func (p *Pool) oldHeader(in *instance, id core.StepID) (header, bool, error) {
+	rec, err := getCopy(in.db, stepKey(id))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return header{}, false, nil
 	}
@@ -281,11 +462,14 @@ func (p *Pool) oldHeader(id core.StepID) (header, bool, error) {
 // shipped, steps skipped or not) and stay; the one way back is scored →
 // closed, which sends a step to be scored again (explicit feedback after
 // scoring). Held is a dead end beside batched: only a scored step enters
-// it, and it stays. Nothing leaves dropped, and only retention drops.
+// it, and it stays. Failed is a dead end beside closed: only an open step
+// enters it, and it stays. Nothing leaves dropped, and only retention drops.
 func Transition(from, to core.State) bool {
 	switch {
 	case from == core.StateDropped || to == core.StateDropped:
 		return false
+	case from == core.StateFailed || to == core.StateFailed:
+		return to == core.StateFailed && (from == core.StateOpen || from == core.StateFailed)
 	case from == core.StateHeld || to == core.StateHeld:
 		return to == core.StateHeld && (from == core.StateScored || from == core.StateHeld)
 	case to >= from:
@@ -299,14 +483,14 @@ func Transition(from, to core.State) bool {
 // records for their ids and moving their index entries. The caller holds the
 // write locks of every id, and the ids are distinct. A step already stored
 // may only move as Transition allows.
-func (p *Pool) writeLocked(steps []*core.Step, opts *pebble.WriteOptions) error {
-	return p.writeWith(steps, nil, opts)
+func (p *Pool) writeLocked(in *instance, steps []*core.Step, opts *pebble.WriteOptions) error {
+	return p.writeWith(in, steps, nil, opts)
 }
 
 // writeWith is writeLocked that also sets the key-value pairs in extra
 // (other records that must change with the steps) in the same batch.
-func (p *Pool) writeWith(steps []*core.Step, extra [][2][]byte, opts *pebble.WriteOptions) error {
-	b := p.db.NewBatch()
+func (p *Pool) writeWith(in *instance, steps []*core.Step, extra [][2][]byte, opts *pebble.WriteOptions) error {
+	b := in.db.NewBatch()
 	defer b.Close()
 	for _, kv := range extra {
 		if err := b.Set(kv[0], kv[1], nil); err != nil {
@@ -316,15 +500,15 @@ func (p *Pool) writeWith(steps []*core.Step, extra [][2][]byte, opts *pebble.Wri
 	// Blobs: write only those not yet stored. The sweep must not delete a
 	// blob between our check and our commit; see gcState. The known set
 	// is consulted under the same lock, as the sweep clears it.
-	p.gc.enterWrite()
-	defer p.gc.exitWrite()
+	in.gc.enterWrite()
+	defer in.gc.exitWrite()
 	var refs []blob
 	for _, s := range steps {
 		enc, err := p.encodeStep(s)
 		if err != nil {
 			return err
 		}
-		old, exists, err := p.oldHeader(s.ID)
+		old, exists, err := p.oldHeader(in, s.ID)
 		if err != nil {
 			return fmt.Errorf("pool: put: %w", err)
 		}
@@ -339,11 +523,11 @@ func (p *Pool) writeWith(steps []*core.Step, extra [][2][]byte, opts *pebble.Wri
 			return fmt.Errorf("pool: put: %w", err)
 		}
 		for _, bl := range enc.blobs {
-			p.gc.touch(bl.key)
+			in.gc.touch(bl.key)
 			if bl.data == nil { // known to be stored
 				continue
 			}
-			_, closer, err := p.db.Get(bl.key)
+			_, closer, err := in.db.Get(bl.key)
 			if err == nil {
 				closer.Close()
 				continue
@@ -357,7 +541,7 @@ func (p *Pool) writeWith(steps []*core.Step, extra [][2][]byte, opts *pebble.Wri
 		}
 		refs = append(refs, enc.blobs...)
 	}
-	if err := b.Commit(opts); err != nil {
+	if err := in.commit(b, opts); err != nil {
 		return fmt.Errorf("pool: put: %w", err)
 	}
 	p.known.add(refs)
@@ -387,12 +571,12 @@ func deleteIndex(b *pebble.Batch, id core.StepID, h header) {
 // Get returns the full step with the given id. For a step retention dropped
 // it returns an error wrapping ErrNotFound.
 func (p *Pool) Get(ctx context.Context, id core.StepID) (*core.Step, error) {
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	return p.get(p.db, id)
+	return p.get(in.db, id)
 }
 
 func (p *Pool) get(r getter, id core.StepID) (*core.Step, error) {
@@ -443,7 +627,7 @@ type Change struct {
 // One commit costs one fsync where the same writes made one by one cost one
 // each (the gateway stores a step and its parent's next state together).
 func (p *Pool) Apply(ctx context.Context, puts []*core.Step, changes []Change) error {
-	done, err := p.enter(ctx)
+	in, done, err := p.enterWrite(ctx)
 	if err != nil {
 		return err
 	}
@@ -473,11 +657,11 @@ func (p *Pool) Apply(ctx context.Context, puts []*core.Step, changes []Change) e
 			seen[id] = true
 		}
 	}
-	unlock := p.lockSteps(ids)
+	unlock := p.lockSteps(in, ids)
 	defer unlock()
 	steps := append(make([]*core.Step, 0, len(ids)), puts...)
 	for _, c := range changes {
-		s, err := p.get(p.db, c.ID)
+		s, err := p.get(in.db, c.ID)
 		if err != nil {
 			return err
 		}
@@ -495,15 +679,15 @@ func (p *Pool) Apply(ctx context.Context, puts []*core.Step, changes []Change) e
 		}
 		steps = append(steps, s)
 	}
-	return p.writeLocked(steps, pebble.Sync)
+	return p.writeLocked(in, steps, pebble.Sync)
 }
 
 // lockSteps takes the write locks of ids, each stripe once and in stripe
 // order (so that writers of several steps cannot deadlock), and returns
 // what releases them.
-func (p *Pool) lockSteps(ids []core.StepID) func() {
+func (p *Pool) lockSteps(in *instance, ids []core.StepID) func() {
 	if len(ids) == 1 {
-		mu := p.stripe(ids[0])
+		mu := p.stripe(in, ids[0])
 		mu.Lock()
 		return mu.Unlock
 	}
@@ -514,17 +698,24 @@ func (p *Pool) lockSteps(ids []core.StepID) func() {
 	slices.Sort(idx)
 	idx = slices.Compact(idx)
 	for _, i := range idx {
-		p.stripes[i].Lock()
+		in.stripes[i].Lock()
 	}
 	return func() {
 		for _, i := range idx {
-			p.stripes[i].Unlock()
+			in.stripes[i].Unlock()
 		}
 	}
 }
 
-// pebbleLogger routes Pebble's logs to slog.
-type pebbleLogger struct{ log *slog.Logger }
+// pebbleLogger routes Pebble's logs to slog. A fatal error (Pebble's
+// commit pipeline cannot write its WAL; its manifest cannot be written)
+// marks the instance failed, through fatal, before Fatalf panics as Pebble
+// expects; the pool recovers that panic where its own calls made it (see
+// instance.commit) and reopens the store in the background.
+type pebbleLogger struct {
+	log   *slog.Logger
+	fatal func(error)
+}
 
 func (l pebbleLogger) Infof(format string, args ...any) {
 	l.log.Debug(fmt.Sprintf(format, args...), "from", "pebble")
@@ -535,9 +726,15 @@ func (l pebbleLogger) Errorf(format string, args ...any) {
 }
 
 func (l pebbleLogger) Fatalf(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	l.log.Error(msg, "from", "pebble")
-	panic("pebble: " + msg)
+	err := fmt.Errorf(format, args...)
+	l.log.Error(err.Error(), "from", "pebble")
+	if l.fatal != nil {
+		l.fatal(err)
+	}
+	if !onPoolCall() {
+		select {} // a background job of a failed store: parked, see onPoolCall
+	}
+	panic(fatalPanic{err})
 }
 
 var _ io.Closer = (*Pool)(nil)

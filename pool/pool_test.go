@@ -244,7 +244,7 @@ func idsOf(steps []*core.Step) []core.StepID {
 func countKeys(t *testing.T, p *Pool, prefix string) int {
 	t.Helper()
 	n := 0
-	err := scan(context.Background(), p.db, []byte(prefix), prefixEnd([]byte(prefix)), func(_, _ []byte) error {
+	err := scan(context.Background(), p.cur.db, []byte(prefix), prefixEnd([]byte(prefix)), func(_, _ []byte) error {
 		n++
 		return nil
 	})
@@ -452,10 +452,10 @@ func TestDedupe(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i+1 == 20 || i+1 == 200 {
-			if err := p.db.Flush(); err != nil {
+			if err := p.cur.db.Flush(); err != nil {
 				t.Fatal(err)
 			}
-			diskAt[i+1] = int64(p.db.Metrics().DiskSpaceUsage())
+			diskAt[i+1] = int64(p.cur.db.Metrics().DiskSpaceUsage())
 		}
 	}
 	st, err := p.Stats(ctx)

@@ -221,11 +221,11 @@ func TestSyncedBeforeReturn(t *testing.T) {
 	gen := NewStepGen("sync", 6)
 
 	// The control: an unsynced write is lost in the crash.
-	if err := p.db.Set([]byte("x/unsynced"), []byte("v"), pebble.NoSync); err != nil {
+	if err := p.cur.db.Set([]byte("x/unsynced"), []byte("v"), pebble.NoSync); err != nil {
 		t.Fatal(err)
 	}
 	crash(func(q *Pool) {
-		if _, closer, err := q.db.Get([]byte("x/unsynced")); err == nil {
+		if _, closer, err := q.cur.db.Get([]byte("x/unsynced")); err == nil {
 			closer.Close()
 			t.Fatal("unsynced write survived the crash: the simulation does not drop unsynced data")
 		}

@@ -21,8 +21,12 @@ import (
 // By size, the figure limited is step data as Stats.Bytes counts it: live
 // step records plus the blobs they reference. Shipped steps go first, oldest
 // first; then all other steps, oldest first, whatever their state.
+//
+// While the free-space guard holds writes back (Options.MinFree), it also
+// drops every shipped step (they have left the device already) and purges
+// every tombstone, to make room.
 func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
-	done, err := p.enter(ctx)
+	in, done, err := p.enter(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -30,13 +34,14 @@ func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 	p.retention.Lock()
 	defer p.retention.Unlock()
 
-	victims, err := p.chooseVictims(ctx)
+	low := p.LowSpace()
+	victims, err := p.chooseVictims(ctx, in, low)
 	if err != nil {
 		return 0, fmt.Errorf("pool: retention: %w", err)
 	}
 	dropped := 0
 	for _, id := range victims {
-		ok, err := p.drop(id)
+		ok, err := p.drop(in, id)
 		if err != nil {
 			return dropped, fmt.Errorf("pool: retention: %w", err)
 		}
@@ -45,15 +50,15 @@ func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 		}
 	}
 	if dropped > 0 {
-		if err := p.db.LogData(nil, pebble.Sync); err != nil {
+		if err := in.logSync(); err != nil {
 			return dropped, fmt.Errorf("pool: retention: %w", err)
 		}
 	}
-	purged, err := p.purgeTombstones(ctx)
+	purged, err := p.purgeTombstones(ctx, in, low)
 	if err != nil {
 		return dropped, fmt.Errorf("pool: retention: %w", err)
 	}
-	swept, err := p.sweepBlobs(ctx)
+	swept, err := p.sweepBlobs(ctx, in)
 	if err != nil {
 		return dropped, err
 	}
@@ -64,15 +69,18 @@ func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 // purgeTombstones deletes the tombstones of steps older than
 // Options.TombstoneAge (their record and their state index entry), in
 // one synced batch.
-func (p *Pool) purgeTombstones(ctx context.Context) (int, error) {
-	if p.opts.TombstoneAge < 0 {
+func (p *Pool) purgeTombstones(ctx context.Context, in *instance, all bool) (int, error) {
+	if p.opts.TombstoneAge < 0 && !all {
 		return 0, nil
 	}
 	cutoff := p.now().Add(-p.opts.TombstoneAge)
-	b := p.db.NewBatch()
+	if all {
+		cutoff = maxTime
+	}
+	b := in.db.NewBatch()
 	defer b.Close()
 	n := 0
-	snap := p.db.NewSnapshot()
+	snap := in.db.NewSnapshot()
 	defer snap.Close()
 	err := scan(ctx, snap, prefixStep, prefixStepEnd, func(k, v []byte) error {
 		h, _, err := decodeHeader(v)
@@ -92,7 +100,7 @@ func (p *Pool) purgeTombstones(ctx context.Context) (int, error) {
 	}
 	// A step written since the snapshot under a purged id is not a
 	// tombstone any more: Put refuses to write over one, so none is.
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := in.commit(b, pebble.Sync); err != nil {
 		return 0, err
 	}
 	return n, nil
@@ -107,11 +115,11 @@ type retained struct {
 }
 
 // chooseVictims picks the steps to drop, from a snapshot.
-func (p *Pool) chooseVictims(ctx context.Context) ([]core.StepID, error) {
-	if p.opts.MaxAge == 0 && p.opts.MaxBytes == 0 {
+func (p *Pool) chooseVictims(ctx context.Context, in *instance, low bool) ([]core.StepID, error) {
+	if p.opts.MaxAge == 0 && p.opts.MaxBytes == 0 && !low {
 		return nil, nil
 	}
-	snap := p.db.NewSnapshot()
+	snap := in.db.NewSnapshot()
 	defer snap.Close()
 
 	bySize := p.opts.MaxBytes > 0
@@ -193,10 +201,19 @@ func (p *Pool) chooseVictims(ctx context.Context) ([]core.StepID, error) {
 		})
 		return nil
 	}
+	if low {
+		for i := range steps {
+			if steps[i].state == core.StateShipped {
+				if err := release(&steps[i]); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
 	if p.opts.MaxAge > 0 {
 		cutoff := p.now().Add(-p.opts.MaxAge)
 		for i := range steps {
-			if steps[i].t.Before(cutoff) {
+			if !steps[i].gone && steps[i].t.Before(cutoff) {
 				if err := release(&steps[i]); err != nil {
 					return nil, err
 				}
@@ -221,18 +238,18 @@ func (p *Pool) chooseVictims(ctx context.Context) ([]core.StepID, error) {
 
 // drop replaces the step's record with a tombstone, unsynced (the caller
 // syncs once for all). It reports false if the step is gone already.
-func (p *Pool) drop(id core.StepID) (bool, error) {
-	mu := p.stripe(id)
+func (p *Pool) drop(in *instance, id core.StepID) (bool, error) {
+	mu := p.stripe(in, id)
 	mu.Lock()
 	defer mu.Unlock()
-	old, exists, err := p.oldHeader(id)
+	old, exists, err := p.oldHeader(in, id)
 	if err != nil {
 		return false, err
 	}
 	if !exists || old.state == core.StateDropped {
 		return false, nil
 	}
-	b := p.db.NewBatch()
+	b := in.db.NewBatch()
 	defer b.Close()
 	deleteIndex(b, id, old)
 	tomb := old
@@ -241,7 +258,7 @@ func (p *Pool) drop(id core.StepID) (bool, error) {
 	if err := b.Set(stepKey(id), tombstoneRecord(old), nil); err != nil {
 		return false, err
 	}
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := in.commit(b, pebble.NoSync); err != nil {
 		return false, err
 	}
 	return true, nil

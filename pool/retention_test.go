@@ -187,7 +187,7 @@ func TestSweepWithConcurrentWriters(t *testing.T) {
 		mustEqual(t, s, want)
 	}
 	// A final sweep with nothing running deletes nothing a live step uses.
-	if _, err := p.sweepBlobs(ctx); err != nil {
+	if _, err := p.sweepBlobs(ctx, p.cur); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.List(ctx, Filter{}); err != nil {

@@ -46,20 +46,20 @@ func (g *gcState) touch(key []byte) {
 
 // sweepBlobs deletes the blobs no step record references and returns how
 // many it deleted.
-func (p *Pool) sweepBlobs(ctx context.Context) (int, error) {
-	p.gc.mu.Lock()
-	p.gc.sweeping = true
-	p.gc.touched = make(map[string]struct{})
-	snap := p.db.NewSnapshot()
-	p.gc.mu.Unlock()
+func (p *Pool) sweepBlobs(ctx context.Context, in *instance) (int, error) {
+	in.gc.mu.Lock()
+	in.gc.sweeping = true
+	in.gc.touched = make(map[string]struct{})
+	snap := in.db.NewSnapshot()
+	in.gc.mu.Unlock()
 	defer snap.Close()
 
 	finished := false
 	defer func() {
 		if !finished {
-			p.gc.mu.Lock()
-			p.gc.sweeping, p.gc.touched = false, nil
-			p.gc.mu.Unlock()
+			in.gc.mu.Lock()
+			in.gc.sweeping, in.gc.touched = false, nil
+			in.gc.mu.Unlock()
 		}
 	}()
 
@@ -92,15 +92,15 @@ func (p *Pool) sweepBlobs(ctx context.Context) (int, error) {
 		p.testHookSwept()
 	}
 
-	p.gc.mu.Lock()
-	defer p.gc.mu.Unlock()
+	in.gc.mu.Lock()
+	defer in.gc.mu.Unlock()
 	finished = true
-	defer func() { p.gc.sweeping, p.gc.touched = false, nil }()
-	b := p.db.NewBatch()
+	defer func() { in.gc.sweeping, in.gc.touched = false, nil }()
+	b := in.db.NewBatch()
 	defer b.Close()
 	n := 0
 	for _, k := range unused {
-		if _, ok := p.gc.touched[string(k)]; ok {
+		if _, ok := in.gc.touched[string(k)]; ok {
 			continue
 		}
 		if err := b.Delete(k, nil); err != nil {
@@ -114,7 +114,7 @@ func (p *Pool) sweepBlobs(ctx context.Context) (int, error) {
 	// Writers no longer assume any blob is stored (they are held off until
 	// the deletes are committed).
 	p.known.clear()
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := in.commit(b, pebble.Sync); err != nil {
 		return 0, fmt.Errorf("pool: sweep: %w", err)
 	}
 	return n, nil

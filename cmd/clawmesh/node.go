@@ -40,8 +40,16 @@ config file) allows, scrubbed of personal data and secrets, in outbox
 batches: see 'clawmesh pool preview' for exactly what would leave, and
 'clawmesh scrub --help'. With no [share] mode, nothing leaves.
 
-SIGINT or SIGTERM stops accepting new calls, lets in-flight streams finish,
-and exits. SIGHUP reloads the reward plugins ([[plugins]]) and the sharing
+SIGINT or SIGTERM stops accepting new calls, lets in-flight streams finish
+(up to --drain-timeout), and exits; whatever state the pool is in, the node
+is gone a few seconds after the drain timeout, and a second SIGINT or
+SIGTERM exits at once.
+
+Recording never stops the agent: a full or failing disk, or a damaged pool,
+pauses recording (calls are still answered), 'clawmesh pool stats' says why,
+and the node records again by itself once the disk works (or after
+'clawmesh pool repair'). Below --min-free free space the node pauses
+recording before the disk is full. SIGHUP reloads the reward plugins ([[plugins]]) and the sharing
 policy ([share]) from the config file; a new set with a plugin that cannot
 be loaded is refused (logged as an error, naming it) and the plugins in use
 stay. A relative plugin path is
@@ -85,12 +93,24 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	noMDNS := fs.Bool("no-mdns", false, "do not look for mesh peers on the local network")
 	shareEvery := fs.Duration("share-interval", 0, "how often scored steps are sealed into outbox batches, as [share] allows (default 30s)")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
+	minFreeFlag := fs.String("min-free", "", "pause recording while the data directory's filesystem has less than this free (a number of bytes, or with KiB, MiB or GiB; 0 turns the guard off); recording resumes at a quarter more (default the smaller of 1GiB and 5% of the filesystem)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	maxBodyBytes, err := parseSize(*maxBody)
 	if err != nil || maxBodyBytes < 1024 {
 		return usageErr("--max-body %q: want a size of at least 1KiB, such as 32MiB", *maxBody)
+	}
+	var minFree int64
+	if *minFreeFlag != "" {
+		v, err := parseSize(*minFreeFlag)
+		if err != nil || v < 0 {
+			return usageErr("--min-free %q: want a size such as 1GiB, or 0 to turn the guard off", *minFreeFlag)
+		}
+		minFree = v
+		if v == 0 {
+			minFree = -1
+		}
 	}
 	if fs.NArg() > 0 {
 		return usageErr("unexpected arguments %q", fs.Args())
@@ -144,6 +164,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		NoScoring:     *noScore,
 		LogCalls:      *logRequests,
 		MaxBody:       maxBodyBytes,
+		MinFree:       minFree,
 		Logger:        log,
 
 		PluginDeadline:    s.PluginDeadline,
@@ -168,6 +189,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			reloadShare(s, n, log)
 		}
 	}()
+	finished := make(chan struct{})
+	defer close(finished)
+	go exitIfStuck(ctx, finished, s.DrainTimeout, stderr)
 	runErr := n.Run(ctx)
 	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -178,6 +202,39 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stderr, "clawmesh node: stopped")
 	}
 	return runErr
+}
+
+// stopGrace is how long after the drain timeout a stopping node may take
+// to close its store before it exits anyway.
+const stopGrace = 10 * time.Second
+
+// exitIfStuck makes shutdown always end: once ctx is done (the first
+// SIGINT or SIGTERM), a second signal exits at once, and a node still
+// stopping stopGrace after the drain timeout exits anyway (the pool's
+// acknowledged writes are on disk; a stuck store loses nothing of them).
+func exitIfStuck(ctx context.Context, finished <-chan struct{}, drain time.Duration, stderr io.Writer) {
+	select {
+	case <-ctx.Done():
+	case <-finished:
+		return
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	if drain == 0 {
+		drain = 60 * time.Second
+	}
+	t := time.NewTimer(drain + stopGrace)
+	defer t.Stop()
+	select {
+	case <-finished:
+	case s := <-sig:
+		fmt.Fprintf(stderr, "clawmesh node: %v again: exiting now\n", s)
+		os.Exit(1)
+	case <-t.C:
+		fmt.Fprintf(stderr, "clawmesh node: still stopping %v after the drain timeout: exiting\n", stopGrace)
+		os.Exit(1)
+	}
 }
 
 // reloadPlugins re-reads the config file's plugins and swaps them in, as

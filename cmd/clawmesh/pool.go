@@ -28,6 +28,9 @@ Reads and feeds the DataPool, the record of every LLM call a node made.
   clawmesh pool show STEP_ID                  one step: context, reply, next state, scores, hints
   clawmesh pool export [--session S] > steps.jsonl
   clawmesh pool import logs.jsonl             black-box offline mode: logs collected elsewhere
+  clawmesh pool repair [--json]               salvage a damaged pool: moves it aside (never
+                                              deleted), copies every step it can read into a
+                                              fresh pool, reports what it could not read
   clawmesh pool preview [--limit 5] [--json]  the next batch exactly as it would leave this
                                               device, decoded: scrubbed, ids hashed, times
                                               rounded to the hour, under the [share] policy
@@ -113,7 +116,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	s.bindClient(fs)
 	filterFlags := func() {
 		fs.StringVar((*string)(&f.Session), "session", "", "only this session")
-		fs.StringVar(&state, "state", "", "only this state: open, closed, scored, held, batched, shipped, dropped")
+		fs.StringVar(&state, "state", "", "only this state: open, failed, closed, scored, held, batched, shipped, dropped (failed: calls the upstream refused, could not be reached for, or cut; never trained on)")
 		fs.StringVar(&since, "since", "", "only steps after this: RFC 3339 time, or a duration ago like 24h")
 	}
 	switch sub {
@@ -132,6 +135,8 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		filterFlags()
 		fs.StringVar(&out, "o", "", "write to this file instead of standard output")
 	case "import":
+	case "repair":
+		fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	case "preview":
 		fs.IntVar(&f.Limit, "limit", 5, "show at most this many of the batch's steps (0: all)")
 		fs.BoolVar(&asJSON, "json", false, "print the preview as JSON")
@@ -161,6 +166,12 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if f.Limit < 0 {
 		return usageErr("--limit must not be negative")
+	}
+	if sub == "repair" {
+		if fs.NArg() > 0 {
+			return usageErr("repair takes no arguments")
+		}
+		return repairPool(ctx, s.Data, asJSON, stdout)
 	}
 	switch want := map[string]int{"stats": 0, "ls": 0, "show": 1, "export": 0, "import": 1, "preview": 0}[sub]; {
 	case fs.NArg() == want:
@@ -460,6 +471,12 @@ func orDash(s string) string {
 }
 
 func printStats(w io.Writer, st pool.Stats) {
+	if h := st.Health; h != nil && !h.Recording {
+		fmt.Fprintf(w, "recording paused: %s\n", h.Paused)
+		if h.Damaged {
+			fmt.Fprintln(w, "          run 'clawmesh pool repair' with the same --data to salvage the pool; the node then records again")
+		}
+	}
 	fmt.Fprintf(w, "steps     %d in %d sessions\n", st.Steps, st.Sessions)
 	fmt.Fprint(w, "states   ")
 	for _, s := range core.States {
@@ -476,4 +493,34 @@ func printStats(w io.Writer, st pool.Stats) {
 	fmt.Fprintf(w, "tools     %d lists referenced, %d stored (shared %s)\n", st.ToolListsReferenced, st.ToolListsStored, ratio(st.ToolListsReferenced, st.ToolListsStored))
 	fmt.Fprintf(w, "bytes     %d of step data (%d in step records, %d in shared blobs), %d on disk\n", st.Bytes, st.StepBytes, st.BlobBytes, st.DiskBytes)
 	fmt.Fprintf(w, "outbox    %d batches, %d shipped\n", st.Batches, st.BatchesShipped)
+}
+
+// repairPool runs pool.Repair on the pool of data dir data. A running node
+// keeps serving meanwhile and records again once the repaired pool is in
+// place.
+func repairPool(ctx context.Context, data string, asJSON bool, stdout io.Writer) error {
+	dir := filepath.Join(data, "pool")
+	if p, err := pool.Open(dir, pool.Options{}); err == nil {
+		p.Close()
+		return fmt.Errorf("the pool in %s opens: nothing to repair", dir)
+	} else if errors.Is(err, pool.ErrLocked) {
+		return fmt.Errorf("the pool in %s is open in a running node: it is not damaged; nothing to repair", dir)
+	}
+	rep, err := pool.Repair(ctx, dir, time.Now())
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(stdout, rep)
+	}
+	fmt.Fprintf(stdout, "salvaged %d steps into a fresh pool in %s\n", rep.Steps, dir)
+	fmt.Fprintf(stdout, "read %d keys from the tables and %d WAL records; %d WAL records did not check out\n", rep.Tables, rep.WALRecords, rep.BadWALRecords)
+	if rep.Unreadable > 0 {
+		fmt.Fprintf(stdout, "%d steps could not be read whole and were left out\n", rep.Unreadable)
+	}
+	for _, p := range rep.Problems {
+		fmt.Fprintf(stdout, "could not read: %s\n", p)
+	}
+	fmt.Fprintf(stdout, "the damaged pool is kept in %s\n", rep.Moved)
+	return nil
 }

@@ -52,7 +52,10 @@ const (
 
 // State is a step's place in its life cycle:
 // open → closed → scored → batched → shipped, or scored → held (the sharing
-// policy keeps it on the device), or dropped by retention.
+// policy keeps it on the device), or dropped by retention. A call that
+// failed (the upstream refused it, could not be reached, or cut its reply)
+// is failed from the start: kept for the record, never scored, batched or
+// shipped.
 type State uint8
 
 const (
@@ -67,12 +70,21 @@ const (
 	// carries no signal, or nothing may leave). Its value sorts after
 	// dropped only because stored records hold states by number.
 	StateHeld
+	// StateFailed: the upstream refused the call (4xx, 5xx), could not be
+	// reached, or cut its reply; the step keeps what arrived but is not
+	// training data. Like held it is a dead end, and its value is last for
+	// the same reason.
+	StateFailed
 )
 
-var stateNames = [...]string{"unknown", "open", "closed", "scored", "batched", "shipped", "dropped", "held"}
+var stateNames = [...]string{"unknown", "open", "closed", "scored", "batched", "shipped", "dropped", "held", "failed"}
 
-// States lists the states a step can be in, in life-cycle order.
-var States = []State{StateOpen, StateClosed, StateScored, StateHeld, StateBatched, StateShipped, StateDropped}
+// States lists the states a step can be in, in life-cycle order (failed,
+// which no other state leads to, after open).
+var States = []State{StateOpen, StateFailed, StateClosed, StateScored, StateHeld, StateBatched, StateShipped, StateDropped}
+
+// MaxState is the highest valid State.
+const MaxState = StateFailed
 
 func (s State) String() string {
 	if int(s) < len(stateNames) {
@@ -312,7 +324,7 @@ func (s *Step) Validate() error {
 		return fmt.Errorf("core: step %s: turn must be %q or %q, got %q", s.ID, TurnMain, TurnSide, s.Turn)
 	case s.API != APIChat && s.API != APIResponses && s.API != APIMessages:
 		return fmt.Errorf("core: step %s: unknown api %q", s.ID, s.API)
-	case s.State == StateUnknown || s.State > StateHeld:
+	case s.State == StateUnknown || s.State > MaxState:
 		return fmt.Errorf("core: step %s: invalid state %d", s.ID, s.State)
 	case len(s.Request.Messages) == 0:
 		return fmt.Errorf("core: step %s: request has no messages", s.ID)

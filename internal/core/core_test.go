@@ -7,7 +7,7 @@ import (
 )
 
 func TestStateJSONRoundTrip(t *testing.T) {
-	for s := StateUnknown; s <= StateDropped; s++ {
+	for s := StateUnknown; s <= MaxState; s++ {
 		b, err := json.Marshal(s)
 		if err != nil {
 			t.Fatal(err)
@@ -16,6 +16,12 @@ func TestStateJSONRoundTrip(t *testing.T) {
 		if err := json.Unmarshal(b, &got); err != nil || got != s {
 			t.Errorf("%v: round trip gave %v, %v", s, got, err)
 		}
+	}
+	if len(States) != int(MaxState) {
+		t.Errorf("States lists %d states, want every one of the %d", len(States), MaxState)
+	}
+	if st, err := ParseState("failed"); err != nil || st != StateFailed {
+		t.Errorf(`ParseState("failed") = %v, %v`, st, err)
 	}
 	var st State
 	if err := json.Unmarshal([]byte(`"sideways"`), &st); err == nil {

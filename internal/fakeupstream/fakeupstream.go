@@ -51,6 +51,9 @@ type Turn struct {
 	// HoldAfter > 0 makes a stream wait, after that many text chunks, until
 	// Script.Hold is closed (or yields a value) or the client goes away.
 	HoldAfter int
+	// CutAfter > 0 breaks a stream after that many text chunks: the
+	// connection is dropped mid-body, as when the model server dies.
+	CutAfter int
 }
 
 // Script says how the server answers.
@@ -368,6 +371,9 @@ func (c *call) gone() {
 // hold. It reports false when the client went away meanwhile.
 func (c *call) beforeChunk(k int) bool {
 	ctx := c.r.Context()
+	if c.t.CutAfter > 0 && k == c.t.CutAfter {
+		panic(http.ErrAbortHandler)
+	}
 	if c.t.HoldAfter > 0 && k == c.t.HoldAfter && c.s.script.Hold != nil {
 		select {
 		case <-c.s.script.Hold:

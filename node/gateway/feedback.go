@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
+	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/pool"
@@ -74,22 +76,15 @@ func (g *Gateway) feedback(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	fb := core.Feedback{Score: f.Score, Text: f.Text, At: g.cfg.Now()}
-	err = g.cfg.Store.Update(r.Context(), id, func(s *core.Step) error {
-		if f.SessionID != "" && s.SessionID != core.SessionID(f.SessionID) {
-			return errSessionMismatch
-		}
-		s.Feedback = append(s.Feedback, fb)
-		if s.State == core.StateScored {
-			// Scored before the feedback came: back to closed, so that
-			// the scorer scores it again with the feedback. (A step
-			// already batched for training keeps its state.)
-			s.State = core.StateClosed
-		}
-		return nil
+	err = g.storeCall(r.Context(), func(ctx context.Context) error {
+		return g.cfg.Store.Update(ctx, id, addFeedback(f.SessionID, fb))
 	})
 	switch {
 	case errors.Is(err, pool.ErrNotFound), errors.Is(err, errSessionMismatch):
 		writeError(w, false, http.StatusNotFound, "not_found_error", "unknown_step", "no step "+string(id)+" in that session")
+		return
+	case errors.Is(err, pool.ErrPaused):
+		writeError(w, false, http.StatusServiceUnavailable, "api_error", "recording_paused", "feedback not stored: "+strings.TrimPrefix(err.Error(), "pool: "))
 		return
 	case err != nil:
 		g.log.Error("recording feedback failed", "step", id, "err", err)
@@ -100,4 +95,21 @@ func (g *Gateway) feedback(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	w.Write(out)
+}
+
+// addFeedback is the change feedback makes to its step.
+func addFeedback(session string, fb core.Feedback) func(*core.Step) error {
+	return func(s *core.Step) error {
+		if session != "" && s.SessionID != core.SessionID(session) {
+			return errSessionMismatch
+		}
+		s.Feedback = append(s.Feedback, fb)
+		if s.State == core.StateScored {
+			// Scored before the feedback came: back to closed, so that
+			// the scorer scores it again with the feedback. (A step
+			// already batched for training keeps its state.)
+			s.State = core.StateClosed
+		}
+		return nil
+	}
 }

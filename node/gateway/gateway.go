@@ -11,7 +11,12 @@
 // sub-packages; this package adds HTTP, identity, safety and recording.
 //
 // Recording never breaks the agent: if the Store fails, the client's response
-// still completes, the error is logged and counted (Stats.RecordFailures).
+// still completes, the error is logged and counted (Stats.RecordFailures,
+// Stats.Unrecorded). A Store that says recording is paused (Pauser) is not
+// called at all, and a store call the reply waits for is given
+// Config.StoreTimeout, after which the reply goes out unrecorded: a wedged
+// store never holds a reply. The cause is logged once, then at most once a
+// minute, and served at /clawmesh/v1/health.
 // When the Store works, a step is on disk before the client's response
 // completes: the terminal event of a stream ([DONE], message_stop,
 // response.completed) and the whole body of a non-streaming reply are held
@@ -57,6 +62,13 @@ type Store interface {
 // one.
 type Applier interface {
 	Apply(ctx context.Context, puts []*core.Step, changes []pool.Change) error
+}
+
+// Pauser is a Store that can say that recording is paused (*pool.Pool
+// does: its store failed and is being reopened, or the disk is nearly
+// full). While it is, calls are proxied and not recorded.
+type Pauser interface {
+	Health() pool.Health
 }
 
 // AdapterHeader is the response header in which an upstream such as
@@ -108,6 +120,9 @@ type Config struct {
 	// ShutdownTimeout is how long in-flight requests may run once Run's
 	// context is done (default 60s); after it they are cut.
 	ShutdownTimeout time.Duration
+	// StoreTimeout bounds each store call a reply waits for (default 10s);
+	// past it the reply is released and the call counted unrecorded.
+	StoreTimeout time.Duration
 	// Store records steps (required).
 	Store Store
 	// Sessions configures the session tracker.
@@ -146,6 +161,7 @@ type Config struct {
 }
 
 const (
+	DefaultStoreTimeout = 10 * time.Second
 	DefaultMaxBody      = 32 << 20
 	maxEventBytes       = 64 << 20
 	maxUpstreamBody     = 1 << 30
@@ -164,7 +180,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: Store is required", ErrConfig)
 	}
 	for name, d := range map[string]time.Duration{"ReadHeaderTimeout": c.ReadHeaderTimeout, "StreamIdleTimeout": c.StreamIdleTimeout, "ReplyTimeout": c.ReplyTimeout,
-		"ShutdownTimeout": c.ShutdownTimeout, "TickInterval": c.TickInterval} {
+		"ShutdownTimeout": c.ShutdownTimeout, "TickInterval": c.TickInterval, "StoreTimeout": c.StoreTimeout} {
 		if d < 0 {
 			return fmt.Errorf("%w: %s is negative", ErrConfig, name)
 		}
@@ -188,6 +204,9 @@ type Stats struct {
 	RecordFailures     uint64 // Store.Put or closure updates that failed
 	UpstreamFailures   uint64 // upstream unreachable, timed out or cut
 	ClientDisconnected uint64 // recorded calls the client abandoned
+	// Unrecorded counts calls served but not recorded: recording was
+	// paused, the store failed, or it did not answer within StoreTimeout.
+	Unrecorded uint64
 }
 
 // Gateway is the recording proxy. It is an http.Handler; Run serves it.
@@ -209,7 +228,17 @@ type Gateway struct {
 	later   []session.Closure
 	writing bool
 
-	requests, recorded, recordFailures, upstreamFailures, disconnected atomic.Uint64
+	requests, recorded, recordFailures, upstreamFailures, disconnected, unrecorded atomic.Uint64
+
+	// pauseLog throttles the log of unrecorded calls; see noteUnrecorded.
+	pauseLog struct {
+		sync.Mutex
+		cause    string
+		last     time.Time
+		since    uint64 // unrecorded calls since last
+		inPause  bool
+		resumeAt time.Time
+	}
 }
 
 // New validates cfg, fills in defaults and returns a Gateway.
@@ -231,6 +260,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 60 * time.Second
+	}
+	if cfg.StoreTimeout == 0 {
+		cfg.StoreTimeout = DefaultStoreTimeout
 	}
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = defaultTickInterval
@@ -291,6 +323,7 @@ func (g *Gateway) Stats() Stats {
 		RecordFailures:     g.recordFailures.Load(),
 		UpstreamFailures:   g.upstreamFailures.Load(),
 		ClientDisconnected: g.disconnected.Load(),
+		Unrecorded:         g.unrecorded.Load(),
 	}
 }
 
@@ -396,17 +429,127 @@ func (g *Gateway) applyClosures(ctx context.Context, cl []session.Closure) {
 	if len(cl) == 0 {
 		return
 	}
+	if cause := g.pausedCause(); cause != "" {
+		g.log.Debug("recording paused: closures not written", "n", len(cl), "cause", cause)
+		return
+	}
 	if a, ok := g.cfg.Store.(Applier); ok && len(cl) > 1 {
-		if a.Apply(ctx, nil, closureChanges(cl)) == nil {
+		if g.storeCall(ctx, func(ctx context.Context) error { return a.Apply(ctx, nil, closureChanges(cl)) }) == nil {
 			return
 		}
 	}
 	for _, c := range cl {
-		if err := g.cfg.Store.Update(ctx, c.StepID, closeWith(c.NextState)); err != nil {
+		err := g.storeCall(ctx, func(ctx context.Context) error { return g.cfg.Store.Update(ctx, c.StepID, closeWith(c.NextState)) })
+		if errors.Is(err, pool.ErrPaused) {
+			return
+		}
+		if err != nil {
 			g.recordFailures.Add(1)
 			g.log.Error("recording a closure failed", "step", c.StepID, "err", err)
 		}
 	}
+}
+
+// errStoreTimeout: a store call did not return within StoreTimeout.
+var errStoreTimeout = errors.New("gateway: the store did not answer in time")
+
+// storeCall runs fn, a call of the Store, and waits for it at most
+// StoreTimeout: a store that is wedged (a disk that stopped answering) then
+// keeps fn's goroutine, not the caller.
+func (g *Gateway) storeCall(ctx context.Context, fn func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
+	done := make(chan error, 1)
+	go func() {
+		defer cancel()
+		done <- fn(ctx)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		select {
+		case err := <-done: // it finished as time ran out
+			return err
+		default:
+		}
+		return fmt.Errorf("%w (%v)", errStoreTimeout, g.cfg.StoreTimeout)
+	}
+}
+
+// pausedCause says why recording is paused, if the Store says it is.
+func (g *Gateway) pausedCause() string {
+	p, ok := g.cfg.Store.(Pauser)
+	if !ok {
+		return ""
+	}
+	h := p.Health()
+	if h.Recording {
+		return ""
+	}
+	if h.Paused == "" {
+		return "paused"
+	}
+	return h.Paused
+}
+
+// noteUnrecorded counts a call served but not recorded, for cause. The
+// cause is logged when recording pauses (or the cause changes), then at
+// most once a minute with the number of calls left unrecorded meanwhile.
+func (g *Gateway) noteUnrecorded(step *core.Step, cause string) {
+	g.unrecorded.Add(1)
+	pl := &g.pauseLog
+	now := g.cfg.Now()
+	pl.Lock()
+	defer pl.Unlock()
+	switch {
+	case !pl.inPause || pl.cause != cause:
+		pl.inPause, pl.cause, pl.last, pl.since = true, cause, now, 0
+		g.log.Error("recording paused: calls are served but not recorded", "cause", cause, "step", step.ID)
+	case now.Sub(pl.last) >= time.Minute:
+		g.log.Warn("recording still paused", "cause", cause, "unrecorded", pl.since+1, "over", now.Sub(pl.last).Round(time.Second))
+		pl.last, pl.since = now, 0
+	default:
+		pl.since++
+	}
+}
+
+// noteRecorded counts a recorded call, and logs that recording resumed if
+// it was paused.
+func (g *Gateway) noteRecorded() {
+	g.recorded.Add(1)
+	pl := &g.pauseLog
+	pl.Lock()
+	if pl.inPause {
+		pl.inPause = false
+		g.log.Info("recording resumed", "unrecorded_total", g.unrecorded.Load())
+	}
+	pl.Unlock()
+}
+
+// Health is what /clawmesh/v1/health answers.
+type Health struct {
+	// Status is "ok", or "recording_paused" while calls are served but
+	// not recorded.
+	Status string `json:"status"`
+	// Recording is false while recording is paused; Paused then says why
+	// ("recording paused: <cause>").
+	Recording bool      `json:"recording"`
+	Paused    string    `json:"paused,omitempty"`
+	Since     time.Time `json:"since,omitzero"`
+	// Unrecorded counts the calls served but not recorded since start.
+	Unrecorded uint64 `json:"unrecorded"`
+	Requests   uint64 `json:"requests"`
+}
+
+// Health reports whether calls are being recorded.
+func (g *Gateway) Health() Health {
+	h := Health{Status: "ok", Recording: true, Unrecorded: g.unrecorded.Load(), Requests: g.requests.Load()}
+	if p, ok := g.cfg.Store.(Pauser); ok {
+		if ph := p.Health(); !ph.Recording {
+			h.Status, h.Recording, h.Paused, h.Since = "recording_paused", false, "recording paused: "+ph.Paused, ph.Since
+		}
+	}
+	return h
 }
 
 // closeWith is the change a closure makes to its stored step.

@@ -265,7 +265,7 @@ func TestUpstreamDown(t *testing.T) {
 		t.Errorf("pass-through: %d", st)
 	}
 	steps := e.mem.all(t)
-	if len(steps) != 2 || steps[0].Response.Status != 502 || steps[0].Response.Error == nil || steps[0].State != core.StateClosed {
+	if len(steps) != 2 || steps[0].Response.Status != 502 || steps[0].Response.Error == nil || steps[0].State != core.StateFailed {
 		t.Errorf("recorded %d steps: %+v", len(steps), steps)
 	}
 }
@@ -295,11 +295,11 @@ func TestUpstreamErrors(t *testing.T) {
 	if len(steps) != 3 {
 		t.Fatalf("%d steps", len(steps))
 	}
-	if steps[0].Response.Status != 429 || steps[0].Response.Error == nil || steps[0].State != core.StateClosed {
+	if steps[0].Response.Status != 429 || steps[0].Response.Error == nil || steps[0].State != core.StateFailed {
 		t.Errorf("429 step %+v", steps[0].Response)
 	}
-	if steps[1].Response.Error == nil || steps[1].Action().Content != "abcd" {
-		t.Errorf("mid-stream error step %+v", steps[1].Response)
+	if steps[1].Response.Error == nil || steps[1].Action().Content != "abcd" || steps[1].State != core.StateFailed {
+		t.Errorf("mid-stream error step %s %+v", steps[1].State, steps[1].Response)
 	}
 }
 
@@ -332,8 +332,42 @@ func TestStreamWithoutDone(t *testing.T) {
 	if steps[1].State != core.StateOpen {
 		t.Errorf("second step: state %s, want open (its chain goes on)", steps[1].State)
 	}
-	if r := steps[2].Response; r.Error == nil || steps[2].State != core.StateClosed {
+	if r := steps[2].Response; r.Error == nil || steps[2].State != core.StateFailed {
 		t.Errorf("stream cut before its finish reason: error %s, state %s", r.Error, steps[2].State)
+	}
+}
+
+// TestStreamCut: an upstream that dies in the middle of a streamed reply
+// breaks the client's stream too (a truncated transfer, or first the error
+// event where the API has one), and the step keeps what arrived, failed.
+func TestStreamCut(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{Chunks: 6, Turns: []fakeupstream.Turn{{Text: "abcdef", CutAfter: 3}}}, nil)
+	for _, c := range []struct{ path, body, wantInBody string }{
+		{"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`, `"content":"c"`},
+		{"/v1/messages", `{"model":"m","max_tokens":9,"stream":true,"messages":[{"role":"user","content":"x"}]}`, "event: error\ndata: {\"error\":{"},
+		{"/v1/responses", `{"model":"m","stream":true,"input":"x"}`, `"delta":"c"`},
+	} {
+		resp, err := http.Post(e.url+c.path, "application/json", strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("%s: reading a cut stream ended with %v, want a truncated transfer; body %q", c.path, err, b)
+		}
+		if !strings.Contains(string(b), c.wantInBody) || strings.Contains(string(b), "[DONE]") {
+			t.Errorf("%s: the client got %q", c.path, b)
+		}
+	}
+	steps := e.mem.all(t)
+	if len(steps) != 3 {
+		t.Fatalf("%d steps", len(steps))
+	}
+	for _, s := range steps {
+		if s.State != core.StateFailed || s.Response.Error == nil || !strings.Contains(string(s.Response.Error), "upstream_cut") || s.Action().Content != "abc" {
+			t.Errorf("%s step: state %s, error %s, action %q; want failed, upstream_cut, what arrived", s.API, s.State, s.Response.Error, s.Action().Content)
+		}
 	}
 }
 

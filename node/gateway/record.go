@@ -14,6 +14,7 @@ import (
 	"github.com/clawmesh/clawmesh/node/gateway/sse"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/node/session"
+	"github.com/clawmesh/clawmesh/pool"
 )
 
 // errClientGone is the cancel cause when the client went away.
@@ -276,6 +277,9 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 	if cr.Model != "" {
 		step.Model = cr.Model
 	}
+	// An error event of the upstream's own reached the client already; a
+	// stream that broke without one did not tell the client anything.
+	toldClient := cr.Error != nil
 	if !step.ClientDisconnected && (readErr != nil || !complete) {
 		g.upstreamFailures.Add(1)
 		msg := "upstream stream ended without its terminal event"
@@ -292,6 +296,16 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 	step.Response = cr
 	ok := !step.ClientDisconnected && complete && readErr == nil && cr.Error == nil && len(cr.Choices) > 0
 	commit(ok)
+	if !step.ClientDisconnected && (readErr != nil || !complete) && (readErr != nil || !toldClient) {
+		// The upstream's stream broke: so does the client's, as it would
+		// talking to the upstream directly, so that a cut reply never reads
+		// as a finished one. Anthropic's API defines an error event: the
+		// client gets it first.
+		if req.API == core.APIMessages {
+			fw.write(anthropicErrorEvent(step.Response.Error))
+		}
+		panic(http.ErrAbortHandler)
+	}
 	if tail != nil && !step.ClientDisconnected && fw.write(tail) {
 		// What the upstream sends after its terminal event (vLLM's [DONE]
 		// after an error event) goes on to the client as it is, until the
@@ -307,25 +321,36 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 
 // commit records a finished call: the step, with chain (the closure of the
 // step it continues) in the same durable write; then the tracker learns the
-// reply (ok) or forgets the call (failed, cut or abandoned: such steps are
-// stored closed, as nothing will continue them). A step that ends its chain
+// reply (ok) or forgets the call (failed, cut or abandoned: nothing will
+// continue them). A call the upstream refused, could not be reached for or
+// cut is stored failed, out of training; one the client abandoned is stored
+// closed. A step that ends its chain
 // (done) is stored closed at once. Closures of other steps that completing
 // the call brings are written in the background. Store failures are logged
 // and counted, never returned: recording must not break the agent.
 func (g *Gateway) commit(ctx context.Context, step *core.Step, ok, done bool, chain []session.Closure) {
 	now := g.cfg.Now()
 	step.Timings.Total = now.Sub(step.Timings.Start)
-	if !ok || done {
+	switch {
+	case failed(step):
+		step.State = core.StateFailed
+	case !ok || done:
 		step.State = core.StateClosed
 	}
 	if step.ClientDisconnected {
 		g.disconnected.Add(1)
 	}
-	if err := g.store(ctx, step, chain); err != nil {
+	if cause := g.pausedCause(); cause != "" {
+		g.noteUnrecorded(step, cause)
+	} else if err := g.storeCall(ctx, func(ctx context.Context) error { return g.store(ctx, step, chain) }); err != nil {
 		g.recordFailures.Add(1)
-		g.log.Error("RECORDING FAILED: step not stored", "step", step.ID, "session", step.SessionID, "err", err)
+		cause := err.Error()
+		if errors.Is(err, pool.ErrPaused) {
+			cause = strings.TrimPrefix(cause, pool.ErrPaused.Error()+": ")
+		}
+		g.noteUnrecorded(step, cause)
 	} else {
-		g.recorded.Add(1)
+		g.noteRecorded()
 	}
 	var cl []session.Closure
 	g.mu.Lock()
@@ -385,6 +410,30 @@ func (g *Gateway) store(ctx context.Context, step *core.Step, chain []session.Cl
 	}
 	g.applyClosures(ctx, chain)
 	return nil
+}
+
+// failed reports whether step records a call that failed upstream: refused
+// (a 4xx or 5xx status), unreachable, or cut (an error object recorded).
+// A call the client abandoned is not failed.
+func failed(step *core.Step) bool {
+	if step.ClientDisconnected {
+		return false
+	}
+	return step.Response.Error != nil || step.Response.Status >= 400
+}
+
+// anthropicErrorEvent is the error event of Anthropic's streaming API
+// carrying the recorded error's message.
+func anthropicErrorEvent(recorded json.RawMessage) []byte {
+	var e struct {
+		Message string `json:"message"`
+	}
+	_ = json.Unmarshal(recorded, &e)
+	if e.Message == "" {
+		e.Message = "upstream stream cut"
+	}
+	data, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": "api_error", "message": e.Message}})
+	return append(append([]byte("event: error\ndata: "), data...), "\n\n"...)
 }
 
 // splitClosures separates the closures of step id from the others.

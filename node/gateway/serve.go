@@ -21,6 +21,7 @@ type route struct {
 	rest     string         // the path from /v1 on
 	api      core.APIKind   // recorded API, "" for pass-through
 	feedback bool
+	health   bool
 	admin    bool
 }
 
@@ -29,9 +30,12 @@ type route struct {
 func parseRoute(p string) (route, bool) {
 	var rt route
 	if strings.HasPrefix(p, "/clawmesh/v1/") {
-		if p == "/clawmesh/v1/feedback" {
+		switch p {
+		case "/clawmesh/v1/feedback":
 			rt.feedback = true
-		} else {
+		case "/clawmesh/v1/health":
+			rt.health = true
+		default:
 			rt.admin = true
 		}
 		return rt, true
@@ -126,6 +130,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case rt.feedback:
 		g.feedback(w, r)
+	case rt.health:
+		b, _ := json.Marshal(g.Health())
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(b)
 	case rt.admin:
 		if g.cfg.Admin == nil {
 			writeError(w, false, http.StatusNotFound, "not_found_error", "not_found", "no route for "+r.URL.Path)

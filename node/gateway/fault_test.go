@@ -1,0 +1,205 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
+	"github.com/clawmesh/clawmesh/pool"
+)
+
+// wedgedStore never returns from a write until released: a disk that
+// stopped answering.
+type wedgedStore struct {
+	*memStore
+	release chan struct{}
+	calls   atomic.Int64
+}
+
+func (w *wedgedStore) Put(ctx context.Context, s *core.Step) error {
+	w.calls.Add(1)
+	<-w.release
+	return w.memStore.Put(ctx, s)
+}
+
+func (w *wedgedStore) Update(ctx context.Context, id core.StepID, fn func(*core.Step) error) error {
+	w.calls.Add(1)
+	<-w.release
+	return w.memStore.Update(ctx, id, fn)
+}
+
+// TestWedgedStoreReleasesReplies: a store that never answers holds no reply
+// longer than StoreTimeout: the client gets its reply, the call is counted
+// unrecorded, and shutting down does not wait for the store.
+func TestWedgedStoreReleasesReplies(t *testing.T) {
+	ws := &wedgedStore{memStore: newMemStore(), release: make(chan struct{})}
+	defer close(ws.release)
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Store = ws
+		c.StoreTimeout = 50 * time.Millisecond
+	})
+	for _, body := range []string{chatBody, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`} {
+		st, _, b := post(t, e.url+"/v1/chat/completions", body, nil)
+		if st != 200 || !strings.Contains(string(b), "Hello") {
+			t.Fatalf("reply through a wedged store: %d %s", st, b)
+		}
+	}
+	if s := e.gw.Stats(); s.Unrecorded != 2 || s.Recorded != 0 || ws.calls.Load() == 0 {
+		t.Fatalf("stats %+v, store calls %d: want 2 unrecorded", s, ws.calls.Load())
+	}
+	e.stop()
+	select {
+	case err := <-e.done:
+		e.done <- err // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run waits for a wedged store")
+	}
+}
+
+// pausedStore says recording is paused and fails the test if it is used.
+type pausedStore struct {
+	*memStore
+	t *testing.T
+}
+
+func (p pausedStore) Health() pool.Health {
+	return pool.Health{Recording: false, Paused: "no space left on device"}
+}
+
+func (p pausedStore) Put(ctx context.Context, s *core.Step) error {
+	p.t.Error("Put called while recording is paused")
+	return nil
+}
+
+// TestPausedStoreIsNotCalled: while the Store says recording is paused,
+// calls are served, not stored, counted, and the health endpoint says why.
+func TestPausedStoreIsNotCalled(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) { c.Store = pausedStore{newMemStore(), t} })
+	for range 3 {
+		if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, nil); st != 200 {
+			t.Fatalf("%d %s", st, b)
+		}
+	}
+	resp, err := http.Get(e.url + "/clawmesh/v1/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h Health
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	if h.Status != "recording_paused" || h.Recording || h.Paused != "recording paused: no space left on device" || h.Unrecorded != 3 {
+		t.Fatalf("health %+v", h)
+	}
+}
+
+// walFault fails writes and syncs of the WAL with err while on.
+type walFault struct {
+	on  atomic.Bool
+	err error
+}
+
+func (f *walFault) MaybeError(op errorfs.Op) error {
+	if f.on.Load() && strings.HasSuffix(op.Path, ".log") && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && op.Kind != errorfs.OpFileClose {
+		return f.err
+	}
+	return nil
+}
+
+func (f *walFault) String() string { return "wal fault" }
+
+// TestDiskFullMidLoad: a real pool whose WAL disk fills up in the middle of
+// concurrent calls. No call fails or hangs; the calls made during the fault
+// are counted unrecorded; recording resumes by itself when space is back;
+// and the pool, opened again, holds every step recorded.
+func TestDiskFullMidLoad(t *testing.T) {
+	dir := t.TempDir()
+	fault := &walFault{err: syscall.ENOSPC}
+	p, err := pool.Open(dir, pool.Options{FS: errorfs.Wrap(vfs.Default, fault), ReopenInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) { c.Store = p; c.StoreTimeout = 5 * time.Second })
+	call := func(i int) {
+		body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"q%d"}]}`, i%2 == 0, i)
+		req, _ := http.NewRequest(http.MethodPost, e.url+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("X-Session-Id", fmt.Sprintf("s%d", i))
+		client := &http.Client{Timeout: time.Minute} // a watchdog, not a measure
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Errorf("call %d: %v", i, err)
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.Contains(string(b), "Hello") {
+			t.Errorf("call %d: %d %v %.80s", i, resp.StatusCode, err, b)
+		}
+	}
+	load := func(from, to int) {
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := from + w; i < to; i += 8 {
+					call(i)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	load(0, 40)
+	fault.on.Store(true)
+	load(40, 120)
+	mid := e.gw.Stats()
+	if mid.Unrecorded == 0 {
+		t.Fatalf("no call was left unrecorded during the fault: %+v", mid)
+	}
+	if h := e.gw.Health(); h.Recording || !strings.Contains(h.Paused, "no space left on device") {
+		t.Fatalf("health during the fault: %+v", h)
+	}
+	fault.on.Store(false)
+	eventually(t, "recording to resume", func() bool { return e.gw.Health().Recording })
+	load(120, 160)
+	end := e.gw.Stats()
+	if end.Unrecorded != mid.Unrecorded {
+		t.Errorf("calls left unrecorded after recovery: %d then %d", mid.Unrecorded, end.Unrecorded)
+	}
+	if end.Recorded+end.Unrecorded != 160 {
+		t.Errorf("recorded %d + unrecorded %d != 160 calls", end.Recorded, end.Unrecorded)
+	}
+	e.stop()
+	err = <-e.done
+	e.done <- err // for the cleanup
+	if err := p.Close(); err != nil {
+		t.Log(err)
+	}
+	q, err := pool.Open(dir, pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	steps, err := q.List(context.Background(), pool.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uint64(len(steps)) != end.Recorded {
+		t.Errorf("the pool holds %d steps; the gateway recorded %d", len(steps), end.Recorded)
+	}
+	t.Logf("%d calls recorded, %d unrecorded", end.Recorded, end.Unrecorded)
+}
