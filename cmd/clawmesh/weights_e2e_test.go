@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/share"
+	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// TestWeightsComeBack closes the loop on real parts: a node in front of
+// `clawmesh serve --tiny` records calls that three trainers (raft, on
+// loopback libp2p) train into v1; the leader signs v1's manifest and
+// serves it over QUIC; the node fetches it, verifies it, installs it and
+// hot-swaps it into the model server, and its next reply is v1's, recorded
+// as such. A second device, whose upstream cannot hot-swap, fetches and
+// installs v1 too.
+func TestWeightsComeBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a model server, two nodes and three trainers")
+	}
+	ctx := context.Background()
+	modelAddr := freeAddr(t)
+	sctx, scancel := context.WithCancel(ctx)
+	serveDone := make(chan int, 1)
+	go func() {
+		serveDone <- run(sctx, []string{"serve", "--tiny", "--listen", modelAddr, "--log", "error"}, io.Discard, io.Discard)
+	}()
+	t.Cleanup(func() { scancel(); <-serveDone })
+	waitHTTP(t, "http://"+modelAddr+"/v1/models")
+
+	a := t.TempDir()
+	cli(t, "mesh", "init", "--data", a)
+	na := runWeightsNode(t, a, "http://"+modelAddr+"/v1", "clawmesh", nil)
+	b := t.TempDir()
+	cli(t, "join", strings.TrimSpace(cli(t, "invite", "--data", a)), "--data", b, "--p2p-listen", loopbackP2P[1])
+	nb := runWeightsNode(t, b, scriptedUpstream(t, "fine"), "openai", na.Peer().Host.Addrs())
+
+	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond,
+		VerifyRetry: 2 * time.Second}
+	for range 3 {
+		d := t.TempDir()
+		cli(t, "join", strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a)), "--data", d, "--p2p-listen", loopbackP2P[1])
+		tctx, tcancel := context.WithCancel(ctx)
+		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackP2P, Bootstrap: na.Peer().Host.Addrs(), Timing: timing,
+			Group: group.Config{Deadline: 5 * time.Second, LocalSteps: 1}, Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
+		if err != nil {
+			tcancel()
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { tr.Run(tctx); close(done) }()
+		t.Cleanup(func() { tcancel(); <-done; tr.Close() })
+	}
+
+	for i := range 3 {
+		endedCall(t, a, "Question "+string(rune('A'+i))+": list the files")
+	}
+	waitLong(t, 5*time.Minute, "v1 serving on the first device", func() bool {
+		return na.Follower().Status().Serving == "v1"
+	})
+	st := na.Follower().Status()
+	if st.Driver != "clawmesh" || st.Latest != "v1" || len(st.Versions) == 0 || st.Versions[0].State != "serving" {
+		t.Fatalf("status after the swap: %+v", st)
+	}
+
+	// The model server serves v1 now, and the gateway records it.
+	addr, _ := node.ReadAddr(a)
+	body, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 4, "messages": []map[string]string{{"role": "user", "content": "after"}}})
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Clawmesh-Adapter"); resp.StatusCode != 200 || got != "v1" {
+		t.Fatalf("reply after the swap: %d, served by %q", resp.StatusCode, got)
+	}
+	var found bool
+	waitFor(t, "the call recorded", func() bool {
+		steps, err := na.Pool().List(ctx, pool.Filter{})
+		if err != nil {
+			return false
+		}
+		for _, s := range steps {
+			if len(s.Request.Messages) > 0 && strings.Contains(s.Request.Messages[len(s.Request.Messages)-1].Content, "after") {
+				found = s.Adapter == "v1"
+				return true
+			}
+		}
+		return false
+	})
+	if !found {
+		t.Fatal("the step served after the swap does not name v1")
+	}
+
+	// The second device installs v1 (its upstream cannot hot-swap).
+	waitLong(t, 2*time.Minute, "v1 installed on the second device", func() bool {
+		for _, v := range nb.Follower().Status().Versions {
+			if v.Version == "v1" && (v.State == "serving" || v.State == "installed") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// runWeightsNode runs a mesh node that follows the trainers' versions,
+// with short intervals.
+func runWeightsNode(t *testing.T, data, upstream, kind string, bootstrap []string) *node.Node {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	n, err := node.New(ctx, node.Config{
+		DataDir: data, Upstream: upstream, UpstreamKind: kind, Share: share.Policy{Mode: share.ModeAll}, ShareInterval: 50 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
+		Mesh: &node.MeshConfig{Listen: loopbackP2P, Bootstrap: bootstrap, Ship: mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
+			Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond, WeightsRetry: 300 * time.Millisecond},
+	})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { n.Serve(ctx, ln); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; n.Close(context.Background()) })
+	waitFor(t, "the node's address file", func() bool { _, err := node.ReadAddr(data); return err == nil })
+	return n
+}
