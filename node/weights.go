@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/node/adapters"
@@ -171,4 +173,40 @@ func (n *Node) handleWeights(mux *http.ServeMux) {
 		}
 		writeJSON(w, n.follower.Status(), nil)
 	})
+}
+
+// weightsCall makes one call of the weights admin API.
+func (c *Client) weightsCall(ctx context.Context, method, path, version string) (adapters.Status, error) {
+	var st adapters.Status
+	var body io.Reader
+	if method == http.MethodPost {
+		b, _ := json.Marshal(weightsRequest{Version: version})
+		body = strings.NewReader(string(b))
+	}
+	resp, err := adminapi.Do(ctx, c.HTTP, method, strings.TrimSuffix(c.Base, "/")+"/clawmesh/v1/weights"+path, c.Token, body)
+	var se *adminapi.StatusError
+	if errors.As(err, &se) {
+		return st, fmt.Errorf("%w: %s", ErrRemote, se.Message)
+	}
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	return st, err
+}
+
+// Weights returns the versions the node knows and which one serves.
+func (c *Client) Weights(ctx context.Context) (adapters.Status, error) {
+	return c.weightsCall(ctx, http.MethodGet, "", "")
+}
+
+// UseWeights pins a version ("vN", "base"; "latest" follows the newest).
+func (c *Client) UseWeights(ctx context.Context, version string) (adapters.Status, error) {
+	return c.weightsCall(ctx, http.MethodPost, "/use", version)
+}
+
+// GetWeights fetches and installs a version now; it returns once done.
+func (c *Client) GetWeights(ctx context.Context, version string) (adapters.Status, error) {
+	return c.weightsCall(ctx, http.MethodPost, "/get", version)
 }

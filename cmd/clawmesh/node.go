@@ -91,6 +91,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Var(&p2pListen, "p2p-listen", "libp2p multiaddr to listen on when the data directory is in a mesh (repeatable; default QUIC and TCP on port 4001, or a free port)")
 	fs.Var(&bootstrap, "bootstrap", "a mesh peer's multiaddr to dial at start (repeatable)")
 	noMDNS := fs.Bool("no-mdns", false, "do not look for mesh peers on the local network")
+	weightsListen := fs.String("weights", ":0", "UDP address of the QUIC service that fetches the trainers' adapter versions and serves them on to other devices, when the data directory is in a mesh; off follows none (see 'clawmesh weights')")
 	shareEvery := fs.Duration("share-interval", 0, "how often scored steps are sealed into outbox batches, as [share] allows (default 30s)")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
 	minFreeFlag := fs.String("min-free", "", "pause recording while the data directory's filesystem has less than this free (a number of bytes, or with KiB, MiB or GiB; 0 turns the guard off); recording resumes at a quarter more (default the smaller of 1GiB and 5% of the filesystem)")
@@ -159,7 +160,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		MaxBytes:      s.MaxBytes,
 		Plugins:       s.Plugins,
 		Share:         s.Share,
-		Mesh:          &node.MeshConfig{Listen: p2pListen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true},
+		Mesh:          &node.MeshConfig{Listen: p2pListen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true, Weights: *weightsListen},
 		ShareInterval: *shareEvery,
 		NoScoring:     *noScore,
 		LogCalls:      *logRequests,

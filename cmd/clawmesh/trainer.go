@@ -67,6 +67,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Var(&bootstrap, "bootstrap", "a peer's multiaddr to dial at start (repeatable)")
 	noMDNS := fs.Bool("no-mdns", false, "do not look for peers on the local network")
 	admin := fs.String("admin", "127.0.0.1:0", "loopback address of the admin API")
+	weightsListen := fs.String("weights", ":0", "UDP address of the QUIC service that serves the committed adapter versions to the devices; off serves none")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
 	engine := fs.String("engine", trainer.EngineNative, "training engine: native (Go, CPU) or torch (the torch worker)")
 	device := fs.String("device", trainer.DeviceCPU, "device of the engine: cpu or cuda")
@@ -94,7 +95,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usageErr("--join-wait must be positive")
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
+	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
 		Admin: *admin, Engine: *engine, Device: *device, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
 		return fmt.Errorf("%w; for a trainer: a token from 'clawmesh invite --role trainer', then clawmesh join TOKEN --data %s", err, s.Data)

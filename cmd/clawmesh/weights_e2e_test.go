@@ -13,6 +13,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/trainer"
@@ -114,6 +115,30 @@ func TestWeightsComeBack(t *testing.T) {
 		}
 		return false
 	})
+
+	// The commands: ls --json, pin and unpin, get, and bad input.
+	var ls adapters.Status
+	if err := json.Unmarshal([]byte(cli(t, "weights", "ls", "--json", "--data", a)), &ls); err != nil || ls.Serving != "v1" || ls.Latest != "v1" {
+		t.Fatalf("weights ls --json: %+v %v", ls, err)
+	}
+	if out := cli(t, "weights", "ls", "--data", a); !strings.Contains(out, "serving:  v1") || !strings.Contains(out, "v1       serving") {
+		t.Errorf("weights ls:\n%s", out)
+	}
+	if err := json.Unmarshal([]byte(cli(t, "weights", "use", "v1", "--json", "--data", a)), &ls); err != nil || ls.Pin != "v1" {
+		t.Fatalf("weights use v1: %+v %v", ls, err)
+	}
+	if out := cli(t, "weights", "use", "latest", "--data", a); !strings.Contains(out, "following the newest") {
+		t.Errorf("weights use latest: %s", out)
+	}
+	if out := cli(t, "weights", "get", "v1", "--data", b); !strings.Contains(out, "v1") {
+		t.Errorf("weights get v1: %s", out)
+	}
+	for _, args := range [][]string{{"use", "v9"}, {"use", "seven"}, {"get", "base"}, {"frob"}} {
+		_, errs, code := runCLI(t, append(append([]string{"weights"}, args...), "--data", a)...)
+		if code == 0 || errs == "" {
+			t.Errorf("weights %v: code %d, %q", args, code, errs)
+		}
+	}
 }
 
 // runWeightsNode runs a mesh node that follows the trainers' versions,
