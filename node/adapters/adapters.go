@@ -43,11 +43,24 @@ const stateFile = "state.json"
 // ErrVersion is a version name that is not "base", "latest" or vN.
 var ErrVersion = errors.New("adapters: a version is vN (v3), base or latest")
 
+// Weights is what a follower needs of the weights service
+// (*weights.Service).
+type Weights interface {
+	// Latest is the newest manifest accepted (verified and fenced).
+	Latest() *weights.Manifest
+	// Dir holds the bundles fetched.
+	Dir() *weights.Dir
+	// Fetch fetches a bundle into Dir.
+	Fetch(ctx context.Context, m *weights.Manifest, progress func(weights.Progress)) error
+	// Sources are the peers known to hold a bundle.
+	Sources(m *weights.Manifest) []weights.Source
+}
+
 // Config configures a Follower.
 type Config struct {
 	// Dir holds the installed versions (Dir/v3) and the follower's state.
 	Dir     string
-	Weights *weights.Service
+	Weights Weights
 	// Driver loads versions into the model server; nil installs them
 	// without serving them (an upstream that cannot hot-swap).
 	Driver swap.Driver

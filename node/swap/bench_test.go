@@ -20,7 +20,7 @@ func p50(d []time.Duration) time.Duration {
 func BenchmarkClawmeshSwap(b *testing.B) {
 	ctx := ctxT(b)
 	s := startTinyServe(b, "")
-	d, err := New("clawmesh", Config{Upstream: s.url})
+	d, err := New("clawmesh", Config{Upstream: s.URL})
 	if err != nil {
 		b.Fatal(err)
 	}

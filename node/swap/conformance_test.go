@@ -27,7 +27,7 @@ func conformers() []conformer {
 	return []conformer{
 		{kind: "clawmesh", loads: true, start: func(t *testing.T) (Config, [2]string) {
 			s := startTinyServe(t, "")
-			return Config{Upstream: s.url}, [2]string{s.adapter(t), s.adapter(t)}
+			return Config{Upstream: s.URL}, [2]string{s.adapter(t), s.adapter(t)}
 		}},
 		{kind: "vllm", loads: true, byModel: true, start: func(t *testing.T) (Config, [2]string) {
 			return Config{Upstream: serveFake(t, newFakeVLLM()) + "/v1"}, fakeDirs(t)
