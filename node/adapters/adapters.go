@@ -87,6 +87,9 @@ type Follower struct {
 	progress map[string]weights.Progress // bundle id → a fetch in progress
 	lastErr  string
 	failed   map[string]string // version → why it could not be served
+
+	// at, in tests, runs at each step of an install (to crash there).
+	at func(step string)
 }
 
 // New opens the follower's directory: it removes what an interrupted
@@ -380,15 +383,25 @@ func (f *Follower) install(m *weights.Manifest) error {
 		return fmt.Errorf("adapters: %w", err)
 	}
 	defer os.RemoveAll(tmp)
+	f.step("made")
 	if err := weights.Unpack(b, tmp); err != nil {
 		return fmt.Errorf("adapters: %w", err)
 	}
+	f.step("unpacked")
 	if err := os.Rename(tmp, f.VersionDir(m.Name())); err != nil {
 		return fmt.Errorf("adapters: %w", err)
 	}
+	f.step("renamed")
 	atomicfile.SyncDir(f.cfg.Dir)
+	f.step("synced")
 	f.log.Info("version installed", "version", m.Name(), "dir", f.VersionDir(m.Name()))
 	return nil
+}
+
+func (f *Follower) step(name string) {
+	if f.at != nil {
+		f.at(name)
+	}
 }
 
 // checkInstalled checks that dir holds m's bundle, byte for byte.

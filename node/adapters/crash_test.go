@@ -1,0 +1,112 @@
+package adapters_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/node/adapters"
+	"github.com/clawmesh/clawmesh/trainer/serve/servetest"
+)
+
+// The child half of TestInstallCrash: it installs v2 beside an installed
+// v1 and dies (exit, no clean-up) at the step CLAWMESH_CRASH_AT names.
+func TestInstallCrashChild(t *testing.T) {
+	root, at := os.Getenv("CLAWMESH_CRASH_DIR"), os.Getenv("CLAWMESH_CRASH_AT")
+	if root == "" {
+		t.Skip("run by TestInstallCrash")
+	}
+	f, h := openFollower(t, root)
+	adapters.SetStepHook(f, func(step string) {
+		if step == at {
+			os.Exit(3)
+		}
+	})
+	if _, err := f.Get(context.Background(), h.manifest(t, 2)); err != nil {
+		t.Fatal(err)
+	}
+	os.Exit(4) // the step was never reached
+}
+
+// openFollower opens a follower over the bundles held in root.
+func openFollower(t *testing.T, root string) (*adapters.Follower, *held) {
+	t.Helper()
+	wd, err := weights.OpenDir(filepath.Join(root, "weights"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &held{dir: wd}
+	f, err := adapters.New(adapters.Config{Dir: filepath.Join(root, "adapters"), Weights: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, h
+}
+
+// manifest returns the held manifest of version v.
+func (h *held) manifest(t *testing.T, v uint64) *weights.Manifest {
+	t.Helper()
+	for _, m := range h.dir.Held() {
+		if m.Version == v {
+			return m
+		}
+	}
+	t.Fatalf("v%d is not held", v)
+	return nil
+}
+
+// TestInstallCrash kills an install at each of its steps (a child process
+// that exits on the spot) and checks that what is left is servable: v1
+// intact, v2 either absent or whole, no temporary directory once a
+// follower opens the directory again, and v2 installable after.
+func TestInstallCrash(t *testing.T) {
+	tiny := servetest.Start(t, "", 1)
+	v1dir, v2dir := tiny.Adapter(t, 1, 0.1), tiny.Adapter(t, 2, 0.1)
+	for _, step := range []string{"made", "unpacked", "renamed", "synced"} {
+		t.Run(step, func(t *testing.T) {
+			root := t.TempDir()
+			f, h := openFollower(t, root)
+			m1, m2 := h.hold(t, v1dir, 1), h.hold(t, v2dir, 2)
+			if _, err := f.Get(context.Background(), m1); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^TestInstallCrashChild$", "-test.count=1")
+			cmd.Env = append(os.Environ(), "CLAWMESH_CRASH_DIR="+root, "CLAWMESH_CRASH_AT="+step)
+			out, err := cmd.CombinedOutput()
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
+				t.Fatalf("the child did not die at %s: %v\n%s", step, err, out)
+			}
+
+			f, _ = openFollower(t, root)
+			ents, _ := os.ReadDir(filepath.Join(root, "adapters"))
+			for _, e := range ents {
+				if strings.HasPrefix(e.Name(), ".install-") {
+					t.Errorf("a temporary directory survived: %s", e.Name())
+				}
+			}
+			for _, m := range []*weights.Manifest{m1, m2} {
+				dir := f.VersionDir(m.Name())
+				if _, err := os.Stat(dir); err != nil {
+					if m == m1 {
+						t.Fatalf("v1 is gone: %v", err)
+					}
+					continue
+				}
+				b, err := weights.Pack(dir)
+				if err != nil {
+					t.Fatalf("%s is there but not whole: %v", m.Name(), err)
+				}
+				if m2b, _ := weights.NewManifest(b); m2b.Bundle != m.Bundle {
+					t.Fatalf("%s is there but differs from its bundle", m.Name())
+				}
+			}
+			if _, err := f.Get(context.Background(), m2); err != nil {
+				t.Fatalf("installing v2 after the crash: %v", err)
+			}
+		})
+	}
+}
