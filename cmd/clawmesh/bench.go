@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/node/gateway/bench"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
@@ -18,7 +19,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
-const benchHelp = `Usage: clawmesh bench <gateway|pool|engine|learn|scrub|mesh|trainers> [flags]
+const benchHelp = `Usage: clawmesh bench <gateway|pool|engine|learn|scrub|mesh|trainers|weights> [flags]
 
 Measures clawmesh's parts on this machine, against a baseline measured in
 the same run. Everything runs locally (loopback, a temporary directory).
@@ -54,6 +55,12 @@ the same run. Everything runs locally (loopback, a temporary directory).
             a mesh peer: CPU and resident memory of this binary run as an
             idle node in a mesh and as one that is not (goal: under 1% of a
             core and 100 MiB more)
+  weights   adapter versions over QUIC on loopback: a bundle (64 MiB) fetched
+            through the protocol (verifying, writing, fsync) against bare
+            quic-go and TLS over TCP moving the same bytes in the same run
+            (goal >= 0.8x bare quic-go), CPU seconds per GB, the fan-out
+            to 1..8 fetchers with and without re-serving, and what deltas
+            between consecutive versions would save
   trainers  the trainers' raft group on loopback: time from the leader's
             death to a new leader, p50/p99 over repeated kills (goal p99
             <= 3 s with the default timing), and a round's overhead
@@ -70,12 +77,13 @@ Examples:
   clawmesh bench scrub
   clawmesh bench mesh --idle 30s
   clawmesh bench trainers --kills 20
+  clawmesh bench weights --size 64MiB --fetchers 8
 `
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchHelp)
-		return usageErr("which benchmark? gateway, pool, engine, learn, scrub, mesh or trainers")
+		return usageErr("which benchmark? gateway, pool, engine, learn, scrub, mesh, trainers or weights")
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlags("bench "+sub, benchHelp, stderr)
@@ -125,6 +133,21 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stdout, "  %s\n", r)
 		}
 		return nil
+	case "weights":
+		var o weights.BenchOptions
+		size := fs.String("size", "64MiB", "bundle size (bytes, or with KiB, MiB or GiB)")
+		fs.IntVar(&o.Fetchers, "fetchers", 8, "the most fetchers of the fan-out (1, 2, 4, ... up to it)")
+		fs.StringVar(&o.Dir, "dir", "", "directory for the fetched bundles (default: a temporary directory, removed after)")
+		asJSON := fs.Bool("json", false, "print the figures as JSON")
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		n, err := parseSize(*size)
+		if err != nil || n <= 0 || n > weights.MaxBundle {
+			return usageErr("--size: want a size up to 4GiB, got %q", *size)
+		}
+		o.Size = int(n)
+		return benchWeights(ctx, stdout, o, *asJSON)
 	case "learn":
 		rounds := fs.Int("rounds", 8, "rounds of sample → score → train per recipe")
 		seed := fs.Uint64("seed", 3, "seed of the tiny model's random weights")

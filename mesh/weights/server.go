@@ -193,7 +193,17 @@ func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
 				st.CancelWrite(statusError)
 				return
 			}
-			if !s.write(st, w, appendChunkHeader(nil, i, n)) || !s.write(st, w, buf[:n]) {
+			if !s.write(st, w, appendChunkHeader(nil, i, n)) {
+				return
+			}
+			// The chunk goes straight to the stream, not through w's buffer.
+			if w.Flush() != nil {
+				st.CancelWrite(statusError)
+				return
+			}
+			st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+			if _, err := st.Write(buf[:n]); err != nil {
+				st.CancelWrite(statusError)
 				return
 			}
 		}

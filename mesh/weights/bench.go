@@ -1,0 +1,457 @@
+package weights
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	ic "github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/quic-go/quic-go"
+
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/member"
+)
+
+// BenchOptions configures Bench.
+type BenchOptions struct {
+	// Size is the bundle's size (default 64 MiB).
+	Size int
+	// Fetchers is the most fetchers of the fan-out (default 8; runs 1, 2,
+	// 4, ... up to it).
+	Fetchers int
+	// Dir is where bundles are written (default a temporary directory,
+	// removed after).
+	Dir string
+}
+
+// Rate is one transfer's figures.
+type Rate struct {
+	Seconds  float64 `json:"seconds"`
+	MBps     float64 `json:"mb_per_s"`
+	CPUPerGB float64 `json:"cpu_s_per_gb"`
+}
+
+// FanOut is one size of the fan-out: n fetchers at once from the trainer
+// alone, then n fetchers in doubling waves whose sources are the trainer
+// and every fetcher done before (re-serving).
+type FanOut struct {
+	Fetchers         int     `json:"fetchers"`
+	DirectSeconds    float64 `json:"direct_s"`
+	DirectTrainerMB  float64 `json:"direct_trainer_mb"`
+	ReserveSeconds   float64 `json:"reserve_s"`
+	ReserveTrainerMB float64 `json:"reserve_trainer_mb"`
+	ReserveMaxPeerMB float64 `json:"reserve_max_peer_mb"`
+}
+
+// BenchReport is what Bench measured.
+type BenchReport struct {
+	Bytes int64 `json:"bytes"`
+	// Ours fetches a bundle through the protocol (hashing and verifying
+	// every chunk, writing to disk, the final hash, fsync, rename); Bare
+	// streams the same bytes over one quic-go stream with the same TLS and
+	// windows, to memory; TLS copies them over TLS on TCP.
+	Ours   Rate     `json:"ours"`
+	Bare   Rate     `json:"bare_quic"`
+	TLS    Rate     `json:"tls_tcp"`
+	Ratio  float64  `json:"ours_vs_bare"`
+	FanOut []FanOut `json:"fan_out"`
+}
+
+// cpu returns the process's user+system CPU time.
+func cpu() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func rate(n int64, wall, c time.Duration) Rate {
+	return Rate{Seconds: wall.Seconds(), MBps: float64(n) / (1 << 20) / wall.Seconds(), CPUPerGB: c.Seconds() / (float64(n) / (1 << 30))}
+}
+
+// admitAll is the bench's gate: every peer is a member.
+type admitAll struct{}
+
+func (admitAll) Admitted(mesh.PeerID) bool { return true }
+
+// counted serves a Holdings, counting the chunk bytes read.
+type counted struct {
+	h Holdings
+	n atomic.Int64
+}
+
+func (c *counted) Open(id [32]byte) (*Manifest, io.ReaderAt, bool) {
+	m, r, ok := c.h.Open(id)
+	if !ok {
+		return nil, nil, false
+	}
+	return m, countingReader{r, &c.n}, true
+}
+
+type countingReader struct {
+	r io.ReaderAt
+	n *atomic.Int64
+}
+
+func (c countingReader) ReadAt(p []byte, off int64) (int, error) {
+	n, err := c.r.ReadAt(p, off)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func benchKey() (ed25519.PrivateKey, mesh.PeerID, error) {
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, "", err
+	}
+	sk, _ := ic.UnmarshalEd25519PrivateKey(key)
+	id, err := peer.IDFromPrivateKey(sk)
+	return key, mesh.PeerID(id.String()), err
+}
+
+// Bench measures the weight service on loopback: one bundle fetched
+// through the protocol against bare quic-go and TLS over TCP moving the
+// same bytes, then the fan-out.
+func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
+	if o.Size <= 0 {
+		o.Size = 64 << 20
+	}
+	if o.Fetchers <= 0 {
+		o.Fetchers = 8
+	}
+	if o.Dir == "" {
+		d, err := os.MkdirTemp("", "clawmesh-bench-weights-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		o.Dir = d
+	}
+	b := make([]byte, o.Size)
+	rand.Read(b)
+	// A mesh of one trainer to sign the manifest.
+	_, admin, _ := ed25519.GenerateKey(rand.Reader)
+	tkey, tid, err := benchKey()
+	if err != nil {
+		return nil, err
+	}
+	cert, err := member.IssueCertificate(admin, nil, member.CertSpec{Subject: string(tid), SubjectKey: tkey.Public().(ed25519.PublicKey), Role: member.RoleTrainer}, time.Now(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	m, err := NewManifest(b)
+	if err != nil {
+		return nil, err
+	}
+	m.MeshID, m.Version, m.Term, m.Index = cert.MeshID(), 1, 1, 1
+	if err := m.Sign(tkey, cert, time.Now()); err != nil {
+		return nil, err
+	}
+	src, err := OpenDir(filepath.Join(o.Dir, "trainer"))
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close()
+	if err := src.Add(m, b); err != nil {
+		return nil, err
+	}
+	trainer := &counted{h: src}
+	srv, err := Listen("127.0.0.1:0", ServerConfig{Key: tkey, Gate: admitAll{}, Holdings: trainer})
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Close()
+	tsrc := Source{Peer: tid, Addrs: []string{srv.Addr().String()}}
+	r := &BenchReport{Bytes: int64(len(b))}
+
+	// Ours, best of three.
+	for i := range 3 {
+		key, _, _ := benchKey()
+		f, err := NewFetcher(FetcherConfig{Key: key})
+		if err != nil {
+			return nil, err
+		}
+		path := filepath.Join(o.Dir, fmt.Sprintf("ours-%d", i))
+		c0, t0 := cpu(), time.Now()
+		err = f.Fetch(ctx, m, []Source{tsrc}, path, nil)
+		wall, c := time.Since(t0), cpu()-c0
+		f.Close()
+		os.Remove(path)
+		if err != nil {
+			return nil, err
+		}
+		if rr := rate(r.Bytes, wall, c); i == 0 || rr.MBps > r.Ours.MBps {
+			r.Ours = rr
+		}
+	}
+	if r.Bare, err = benchBareQUIC(ctx, tkey, b); err != nil {
+		return nil, err
+	}
+	if r.TLS, err = benchTLS(b); err != nil {
+		return nil, err
+	}
+	r.Ratio = r.Ours.MBps / r.Bare.MBps
+
+	for n := 1; n <= o.Fetchers; n *= 2 {
+		fo, err := benchFanOut(ctx, o.Dir, m, tsrc, trainer, n)
+		if err != nil {
+			return nil, err
+		}
+		r.FanOut = append(r.FanOut, fo)
+	}
+	return r, nil
+}
+
+// benchBareQUIC streams b over one quic-go stream, best of three.
+func benchBareQUIC(ctx context.Context, key ed25519.PrivateKey, b []byte) (Rate, error) {
+	id, err := newIdentity(key)
+	if err != nil {
+		return Rate{}, err
+	}
+	tc, _ := id.config("")
+	tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return id.config("") }
+	ln, err := quic.ListenAddr("127.0.0.1:0", tc, quicConfig())
+	if err != nil {
+		return Rate{}, err
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			go func() {
+				st, err := c.AcceptStream(context.Background())
+				if err != nil {
+					return
+				}
+				var one [1]byte
+				io.ReadFull(st, one[:])
+				st.Write(b)
+				st.Close()
+			}()
+		}
+	}()
+	var best Rate
+	for i := range 3 {
+		ckey, _, _ := benchKey()
+		cid, err := newIdentity(ckey)
+		if err != nil {
+			return Rate{}, err
+		}
+		cc, err := cid.config(id.id)
+		if err != nil {
+			return Rate{}, err
+		}
+		c0, t0 := cpu(), time.Now()
+		conn, err := quic.DialAddr(ctx, ln.Addr().String(), cc, quicConfig())
+		if err != nil {
+			return Rate{}, err
+		}
+		st, err := conn.OpenStreamSync(ctx)
+		if err != nil {
+			return Rate{}, err
+		}
+		st.Write([]byte{1})
+		n, err := io.Copy(io.Discard, st)
+		wall, c := time.Since(t0), cpu()-c0
+		conn.CloseWithError(0, "")
+		if err != nil || n != int64(len(b)) {
+			return Rate{}, fmt.Errorf("bare quic: %d bytes: %v", n, err)
+		}
+		if rr := rate(n, wall, c); i == 0 || rr.MBps > best.MBps {
+			best = rr
+		}
+	}
+	return best, nil
+}
+
+// benchTLS copies b over TLS 1.3 on TCP, best of three.
+func benchTLS(b []byte) (Rate, error) {
+	key, _, _ := benchKey()
+	id, err := newIdentity(key)
+	if err != nil {
+		return Rate{}, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return Rate{}, err
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			tc, _ := id.config("")
+			tc.NextProtos = nil
+			go func() {
+				s := tls.Server(c, tc)
+				s.Write(b)
+				s.Close()
+			}()
+		}
+	}()
+	var best Rate
+	for i := range 3 {
+		ckey, _, _ := benchKey()
+		cid, _ := newIdentity(ckey)
+		cc, err := cid.config(id.id)
+		if err != nil {
+			return Rate{}, err
+		}
+		cc.NextProtos = nil
+		c0, t0 := cpu(), time.Now()
+		conn, err := tls.Dial("tcp", ln.Addr().String(), cc)
+		if err != nil {
+			return Rate{}, err
+		}
+		n, err := io.Copy(io.Discard, conn)
+		wall, c := time.Since(t0), cpu()-c0
+		conn.Close()
+		if n != int64(len(b)) {
+			return Rate{}, fmt.Errorf("tls: %d bytes: %v", n, err)
+		}
+		if rr := rate(n, wall, c); i == 0 || rr.MBps > best.MBps {
+			best = rr
+		}
+	}
+	return best, nil
+}
+
+// benchFanOut fetches m to n fetchers, first all from the trainer, then
+// in doubling waves with every finished fetcher serving the later ones.
+func benchFanOut(ctx context.Context, root string, m *Manifest, tsrc Source, trainer *counted, n int) (FanOut, error) {
+	fo := FanOut{Fetchers: n}
+	type fetcher struct {
+		f    *Fetcher
+		key  ed25519.PrivateKey
+		id   mesh.PeerID
+		dir  *Dir
+		srv  *Server
+		hold *counted
+	}
+	mk := func(tag string, i int) (*fetcher, error) {
+		key, id, err := benchKey()
+		if err != nil {
+			return nil, err
+		}
+		f, err := NewFetcher(FetcherConfig{Key: key})
+		if err != nil {
+			return nil, err
+		}
+		d, err := OpenDir(filepath.Join(root, fmt.Sprintf("%s-%d-%d", tag, n, i)))
+		if err != nil {
+			return nil, err
+		}
+		return &fetcher{f: f, key: key, id: id, dir: d}, nil
+	}
+	run := func(fs []*fetcher, sources []Source) error {
+		var wg sync.WaitGroup
+		errs := make([]error, len(fs))
+		for i, x := range fs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = x.dir.Fetch(ctx, x.f, m, sources, nil)
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var all []*fetcher
+	defer func() {
+		for _, x := range all {
+			x.f.Close()
+			if x.srv != nil {
+				x.srv.Close()
+			}
+			x.dir.Close()
+			os.RemoveAll(x.dir.Path())
+		}
+	}()
+
+	// Direct: n at once from the trainer.
+	var direct []*fetcher
+	for i := range n {
+		x, err := mk("direct", i)
+		if err != nil {
+			return fo, err
+		}
+		direct, all = append(direct, x), append(all, x)
+	}
+	before, t0 := trainer.n.Load(), time.Now()
+	if err := run(direct, []Source{tsrc}); err != nil {
+		return fo, err
+	}
+	fo.DirectSeconds, fo.DirectTrainerMB = time.Since(t0).Seconds(), float64(trainer.n.Load()-before)/(1<<20)
+
+	// Re-serving: waves of 1, 2, 4, ...; each fetcher that is done serves.
+	sources := []Source{tsrc}
+	var done []*fetcher
+	before, t0 = trainer.n.Load(), time.Now()
+	for left, wave := n, 1; left > 0; wave *= 2 {
+		k := min(wave, left)
+		var ws []*fetcher
+		for i := range k {
+			x, err := mk("reserve", n-left+i)
+			if err != nil {
+				return fo, err
+			}
+			ws, all = append(ws, x), append(all, x)
+		}
+		if err := run(ws, sources); err != nil {
+			return fo, err
+		}
+		for _, x := range ws {
+			x.hold = &counted{h: x.dir}
+			srv, err := Listen("127.0.0.1:0", ServerConfig{Key: x.key, Gate: admitAll{}, Holdings: x.hold})
+			if err != nil {
+				return fo, err
+			}
+			x.srv = srv
+			sources = append(sources, Source{Peer: x.id, Addrs: []string{srv.Addr().String()}})
+			done = append(done, x)
+		}
+		left -= k
+	}
+	fo.ReserveSeconds, fo.ReserveTrainerMB = time.Since(t0).Seconds(), float64(trainer.n.Load()-before)/(1<<20)
+	for _, x := range done {
+		fo.ReserveMaxPeerMB = max(fo.ReserveMaxPeerMB, float64(x.hold.n.Load())/(1<<20))
+	}
+	return fo, nil
+}
+
+// Print writes the report for people.
+func (r *BenchReport) Print(w io.Writer) {
+	fmt.Fprintf(w, "weights over QUIC on loopback, a %.0f MiB bundle (best of 3 each):\n", float64(r.Bytes)/(1<<20))
+	row := func(name string, x Rate) {
+		fmt.Fprintf(w, "  %-46s %7.1f MiB/s  %5.2f s  %5.2f CPU s/GB\n", name, x.MBps, x.Seconds, x.CPUPerGB)
+	}
+	row("clawmesh fetch (verify, write, fsync, rename)", r.Ours)
+	row("bare quic-go stream (to memory)", r.Bare)
+	row("TLS 1.3 over TCP (to memory)", r.TLS)
+	fmt.Fprintf(w, "  ours / bare quic-go: %.2fx (goal >= 0.8x)\n", r.Ratio)
+	fmt.Fprintln(w, "fan-out: n fetchers from the trainer alone, then in doubling waves that re-serve:")
+	fmt.Fprintln(w, "  fetchers  direct s  trainer MiB  |  re-served s  trainer MiB  busiest peer MiB")
+	for _, f := range r.FanOut {
+		fmt.Fprintf(w, "  %8d  %8.2f  %11.0f  |  %11.2f  %11.0f  %16.0f\n", f.Fetchers, f.DirectSeconds, f.DirectTrainerMB, f.ReserveSeconds, f.ReserveTrainerMB, f.ReserveMaxPeerMB)
+	}
+}
