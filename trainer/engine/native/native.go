@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -34,8 +35,10 @@ var (
 
 // Options configure an Engine. The zero value means defaults.
 type Options struct {
-	// Name is reported by Info and written as the adapter's base model
-	// (default: the model directory, or "tiny").
+	// Name is reported by Info and written as the adapter's
+	// base_model_name_or_path, which transformers' and PEFT's Auto classes
+	// load: a Hugging Face model id or a model directory (default: the
+	// model directory as an absolute path, or "tiny").
 	Name string
 	// LoRA shapes the adapter (default rank 8, alpha 16, all projections).
 	LoRA LoRAConfig
@@ -93,6 +96,9 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 	}
 	if o.Name == "" {
 		o.Name = dir
+		if abs, err := filepath.Abs(dir); err == nil {
+			o.Name = abs
+		}
 	}
 	w, err := loadDir(dir)
 	if err != nil {

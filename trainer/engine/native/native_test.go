@@ -1,6 +1,7 @@
 package native
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -643,5 +644,74 @@ func TestTopLogprobs(t *testing.T) {
 	}
 	if _, _, err := e.Generate(ctx, prompt, engine.GenOptions{TopLogprobs: 21}); !errors.Is(err, engine.ErrBadInput) {
 		t.Errorf("TopLogprobs 21: %v", err)
+	}
+}
+
+// TestExportPeftTypes checks adapter_config.json against the types PEFT's
+// LoraConfig gives its fields: PEFT keeps a null as None, and injecting an
+// adapter calls rank_pattern.keys() and alpha_pattern.keys(), so those must
+// be objects; base_model_name_or_path must name what transformers loads.
+func TestExportPeftTypes(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "model")
+	if err := CreateTiny(model, TinyConfig(40), 3); err != nil {
+		t.Fatal(err)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(wd, model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Open(ctx, rel, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "adapter")
+	if err := e.ExportAdapter(ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, adapterConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pc map[string]any
+	if err := json.Unmarshal(b, &pc); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"rank_pattern", "alpha_pattern"} {
+		if m, ok := pc[k].(map[string]any); !ok || len(m) != 0 {
+			t.Errorf("%s = %#v, want an empty object", k, pc[k])
+		}
+	}
+	for k, want := range map[string]any{"peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none",
+		"use_rslora": false, "use_dora": false, "fan_in_fan_out": false, "inference_mode": true} {
+		if pc[k] != want {
+			t.Errorf("%s = %#v, want %#v", k, pc[k], want)
+		}
+	}
+	if r, ok := pc["r"].(float64); !ok || r != 8 {
+		t.Errorf("r = %#v", pc["r"])
+	}
+	if name := pc["base_model_name_or_path"]; name != model {
+		t.Errorf("base_model_name_or_path = %#v, want the model directory's absolute path %s", name, model)
+	}
+	// An adapter the engine wrote loads back.
+	if err := e.LoadAdapter(ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	// A name given in Options is written as it is (a Hugging Face id).
+	e2, err := Open(ctx, model, Options{Name: "Qwen/Qwen3-0.6B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e2.ExportAdapter(ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(filepath.Join(out, adapterConfigFile))
+	if !bytes.Contains(b, []byte(`"base_model_name_or_path": "Qwen/Qwen3-0.6B"`)) {
+		t.Errorf("named base not written: %s", b)
 	}
 }
