@@ -279,6 +279,23 @@ func loadAdapter(dir string, c Config) (*adapter, error) {
 	return ad, nil
 }
 
+// WriteFreshAdapter writes to dir, in PEFT format, the fresh adapter an
+// engine on a model of shape c draws from seed (see ResetSeed): A uniform in
+// ±1/√in, B zero. baseModel is written as base_model_name_or_path.
+func WriteFreshAdapter(dir string, c Config, lc LoRAConfig, seed uint64, baseModel string) error {
+	c.defaults()
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	lc = lc.withDefaults()
+	if err := lc.validate(); err != nil {
+		return err
+	}
+	ad := newAdapter(c, lc)
+	ad.init(seed)
+	return ad.export(dir, baseModel)
+}
+
 // merge returns w with ad folded in: each adapted projection becomes
 // W + s·B·A, a new slice; everything else is shared with w.
 func (w *weights) merge(ad *adapter) *weights {
