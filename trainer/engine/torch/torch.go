@@ -292,19 +292,29 @@ func (e *Engine) start(ctx context.Context) error {
 		p.kill()
 		return err
 	}
-	var im infoMeta
-	if err := json.Unmarshal(rep.meta, &im); err != nil {
+	im, err := e.setInfo(rep)
+	if err != nil {
 		p.kill()
-		return fmt.Errorf("%w: open reply: %v", ErrProtocol, err)
+		return err
+	}
+	e.p = p
+	e.log.Info("torch worker ready", "model", im.Name, "device", im.Device, "dtype", im.DType, "torch", im.Torch,
+		"processes", im.WorldSize, "params", im.Params, "lora_params", im.LoRAParams)
+	return nil
+}
+
+// setInfo takes the model's description from a reply that carries it
+// (opening the model, loading or restoring an adapter).
+func (e *Engine) setInfo(rep *frame) (infoMeta, error) {
+	var im infoMeta
+	if err := json.Unmarshal(rep.meta, &im); err != nil || im.VocabSize <= 0 {
+		return im, fmt.Errorf("%w: model description: %v", ErrProtocol, err)
 	}
 	e.info = engine.ModelInfo{Name: im.Name, Arch: im.Arch, VocabSize: im.VocabSize, Layers: im.Layers, Hidden: im.Hidden,
 		Heads: im.Heads, KVHeads: im.KVHeads, HeadDim: im.HeadDim, Intermediate: im.Intermediate, MaxPosition: im.MaxPosition,
 		TiedEmbeddings: im.TiedEmbeddings, EOS: im.EOS, Params: im.Params, LoRAParams: im.LoRAParams, LoRARank: im.LoRARank,
 		LoRAAlpha: im.LoRAAlpha}
-	e.p = p
-	e.log.Info("torch worker ready", "model", im.Name, "device", im.Device, "dtype", im.DType, "torch", im.Torch,
-		"processes", im.WorldSize, "params", im.Params, "lora_params", im.LoRAParams)
-	return nil
+	return im, nil
 }
 
 // call sends req and waits for its RESULT, handing TOKEN events to onToken
@@ -396,7 +406,11 @@ func (e *Engine) restart(ctx context.Context) error {
 		return err
 	}
 	if e.ckpt != "" {
-		if _, err := e.p.call(ctx, &frame{op: opRestore, meta: metaOf(map[string]string{"dir": e.ckpt})}, nil); err != nil {
+		rep, err := e.p.call(ctx, &frame{op: opRestore, meta: metaOf(map[string]string{"dir": e.ckpt})}, nil)
+		if err == nil {
+			_, err = e.setInfo(rep)
+		}
+		if err != nil {
 			e.drop()
 			return err
 		}
@@ -437,7 +451,11 @@ func (e *Engine) loadFresh(ctx context.Context) error {
 	if err := native.WriteFreshAdapter(dir, e.cfg, e.opt.LoRA, native.ResetSeed(e.opt.Seed, e.resets), e.opt.Name); err != nil {
 		return err
 	}
-	if _, err := e.do(ctx, &frame{op: opLoad, meta: metaOf(map[string]string{"dir": dir})}, true, nil); err != nil {
+	rep, err := e.do(ctx, &frame{op: opLoad, meta: metaOf(map[string]string{"dir": dir})}, true, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := e.setInfo(rep); err != nil {
 		return err
 	}
 	return e.checkpoint(ctx)
@@ -808,7 +826,11 @@ func (e *Engine) LoadAdapter(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := e.do(ctx, &frame{op: opLoad, meta: metaOf(map[string]string{"dir": abs})}, true, nil); err != nil {
+	rep, err := e.do(ctx, &frame{op: opLoad, meta: metaOf(map[string]string{"dir": abs})}, true, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := e.setInfo(rep); err != nil {
 		return err
 	}
 	return e.checkpoint(ctx)

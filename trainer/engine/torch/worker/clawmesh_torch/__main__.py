@@ -128,19 +128,19 @@ def handle(op, rid, meta, tensors, eng, dist, log, sock):
         return P.Frame(P.RESULT, rid, {}, [torch.tensor(toks, dtype=torch.int32), torch.tensor(lps, dtype=torch.float32)])
     if op == P.LOAD:
         eng.load(meta["dir"])
-        return P.Frame(P.RESULT, rid)
+        return P.Frame(P.RESULT, rid, eng.info())
     if op == P.EXPORT:
         eng.export(meta["dir"], meta.get("base_model"))
         return P.Frame(P.RESULT, rid)
     if op == P.RESET:
         eng.reset(meta.get("seed", 0))
-        return P.Frame(P.RESULT, rid)
+        return P.Frame(P.RESULT, rid, eng.info())
     if op == P.CHECKPOINT:
         eng.checkpoint(meta["dir"])
         return P.Frame(P.RESULT, rid)
     if op == P.RESTORE:
         eng.restore(meta["dir"])
-        return P.Frame(P.RESULT, rid)
+        return P.Frame(P.RESULT, rid, eng.info())
     raise ValueError("unknown op %d" % op)
 
 
