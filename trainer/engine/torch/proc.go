@@ -83,8 +83,13 @@ func startProc(ctx context.Context, o *Options, pyPath, dir string, log *slog.Lo
 	defer ln.Close()
 	args := []string{"-m", "clawmesh_torch", "--socket", sock}
 	if o.Procs > 1 {
-		args = append([]string{"-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-			"--nproc_per_node", strconv.Itoa(o.Procs), "--module"}, "clawmesh_torch", "--socket", sock)
+		// --redirects and --tee name each stream explicitly: torch 1.13's
+		// torchrun cannot parse its own default ("0") under Python 3.11.
+		// The workers write nothing to stdout; stderr (their logs) is teed
+		// here with a rank prefix.
+		args = []string{"-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+			"--nproc_per_node", strconv.Itoa(o.Procs), "--log_dir", filepath.Join(dir, "torchrun"),
+			"--redirects", "1", "--tee", "2", "--module", "clawmesh_torch", "--socket", sock}
 	}
 	cmd := exec.Command(o.Python, args...)
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+pyPath, "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1")
@@ -250,7 +255,13 @@ func forwardLogs(r io.Reader, log *slog.Logger, t *tail) {
 		}
 		t.add(line)
 		var rec map[string]any
-		if json.Unmarshal([]byte(line), &rec) != nil {
+		js := line
+		if strings.HasPrefix(js, "[") { // torchrun's "[default0]:" before a rank's line
+			if i := strings.Index(js, "]:"); i > 0 {
+				js = js[i+2:]
+			}
+		}
+		if json.Unmarshal([]byte(js), &rec) != nil {
 			log.Warn("worker output", "line", line)
 			continue
 		}

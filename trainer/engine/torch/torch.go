@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -201,6 +202,10 @@ func open(ctx context.Context, modelDir, dir string, o Options) (_ *Engine, err 
 			return nil, err
 		}
 		o.Python = env.Python
+	} else if p, err := exec.LookPath(o.Python); err != nil {
+		return nil, fmt.Errorf("%w: %s not found; %s", ErrUnavailable, o.Python, HowToInstall)
+	} else {
+		o.Python = p
 	}
 	py, err := writeWorker(filepath.Join(dir, "py"))
 	if err != nil {
