@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,8 +72,12 @@ func checkEngine(ctx context.Context, name, device string, gpus int) (python str
 		return "", nil
 	}
 	env, err := torch.Probe(ctx, "")
+	if errors.Is(err, torch.ErrUnavailable) {
+		return "", fmt.Errorf("%w: --engine torch needs PyTorch, which %s cannot import; %s", ErrEngine,
+			strings.Join(torch.Candidates(), " and "), torch.HowToInstall)
+	}
 	if err != nil {
-		return "", fmt.Errorf("%w: --engine torch needs PyTorch: %w", ErrEngine, err)
+		return "", err
 	}
 	if device == DeviceCUDA && !env.CUDA {
 		return "", fmt.Errorf("%w: torch %s (%s) sees no CUDA device; use --device cpu or install a CUDA build of PyTorch", ErrEngine, env.Torch, env.Python)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -91,6 +92,30 @@ func TestLeaderRefusesAForeignDelta(t *testing.T) {
 		t.Fatalf("a foreign delta: %v", err)
 	}
 	close(release)
+}
+
+// TestCheckEngine: what a trainer refuses before it starts, and how it
+// says that PyTorch is missing.
+func TestCheckEngine(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		engine, device string
+		gpus           int
+	}{{"tensorflow", "", 0}, {"", "tpu", 0}, {EngineNative, DeviceCUDA, 0}, {EngineNative, DeviceCPU, 2}, {EngineTorch, DeviceCPU, 2}} {
+		if _, err := checkEngine(ctx, c.engine, c.device, c.gpus); !errors.Is(err, ErrEngine) {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+	if py, err := checkEngine(ctx, EngineNative, DeviceCPU, 1); err != nil || py != "" {
+		t.Errorf("native on the CPU: %q %v", py, err)
+	}
+	t.Setenv("CLAWMESH_PYTHON", filepath.Join(t.TempDir(), "python3"))
+	_, err := checkEngine(ctx, EngineTorch, DeviceCPU, 1)
+	if !errors.Is(err, ErrEngine) || !strings.Contains(err.Error(), "apt-get install python3-torch") ||
+		!strings.Contains(err.Error(), "--engine native needs no PyTorch") {
+		t.Fatalf("without PyTorch: %v", err)
+	}
+	t.Logf("without PyTorch: %v", err)
 }
 
 // TestWorkerTorchEngine trains the same share on the native engine and on

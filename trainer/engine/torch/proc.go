@@ -284,3 +284,7 @@ func forwardLogs(r io.Reader, log *slog.Logger, t *tail) {
 		log.LogAttrs(context.Background(), level, msg, attrs...)
 	}
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func textLogger(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }

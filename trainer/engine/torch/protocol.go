@@ -46,6 +46,7 @@ const (
 	opCheckpoint uint8 = 13
 	opRestore    uint8 = 14
 	opShutdown   uint8 = 15
+	opDevice     uint8 = 16
 	opResult     uint8 = 100
 	opError      uint8 = 101
 )

@@ -61,13 +61,13 @@ c = torch.cuda.is_available()
 print(json.dumps({"torch": torch.__version__, "cuda": c, "gpus": torch.cuda.device_count() if c else 0}))`
 
 // Candidates lists the interpreters tried, in order, when none is named:
-// $CLAWMESH_PYTHON, python3 on PATH, Debian's /usr/bin/python3.
+// $CLAWMESH_PYTHON alone when it is set, else python3 on PATH, then
+// Debian's /usr/bin/python3.
 func Candidates() []string {
-	var c []string
 	if p := os.Getenv("CLAWMESH_PYTHON"); p != "" {
-		c = append(c, p)
+		return []string{p}
 	}
-	return append(c, "python3", "/usr/bin/python3")
+	return []string{"python3", "/usr/bin/python3"}
 }
 
 // Probe finds a Python that imports torch: python if given, else the first

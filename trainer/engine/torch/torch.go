@@ -868,3 +868,34 @@ func (e *Engine) Close() error {
 	}
 	return os.RemoveAll(e.dir)
 }
+
+// DeviceStats describes the worker's device.
+type DeviceStats struct {
+	Device string `json:"device"`
+	DType  string `json:"dtype"`
+	// Name is the GPU's name; PeakMemory the most bytes torch allocated on
+	// it so far (since the last reset), TotalMemory its capacity.
+	Name        string `json:"name,omitempty"`
+	PeakMemory  int64  `json:"peak_memory,omitempty"`
+	TotalMemory int64  `json:"total_memory,omitempty"`
+	// MatmulFLOPS is the measured rate of an n×n×n product in the model's
+	// dtype (when asked for).
+	MatmulFLOPS float64 `json:"matmul_flops,omitempty"`
+}
+
+// Device reports the worker's device; with matmul > 0 it also measures
+// the rate of a matmul×matmul×matmul product, and resetPeak starts the
+// peak memory count afresh.
+func (e *Engine) Device(ctx context.Context, matmul int, resetPeak bool) (DeviceStats, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	rep, err := e.do(ctx, &frame{op: opDevice, meta: metaOf(map[string]any{"matmul": matmul, "reset_peak": resetPeak})}, true, nil)
+	if err != nil {
+		return DeviceStats{}, err
+	}
+	var d DeviceStats
+	if err := json.Unmarshal(rep.meta, &d); err != nil {
+		return d, fmt.Errorf("%w: device reply: %v", ErrProtocol, err)
+	}
+	return d, nil
+}

@@ -141,6 +141,8 @@ def handle(op, rid, meta, tensors, eng, dist, log, sock):
     if op == P.RESTORE:
         eng.restore(meta["dir"])
         return P.Frame(P.RESULT, rid, eng.info())
+    if op == P.DEVICE:
+        return P.Frame(P.RESULT, rid, eng.device_stats(int(meta.get("matmul") or 0), bool(meta.get("reset_peak"))))
     raise ValueError("unknown op %d" % op)
 
 

@@ -8,6 +8,7 @@ same step. The Go side talks to rank 0 and sees one engine."""
 
 import math
 import os
+import time
 
 import torch
 
@@ -434,6 +435,40 @@ class Engine:
                 break
             nxt = [pick]
         return toks, lps
+
+    # --- the device ------------------------------------------------------
+
+    def device_stats(self, matmul=0, reset_peak=False):
+        """The device's name, peak memory allocated so far (CUDA), and with
+        matmul > 0 the rate of an n×n×n matrix product in the model dtype,
+        the best of a few (a benchmark's reference)."""
+        out = {"device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", "")}
+        cuda = self.device.type == "cuda"
+        if cuda:
+            out["name"] = torch.cuda.get_device_name(self.device)
+            out["peak_memory"] = int(torch.cuda.max_memory_allocated(self.device))
+            out["total_memory"] = int(torch.cuda.get_device_properties(self.device).total_memory)
+            if reset_peak:
+                torch.cuda.reset_peak_memory_stats(self.device)
+        if matmul > 0:
+            n = matmul
+            a = torch.randn(n, n, device=self.device).to(self.model.dtype)
+            b = torch.randn(n, n, device=self.device).to(self.model.dtype)
+            best = 0.0
+            for _ in range(5):
+                if cuda:
+                    torch.cuda.synchronize(self.device)
+                t0 = time.perf_counter()
+                reps = 10 if cuda else 1
+                for _ in range(reps):
+                    c = a @ b
+                if cuda:
+                    torch.cuda.synchronize(self.device)
+                dt = time.perf_counter() - t0
+                best = max(best, 2.0 * n * n * n * reps / dt)
+            del a, b, c
+            out["matmul_flops"] = best
+        return out
 
     # --- adapters and checkpoints ----------------------------------------
 
