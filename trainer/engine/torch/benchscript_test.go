@@ -22,7 +22,7 @@ func TestBenchScript(t *testing.T) {
 	run := func(args ...string) []byte {
 		t.Helper()
 		cmd := exec.Command(py, append([]string{"-m", "clawmesh_torch.bench"}, args...)...)
-		cmd.Env = append(os.Environ(), "PYTHONPATH="+mustAbs(t, "worker"))
+		cmd.Env = append(os.Environ(), "PYTHONPATH="+mustAbs(t, "worker"), "PYTHONDONTWRITEBYTECODE=1")
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()

@@ -122,12 +122,22 @@ def _worst(a, b):
     return w
 
 
+def _hf_load(model_dir, dtype, attn):
+    """transformers' model for model_dir (newer releases name the dtype
+    argument dtype, older ones torch_dtype)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+    except TypeError:
+        return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation=attn)
+
+
 def _hf_logprobs(model_dir, adapter_dir, seqs, device):
     """log-probs from transformers' Qwen3 with the adapter loaded by peft."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager").to(device)
+    m = _hf_load(model_dir, torch.float32, "eager").to(device)
     m = PeftModel.from_pretrained(m, adapter_dir).to(device)
     m.eval()
     out = []
@@ -272,10 +282,9 @@ def bench_ours(model_dir, cfg, B, T, steps, device, rank, grad_checkpoint):
 
 def bench_hf(model_dir, cfg, B, T, steps, device, rank, grad_checkpoint):
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     dt_ = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    m = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dt_, attn_implementation="sdpa").to(device)
+    m = _hf_load(model_dir, dt_, "sdpa").to(device)
     if grad_checkpoint:
         m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         m.enable_input_require_grads()
