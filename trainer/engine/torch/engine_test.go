@@ -325,6 +325,48 @@ func TestUnavailable(t *testing.T) {
 	}
 }
 
+// TestGradCheckpoint: recomputing activations in backward changes memory,
+// not the gradient.
+func TestGradCheckpoint(t *testing.T) {
+	py := needTorch(t)
+	te, err := OpenTiny(ctx, tinyCfg, 3, Options{Python: py, Seed: 5, GradCheckpoint: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer te.Close()
+	ne, err := native.NewTiny(tinyCfg, 3, native.Options{Name: "tiny", Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := batchOf(rand.New(rand.NewPCG(5, 5)), 3, 12)
+	for _, rc := range []engine.Recipe{{}, {MicroBatch: 1, Loss: loss.Config{EntropyCoef: 0.05}}} {
+		// A trained adapter (B ≠ 0: every gradient non-zero), the same on both.
+		if _, err := ne.TrainStep(ctx, b, engine.Recipe{LR: 1e-2}); err != nil {
+			t.Fatal(err)
+		}
+		d := t.TempDir()
+		if err := ne.ExportAdapter(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		if err := te.LoadAdapter(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		g, gs, err := te.Gradient(ctx, b, rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, ws, err := ne.Gradient(ctx, b, rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmpStats(t, "with checkpointing", gs, ws)
+		cmpTensors(t, "gradient with checkpointing", g, w, relTol)
+	}
+	if _, err := OpenTiny(ctx, tinyCfg, 3, Options{Python: py, DType: "bfloat16"}); !errors.Is(err, ErrConfig) {
+		t.Errorf("bfloat16 on the CPU: %v", err)
+	}
+}
+
 // TestDataParallel runs the worker as two processes under torchrun (gloo
 // on the CPU, as NCCL would be on GPUs): each takes half of every batch,
 // and the engine gives what one process gives.

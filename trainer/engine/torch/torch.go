@@ -92,7 +92,11 @@ func (o Options) validate() (Options, error) {
 		return o, fmt.Errorf("%w: device %q (cpu or cuda)", ErrConfig, o.Device)
 	}
 	switch o.DType {
-	case "", "float32", "bfloat16", "float16":
+	case "", "float32":
+	case "bfloat16", "float16":
+		if o.Device != DeviceCUDA {
+			return o, fmt.Errorf("%w: dtype %s needs device cuda (the CPU runs float32)", ErrConfig, o.DType)
+		}
 	default:
 		return o, fmt.Errorf("%w: dtype %q (float32, bfloat16 or float16)", ErrConfig, o.DType)
 	}
