@@ -117,6 +117,45 @@ func TestRestartReplay(t *testing.T) {
 	}
 }
 
+// TestDiesMidRequest: a worker that dies while it holds a request (here on
+// its fifth train step, after a checkpoint at the third) is restarted, its
+// state restored and replayed, and the request answered, as if nothing
+// happened.
+func TestDiesMidRequest(t *testing.T) {
+	py := needTorch(t)
+	o := Options{Python: py, Seed: 5, CheckpointEvery: 3}
+	o.simulateCrash = []int{int(opTrain), 5}
+	te, err := OpenTiny(ctx, tinyCfg, 3, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer te.Close()
+	ref, err := OpenTiny(ctx, tinyCfg, 3, Options{Python: py, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	r := rand.New(rand.NewPCG(6, 6))
+	for step := range 6 {
+		b := batchOf(r, 2, 10)
+		a, err := te.TrainStep(ctx, b, engine.Recipe{LR: 1e-2})
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		want, err := ref.TrainStep(ctx, b, engine.Recipe{LR: 1e-2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a != want {
+			t.Fatalf("step %d: %+v, want %+v", step, a, want)
+		}
+	}
+	if te.Restarts() != 1 {
+		t.Fatalf("%d restarts, want 1", te.Restarts())
+	}
+	cmpTensors(t, "adapter", export(t, te), export(t, ref), 0)
+}
+
 // TestOutOfMemory: a step that does not fit answers engine.ErrOutOfMemory,
 // changes nothing, and the same batch in smaller micro-batches trains.
 func TestOutOfMemory(t *testing.T) {

@@ -80,8 +80,10 @@ type Options struct {
 	Logger *slog.Logger
 
 	// simulateOOMTokens, in tests, has the worker fail as out of memory on
-	// a micro-batch of more than this many (padded) tokens.
+	// a micro-batch of more than this many (padded) tokens; simulateCrash
+	// {op, n} has the first worker exit on its n-th request of that op.
 	simulateOOMTokens int
+	simulateCrash     []int
 }
 
 func (o Options) validate() (Options, error) {
@@ -238,6 +240,7 @@ type openMeta struct {
 	Name              string   `json:"name"`
 	Threads           int      `json:"threads,omitempty"`
 	SimulateOOMTokens int      `json:"simulate_oom_tokens,omitempty"`
+	SimulateCrash     []int    `json:"simulate_crash,omitempty"`
 }
 
 type loraMeta struct {
@@ -296,6 +299,9 @@ func (e *Engine) start(ctx context.Context) error {
 	m := openMeta{ModelDir: e.modelDir, Device: e.opt.Device, DType: e.opt.DType, GradCheckpoint: e.opt.GradCheckpoint,
 		LoRA: loraMeta{Rank: lc.Rank, Alpha: lc.Alpha, Targets: lc.Targets}, Seed: e.opt.Seed, Name: e.opt.Name,
 		Threads: e.opt.Threads, SimulateOOMTokens: e.opt.simulateOOMTokens}
+	if e.restarts == 0 {
+		m.SimulateCrash = e.opt.simulateCrash
+	}
 	rep, err := p.call(ctx, &frame{op: opOpen, meta: metaOf(m)}, nil)
 	if err != nil {
 		p.kill()

@@ -41,6 +41,7 @@ def _recipe(meta):
 
 def serve(sock, dist, log):
     eng = None
+    crash = None  # [op, count]: the test hook simulate_crash (exit on the count-th such request)
     while True:
         if dist.rank == 0:
             try:
@@ -58,11 +59,18 @@ def serve(sock, dist, log):
                 except OSError:
                     pass
             return
+        if crash and op == crash[0]:
+            crash[1] -= 1
+            if crash[1] <= 0:
+                log("warn", "simulated crash", op=op)
+                os._exit(3)
         started = time.time()
         try:
             reply = handle(op, rid, meta, tensors, eng, dist, log, sock)
             if op == P.OPEN:
                 eng, reply = reply
+                if meta.get("simulate_crash"):
+                    crash = list(meta["simulate_crash"])
         except Exception as e:
             code = error_code(e)
             if code == "internal":
