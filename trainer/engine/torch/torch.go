@@ -44,7 +44,8 @@ type Options struct {
 	Device string
 	// Procs is how many worker processes train together, one per GPU
 	// (default 1). More than one launches the worker with torchrun
-	// (torch.distributed, data-parallel); the engine still acts as one.
+	// (torch.distributed, data-parallel: NCCL on GPUs, gloo on the CPU);
+	// the engine still acts as one.
 	Procs int
 	// DType is the base weights' dtype: float32, bfloat16 or float16
 	// (default float32 on the CPU, bfloat16 on CUDA, where the forward
