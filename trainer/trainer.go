@@ -83,10 +83,14 @@ type Config struct {
 	Limits batch.Limits
 	// Stall is how long a pull may make no progress (mesh default).
 	Stall time.Duration
-	// Engine is the training engine (native; torch needs the torch
-	// worker), Device its device (cpu), Base the base model: "tiny" (or
-	// "") for the tiny model, or a Hugging Face model directory.
+	// Engine is the training engine (native, or torch: the PyTorch worker
+	// of trainer/engine/torch), Device its device (cpu, or cuda with the
+	// torch engine), Base the base model: "tiny" (or "") for the tiny
+	// model, or a Hugging Face model directory.
 	Engine, Device, Base string
+	// GPUs is how many GPUs the torch engine trains on (default 1; more
+	// launches its worker with torchrun, data-parallel).
+	GPUs int
 	// Group is the configuration this trainer proposes if it bootstraps
 	// the group (the group keeps its own afterwards).
 	Group group.Config
@@ -168,7 +172,8 @@ func New(ctx context.Context, cfg Config) (*Trainer, error) {
 	if c, _ := st.Certificate(); c.Role() != member.RoleTrainer {
 		return nil, ErrNotTrainer
 	}
-	if err := checkEngine(cfg.Engine, cfg.Device); err != nil {
+	python, err := checkEngine(ctx, cfg.Engine, cfg.Device, cfg.GPUs)
+	if err != nil {
 		return nil, err
 	}
 	if err := cfg.Group.Validate(); err != nil {
@@ -181,7 +186,7 @@ func New(ctx context.Context, cfg Config) (*Trainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, err := newTrainer(cfg, p.Host, p.Mesh)
+	t, err := newTrainer(cfg, p.Host, p.Mesh, python)
 	if err != nil {
 		p.Close()
 		return nil, err
@@ -228,16 +233,19 @@ func NewOn(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
 	if m.Cert().Role() != member.RoleTrainer {
 		return nil, ErrNotTrainer
 	}
-	if err := checkEngine(cfg.Engine, cfg.Device); err != nil {
+	python, err := checkEngine(context.Background(), cfg.Engine, cfg.Device, cfg.GPUs)
+	if err != nil {
 		return nil, err
 	}
 	if err := cfg.Group.Validate(); err != nil {
 		return nil, err
 	}
-	return newTrainer(cfg, h, m)
+	return newTrainer(cfg, h, m, python)
 }
 
-func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
+// newTrainer makes the trainer; python is the torch engine's interpreter
+// (checkEngine's).
+func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer, error) {
 	if note, err := private.CheckDataDir(cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("trainer: %w", err)
 	} else if note != "" {
@@ -262,7 +270,8 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
 		s.Close()
 		return nil, err
 	}
-	t.work = newWorkLoop(t, &worker{log: t.log, baseDir: baseDir(cfg.Base), engineID: cfg.Engine})
+	t.work = newWorkLoop(t, &worker{log: t.log, baseDir: baseDir(cfg.Base), engineID: cfg.Engine,
+		device: cfg.Device, gpus: cfg.GPUs, python: python})
 	h.Handle(Protocol, t.serveRPC)
 	return t, nil
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/chat"
 	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/engine/native"
+	"github.com/clawmesh/clawmesh/trainer/engine/torch"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/learn"
 	"github.com/clawmesh/clawmesh/trainer/sample"
@@ -47,20 +49,43 @@ type worker struct {
 	builder  *sample.Builder
 	baseDir  string // --base DIR ("" for tiny)
 	engineID string
+	// device, gpus and python configure the torch engine.
+	device string
+	gpus   int
+	python string
 }
 
-func checkEngine(name, device string) error {
+// checkEngine refuses an engine and device this trainer cannot run; for
+// the torch engine it finds a Python with PyTorch (returned, for the
+// worker) and, for CUDA, a GPU.
+func checkEngine(ctx context.Context, name, device string, gpus int) (python string, err error) {
 	switch {
 	case name != "" && name != EngineNative && name != EngineTorch:
-		return fmt.Errorf("%w: unknown engine %q (native or torch)", ErrEngine, name)
-	case name == EngineTorch:
-		return fmt.Errorf("%w: the torch worker is not part of this build; use --engine native", ErrEngine)
+		return "", fmt.Errorf("%w: unknown engine %q (native or torch)", ErrEngine, name)
 	case device != "" && device != DeviceCPU && device != DeviceCUDA:
-		return fmt.Errorf("%w: unknown device %q (cpu or cuda)", ErrEngine, device)
-	case device == DeviceCUDA:
-		return fmt.Errorf("%w: the native engine runs on the CPU; CUDA needs the torch engine", ErrEngine)
+		return "", fmt.Errorf("%w: unknown device %q (cpu or cuda)", ErrEngine, device)
+	case gpus < 0 || gpus > 1 && (name != EngineTorch || device != DeviceCUDA):
+		return "", fmt.Errorf("%w: %d GPUs: several GPUs need --engine torch --device cuda", ErrEngine, gpus)
+	case name != EngineTorch && device == DeviceCUDA:
+		return "", fmt.Errorf("%w: the native engine runs on the CPU; CUDA needs --engine torch", ErrEngine)
+	case name != EngineTorch:
+		return "", nil
 	}
-	return nil
+	env, err := torch.Probe(ctx, "")
+	if errors.Is(err, torch.ErrUnavailable) {
+		return "", fmt.Errorf("%w: --engine torch needs PyTorch, which %s cannot import; %s", ErrEngine,
+			strings.Join(torch.Candidates(), " and "), torch.HowToInstall)
+	}
+	if err != nil {
+		return "", err
+	}
+	if device == DeviceCUDA && !env.CUDA {
+		return "", fmt.Errorf("%w: torch %s (%s) sees no CUDA device; use --device cpu or install a CUDA build of PyTorch", ErrEngine, env.Torch, env.Python)
+	}
+	if device == DeviceCUDA && max(gpus, 1) > env.GPUs {
+		return "", fmt.Errorf("%w: %d GPUs asked for, torch sees %d", ErrEngine, gpus, env.GPUs)
+	}
+	return env.Python, nil
 }
 
 // BaseID names a base model as the group's configuration records it:
@@ -107,7 +132,11 @@ func (w *worker) ready(ctx context.Context, cfg group.Config) error {
 		if id, ok := tok.TokenID("<|im_end|>"); ok {
 			nc.EOS = []int{id}
 		}
-		eng, err = native.NewTiny(nc, cfg.Seed, native.Options{Name: "tiny", Seed: cfg.Seed})
+		if w.engineID == EngineTorch {
+			eng, err = torch.OpenTiny(ctx, nc, cfg.Seed, w.torchOptions(cfg, "tiny"))
+		} else {
+			eng, err = native.NewTiny(nc, cfg.Seed, native.Options{Name: "tiny", Seed: cfg.Seed})
+		}
 	} else {
 		if tok, err = tokenizer.Load(filepath.Join(w.baseDir, "tokenizer.json")); err != nil {
 			return err
@@ -120,7 +149,11 @@ func (w *worker) ready(ctx context.Context, cfg group.Config) error {
 		} else if !errors.Is(statErr, fs.ErrNotExist) {
 			return statErr
 		}
-		eng, err = native.Open(ctx, w.baseDir, native.Options{Seed: cfg.Seed})
+		if w.engineID == EngineTorch {
+			eng, err = torch.Open(ctx, w.baseDir, w.torchOptions(cfg, ""))
+		} else {
+			eng, err = native.Open(ctx, w.baseDir, native.Options{Seed: cfg.Seed})
+		}
 	}
 	if err != nil {
 		return err
@@ -128,6 +161,11 @@ func (w *worker) ready(ctx context.Context, cfg group.Config) error {
 	w.eng, w.cfg = eng, cfg
 	w.builder = sample.NewBuilder(tok, renderer, sample.Options{})
 	return nil
+}
+
+// torchOptions configures the torch engine for the group's cfg.
+func (w *worker) torchOptions(cfg group.Config, name string) torch.Options {
+	return torch.Options{Python: w.python, Device: w.device, Procs: w.gpus, Seed: cfg.Seed, Name: name, Logger: w.log}
 }
 
 // genesis writes version 0, the fresh adapter every trainer starts from, to

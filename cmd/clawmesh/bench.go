@@ -15,6 +15,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/engine/native"
+	"github.com/clawmesh/clawmesh/trainer/engine/torch"
 	"github.com/clawmesh/clawmesh/trainer/learn"
 	"github.com/clawmesh/clawmesh/trainer/loss"
 )
@@ -35,7 +36,12 @@ the same run. Everything runs locally (loopback, a temporary directory).
             writers, and put latency
   engine    the native Go engine: training and generation tokens/s on a
             tiny and a small (0.5B-shaped, 2 layers) model, with the
-            arithmetic rate achieved against the measured matmul rate
+            arithmetic rate achieved against the measured matmul rate;
+            with --engine torch (or --base, --device): the torch engine's
+            train step and generation on --base (tiny or a model
+            directory), against the native engine on the same model on
+            the CPU, or on CUDA against the GPU's own measured matmul
+            rate (model FLOPs utilisation) with its peak memory
   learn     the learning recipes side by side: Binary RL, on-policy
             distillation and both combined, on a user who prefers replies
             that start with a word and hints "Reply with OK."; each starts
@@ -73,6 +79,8 @@ Examples:
   clawmesh bench gateway --realistic --rate 200
   clawmesh bench pool --writers 64 --steps 20000
   clawmesh bench engine --model tiny
+  clawmesh bench engine --engine torch --base tiny --device cpu
+  clawmesh bench engine --engine torch --base ~/models/Qwen3-0.6B --device cuda
   clawmesh bench learn --rounds 8
   clawmesh bench scrub
   clawmesh bench mesh --idle 30s
@@ -112,15 +120,38 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return nil
 	case "engine":
 		var bc native.BenchConfig
-		models := fs.String("model", "tiny,small", "comma-separated: tiny (vocab 512, hidden 64, 2 layers), small (Qwen2.5-0.5B-shaped, 2 layers)")
-		fs.IntVar(&bc.Layers, "layers", 0, "override the model's depth")
-		fs.IntVar(&bc.Vocab, "vocab", 0, "override the model's vocabulary")
+		models := fs.String("model", "tiny,small", "native engine: comma-separated: tiny (vocab 512, hidden 64, 2 layers), small (Qwen2.5-0.5B-shaped, 2 layers)")
+		fs.IntVar(&bc.Layers, "layers", 0, "native engine: override the model's depth")
+		fs.IntVar(&bc.Vocab, "vocab", 0, "native engine: override the model's vocabulary")
 		fs.IntVar(&bc.Seqs, "seqs", 0, "sequences per training batch (default 4)")
 		fs.IntVar(&bc.SeqLen, "seq-len", 0, "tokens per training sequence (default 64)")
-		fs.IntVar(&bc.Steps, "steps", 0, "timed training steps (default 2)")
+		fs.IntVar(&bc.Steps, "steps", 0, "timed training steps (default 2, torch 3)")
 		fs.IntVar(&bc.GenTokens, "gen-tokens", 0, "tokens generated (default 32)")
+		engineName := fs.String("engine", trainer.EngineNative, "engine measured: native or torch (the PyTorch worker)")
+		base := fs.String("base", "", "with --engine torch: tiny (default) or a Hugging Face model directory (Qwen3)")
+		device := fs.String("device", trainer.DeviceCPU, "cpu or cuda (torch engine)")
+		gpus := fs.Int("gpus", 1, "GPUs the torch engine trains on (more than one: torchrun, data-parallel)")
+		gradCkpt := fs.Bool("grad-checkpoint", false, "torch engine: recompute activations in backward (less memory)")
 		if err := parse(fs, args); err != nil {
 			return err
+		}
+		if *engineName != trainer.EngineNative && *engineName != trainer.EngineTorch {
+			return usageErr("--engine %q: native or torch", *engineName)
+		}
+		if *device != trainer.DeviceCPU && *device != trainer.DeviceCUDA {
+			return usageErr("--device %q: cpu or cuda", *device)
+		}
+		if *engineName == trainer.EngineTorch || *base != "" || *device != trainer.DeviceCPU {
+			if *engineName == trainer.EngineNative && *device == trainer.DeviceCUDA {
+				return usageErr("the native engine runs on the CPU; --device cuda needs --engine torch")
+			}
+			r, err := torch.Bench(ctx, torch.BenchOptions{Engine: *engineName, Base: *base, Device: *device, Procs: *gpus,
+				GradCheckpoint: *gradCkpt, Seqs: bc.Seqs, SeqLen: bc.SeqLen, Steps: bc.Steps, GenTokens: bc.GenTokens})
+			if err != nil {
+				return err
+			}
+			r.Print(stdout)
+			return nil
 		}
 		fmt.Fprintln(stdout, "native engine (pure Go, float32, CPU); rates against the better of its matmul kernel and gonum's Sgemm, each at its best over a 0.5B layer's products, measured in the same run:")
 		for _, m := range strings.Split(*models, ",") {

@@ -16,7 +16,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
-const trainerHelp = `Usage: clawmesh trainer --data DIR [--engine native] [--base tiny|DIR] [flags]
+const trainerHelp = `Usage: clawmesh trainer --data DIR [--engine native|torch] [--device cpu|cuda] [--base tiny|DIR] [flags]
        clawmesh trainer status [--json] --data DIR
        clawmesh trainer leave --data DIR
        clawmesh trainer config [--recipe binary|opd|combined] [...] --data DIR
@@ -42,6 +42,16 @@ and no batch is trained twice or lost.
   clawmesh trainer config --recipe opd --data DIR
                                             change what the group trains
   clawmesh mesh batches --data DIR          the batches it received
+
+Engines: native (pure Go, CPU, small models; needs nothing else) or torch
+(a PyTorch worker the trainer starts and watches: CPU or CUDA, bf16 on the
+GPU; --gpus N > 1 launches it with torchrun and trains data-parallel). The
+torch engine needs Python 3 with PyTorch: Debian or Ubuntu, CPU: apt-get
+install python3-torch; otherwise pip install torch (the CUDA build from
+pytorch.org for a GPU); CLAWMESH_PYTHON names the interpreter. Both
+engines train the same batch to the same adapter.
+
+  clawmesh trainer --engine torch --base ~/models/Qwen3-4B --device cuda --data DIR
 
 The recipe, base model and training settings are the group's: the first
 trainer proposes its flags (--recipe, --local-steps, ...); 'trainer config'
@@ -69,8 +79,9 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	admin := fs.String("admin", "127.0.0.1:0", "loopback address of the admin API")
 	weightsListen := fs.String("weights", ":0", "UDP address of the QUIC service that serves the committed adapter versions to the devices; off serves none")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
-	engine := fs.String("engine", trainer.EngineNative, "training engine: native (Go, CPU) or torch (the torch worker)")
-	device := fs.String("device", trainer.DeviceCPU, "device of the engine: cpu or cuda")
+	engine := fs.String("engine", trainer.EngineNative, "training engine: native (Go, CPU) or torch (a PyTorch worker: CPU or CUDA)")
+	device := fs.String("device", trainer.DeviceCPU, "device of the engine: cpu or cuda (cuda needs --engine torch)")
+	gpus := fs.Int("gpus", 1, "GPUs the torch engine trains on; more than one launches its worker with torchrun (data-parallel)")
 	base := fs.String("base", group.DefaultBase, "base model: tiny (built in, no download) or a Hugging Face model directory")
 	joinWait := fs.Duration("join-wait", 5*time.Second, "how long to look for a trainers' group before bootstrapping one")
 	var gc group.Config
@@ -94,9 +105,12 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *joinWait <= 0 {
 		return usageErr("--join-wait must be positive")
 	}
+	if *gpus < 1 {
+		return usageErr("--gpus must be at least 1")
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
-		Admin: *admin, Engine: *engine, Device: *device, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
+		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
 		return fmt.Errorf("%w; for a trainer: a token from 'clawmesh invite --role trainer', then clawmesh join TOKEN --data %s", err, s.Data)
 	}

@@ -129,10 +129,18 @@ func (c peftConfig) sameScale(o peftConfig) bool {
 	if c.R != o.R || c.LoraAlpha != o.LoraAlpha || c.UseRSLoRA != o.UseRSLoRA {
 		return false
 	}
-	// Marshal compacts raw messages and sorts keys.
-	a, _ := json.Marshal([2]any{c.RankPattern, c.AlphaPattern})
-	b, _ := json.Marshal([2]any{o.RankPattern, o.AlphaPattern})
+	// Marshal compacts raw messages and sorts keys; null and {} (what older
+	// and newer exports write for "no pattern") mean the same.
+	a, _ := json.Marshal([2]any{orEmpty(c.RankPattern), orEmpty(c.AlphaPattern)})
+	b, _ := json.Marshal([2]any{orEmpty(o.RankPattern), orEmpty(o.AlphaPattern)})
 	return bytes.Equal(a, b)
+}
+
+func orEmpty(m map[string]json.RawMessage) map[string]json.RawMessage {
+	if m == nil {
+		return map[string]json.RawMessage{}
+	}
+	return m
 }
 
 // Validate checks b: a LoRA config, tensors sorted by unique non-empty

@@ -187,6 +187,16 @@ func TestDiffMismatch(t *testing.T) {
 			t.Errorf("%s: Apply without parent %v", tc.name, err)
 		}
 	}
+	// A parent exported with null patterns (as older exports wrote) and a
+	// child with {} (what PEFT writes) have the same scale.
+	oldParent := &Bundle{Config: bytes.Replace(bytes.Replace(parent.Config, []byte(`"rank_pattern": {}`), []byte(`"rank_pattern": null`), 1),
+		[]byte(`"alpha_pattern": {}`), []byte(`"alpha_pattern": null`), 1), Tensors: parent.Tensors}
+	if bytes.Equal(oldParent.Config, parent.Config) {
+		t.Fatalf("no empty patterns in %s", parent.Config)
+	}
+	if _, err := Diff(child, oldParent); err != nil {
+		t.Errorf("Diff against a parent with null patterns: %v", err)
+	}
 	// A delta applies to its own parent only, unless it names none.
 	d, err := Diff(child, parent)
 	if err != nil {

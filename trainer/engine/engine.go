@@ -2,8 +2,8 @@
 // of token sequences (with and without the LoRA adapter), one optimizer step
 // of the clipped policy-gradient loss on a batch, sampling, and moving LoRA
 // adapters in and out in PEFT format. Two engines implement it: the native
-// Go engine (trainer/engine/native, CPU, small models) and the torch worker
-// (a Python process for CUDA). The interface is deliberately small and made
+// Go engine (trainer/engine/native, CPU, small models) and the torch engine
+// (trainer/engine/torch: a Python worker process, for CUDA). The interface is deliberately small and made
 // of plain data so that a worker across a pipe can serve it.
 package engine
 
@@ -20,6 +20,10 @@ var (
 	ErrClosed   = errors.New("engine: closed")
 	ErrBadInput = errors.New("engine: bad input")
 	ErrAdapter  = errors.New("engine: bad adapter")
+	// ErrOutOfMemory reports a step or a scoring that did not fit in the
+	// device's memory; the engine is still usable, and the same work in
+	// smaller micro-batches (Recipe.MicroBatch) may fit.
+	ErrOutOfMemory = errors.New("engine: out of memory")
 )
 
 // ModelInfo describes the loaded base model and its adapter.

@@ -447,13 +447,25 @@ func (l *Learner) Train(ctx context.Context, steps []*core.Step) (Report, error)
 	if mb <= 0 {
 		mb = len(batch)
 	}
+	rc := o.Engine
 	for range o.Epochs {
 		for lo := 0; lo < len(batch); lo += mb {
 			if err := ctx.Err(); err != nil {
 				return rep, err
 			}
 			hi := min(lo+mb, len(batch))
-			st, err := l.eng.TrainStep(ctx, batch[lo:hi], o.Engine)
+			st, err := l.eng.TrainStep(ctx, batch[lo:hi], rc)
+			// A step that does not fit the device's memory is taken again
+			// in smaller micro-batches (the same gradient, less memory).
+			for errors.Is(err, engine.ErrOutOfMemory) {
+				cur := min(rc.WithDefaults().MicroBatch, hi-lo)
+				if cur <= 1 {
+					break
+				}
+				rc.MicroBatch = cur / 2
+				l.log.Warn("train step out of memory; smaller micro-batches", "micro_batch", rc.MicroBatch)
+				st, err = l.eng.TrainStep(ctx, batch[lo:hi], rc)
+			}
 			if err != nil {
 				return rep, fmt.Errorf("learn: train step %d: %w", rep.OptSteps, err)
 			}

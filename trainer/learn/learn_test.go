@@ -24,6 +24,10 @@ type fakeEngine struct {
 	calls   []logprobCall
 	batches [][]engine.TrainSample
 	fail    error
+	// oomAbove > 0: a step of more sequences than this in one micro-batch
+	// is out of memory; micro records the micro-batch of every step asked.
+	oomAbove int
+	micro    []int
 }
 
 type logprobCall struct {
@@ -53,9 +57,14 @@ func (f *fakeEngine) Logprobs(_ context.Context, seqs [][]int, base bool) ([][]f
 	return out, nil
 }
 
-func (f *fakeEngine) TrainStep(_ context.Context, b []engine.TrainSample, _ engine.Recipe) (engine.StepStats, error) {
+func (f *fakeEngine) TrainStep(_ context.Context, b []engine.TrainSample, rc engine.Recipe) (engine.StepStats, error) {
 	if f.fail != nil {
 		return engine.StepStats{}, f.fail
+	}
+	mb := rc.WithDefaults().MicroBatch
+	f.micro = append(f.micro, mb)
+	if f.oomAbove > 0 && min(mb, len(b)) > f.oomAbove {
+		return engine.StepStats{}, engine.ErrOutOfMemory
 	}
 	f.batches = append(f.batches, slices.Clone(b))
 	return engine.StepStats{Loss: float64(len(f.batches)), Tokens: len(b)}, nil
@@ -373,6 +382,35 @@ func TestTrainEpochsAndMiniBatches(t *testing.T) {
 	}
 	if rep.FirstLoss != 1 || rep.LastLoss != 6 || rep.Loss != 3.5 {
 		t.Fatalf("loss %v %v %v", rep.FirstLoss, rep.LastLoss, rep.Loss)
+	}
+}
+
+// A step out of memory is taken again in smaller micro-batches, which later
+// steps keep; one that does not fit a single sequence fails.
+func TestTrainOutOfMemory(t *testing.T) {
+	fx := newFixture(t)
+	fx.eng.oomAbove = 2
+	l, err := New(fx.eng, fx.b, Options{Epochs: 2, Version: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var steps []*core.Step
+	for i := range 5 {
+		steps = append(steps, fx.step(strconv.Itoa(i), stepSpec{prompt: "hi", reply: "Hello " + strconv.Itoa(i), reward: rew(float64(i % 2)), record: 1}))
+	}
+	rep, err := l.Train(context.Background(), steps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 8 (default) → out of memory; 5 sequences → 2, which fits; the second
+	// epoch starts at 2.
+	if !slices.Equal(fx.eng.micro, []int{8, 2, 2}) || rep.OptSteps != 2 || len(fx.eng.batches) != 2 {
+		t.Fatalf("micro-batches %v, %+v", fx.eng.micro, rep)
+	}
+	fx.eng.oomAbove, fx.eng.micro = 0, nil
+	fx.eng.fail = engine.ErrOutOfMemory
+	if _, err := l.Train(context.Background(), steps); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Fatalf("step that never fits: %v", err)
 	}
 }
 

@@ -3,8 +3,11 @@
 // Distillation, and their combination), the PPO-clipped surrogate loss with
 // its exact gradient, the running reward baseline, and the staleness rule.
 // Everything here is a pure function of its arguments: no I/O, no clock, no
-// randomness, no goroutines. Engines (the native Go engine, the torch
-// worker) call Surrogate and backpropagate DNewLogp through the model.
+// randomness, no goroutines. The native Go engine calls Surrogate and
+// backpropagates DNewLogp through the model; the torch engine's Python
+// worker implements this same specification
+// (trainer/engine/torch/worker/clawmesh_torch/surrogate.py), and its tests
+// check the two token for token.
 //
 // # Notation
 //

@@ -142,6 +142,10 @@ const (
 )
 
 // peftConfig is the subset of PEFT's LoraConfig the engine writes and reads.
+// Every field written has the type PEFT's LoraConfig gives it: PEFT keeps a
+// JSON null as None, so a null where PEFT's default is a dict or a bool
+// would break the code that loads the adapter (rank_pattern and
+// alpha_pattern are read with .keys() when the adapter is injected).
 type peftConfig struct {
 	PeftType          string   `json:"peft_type"`
 	TaskType          string   `json:"task_type"`
@@ -158,7 +162,8 @@ type peftConfig struct {
 	ModulesToSave     []string `json:"modules_to_save"`
 	LayersToTransform []int    `json:"layers_to_transform"`
 	// Per-module overrides of the rank and scale: refused, since a loader
-	// that ignored them would apply the wrong scale without an error.
+	// that ignored them would apply the wrong scale without an error. PEFT's
+	// default is an empty dict, which export writes ({}, never null).
 	RankPattern  map[string]json.RawMessage `json:"rank_pattern"`
 	AlphaPattern map[string]json.RawMessage `json:"alpha_pattern"`
 }
@@ -175,7 +180,7 @@ func (ad *adapter) export(dir, baseModel string) error {
 	}
 	pc := peftConfig{PeftType: "LORA", TaskType: "CAUSAL_LM", R: ad.rank, LoraAlpha: ad.alpha,
 		TargetModules: ad.targets(), BaseModel: baseModel, Bias: "none", InferenceMode: true,
-		UseRSLoRA: ad.rslora}
+		UseRSLoRA: ad.rslora, RankPattern: map[string]json.RawMessage{}, AlphaPattern: map[string]json.RawMessage{}}
 	cb, err := json.MarshalIndent(pc, "", "  ")
 	if err != nil {
 		return err
@@ -272,6 +277,23 @@ func loadAdapter(dir string, c Config) (*adapter, error) {
 		return nil, fmt.Errorf("%w: %d tensors, expected %d", engine.ErrAdapter, len(f.Tensors), want)
 	}
 	return ad, nil
+}
+
+// WriteFreshAdapter writes to dir, in PEFT format, the fresh adapter an
+// engine on a model of shape c draws from seed (see ResetSeed): A uniform in
+// ±1/√in, B zero. baseModel is written as base_model_name_or_path.
+func WriteFreshAdapter(dir string, c Config, lc LoRAConfig, seed uint64, baseModel string) error {
+	c.defaults()
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	lc = lc.withDefaults()
+	if err := lc.validate(); err != nil {
+		return err
+	}
+	ad := newAdapter(c, lc)
+	ad.init(seed)
+	return ad.export(dir, baseModel)
 }
 
 // merge returns w with ad folded in: each adapted projection becomes

@@ -275,15 +275,21 @@ func bind(c Config, get func(name string, shape []int) ([]float32, error)) (*wei
 	return w, nil
 }
 
+// ReadConfig reads the architecture of the HF model directory dir (its
+// config.json), refusing what the engine cannot run.
+func ReadConfig(dir string) (Config, error) {
+	cb, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return Config{}, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	return parseConfig(cb)
+}
+
 // loadDir reads an HF model directory: config.json and model.safetensors, or
 // shards listed in model.safetensors.index.json. F32, BF16 and F16 tensors
 // are widened to float32.
 func loadDir(dir string) (*weights, error) {
-	cb, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
-	}
-	cfg, err := parseConfig(cb)
+	cfg, err := ReadConfig(dir)
 	if err != nil {
 		return nil, err
 	}

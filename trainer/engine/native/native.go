@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -34,8 +35,10 @@ var (
 
 // Options configure an Engine. The zero value means defaults.
 type Options struct {
-	// Name is reported by Info and written as the adapter's base model
-	// (default: the model directory, or "tiny").
+	// Name is reported by Info and written as the adapter's
+	// base_model_name_or_path, which transformers' and PEFT's Auto classes
+	// load: a Hugging Face model id or a model directory (default: the
+	// model directory as an absolute path, or "tiny").
 	Name string
 	// LoRA shapes the adapter (default rank 8, alpha 16, all projections).
 	LoRA LoRAConfig
@@ -93,6 +96,9 @@ func Open(ctx context.Context, dir string, o Options) (*Engine, error) {
 	}
 	if o.Name == "" {
 		o.Name = dir
+		if abs, err := filepath.Abs(dir); err == nil {
+			o.Name = abs
+		}
 	}
 	w, err := loadDir(dir)
 	if err != nil {
@@ -232,18 +238,64 @@ func (e *Engine) TrainStep(ctx context.Context, batch []engine.TrainSample, rc e
 	rc = rc.WithDefaults()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	grad, st, err := e.gradient(ctx, batch, rc)
+	if err != nil {
+		return st, err
+	}
+	if rc.MaxGradNorm > 0 && st.GradNorm > rc.MaxGradNorm {
+		s := float32(rc.MaxGradNorm / st.GradNorm)
+		for i := range grad {
+			grad[i] *= s
+		}
+	}
+	e.adam.step(e.ad.params, grad, rc)
+	e.log.Debug("train step", "loss", st.Loss, "grad_norm", st.GradNorm, "tokens", st.Tokens)
+	return st, nil
+}
+
+// Gradient returns the gradient TrainStep would apply for batch and rc,
+// before clipping, by PEFT tensor name (row-major, as the adapter's
+// safetensors hold them), with the step's statistics; it changes nothing.
+// Other engines are checked against it.
+func (e *Engine) Gradient(ctx context.Context, batch []engine.TrainSample, rc engine.Recipe) (map[string][]float32, engine.StepStats, error) {
+	if err := rc.Validate(); err != nil {
+		return nil, engine.StepStats{}, err
+	}
+	rc = rc.WithDefaults()
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	grad, st, err := e.gradient(ctx, batch, rc)
+	if err != nil {
+		return nil, st, err
+	}
+	out := map[string][]float32{}
+	for l := range e.ad.slots {
+		for m := module(0); m < numModules; m++ {
+			if e.ad.slots[l][m].on {
+				out[tensorName(l, m, "A")] = slices.Clone(e.ad.A(grad, l, m))
+				out[tensorName(l, m, "B")] = slices.Clone(e.ad.B(grad, l, m))
+			}
+		}
+	}
+	return out, st, nil
+}
+
+// gradient computes the unclipped gradient of the surrogate over batch (rc
+// with defaults) in the adapter's flat layout. A non-finite norm is an
+// error. The caller holds e.mu.
+func (e *Engine) gradient(ctx context.Context, batch []engine.TrainSample, rc engine.Recipe) ([]float32, engine.StepStats, error) {
 	if e.closed {
-		return engine.StepStats{}, engine.ErrClosed
+		return nil, engine.StepStats{}, engine.ErrClosed
 	}
 	if len(batch) == 0 {
-		return engine.StepStats{}, fmt.Errorf("%w: empty batch", engine.ErrBadInput)
+		return nil, engine.StepStats{}, fmt.Errorf("%w: empty batch", engine.ErrBadInput)
 	}
 	for i, s := range batch {
 		if err := s.Validate(e.w.cfg.VocabSize); err != nil {
-			return engine.StepStats{}, fmt.Errorf("sample %d: %w", i, err)
+			return nil, engine.StepStats{}, fmt.Errorf("sample %d: %w", i, err)
 		}
 		if err := e.checkSeq(s.Tokens); err != nil {
-			return engine.StepStats{}, fmt.Errorf("sample %d: %w", i, err)
+			return nil, engine.StepStats{}, fmt.Errorf("sample %d: %w", i, err)
 		}
 	}
 	r, workers := e.seqRunner(false, min(len(batch), rc.MicroBatch))
@@ -271,7 +323,7 @@ func (e *Engine) TrainStep(ctx context.Context, batch []engine.TrainSample, rc e
 		}
 	})
 	if err != nil {
-		return engine.StepStats{}, err
+		return nil, engine.StepStats{}, err
 	}
 	res := loss.Surrogate(seqs, rc.Loss)
 	// Backward, micro-batch by micro-batch; each worker sums into its own
@@ -297,7 +349,7 @@ func (e *Engine) TrainStep(ctx context.Context, batch []engine.TrainSample, rc e
 			r.backward(sa, res.DNewLogp[i], res.DEntropy[i], seqs[i].Entropy, grads[w])
 		})
 		if err != nil {
-			return engine.StepStats{}, err
+			return nil, engine.StepStats{}, err
 		}
 	}
 	grad := grads[0]
@@ -310,17 +362,9 @@ func (e *Engine) TrainStep(ctx context.Context, batch []engine.TrainSample, rc e
 	st := engine.StepStats{Loss: res.Loss, GradNorm: norm, ClipFrac: res.ClipFrac, KL: res.KL,
 		Entropy: res.Entropy, Tokens: res.Tokens}
 	if math.IsNaN(norm) || math.IsInf(norm, 0) {
-		return st, fmt.Errorf("%w: gradient norm %v", engine.ErrBadInput, norm)
+		return nil, st, fmt.Errorf("%w: gradient norm %v", engine.ErrBadInput, norm)
 	}
-	if rc.MaxGradNorm > 0 && norm > rc.MaxGradNorm {
-		s := float32(rc.MaxGradNorm / norm)
-		for i := range grad {
-			grad[i] *= s
-		}
-	}
-	e.adam.step(e.ad.params, grad, rc)
-	e.log.Debug("train step", "loss", st.Loss, "grad_norm", st.GradNorm, "tokens", st.Tokens)
-	return st, nil
+	return grad, st, nil
 }
 
 func widen(v []float32) []float64 {
@@ -572,10 +616,16 @@ func (e *Engine) ResetAdapter() error {
 	}
 	e.resets++
 	ad := newAdapter(e.w.cfg, e.opt.LoRA)
-	ad.init(e.opt.Seed + e.resets*0x9e3779b97f4a7c15)
+	ad.init(ResetSeed(e.opt.Seed, e.resets))
 	e.ad, e.adam = ad, adamState{}
 	return nil
 }
+
+// ResetSeed is the seed the resets-th ResetAdapter draws a fresh adapter
+// from, for an engine opened with Options.Seed seed (reset 0 is the adapter
+// an engine starts with): other engines reproduce the native engine's
+// adapters with it and WriteFreshAdapter.
+func ResetSeed(seed, resets uint64) uint64 { return seed + resets*0x9e3779b97f4a7c15 }
 
 // Fork implements engine.Forker: the fork shares the base weights and
 // starts from a copy of the adapter with fresh optimizer state.

@@ -1,15 +1,18 @@
 package native
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/trainer/engine"
@@ -643,5 +646,146 @@ func TestTopLogprobs(t *testing.T) {
 	}
 	if _, _, err := e.Generate(ctx, prompt, engine.GenOptions{TopLogprobs: 21}); !errors.Is(err, engine.ErrBadInput) {
 		t.Errorf("TopLogprobs 21: %v", err)
+	}
+}
+
+// TestExportPeftTypes checks adapter_config.json against the types PEFT's
+// LoraConfig gives its fields: PEFT keeps a null as None, and injecting an
+// adapter calls rank_pattern.keys() and alpha_pattern.keys(), so those must
+// be objects; base_model_name_or_path must name what transformers loads.
+func TestExportPeftTypes(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "model")
+	if err := CreateTiny(model, TinyConfig(40), 3); err != nil {
+		t.Fatal(err)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(wd, model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Open(ctx, rel, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "adapter")
+	if err := e.ExportAdapter(ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, adapterConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pc map[string]any
+	if err := json.Unmarshal(b, &pc); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"rank_pattern", "alpha_pattern"} {
+		if m, ok := pc[k].(map[string]any); !ok || len(m) != 0 {
+			t.Errorf("%s = %#v, want an empty object", k, pc[k])
+		}
+	}
+	for k, want := range map[string]any{"peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none",
+		"use_rslora": false, "use_dora": false, "fan_in_fan_out": false, "inference_mode": true} {
+		if pc[k] != want {
+			t.Errorf("%s = %#v, want %#v", k, pc[k], want)
+		}
+	}
+	if r, ok := pc["r"].(float64); !ok || r != 8 {
+		t.Errorf("r = %#v", pc["r"])
+	}
+	if name := pc["base_model_name_or_path"]; name != model {
+		t.Errorf("base_model_name_or_path = %#v, want the model directory's absolute path %s", name, model)
+	}
+	// An adapter the engine wrote loads back.
+	if err := e.LoadAdapter(ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	// A name given in Options is written as it is (a Hugging Face id).
+	e2, err := Open(ctx, model, Options{Name: "Qwen/Qwen3-0.6B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e2.ExportAdapter(ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(filepath.Join(out, adapterConfigFile))
+	if !bytes.Contains(b, []byte(`"base_model_name_or_path": "Qwen/Qwen3-0.6B"`)) {
+		t.Errorf("named base not written: %s", b)
+	}
+}
+
+// TestFreshAdapterAndGradient checks what other engines are built on: the
+// fresh adapter WriteFreshAdapter writes is the one an engine starts with
+// and resets to, and Gradient is what TrainStep applies.
+func TestFreshAdapterAndGradient(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "model")
+	cfg := TinyConfig(40)
+	if err := CreateTiny(model, cfg, 3); err != nil {
+		t.Fatal(err)
+	}
+	lc := LoRAConfig{Rank: 3, Targets: []string{"q_proj", "up_proj"}}
+	e, err := Open(ctx, model, Options{Name: "m", Seed: 11, LoRA: lc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := ReadConfig(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(what string, seed uint64) {
+		t.Helper()
+		a, b := filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")
+		if err := e.ExportAdapter(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		if err := WriteFreshAdapter(b, rc, lc, seed, "m"); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{adapterConfigFile, adapterWeightsFile} {
+			x, _ := os.ReadFile(filepath.Join(a, f))
+			y, _ := os.ReadFile(filepath.Join(b, f))
+			if len(x) == 0 || !bytes.Equal(x, y) {
+				t.Errorf("%s: %s differs from the fresh adapter", what, f)
+			}
+		}
+	}
+	same("open", ResetSeed(11, 0))
+	for i := uint64(1); i <= 2; i++ {
+		if err := e.ResetAdapter(); err != nil {
+			t.Fatal(err)
+		}
+		same(fmt.Sprintf("reset %d", i), ResetSeed(11, i))
+	}
+
+	batch := []engine.TrainSample{{Tokens: []int{1, 2, 3, 4, 5}, LossMask: []bool{false, false, true, true, true},
+		Advantages: []float32{0, 0, 1, -1, 1}}}
+	perturb(e, 4)
+	g, st, err := e.Gradient(ctx, batch, engine.Recipe{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ss float64
+	for name, v := range g {
+		if !strings.Contains(name, "q_proj") && !strings.Contains(name, "up_proj") {
+			t.Errorf("gradient for untrained %s", name)
+		}
+		for _, x := range v {
+			ss += float64(x) * float64(x)
+		}
+	}
+	if len(g) != 2*2*cfg.Layers || !(st.GradNorm > 0) || math.Abs(math.Sqrt(ss)-st.GradNorm) > 1e-6*st.GradNorm {
+		t.Fatalf("%d tensors, norm %v, stats %+v", len(g), math.Sqrt(ss), st)
+	}
+	st2, err := e.TrainStep(ctx, batch, engine.Recipe{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2 != st {
+		t.Fatalf("TrainStep stats %+v, Gradient's %+v", st2, st)
 	}
 }

@@ -173,6 +173,37 @@ func TestMatchesTorch(t *testing.T) {
 		}
 		checkTorch(t, py, torchCase{model: model, adapter: rs, seqs: seqs[:2], skipBase: true})
 	})
+
+	// torch_check.py reads adapter_config.json with PEFT's field types, so
+	// the exported config passing above means PEFT can hold it; a null
+	// where PEFT needs a dict (as exports once wrote) must not pass.
+	t.Run("peft types", func(t *testing.T) {
+		for _, field := range []string{"rank_pattern", "alpha_pattern"} {
+			bad := filepath.Join(t.TempDir(), "adapter")
+			if err := os.CopyFS(bad, os.DirFS(adapter)); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(bad, adapterConfigFile)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b2 := bytes.Replace(b, []byte(`"`+field+`": {}`), []byte(`"`+field+`": null`), 1)
+			if bytes.Equal(b, b2) {
+				t.Fatalf("no empty %s in %s", field, b)
+			}
+			if err := os.WriteFile(p, b2, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			in, _ := json.Marshal(torchRequest{ModelDir: model, AdapterDir: &bad, Seqs: seqs[:1]})
+			cmd := exec.Command(py, filepath.Join("testdata", "torch_check.py"))
+			cmd.Stdin = bytes.NewReader(in)
+			out, err := cmd.CombinedOutput()
+			if err == nil || !bytes.Contains(out, []byte(field+" is null")) {
+				t.Errorf("torch_check.py accepted a null %s: %v\n%s", field, err, out)
+			}
+		}
+	})
 }
 
 // checkTorch compares the engine's log-probs without and with the adapter,

@@ -140,25 +140,98 @@ def peft_targets(target_modules, module_path):
     return any(module_path == t or module_path.endswith("." + t) for t in target_modules)
 
 
+# The fields of PEFT's PeftConfig and LoraConfig (peft 0.6 and later) with
+# the JSON types their dataclass fields take. PEFT builds LoraConfig(**json)
+# and keeps a null as None, so a null is only valid where PEFT's own default
+# or annotation allows None: a null rank_pattern, say, reaches
+# `config.rank_pattern.keys()` when the adapter is injected and fails. The
+# check follows these types rather than tolerating whatever .get() finds.
+_STR, _BOOL, _DICT, _LIST = (str,), (bool,), (dict,), (list,)
+_NUM = (int, float)
+PEFT_FIELDS = {
+    # PeftConfig
+    "peft_type": (_STR, False),
+    "task_type": (_STR, True),
+    "base_model_name_or_path": (_STR, True),
+    "revision": (_STR, True),
+    "inference_mode": (_BOOL, False),
+    "auto_mapping": (_DICT, True),
+    "peft_version": (_STR, True),
+    # LoraConfig
+    "r": ((int,), False),
+    "lora_alpha": (_NUM, False),
+    "lora_dropout": (_NUM, False),
+    "target_modules": (_LIST + _STR, True),
+    "exclude_modules": (_LIST + _STR, True),
+    "fan_in_fan_out": (_BOOL, False),
+    "bias": (_STR, False),
+    "use_rslora": (_BOOL, False),
+    "modules_to_save": (_LIST, True),
+    "init_lora_weights": (_BOOL + _STR, False),
+    "layers_to_transform": (_LIST + (int,), True),
+    "layers_pattern": (_LIST + _STR, True),
+    "rank_pattern": (_DICT, False),
+    "alpha_pattern": (_DICT, False),
+    "megatron_config": (_DICT, True),
+    "megatron_core": (_STR, True),
+    "loftq_config": (_DICT, False),
+    "use_dora": (_BOOL, False),
+    "layer_replication": (_LIST, True),
+    "lora_bias": (_BOOL, False),
+    "use_qalora": (_BOOL, False),
+    "qalora_group_size": ((int,), False),
+    "eva_config": (_DICT, True),
+    "corda_config": (_DICT, True),
+    "trainable_token_indices": (_LIST + _DICT, True),
+}
+
+
+def check_peft_types(ac):
+    """Refuses an adapter_config.json that PEFT's LoraConfig would not hold
+    with the types its code relies on."""
+    if not isinstance(ac, dict):
+        raise SystemExit("torch_check.py: adapter_config.json is not an object")
+    for key, value in ac.items():
+        if key not in PEFT_FIELDS:
+            raise SystemExit("torch_check.py: adapter_config.json: %r is not a LoraConfig field" % key)
+        types, nullable = PEFT_FIELDS[key]
+        if value is None:
+            if not nullable:
+                raise SystemExit("torch_check.py: adapter_config.json: %s is null; PEFT needs %s" % (key, "/".join(t.__name__ for t in types)))
+            continue
+        # bool is an int in Python; PEFT's int fields never take one.
+        if isinstance(value, bool) and bool not in types:
+            raise SystemExit("torch_check.py: adapter_config.json: %s is %r, not %s" % (key, value, types))
+        if not isinstance(value, types):
+            raise SystemExit("torch_check.py: adapter_config.json: %s is %r, not %s" % (key, value, types))
+    for key in ("peft_type", "r", "lora_alpha", "target_modules"):
+        if ac.get(key) is None:
+            raise SystemExit("torch_check.py: adapter_config.json lacks %s" % key)
+    # What PEFT's LoraModel does with them when it injects the adapter.
+    for pattern in ("rank_pattern", "alpha_pattern"):
+        list(ac.get(pattern, {}).keys())
+
+
 def load_adapter(adapter_dir, cfg):
     with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
         ac = json.load(f)
+    check_peft_types(ac)
     unsupported = (
-        ac.get("peft_type", "LORA") != "LORA"
-        or ac.get("use_dora")
-        or ac.get("bias", "none") not in ("none", None)
-        or ac.get("fan_in_fan_out")
-        or ac.get("modules_to_save")
+        ac["peft_type"] != "LORA"
+        or ac.get("use_dora", False)
+        or ac.get("bias", "none") != "none"
+        or ac.get("fan_in_fan_out", False)
+        or ac.get("modules_to_save") is not None
         or ac.get("layers_to_transform") is not None
-        or ac.get("rank_pattern")
-        or ac.get("alpha_pattern")
-        or ac.get("lora_bias")
+        or ac.get("rank_pattern", {})
+        or ac.get("alpha_pattern", {})
+        or ac.get("lora_bias", False)
     )
     if unsupported:
         raise SystemExit("torch_check.py: adapter feature not implemented: %r" % ac)
     r = ac["r"]
     alpha = ac["lora_alpha"]
-    scale = alpha / math.sqrt(r) if ac.get("use_rslora") else alpha / r
+    scale = alpha / math.sqrt(r) if ac.get("use_rslora", False) else alpha / r
     tensors = read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
     lora = {}
     used = set()
