@@ -2,8 +2,10 @@ package pool
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"runtime"
 	"syscall"
 	"time"
@@ -49,6 +51,9 @@ type healthState struct {
 	reopening bool
 	free      int64
 	checked   time.Time
+	// damaged is the key range of a table found damaged: a reopened store
+	// records again only once that range reads (after a repair).
+	damaged *[2][]byte
 }
 
 // errNoSpace is the cause the disk-full callback reports.
@@ -136,6 +141,29 @@ func (p *Pool) failed(in *instance, err error) {
 	p.startReopen(in)
 }
 
+// corrupt marks in failed because one of its tables is damaged: reads
+// of that key range fail, and recording stays paused until the range reads
+// again (after `clawmesh pool repair`), so that the damaged files are kept
+// as they are for the repair.
+func (p *Pool) corrupt(in *instance, info pebble.DataCorruptionInfo) {
+	p.mu.Lock()
+	if p.cur == in && !p.closed {
+		upper := info.Bounds.End.Key
+		if upper != nil {
+			upper = append(bytes.Clone(upper), 0) // inclusive or not, past it
+		}
+		p.health.damaged = &[2][]byte{bytes.Clone(info.Bounds.Start), upper}
+	}
+	p.mu.Unlock()
+	p.failed(in, fmt.Errorf("%w: %s: a table is damaged (%s)", ErrDamaged, p.dir, filepath.Base(info.Path)))
+}
+
+// readable reports whether the key range of a table found damaged reads
+// whole on in.
+func (in *instance) readable(r [2][]byte) error {
+	return scan(context.Background(), in.db, r[0], r[1], func(k, v []byte) error { return nil })
+}
+
 // startReopen starts the background reopening, closing old first (nil if
 // none is open). The caller holds mu.
 func (p *Pool) startReopen(old *instance) {
@@ -208,6 +236,26 @@ func (p *Pool) reopen(old *instance) {
 			p.mu.Unlock()
 			_ = closeDB(in.db)
 			return
+		}
+		if r := p.health.damaged; r != nil {
+			p.mu.Unlock()
+			if err := in.readable(*r); err != nil {
+				// Closed, and the directory let go, so that the repair
+				// can take it while the node serves.
+				_ = closeDB(in.db)
+				p.mu.Lock()
+				if p.lock != nil {
+					_ = p.lock.Close()
+					p.lock = nil
+				}
+				p.mu.Unlock()
+				if attempt == 1 || attempt%10 == 0 {
+					p.log.Warn("a table is still damaged; recording stays paused until 'clawmesh pool repair'", "attempt", attempt)
+				}
+				continue
+			}
+			p.mu.Lock()
+			p.health.damaged = nil
 		}
 		p.cur = in
 		p.health.cause = nil

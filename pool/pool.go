@@ -288,15 +288,22 @@ func (p *Pool) openInstance() (in *instance, err error) {
 	// The disk-full callback and the fatal-error hooks name the instance
 	// they belong to: a late report from a replaced one changes nothing.
 	popts := &pebble.Options{
-		FS:     vfs.OnDiskFull(p.fs, func() { p.failed(in, errNoSpace) }),
-		Lock:   p.lock,
-		Logger: pebbleLogger{log: p.log, fatal: func(err error) { p.failed(in, err) }},
+		// WAL chunks carry sync offsets from this format on, so that a
+		// damaged record in the newest log is told from a torn tail (see
+		// RATIONALE.md); an older pool is upgraded as it opens.
+		FormatMajorVersion: walFormat,
+		FS:                 vfs.OnDiskFull(p.fs, func() { p.failed(in, errNoSpace) }),
+		Lock:               p.lock,
+		Logger:             pebbleLogger{log: p.log, fatal: func(err error) { p.failed(in, err) }},
 		EventListener: &pebble.EventListener{
 			BackgroundError: func(err error) {
 				if diskError(err) {
 					p.failed(in, err)
 				}
 			},
+			// A block of a table that does not check out, met by a read
+			// or a compaction (without this, Pebble reports it as fatal).
+			DataCorruption: func(info pebble.DataCorruptionInfo) { p.corrupt(in, info) },
 		},
 	}
 	defer func() {
@@ -359,6 +366,9 @@ func (p *Pool) Close() error {
 	}
 	return nil
 }
+
+// walFormat is the Pebble format the pool writes.
+const walFormat = pebble.FormatWALSyncChunks
 
 // closeWait bounds how long Close and a reopen wait for operations running
 // on a store that is closing.

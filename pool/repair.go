@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -38,10 +39,12 @@ type RepairReport struct {
 	Problems      []string `json:"problems,omitempty"`
 }
 
-// Repair salvages a pool Pebble cannot open (ErrDamaged): it reads every
-// key-value it can from the tables (through Pebble, without the WAL) and
-// from each WAL record whose checksum checks out (skipping the damaged
-// ones), writes them into a fresh pool, rebuilds the indices from the step
+// Repair salvages a damaged pool (ErrDamaged): it reads every key-value
+// it can from the tables (through Pebble, without the WAL; past a table
+// block that does not check out it goes on at the next key that reads) and
+// from each WAL record whose checksums check out and that the tables do not
+// already hold (past a damaged record it goes on at the next 32 KiB block),
+// writes them into a fresh pool, rebuilds the indices from the step
 // records, leaves out steps whose messages are missing, then moves the
 // damaged directory aside (dir.damaged-<time>) and puts the fresh one in
 // its place. Nothing is deleted. The directory must not be held by another
@@ -80,18 +83,29 @@ func Repair(ctx context.Context, dir string, now time.Time) (RepairReport, error
 			return rep, fmt.Errorf("pool: repair: %w", err)
 		}
 	}
-	if db, err := pebble.Open(tmp, &pebble.Options{ReadOnly: true, Logger: quietLogger{}}); err != nil {
+	var flushed uint64 // the largest sequence number the tables hold
+	if db, err := pebble.Open(tmp, &pebble.Options{ReadOnly: true, Logger: quietLogger{},
+		EventListener: &pebble.EventListener{DataCorruption: func(pebble.DataCorruptionInfo) {}}}); err != nil {
 		rep.Problems = append(rep.Problems, "the tables cannot be read: "+err.Error())
 	} else {
 		for _, r := range [][2][]byte{{nil, prefixStep}, {prefixStep, nil}} {
-			// Two ranges, so that damage in one half leaves the other.
-			err := scan(ctx, db, r[0], r[1], func(k, v []byte) error {
+			// Two ranges, so that a problem in one leaves the other.
+			bad := salvageRange(ctx, db, r[0], r[1], func(k, v []byte) {
 				kv[string(k)] = bytes.Clone(v)
 				rep.Tables++
-				return nil
 			})
-			if err != nil {
-				rep.Problems = append(rep.Problems, "tables: "+err.Error())
+			for _, err := range bad {
+				msg, _, _ := strings.Cut(err.Error(), "\n") // Pebble's detail lines say nothing more
+				if msg = "tables: " + msg; !slices.Contains(rep.Problems, msg) {
+					rep.Problems = append(rep.Problems, msg)
+				}
+			}
+		}
+		if levels, err := db.SSTables(); err == nil {
+			for _, l := range levels {
+				for _, t := range l {
+					flushed = max(flushed, uint64(t.LargestSeqNum))
+				}
 			}
 		}
 		_ = db.Close()
@@ -100,14 +114,14 @@ func Repair(ctx context.Context, dir string, now time.Time) (RepairReport, error
 	// The WAL, oldest first, record by record.
 	slices.Sort(wals)
 	for _, name := range wals {
-		if err := readWAL(filepath.Join(dir, name), kv, &rep); err != nil {
+		if err := readWAL(filepath.Join(dir, name), flushed, kv, &rep); err != nil {
 			rep.Problems = append(rep.Problems, name+": "+err.Error())
 		}
 	}
 
 	// The fresh pool.
 	fresh := dir + ".repair-" + now.UTC().Format("20060102T150405")
-	db, err := pebble.Open(fresh, &pebble.Options{Logger: quietLogger{}})
+	db, err := pebble.Open(fresh, &pebble.Options{FormatMajorVersion: walFormat, Logger: quietLogger{}})
 	if err != nil {
 		return rep, fmt.Errorf("pool: repair: %w", err)
 	}
@@ -158,9 +172,14 @@ func Repair(ctx context.Context, dir string, now time.Time) (RepairReport, error
 	return rep, nil
 }
 
-// readWAL applies to kv every batch of a WAL file whose record checks out,
-// skipping damaged records.
-func readWAL(path string, kv map[string][]byte, rep *RepairReport) error {
+// readWAL applies to kv every batch of a WAL file whose record checks out
+// and that the tables do not already hold (its sequence number is above
+// flushed: a log Pebble keeps for reuse still holds batches flushed since),
+// skipping damaged records. Pebble writes the WAL in 32 KiB blocks of
+// checksummed chunks; after a chunk that does not check out, the reader
+// starts again at the next block boundary after the last whole record, so
+// only the records that touch the damaged block are lost.
+func readWAL(path string, flushed uint64, kv map[string][]byte, rep *RepairReport) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -169,12 +188,16 @@ func readWAL(path string, kv map[string][]byte, rep *RepairReport) error {
 	if err != nil {
 		return err
 	}
-	// After a damaged record the reader starts again at the next block:
-	// records that begin there are whole and checked.
 	const block = 32 << 10
 	base := 0
 	rr := newRecordReader(bytes.NewReader(data), num)
+	// damaged: a record did not check out since the last good one. A
+	// damaged stretch counts once, and only when a good record follows it:
+	// the end of the newest log may be torn by a crash (a write never
+	// acknowledged) or hold a reused log's old records, and is not damage.
+	damaged := false
 	for {
+		good := base + int(rr.Offset()) // the end of the last whole record
 		r, err := rr.Next()
 		var rec []byte
 		if err == nil {
@@ -184,8 +207,8 @@ func readWAL(path string, kv map[string][]byte, rep *RepairReport) error {
 			return nil
 		}
 		if err != nil {
-			rep.BadWALRecords++
-			next := (base + int(rr.Offset()) + block) / block * block
+			damaged = true
+			next := (good/block + 1) * block
 			if next >= len(data) {
 				return nil
 			}
@@ -193,12 +216,100 @@ func readWAL(path string, kv map[string][]byte, rep *RepairReport) error {
 			rr = newRecordReader(bytes.NewReader(data[base:]), num)
 			continue
 		}
+		if damaged {
+			rep.BadWALRecords++
+			damaged = false
+		}
+		if h, ok := batchrepr.ReadHeader(rec); ok && h.SeqNum != 0 && uint64(h.SeqNum) <= flushed {
+			continue // in the tables already
+		}
 		if !applyBatch(rec, kv) {
 			rep.BadWALRecords++
 			continue
 		}
 		rep.WALRecords++
 	}
+}
+
+// salvageRange calls fn for every key-value of db in [lower, upper) it can
+// read. Where a table's block does not check out, it finds by bisection
+// the first key past the damaged block that reads, and goes on from there;
+// it returns the errors it met (one per damaged stretch).
+func salvageRange(ctx context.Context, db *pebble.DB, lower, upper []byte, fn func(k, v []byte)) []error {
+	var bad []error
+	start := lower
+	for range 1 << 16 { // each round ends at a damaged stretch
+		var last []byte
+		err := scan(ctx, db, start, upper, func(k, v []byte) error {
+			fn(k, v)
+			last = append(last[:0], k...)
+			return nil
+		})
+		if err == nil {
+			return bad
+		}
+		if ctx.Err() != nil {
+			return append(bad, err)
+		}
+		bad = append(bad, err)
+		from := start
+		if last != nil {
+			from = append(last, 0) // the damage lies past the last key read
+		}
+		next, ok := pastDamage(db, from, upper)
+		if !ok || (start != nil && bytes.Compare(next, start) <= 0) {
+			return bad
+		}
+		start = next
+	}
+	return bad
+}
+
+// pastDamage finds the first key after from at which reading [key, upper)
+// works again: reading from `from` fails (a damaged block), reading from
+// upper reads nothing. Keys are taken as numbers of a fixed length and the
+// boundary is bisected, about eight probes a byte.
+func pastDamage(db *pebble.DB, from, upper []byte) ([]byte, bool) {
+	n := max(len(from), len(upper)) + 1
+	num := func(k []byte) *big.Int {
+		return new(big.Int).SetBytes(append(bytes.Clone(k), make([]byte, n-len(k))...))
+	}
+	fails := func(k *big.Int) bool {
+		it, err := db.NewIter(&pebble.IterOptions{LowerBound: k.FillBytes(make([]byte, n)), UpperBound: upper})
+		if err != nil {
+			return true
+		}
+		if it.First() {
+			_, err = it.ValueAndErr()
+		}
+		return errors.Join(err, it.Error(), it.Close()) != nil
+	}
+	lo := num(from)
+	hi := num(upper)
+	if upper == nil {
+		hi = new(big.Int).Sub(new(big.Int).Lsh(big.NewInt(1), uint(8*n)), big.NewInt(1))
+		if fails(hi) {
+			return nil, false
+		}
+	}
+	mid := new(big.Int)
+	for range 8*n + 2 {
+		mid.Add(lo, hi).Rsh(mid, 1)
+		if mid.Cmp(lo) == 0 {
+			break
+		}
+		if fails(mid) {
+			lo.Set(mid)
+		} else {
+			hi.Set(mid)
+		}
+	}
+	if upper != nil && hi.Cmp(num(upper)) == 0 {
+		return nil, false // nothing readable is left in the range
+	}
+	// Trailing zeros are only padding: a key that is a prefix of the
+	// boundary sorts before it and must not be skipped.
+	return bytes.TrimRight(hi.FillBytes(make([]byte, n)), "\x00"), true
 }
 
 // applyBatch applies the sets and deletes of a WAL record (a batch) to kv;
