@@ -172,6 +172,23 @@ func Repair(ctx context.Context, dir string, now time.Time) (RepairReport, error
 	return rep, nil
 }
 
+// Verify reads every key-value of the pool, checking each table block it
+// reads; a block that does not check out gives an error wrapping
+// ErrDamaged (and recording pauses until a repair).
+func (p *Pool) Verify(ctx context.Context) error {
+	in, done, err := p.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	err = scan(ctx, in.db, nil, nil, func(k, v []byte) error { return nil })
+	if err != nil && pebble.IsCorruptionError(err) {
+		msg, _, _ := strings.Cut(err.Error(), "\n")
+		return fmt.Errorf("%w: %s: %s", ErrDamaged, p.dir, msg)
+	}
+	return err
+}
+
 // readWAL applies to kv every batch of a WAL file whose record checks out
 // and that the tables do not already hold (its sequence number is above
 // flushed: a log Pebble keeps for reuse still holds batches flushed since),

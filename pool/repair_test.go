@@ -236,8 +236,8 @@ func TestRepairDamagedTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sp.List(ctx, Filter{}); err == nil {
-		t.Fatal("listing a pool with a damaged table: no error")
+	if err := sp.Verify(ctx); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("Verify of a pool with a damaged table: %v, want ErrDamaged", err)
 	}
 	h := sp.Health()
 	if h.Recording || !h.Damaged || !strings.Contains(h.Paused, "table is damaged") {

@@ -19,7 +19,7 @@ import (
 	"github.com/clawmesh/clawmesh/pool"
 )
 
-const poolHelp = `Usage: clawmesh pool <stats|ls|show|export|import|preview> [flags]
+const poolHelp = `Usage: clawmesh pool <stats|ls|show|export|import|preview|repair> [flags]
 
 Reads and feeds the DataPool, the record of every LLM call a node made.
 
@@ -104,7 +104,7 @@ func openPool(s *settings, create bool) (poolAccess, func(), error) {
 func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, poolHelp)
-		return usageErr("which pool command? stats, ls, show, export, import or preview")
+		return usageErr("which pool command? stats, ls, show, export, import, preview or repair")
 	}
 	sub, args := args[0], args[1:]
 	var s settings
@@ -501,8 +501,15 @@ func printStats(w io.Writer, st pool.Stats) {
 func repairPool(ctx context.Context, data string, asJSON bool, stdout io.Writer) error {
 	dir := filepath.Join(data, "pool")
 	if p, err := pool.Open(dir, pool.Options{}); err == nil {
+		// It opens: repair only if a table does not read.
+		err := p.Verify(ctx)
 		p.Close()
-		return fmt.Errorf("the pool in %s opens: nothing to repair", dir)
+		if err == nil {
+			return fmt.Errorf("the pool in %s opens and every key in it reads: nothing to repair", dir)
+		}
+		if !errors.Is(err, pool.ErrDamaged) {
+			return err
+		}
 	} else if errors.Is(err, pool.ErrLocked) {
 		return fmt.Errorf("the pool in %s is open in a running node: it is not damaged; nothing to repair", dir)
 	}
