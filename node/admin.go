@@ -28,6 +28,7 @@ import (
 // owner's token (DATA/admin.token), not to the gateway's.
 //
 //	GET  /clawmesh/v1/pool/stats                 Stats as JSON
+//	GET  /clawmesh/v1/pool/scorer                the scorer's counters (ScorerStats)
 //	GET  /clawmesh/v1/pool/steps?session=&state=&since=&until=&after=&limit=
 //	                                             a JSON array of steps
 //	GET  /clawmesh/v1/pool/steps/{id}            one step
@@ -47,6 +48,9 @@ func (n *Node) adminHandler() http.Handler {
 			st, err = pool.Stats{ByState: map[core.State]int{}, Health: &h}, nil
 		}
 		writeJSON(w, st, err)
+	})
+	mux.HandleFunc("GET "+adminPrefix+"scorer", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, n.Scorer(), nil)
 	})
 	mux.HandleFunc("GET "+adminPrefix+"steps", func(w http.ResponseWriter, r *http.Request) {
 		f, err := ParseFilter(r.URL.Query())
@@ -241,6 +245,13 @@ func (c *Client) getJSON(ctx context.Context, path string, q url.Values, v any) 
 func (c *Client) Stats(ctx context.Context) (pool.Stats, error) {
 	var st pool.Stats
 	err := c.getJSON(ctx, "stats", nil, &st)
+	return st, err
+}
+
+// Scorer returns the running node's scorer counters.
+func (c *Client) Scorer(ctx context.Context) (ScorerStats, error) {
+	var st ScorerStats
+	err := c.getJSON(ctx, "scorer", nil, &st)
 	return st, err
 }
 

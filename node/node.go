@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -43,6 +44,11 @@ import (
 const (
 	DefaultListen        = "127.0.0.1:8400"
 	DefaultScoreInterval = 2 * time.Second
+	// DefaultMaxScoreBacklog is Config.MaxScoreBacklog's default: about a
+	// minute of a heavy burst at the scorer's rate.
+	DefaultMaxScoreBacklog = 50000
+	// DefaultMaxSessions is Config.MaxSessions's default.
+	DefaultMaxSessions   = 10000
 	DefaultRetention     = 10 * time.Minute
 	DefaultShareInterval = 30 * time.Second
 )
@@ -103,6 +109,15 @@ type Config struct {
 	MinFree int64
 	// NoScoring turns the background scorer off.
 	NoScoring bool
+	// MaxScoreBacklog bounds the scorer's lag: with more closed steps than
+	// this waiting, it skips the oldest (counted as shed, logged) and
+	// scores them once it has caught up. Default DefaultMaxScoreBacklog.
+	MaxScoreBacklog int
+	// MaxSessions bounds the conversations the gateway's session tracker
+	// holds in memory (the least recently used one is closed and
+	// forgotten); with the pool's fixed caches it bounds the node's
+	// memory under load. Default DefaultMaxSessions.
+	MaxSessions int
 	// LogCalls logs one line per proxied call at Info.
 	LogCalls bool
 	// MaxBody bounds a call's request body (default
@@ -167,6 +182,9 @@ func (c *Config) Validate() error {
 	if c.ShareInterval < 0 {
 		return fmt.Errorf("%w: share interval %v", ErrConfig, c.ShareInterval)
 	}
+	if c.MaxScoreBacklog < 0 || c.MaxSessions < 0 {
+		return fmt.Errorf("%w: negative bound (score backlog %d, sessions %d)", ErrConfig, c.MaxScoreBacklog, c.MaxSessions)
+	}
 	p := c.Share
 	if p.Mode == "" {
 		p.Mode = share.DefaultMode(false)
@@ -201,6 +219,15 @@ type Node struct {
 	meshAdmin   sync.Once
 	meshHandler http.Handler
 
+	// The scorer's counters (see ScorerStats); scoreMu serializes the
+	// passes and guards their cursor.
+	scored, shed atomic.Uint64
+	backlog      atomic.Int64
+	scoreMu      sync.Mutex
+	scoreAfter   core.StepID // skip the closed steps up to this one (shed)
+	counted      time.Time   // when the backlog was last counted
+	shedLogged   time.Time
+
 	mu   sync.Mutex
 	addr net.Addr
 }
@@ -219,6 +246,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.ShareInterval == 0 {
 		cfg.ShareInterval = DefaultShareInterval
+	}
+	if cfg.MaxScoreBacklog == 0 {
+		cfg.MaxScoreBacklog = DefaultMaxScoreBacklog
+	}
+	if cfg.MaxSessions == 0 {
+		cfg.MaxSessions = DefaultMaxSessions
 	}
 	in, err := joined(cfg.DataDir)
 	if err != nil {
@@ -312,7 +345,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		UpstreamToken:   cfg.UpstreamToken,
 		AllowedHosts:    cfg.AllowedHosts,
 		Store:           p,
-		Sessions:        session.Options{IdleTimeout: cfg.IdleTimeout},
+		Sessions:        session.Options{IdleTimeout: cfg.IdleTimeout, MaxSessions: cfg.MaxSessions},
 		ShutdownTimeout: cfg.DrainTimeout,
 		Route:           n.gatewayRoute,
 		Now:             cfg.Now,
@@ -484,13 +517,21 @@ func (n *Node) ReloadPlugins(ctx context.Context, plugins []reward.PluginConfig)
 	return n.reward.Reload(ctx, plugins)
 }
 
-// scoreLoop scores closed steps until ctx is done.
+// scoreLoop scores closed steps until ctx is done: a pass every
+// ScoreInterval, and passes back to back while a backlog remains.
 func (n *Node) scoreLoop(ctx context.Context) {
 	t := time.NewTicker(n.cfg.ScoreInterval)
 	defer t.Stop()
 	for {
-		if _, err := n.ScoreClosed(ctx, 256); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
+		done, err := n.ScoreClosed(ctx, scoreBatch)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
 			n.log.Warn("scoring", "err", err)
+		}
+		if err == nil && done == scoreBatch {
+			if ctx.Err() != nil {
+				return
+			}
+			continue // a backlog: no waiting for the tick
 		}
 		select {
 		case <-ctx.Done():
@@ -500,39 +541,138 @@ func (n *Node) scoreLoop(ctx context.Context) {
 	}
 }
 
-// ScoreClosed scores up to limit closed steps and marks them scored. It
-// returns how many it scored.
+// scoreBatch is how many closed steps one scoring pass takes: they are
+// scored in parallel and marked scored in one synced commit.
+const scoreBatch = 256
+
+// ScorerStats are the background scorer's counters since start.
+type ScorerStats struct {
+	// Scored counts the steps scored and marked scored.
+	Scored uint64 `json:"scored"`
+	// Backlog is how many closed steps wait to be scored, when last
+	// counted (at each pass).
+	Backlog int `json:"backlog"`
+	// Shed counts the closed steps the scorer left unscored because the
+	// backlog was over MaxScoreBacklog (they stay closed, never trained on).
+	Shed uint64 `json:"shed"`
+	// MaxBacklog is the bound on the backlog (Config.MaxScoreBacklog).
+	MaxBacklog int `json:"max_backlog"`
+}
+
+// Scorer returns the scorer's counters.
+func (n *Node) Scorer() ScorerStats {
+	return ScorerStats{Scored: n.scored.Load(), Backlog: int(n.backlog.Load()), Shed: n.shed.Load(), MaxBacklog: n.cfg.MaxScoreBacklog}
+}
+
+// ScoreClosed scores up to limit closed steps, oldest first, and marks them
+// scored. The steps are scored in parallel (one worker a core; the reward
+// runner is safe for concurrent use) and written in one synced commit. It
+// returns how many it took.
 func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
 	if n.reward == nil {
 		return 0, nil
 	}
-	steps, err := n.pool.List(ctx, pool.Filter{State: core.StateClosed, Limit: limit})
+	n.scoreMu.Lock()
+	defer n.scoreMu.Unlock()
+	if err := n.shedBacklog(ctx); err != nil {
+		return 0, err
+	}
+	steps, err := n.pool.List(ctx, pool.Filter{State: core.StateClosed, After: n.scoreAfter, Limit: limit})
+	if err == nil && len(steps) == 0 && n.scoreAfter != "" {
+		// Caught up: the steps skipped under load come next.
+		n.scoreAfter = ""
+		steps, err = n.pool.List(ctx, pool.Filter{State: core.StateClosed, Limit: limit})
+	}
+	if errors.Is(err, pool.ErrNotFound) && n.scoreAfter != "" {
+		n.scoreAfter = "" // the cursor's step is gone
+		steps, err = n.pool.List(ctx, pool.Filter{State: core.StateClosed, Limit: limit})
+	}
 	if err != nil {
 		return 0, err
 	}
-	done := 0
-	for _, s := range steps {
-		if ctx.Err() != nil {
-			return done, ctx.Err()
-		}
-		r := n.reward.Score(withStepModel(ctx, s), s)
-		err := n.pool.Update(ctx, s.ID, func(st *core.Step) error {
-			if st.State != core.StateClosed {
-				return errSkip
+	rewards := make([]core.Reward, len(steps))
+	var wg sync.WaitGroup
+	next := atomic.Int64{}
+	for range min(runtime.GOMAXPROCS(0), len(steps)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(steps) && ctx.Err() == nil; i = int(next.Add(1) - 1) {
+				rewards[i] = n.reward.Score(withStepModel(ctx, steps[i]), steps[i])
 			}
-			st.Reward = &r
-			st.State = core.StateScored
-			return nil
-		})
-		if err != nil && !errors.Is(err, errSkip) {
-			return done, err
-		}
-		done++
+		}()
 	}
-	return done, nil
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	changes := make([]pool.Change, len(steps))
+	for i, s := range steps {
+		changes[i] = pool.Change{ID: s.ID, Fn: markScored(rewards[i])}
+	}
+	if err := n.pool.Apply(ctx, nil, changes); err != nil {
+		if errors.Is(err, pool.ErrPaused) || ctx.Err() != nil {
+			return 0, err
+		}
+		// One step may have gone since it was listed (retention): write
+		// them one by one.
+		for _, c := range changes {
+			if err := n.pool.Update(ctx, c.ID, c.Fn); err != nil && !errors.Is(err, pool.ErrNotFound) {
+				return 0, err
+			}
+		}
+	}
+	n.scored.Add(uint64(len(steps)))
+	return len(steps), nil
 }
 
-var errSkip = errors.New("node: skip")
+// markScored is the change that marks a closed step scored with r; a step
+// no longer closed is left as it is.
+func markScored(r core.Reward) func(*core.Step) error {
+	return func(st *core.Step) error {
+		if st.State != core.StateClosed {
+			return nil
+		}
+		st.Reward = &r
+		st.State = core.StateScored
+		return nil
+	}
+}
+
+// shedBacklog counts the closed steps waiting (at most once a second);
+// over MaxScoreBacklog, the scorer skips the oldest of them beyond the
+// bound and goes on with the newest MaxScoreBacklog, so that its lag stays
+// bounded. The skipped steps stay closed and are scored once the scorer
+// has caught up (see ScoreClosed); skipping is counted (Shed) and logged,
+// at most once a minute. The caller holds scoreMu.
+func (n *Node) shedBacklog(ctx context.Context) error {
+	now := n.now()
+	if !n.counted.IsZero() && now.Sub(n.counted) < time.Second {
+		return nil
+	}
+	n.counted = now
+	c, skip, err := n.pool.Backlog(ctx, core.StateClosed, n.scoreAfter, n.cfg.MaxScoreBacklog)
+	if errors.Is(err, pool.ErrNotFound) { // the cursor's step is gone
+		n.scoreAfter = ""
+		c, skip, err = n.pool.Backlog(ctx, core.StateClosed, "", n.cfg.MaxScoreBacklog)
+	}
+	if err != nil {
+		return err
+	}
+	n.backlog.Store(int64(min(c, n.cfg.MaxScoreBacklog)))
+	if skip == "" {
+		return nil
+	}
+	shed := c - n.cfg.MaxScoreBacklog
+	n.shed.Add(uint64(shed))
+	n.scoreAfter = skip
+	if now.Sub(n.shedLogged) >= time.Minute {
+		n.shedLogged = now
+		n.log.Warn("the scorer is behind: the oldest closed steps wait until it has caught up",
+			"waiting", c, "skipped", shed, "shed_total", n.shed.Load(), "max_score_backlog", n.cfg.MaxScoreBacklog)
+	}
+	return nil
+}
 
 // Outbox returns the node's outbox.
 func (n *Node) Outbox() *share.Outbox { return n.outbox }

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -236,4 +237,62 @@ func (p *Pool) Stats(ctx context.Context) (Stats, error) {
 	h := p.Health()
 	st.Health = &h
 	return st, nil
+}
+
+// Backlog counts the steps in state st that sort after the step after (all
+// of them if after is ""), reading the state index only. If there are more
+// than keep, skipTo is the newest of the oldest n-keep of them: listing
+// with Filter{State: st, After: skipTo} then sees the newest keep. A
+// caller that cannot keep up (the scorer) uses it to bound its lag.
+func (p *Pool) Backlog(ctx context.Context, st core.State, after core.StepID, keep int) (n int, skipTo core.StepID, err error) {
+	in, done, err := p.enter(ctx)
+	if err != nil {
+		return 0, "", err
+	}
+	defer done()
+	snap := in.db.NewSnapshot()
+	defer snap.Close()
+	var cursor *cursorPos
+	if after != "" {
+		rec, err := getCopy(snap, stepKey(after))
+		if err != nil {
+			return 0, "", fmt.Errorf("pool: backlog: cursor %s: %w", after, err)
+		}
+		h, _, err := decodeHeader(rec)
+		if err != nil {
+			return 0, "", fmt.Errorf("pool: backlog: cursor %s: %w", after, err)
+		}
+		cursor = &cursorPos{t: h.t, id: after}
+	}
+	r := makeRange(statePrefix(st), time.Time{}, time.Time{}, cursor)
+	count := func(stop int) (int, []byte, error) {
+		it, err := snap.NewIter(&pebble.IterOptions{LowerBound: r.lower, UpperBound: r.upper})
+		if err != nil {
+			return 0, nil, err
+		}
+		defer it.Close()
+		n := 0
+		for valid := it.First(); valid; valid = it.Next() {
+			if n++; n%4096 == 0 && ctx.Err() != nil {
+				return 0, nil, ctx.Err()
+			}
+			if n == stop {
+				return n, bytes.Clone(it.Key()), it.Error()
+			}
+		}
+		return n, nil, it.Error()
+	}
+	n, _, err = count(-1)
+	if err != nil || n <= keep {
+		return n, "", err
+	}
+	_, key, err := count(n - keep)
+	if err != nil {
+		return n, "", err
+	}
+	_, id, ok := splitIndexKey(key, r.prefixLen)
+	if !ok {
+		return n, "", fmt.Errorf("pool: backlog: %w: index key %q", errCorrupt, key)
+	}
+	return n, id, nil
 }

@@ -49,7 +49,15 @@ Recording never stops the agent: a full or failing disk, or a damaged pool,
 pauses recording (calls are still answered), 'clawmesh pool stats' says why,
 and the node records again by itself once the disk works (or after
 'clawmesh pool repair'). Below --min-free free space the node pauses
-recording before the disk is full. SIGHUP reloads the reward plugins ([[plugins]]) and the sharing
+recording before the disk is full.
+
+Memory stays bounded under load: the gateway follows at most --max-sessions
+conversations at once, and the pool's caches have fixed budgets. The scorer
+keeps up with bursts of over a thousand calls a second; past
+--max-score-backlog waiting steps it skips the oldest and comes back to
+them once it has caught up ('clawmesh bench soak' measures both).
+
+SIGHUP reloads the reward plugins ([[plugins]]) and the sharing
 policy ([share]) from the config file; a new set with a plugin that cannot
 be loaded is refused (logged as an error, naming it) and the plugins in use
 stay. A relative plugin path is
@@ -94,6 +102,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	weightsListen := fs.String("weights", ":0", "UDP address of the QUIC service that fetches the trainers' adapter versions and serves them on to other devices, when the data directory is in a mesh; off follows none (see 'clawmesh weights')")
 	shareEvery := fs.Duration("share-interval", 0, "how often scored steps are sealed into outbox batches, as [share] allows (default 30s)")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
+	maxSessions := fs.Int("max-sessions", 0, "conversations the gateway follows in memory at once; the least recently used one beyond this is closed and forgotten (bounds the node's memory under load; default 10000)")
+	maxBacklog := fs.Int("max-score-backlog", 0, "closed steps the scorer may fall behind by; beyond this it skips the oldest (counted as shed in 'clawmesh pool stats') and scores them once it has caught up (default 50000)")
 	minFreeFlag := fs.String("min-free", "", "pause recording while the data directory's filesystem has less than this free (a number of bytes, or with KiB, MiB or GiB; 0 turns the guard off); recording resumes at a quarter more (default the smaller of 1GiB and 5% of the filesystem)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -134,6 +144,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *shareEvery < 0 {
 		return usageErr("--share-interval must be positive")
 	}
+	if *maxSessions < 0 || *maxBacklog < 0 {
+		return usageErr("--max-sessions and --max-score-backlog must be positive")
+	}
 	if s.PluginMemoryMiB < 0 || s.PluginMemoryMiB > 4096 {
 		return usageErr("--reward-memory-mib must be 1 to 4096")
 	}
@@ -167,6 +180,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		MaxBody:       maxBodyBytes,
 		MinFree:       minFree,
 		Logger:        log,
+
+		MaxSessions:     *maxSessions,
+		MaxScoreBacklog: *maxBacklog,
 
 		PluginDeadline:    s.PluginDeadline,
 		PluginMemoryLimit: uint64(s.PluginMemoryMiB) << 20,

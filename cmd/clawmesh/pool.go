@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/scrub"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
@@ -198,6 +199,13 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return printJSON(stdout, st)
 		}
 		printStats(stdout, st)
+		if c, ok := p.(*node.Client); ok {
+			// A running node: its scorer too (an older node has none).
+			if sc, err := c.Scorer(ctx); err == nil {
+				fmt.Fprintf(stdout, "scorer    %d scored since start, %d waiting, %d shed (skipped under load over --max-score-backlog %d, scored once it caught up)\n",
+					sc.Scored, sc.Backlog, sc.Shed, sc.MaxBacklog)
+			}
+		}
 		return nil
 	case "ls":
 		steps, err := p.List(ctx, f)

@@ -1,0 +1,79 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/pool"
+)
+
+// TestScorerShedsOverBacklog: with more closed steps waiting than
+// MaxScoreBacklog, a pass scores the newest and skips the oldest, counting
+// them as shed; once it has caught up it scores the skipped ones, so that
+// in the end every step is scored with the built-in plugins.
+func TestScorerShedsOverBacklog(t *testing.T) {
+	const waiting, bound = 50, 10
+	ctx := context.Background()
+	// The node is not served: no background scorer runs, the test's
+	// passes are the only ones.
+	n, err := node.New(ctx, node.Config{DataDir: t.TempDir(), Upstream: "http://127.0.0.1:9/v1", MaxScoreBacklog: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(ctx)
+	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	for i := range waiting {
+		id := core.StepID(fmt.Sprintf("s%03d", i))
+		s := &core.Step{
+			ID: id, SessionID: core.SessionID("sess" + string(id)), Turn: core.TurnMain, API: core.APIChat, State: core.StateClosed,
+			Request: core.Request{Messages: []core.Message{
+				{Role: core.RoleSystem, Content: "You are helpful."},
+				{Role: core.RoleUser, Content: fmt.Sprintf("question %d", i)},
+			}},
+			Response:  core.Response{Choices: []core.Choice{{Message: core.Message{Role: core.RoleAssistant, Content: fmt.Sprintf("answer %d", i)}}}},
+			NextState: &core.NextState{Messages: []core.Message{{Role: core.RoleUser, Content: "No, that's wrong."}}},
+			Timings:   core.Timings{Start: t0.Add(time.Duration(i) * time.Second)},
+		}
+		if err := n.Pool().Put(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	done, err := n.ScoreClosed(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := n.Scorer()
+	if done != bound || st.Shed != waiting-bound || st.Backlog != bound || st.Scored != bound {
+		t.Fatalf("first pass: took %d, scorer %+v; want the newest %d taken and %d shed", done, st, bound, waiting-bound)
+	}
+	scored, err := n.Pool().List(ctx, pool.Filter{State: core.StateScored})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range scored {
+		if s.Timings.Start.Before(t0.Add((waiting - bound) * time.Second)) {
+			t.Errorf("step %s, one of the oldest, was scored before the newest", s.ID)
+		}
+		if s.Reward == nil || len(s.Reward.Scores) == 0 {
+			t.Errorf("step %s scored without scores: %+v", s.ID, s.Reward)
+		}
+	}
+	// Caught up on the newest: the skipped ones come next.
+	for range 10 {
+		if _, err := n.ScoreClosed(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	left, err := n.Pool().List(ctx, pool.Filter{State: core.StateClosed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := n.Scorer(); len(left) != 0 || st.Scored != waiting {
+		t.Fatalf("after catching up: %d closed steps left, scorer %+v", len(left), st)
+	}
+}
