@@ -20,7 +20,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
-const benchHelp = `Usage: clawmesh bench <gateway|pool|engine|learn|scrub|mesh|trainers|weights> [flags]
+const benchHelp = `Usage: clawmesh bench <gateway|pool|soak|engine|learn|scrub|mesh|trainers|weights> [flags]
 
 Measures clawmesh's parts on this machine, against a baseline measured in
 the same run. Everything runs locally (loopback, a temporary directory).
@@ -34,6 +34,12 @@ the same run. Everything runs locally (loopback, a temporary directory).
             sessions that continue call by call
   pool      DataPool ingest: synced step writes per second with concurrent
             writers, and put latency
+  soak      this binary run as a node under a steady open-loop load (each
+            call its own conversation, left open as an agent that never
+            says it is done) and then idle: its resident memory over time
+            (it must level off: --max-sessions bounds the conversations held),
+            and the scorer's rate and lag (closed steps waiting, and those
+            shed past --max-score-backlog) with the built-in plugins
   engine    the native Go engine: training and generation tokens/s on a
             tiny and a small (0.5B-shaped, 2 layers) model, with the
             arithmetic rate achieved against the measured matmul rate;
@@ -78,6 +84,7 @@ Examples:
   clawmesh bench gateway --memory       # without the synced write per step
   clawmesh bench gateway --realistic --rate 200
   clawmesh bench pool --writers 64 --steps 20000
+  clawmesh bench soak --rate 1700 --duration 240s --idle 60s --json
   clawmesh bench engine --model tiny
   clawmesh bench engine --engine torch --base tiny --device cpu
   clawmesh bench engine --engine torch --base ~/models/Qwen3-0.6B --device cuda
@@ -91,7 +98,7 @@ Examples:
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchHelp)
-		return usageErr("which benchmark? gateway, pool, engine, learn, scrub, mesh, trainers or weights")
+		return usageErr("which benchmark? gateway, pool, soak, engine, learn, scrub, mesh, trainers or weights")
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlags("bench "+sub, benchHelp, stderr)
@@ -115,6 +122,40 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		r, err := bench.Gateway(ctx, o)
 		if err != nil {
 			return err
+		}
+		r.Print(stdout)
+		return nil
+	case "soak":
+		var o soakOptions
+		fs.IntVar(&o.Rate, "rate", 1000, "calls a second, sent open loop")
+		fs.DurationVar(&o.Duration, "duration", 60*time.Second, "how long the load runs")
+		fs.DurationVar(&o.Idle, "idle", 30*time.Second, "how long the node is watched idle after the load")
+		fs.DurationVar(&o.Every, "every", time.Second, "time between samples")
+		fs.IntVar(&o.MaxSessions, "max-sessions", 0, "the node's --max-sessions (default its own)")
+		fs.BoolVar(&o.SessionDone, "session-done", false, "end each conversation with X-Session-Done, so that it closes at once")
+		fs.StringVar(&o.MemoryLimit, "memory-limit", "", "the node's --memory-limit (default its own)")
+		nodeLog := fs.Bool("node-log", false, "show the node's log (warnings and errors) on stderr")
+		asJSON := fs.Bool("json", false, "print the result (every sample too) as JSON")
+		quiet := fs.Bool("quiet", false, "no line per sample while it runs")
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		if o.Rate <= 0 || o.Duration <= 0 || o.Idle < 0 || o.Every <= 0 || o.MaxSessions < 0 {
+			return usageErr("--rate, --duration and --every must be positive, --idle and --max-sessions not negative")
+		}
+		if *nodeLog {
+			o.NodeLog = stderr
+		}
+		progress := stderr
+		if *quiet {
+			progress = nil
+		}
+		r, err := benchSoak(ctx, o, progress)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, r)
 		}
 		r.Print(stdout)
 		return nil

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -52,7 +53,9 @@ and the node records again by itself once the disk works (or after
 recording before the disk is full.
 
 Memory stays bounded under load: the gateway follows at most --max-sessions
-conversations at once, and the pool's caches have fixed budgets. The scorer
+conversations at once, the pool's caches and the reward plugins' instances
+have fixed budgets, and --memory-limit makes the Go runtime collect harder
+rather than grow past it. The scorer
 keeps up with bursts of over a thousand calls a second; past
 --max-score-backlog waiting steps it skips the oldest and comes back to
 them once it has caught up ('clawmesh bench soak' measures both).
@@ -102,6 +105,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	weightsListen := fs.String("weights", ":0", "UDP address of the QUIC service that fetches the trainers' adapter versions and serves them on to other devices, when the data directory is in a mesh; off follows none (see 'clawmesh weights')")
 	shareEvery := fs.Duration("share-interval", 0, "how often scored steps are sealed into outbox batches, as [share] allows (default 30s)")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
+	memLimit := fs.String("memory-limit", "1GiB", "soft limit of the node's memory (the Go runtime collects harder as it nears it; a size, or 0 for none; GOMEMLIMIT, if set, wins)")
 	maxSessions := fs.Int("max-sessions", 0, "conversations the gateway follows in memory at once; the least recently used one beyond this is closed and forgotten (bounds the node's memory under load; default 10000)")
 	maxBacklog := fs.Int("max-score-backlog", 0, "closed steps the scorer may fall behind by; beyond this it skips the oldest (counted as shed in 'clawmesh pool stats') and scores them once it has caught up (default 50000)")
 	minFreeFlag := fs.String("min-free", "", "pause recording while the data directory's filesystem has less than this free (a number of bytes, or with KiB, MiB or GiB; 0 turns the guard off); recording resumes at a quarter more (default the smaller of 1GiB and 5% of the filesystem)")
@@ -143,6 +147,13 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if *shareEvery < 0 {
 		return usageErr("--share-interval must be positive")
+	}
+	memLimitBytes, err := parseSize(*memLimit)
+	if err != nil || memLimitBytes < 0 || (memLimitBytes > 0 && memLimitBytes < 64<<20) {
+		return usageErr("--memory-limit %q: want a size of at least 64MiB, such as 1GiB, or 0 for none", *memLimit)
+	}
+	if memLimitBytes > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(memLimitBytes)
 	}
 	if *maxSessions < 0 || *maxBacklog < 0 {
 		return usageErr("--max-sessions and --max-score-backlog must be positive")

@@ -1,0 +1,292 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/gateway"
+)
+
+// soakOptions configures benchSoak.
+type soakOptions struct {
+	Rate        int           // calls a second, open loop
+	Duration    time.Duration // of the load
+	Idle        time.Duration // measured after the load
+	Every       time.Duration // between samples
+	MaxSessions int           // the node's --max-sessions (0: its default)
+	SessionDone bool          // end each conversation (X-Session-Done)
+	MemoryLimit string        // the node's --memory-limit ("": its default)
+	NodeLog     io.Writer     // where the node's log goes too (nil: kept for errors)
+}
+
+// SoakSample is one look at the node under a soak.
+type SoakSample struct {
+	At       float64 `json:"at_s"` // seconds since the load started
+	RSS      int64   `json:"rss_bytes"`
+	CPU      float64 `json:"cpu_percent"` // of one core, since the last sample
+	Sent     int64   `json:"sent"`
+	Answered int64   `json:"answered"`
+	Failed   int64   `json:"failed"`
+	// Scored, Backlog and Shed are the node's scorer counters
+	// (node.ScorerStats): the scoring lag is Backlog.
+	Scored  uint64 `json:"scored"`
+	Backlog int    `json:"backlog"`
+	Shed    uint64 `json:"shed"`
+	// Unrecorded counts the calls the gateway served without recording.
+	Unrecorded uint64 `json:"unrecorded"`
+}
+
+// SoakResult is what `clawmesh bench soak --json` prints.
+type SoakResult struct {
+	Rate        int     `json:"rate"`
+	DurationS   float64 `json:"duration_s"`
+	IdleS       float64 `json:"idle_s"`
+	MaxSessions int     `json:"max_sessions,omitempty"`
+	MemoryLimit string  `json:"memory_limit,omitempty"`
+	SessionDone bool    `json:"session_done"`
+	Sent        int64   `json:"sent"`
+	Answered    int64   `json:"answered"`
+	Failed      int64   `json:"failed"`
+	// RSS: after start-up (before the load), the highest seen, at the end
+	// of the load and at the end of the idle time.
+	RSSStart int64 `json:"rss_start_bytes"`
+	RSSPeak  int64 `json:"rss_peak_bytes"`
+	RSSLoad  int64 `json:"rss_end_of_load_bytes"`
+	RSSIdle  int64 `json:"rss_end_of_idle_bytes"`
+	// ScoredPerS is the scorer's rate over the load; AnsweredPerS the
+	// calls' rate. BacklogEnd is the scoring lag when the load stopped,
+	// DrainS how long the scorer then took to empty it (-1: not within
+	// the idle time).
+	ScoredPerS   float64      `json:"scored_per_s"`
+	AnsweredPerS float64      `json:"answered_per_s"`
+	BacklogPeak  int          `json:"backlog_peak"`
+	BacklogEnd   int          `json:"backlog_end_of_load"`
+	Shed         uint64       `json:"shed"`
+	DrainS       float64      `json:"drain_s"`
+	Samples      []SoakSample `json:"samples"`
+}
+
+// benchSoak runs this binary as a node in front of a scripted upstream,
+// sends it Rate calls a second for Duration (each call its own
+// conversation), then leaves it idle for Idle, sampling its resident
+// memory, CPU and scorer counters (from /proc and its admin API).
+func benchSoak(ctx context.Context, o soakOptions, progress io.Writer) (*SoakResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "clawmesh-bench-soak-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	up := fakeupstream.New(fakeupstream.Script{Forget: true, Turns: []fakeupstream.Turn{{Text: "The quick brown fox jumps over the lazy dog, twice over, as a reply."}}})
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	go up.Run(ctx, upLn)
+
+	data := filepath.Join(dir, "data")
+	args := []string{"node", "--data", data, "--listen", "127.0.0.1:0", "--log", "warn", "--log-requests=false",
+		"--upstream", "http://" + upLn.Addr().String() + "/v1", "--min-free", "0"}
+	if o.MaxSessions > 0 {
+		args = append(args, "--max-sessions", strconv.Itoa(o.MaxSessions))
+	}
+	if o.MemoryLimit != "" {
+		args = append(args, "--memory-limit", o.MemoryLimit)
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if o.NodeLog != nil {
+		cmd.Stderr = io.MultiWriter(&stderr, o.NodeLog)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	defer stop(cmd)
+	var addr string
+	for i := 0; i < 1200 && addr == ""; i++ { // start-up compiles the plugins: up to 2 min
+		if a, err := node.ReadAddr(data); err == nil {
+			addr = a
+		} else if cmd.ProcessState != nil {
+			break
+		} else {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if addr == "" {
+		return nil, fmt.Errorf("the node did not start: %s", stderr.String())
+	}
+	base := "http://" + addr
+	admin, err := runningNode(&settings{Data: data})
+	if err != nil {
+		return nil, err
+	}
+	pid := cmd.Process.Pid
+
+	r := &SoakResult{Rate: o.Rate, DurationS: o.Duration.Seconds(), IdleS: o.Idle.Seconds(), MaxSessions: o.MaxSessions, MemoryLimit: o.MemoryLimit, SessionDone: o.SessionDone, DrainS: -1}
+	r.RSSStart, err = rss(pid)
+	if err != nil {
+		return nil, fmt.Errorf("reading /proc (Linux only): %w", err)
+	}
+
+	var sent, answered, failed atomic.Int64
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0}}
+	var inflight sync.WaitGroup
+	sem := make(chan struct{}, 2048) // calls in flight at most
+	call := func(k int64) {
+		defer inflight.Done()
+		defer func() { <-sem }()
+		body := fmt.Sprintf(`{"model":"soak","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"call %d: say something"}]}`, k)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader([]byte(body)))
+		req.Header.Set("Content-Type", "application/json")
+		if o.SessionDone {
+			req.Header.Set("X-Session-Done", "true")
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+		}
+		if err != nil {
+			failed.Add(1)
+			return
+		}
+		answered.Add(1)
+	}
+
+	start := time.Now()
+	ticks0, _ := cpuTicks(pid)
+	lastTicks, lastAt := ticks0, start
+	var mu sync.Mutex // one sample at a time
+	sample := func() SoakSample {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now()
+		s := SoakSample{At: now.Sub(start).Seconds(), Sent: sent.Load(), Answered: answered.Load(), Failed: failed.Load()}
+		s.RSS, _ = rss(pid)
+		if t, err := cpuTicks(pid); err == nil {
+			s.CPU = float64(t-lastTicks) / now.Sub(lastAt).Seconds() // ticks are 1/100 s
+			lastTicks, lastAt = t, now
+		}
+		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+		if sc, err := admin.Scorer(sctx); err == nil {
+			s.Scored, s.Backlog, s.Shed = sc.Scored, sc.Backlog, sc.Shed
+		}
+		s.Unrecorded = health(sctx, base).Unrecorded
+		scancel()
+		r.RSSPeak = max(r.RSSPeak, s.RSS)
+		r.BacklogPeak = max(r.BacklogPeak, s.Backlog)
+		r.Samples = append(r.Samples, s)
+		if progress != nil {
+			fmt.Fprintf(progress, "%6.0fs  rss %7.1f MiB  cpu %4.0f%%  answered %8d  failed %d  scored %8d  backlog %6d  shed %d\n",
+				s.At, float64(s.RSS)/(1<<20), s.CPU, s.Answered, s.Failed, s.Scored, s.Backlog, s.Shed)
+		}
+		return s
+	}
+
+	// The load: call k leaves at start + k/Rate, whatever the replies do.
+	total := int64(o.Rate) * int64(o.Duration/time.Millisecond) / 1000
+	nextSample := start.Add(o.Every)
+	for k := int64(0); k < total; k++ {
+		at := start.Add(time.Duration(k) * time.Second / time.Duration(o.Rate))
+		if d := time.Until(at); d > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(d):
+			}
+		}
+		if time.Now().After(nextSample) {
+			go sample() // not on the sender's path
+			nextSample = nextSample.Add(o.Every)
+		}
+		select {
+		case sem <- struct{}{}:
+			sent.Add(1)
+			inflight.Add(1)
+			go call(k)
+		default:
+			failed.Add(1) // too many calls in flight: counted, not sent
+		}
+	}
+	inflight.Wait()
+	loadEnd := sample()
+	r.RSSLoad = loadEnd.RSS
+	r.BacklogEnd = loadEnd.Backlog
+	loadSecs := loadEnd.At
+	r.ScoredPerS = float64(loadEnd.Scored) / loadSecs
+	r.AnsweredPerS = float64(loadEnd.Answered) / loadSecs
+
+	// Idle: the backlog drains, memory settles.
+	idleStart := time.Now()
+	for time.Since(idleStart) < o.Idle {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(o.Every):
+		}
+		s := sample()
+		if s.Backlog == 0 && r.DrainS < 0 {
+			r.DrainS = time.Since(idleStart).Seconds()
+		}
+		r.RSSIdle = s.RSS
+	}
+	last := r.Samples[len(r.Samples)-1]
+	r.Sent, r.Answered, r.Failed, r.Shed = sent.Load(), last.Answered, last.Failed, last.Shed
+	return r, nil
+}
+
+// health reads the gateway's /clawmesh/v1/health.
+func health(ctx context.Context, base string) gateway.Health {
+	var h gateway.Health
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/clawmesh/v1/health", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return h
+	}
+	defer resp.Body.Close()
+	_ = json.NewDecoder(resp.Body).Decode(&h)
+	return h
+}
+
+// Print writes the soak's figures for a person.
+func (r *SoakResult) Print(w io.Writer) {
+	mib := func(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+	fmt.Fprintf(w, "load      %d calls/s for %.0fs, each its own conversation", r.Rate, r.DurationS)
+	if r.SessionDone {
+		fmt.Fprint(w, " (ended with X-Session-Done)")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "calls     %d sent, %d answered (%.0f/s), %d failed\n", r.Sent, r.Answered, r.AnsweredPerS, r.Failed)
+	fmt.Fprintf(w, "memory    rss %s after start-up, %s at most, %s when the load stopped, %s after %.0fs idle\n",
+		mib(r.RSSStart), mib(r.RSSPeak), mib(r.RSSLoad), mib(r.RSSIdle), r.IdleS)
+	fmt.Fprintf(w, "scoring   %.0f steps/s during the load; backlog %d at most, %d when the load stopped; %d shed", r.ScoredPerS, r.BacklogPeak, r.BacklogEnd, r.Shed)
+	if r.DrainS >= 0 {
+		fmt.Fprintf(w, "; drained %.0fs after\n", r.DrainS)
+	} else {
+		fmt.Fprintln(w, "; not drained within the idle time")
+	}
+}
