@@ -222,6 +222,12 @@ func (p *Pool) reopen(old *instance) {
 		// Pebble's fatal and disk-full hooks take it.
 		in, err := p.openInstance()
 		p.mu.Lock()
+		if errors.Is(err, errWedged) {
+			p.pause(err)
+			p.mu.Unlock()
+			p.log.Error("the store failed while it was being reopened; recording stays paused until the node restarts", "err", err)
+			return
+		}
 		if err != nil {
 			if !errors.Is(err, ErrLocked) {
 				p.pause(err)
@@ -316,40 +322,82 @@ type fatalPanic struct{ err error }
 // panics in Pebble's logger, after the instance was marked failed; commit
 // turns it into an error wrapping ErrPaused.
 func (in *instance) commit(b *pebble.Batch, opts *pebble.WriteOptions) (err error) {
-	defer recoverFatal(&err)
+	defer in.recoverFatal(&err)
 	return b.Commit(opts)
 }
 
 // logSync syncs the WAL (writes made with NoSync before it are then
 // durable), recovering a fatal error as commit does.
 func (in *instance) logSync() (err error) {
-	defer recoverFatal(&err)
+	defer in.recoverFatal(&err)
 	return in.db.LogData(nil, pebble.Sync)
 }
 
-func recoverFatal(err *error) {
+// recoverFatal turns a fatal error, or a panic Pebble's commit path raises
+// on a WAL write it could not make, into an error wrapping ErrPaused, and
+// marks the instance failed. Pebble's commit pipeline may be left locked:
+// the instance is never used again (see reopen).
+func (in *instance) recoverFatal(err *error) {
 	r := recover()
 	if r == nil {
 		return
 	}
-	f, ok := r.(fatalPanic)
-	if !ok {
+	var cerr error
+	switch v := r.(type) {
+	case fatalPanic:
+		cerr = v.err
+	case error:
+		if !diskError(v) {
+			panic(r)
+		}
+		cerr = v
+		if in.fail != nil {
+			in.fail(v)
+		}
+	default:
 		panic(r)
 	}
-	*err = fmt.Errorf("%w: the store failed: %s", ErrPaused, cause(f.err))
+	*err = fmt.Errorf("%w: the store failed: %s", ErrPaused, cause(cerr))
 }
 
 // onPoolCall reports whether the calling goroutine is in one of the pool's
-// own calls into Pebble that recover a fatal error (a commit, an open).
-// Pebble also reports fatal errors from its background jobs (a manifest it
-// cannot write after a flush), where a panic would end the process: there
-// the job is parked instead, the instance is marked failed, and the node
-// goes on serving (see pebbleLogger).
+// own commits into Pebble, which recover a fatal error. Pebble also reports
+// fatal errors from its background jobs (a manifest it cannot write after a
+// flush) and from inside Open, where a panic would end the process or
+// leave Pebble half torn down (its deferred clean-up then frees what its
+// background jobs still use): there the goroutine is parked instead, the
+// instance is marked failed, and the node goes on serving (see
+// pebbleLogger, openPebble).
 func onPoolCall() bool {
 	buf := make([]byte, 64<<10)
 	buf = buf[:runtime.Stack(buf, false)]
-	return bytes.Contains(buf, []byte("pool.(*instance).commit")) || bytes.Contains(buf, []byte("pool.(*instance).logSync")) ||
-		bytes.Contains(buf, []byte("pool.(*Pool).openInstance"))
+	return bytes.Contains(buf, []byte("pool.(*instance).commit")) || bytes.Contains(buf, []byte("pool.(*instance).logSync"))
+}
+
+// errWedged: Pebble failed fatally while opening the store. Its Open never
+// returns and its jobs may still use the directory, so no other instance is
+// opened there until the process restarts.
+var errWedged = errors.New("the store failed while it was being opened; restart the node to record again")
+
+// openPebble opens Pebble on the pool's directory for in. A fatal error
+// inside Open parks Open's goroutine (see pebbleLogger); openPebble then
+// returns an error wrapping errWedged.
+func (p *Pool) openPebble(in *instance, opts *pebble.Options) (*pebble.DB, error) {
+	type result struct {
+		db  *pebble.DB
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		db, err := pebble.Open(p.dir, opts)
+		done <- result{db, err}
+	}()
+	select {
+	case r := <-done:
+		return r.db, r.err
+	case err := <-in.openFatal:
+		return nil, fmt.Errorf("%w: %s", errWedged, cause(err))
+	}
 }
 
 // closeDB closes db, turning a panic (a store already broken) into an

@@ -187,6 +187,10 @@ type instance struct {
 	gc gcState
 	// ops counts the operations running on this instance.
 	ops sync.WaitGroup
+	// openFatal receives a fatal error Pebble reports while opening.
+	openFatal chan error
+	// fail marks the instance failed.
+	fail func(error)
 }
 
 // Open opens (creating if needed) the pool in dir. If another process holds
@@ -225,11 +229,15 @@ func OpenServing(dir string, opts Options) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.log.Error("the pool cannot be opened; the node serves without recording and keeps trying", "dir", dir, "err", openErr)
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.pause(openErr)
+	if errors.Is(openErr, errWedged) {
+		p.log.Error("the pool cannot be opened; the node serves without recording until it restarts", "dir", dir, "err", openErr)
+		return p, nil
+	}
+	p.log.Error("the pool cannot be opened; the node serves without recording and keeps trying", "dir", dir, "err", openErr)
 	p.startReopen(nil)
-	p.mu.Unlock()
 	return p, nil
 }
 
@@ -279,12 +287,15 @@ func (p *Pool) openInstance() (in *instance, err error) {
 		p.lock = lock
 	}
 	defer func() {
-		if err != nil {
+		// A wedged Open keeps the lock: its jobs may still use the
+		// directory.
+		if err != nil && !errors.Is(err, errWedged) {
 			_ = p.lock.Close()
 			p.lock = nil
 		}
 	}()
-	in = new(instance)
+	in = &instance{openFatal: make(chan error, 1)}
+	in.fail = func(err error) { p.failed(in, err) }
 	// The disk-full callback and the fatal-error hooks name the instance
 	// they belong to: a late report from a replaced one changes nothing.
 	popts := &pebble.Options{
@@ -294,7 +305,13 @@ func (p *Pool) openInstance() (in *instance, err error) {
 		FormatMajorVersion: walFormat,
 		FS:                 vfs.OnDiskFull(p.fs, func() { p.failed(in, errNoSpace) }),
 		Lock:               p.lock,
-		Logger:             pebbleLogger{log: p.log, fatal: func(err error) { p.failed(in, err) }},
+		Logger: pebbleLogger{log: p.log, fatal: func(err error) {
+			select { // a fatal error inside Open: see openPebble
+			case in.openFatal <- err:
+			default:
+			}
+			p.failed(in, err)
+		}},
 		EventListener: &pebble.EventListener{
 			BackgroundError: func(err error) {
 				if diskError(err) {
@@ -306,18 +323,12 @@ func (p *Pool) openInstance() (in *instance, err error) {
 			DataCorruption: func(info pebble.DataCorruptionInfo) { p.corrupt(in, info) },
 		},
 	}
-	defer func() {
-		// Pebble reports some failures while opening as fatal (a manifest
-		// it cannot write).
-		if r := recover(); r != nil {
-			f, ok := r.(fatalPanic)
-			if !ok {
-				panic(r)
-			}
-			err = fmt.Errorf("pool: open %s: %w", p.dir, f.err)
-		}
-	}()
-	db, err := pebble.Open(p.dir, popts)
+	// Pebble reports some failures while opening as fatal (a manifest it
+	// cannot write): see openPebble.
+	db, err := p.openPebble(in, popts)
+	if errors.Is(err, errWedged) {
+		return nil, fmt.Errorf("pool: open %s: %w", p.dir, err)
+	}
 	if err != nil {
 		if pebble.IsCorruptionError(err) || strings.Contains(err.Error(), "error when replaying WAL") {
 			return nil, fmt.Errorf("%w: %s: %v", ErrDamaged, p.dir, err)
