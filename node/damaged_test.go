@@ -1,0 +1,157 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/gateway"
+	"github.com/clawmesh/clawmesh/pool"
+)
+
+// TestNodeServesOnDamagedPool: a node whose pool has a damaged WAL segment
+// starts, answers calls (recording paused, and the health endpoint says
+// so), and once `pool repair` has salvaged the pool it records again
+// without a restart.
+func TestNodeServesOnDamagedPool(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	data := t.TempDir()
+	dir := filepath.Join(data, "pool")
+	p, err := pool.Open(dir, pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	for i := range 300 {
+		id := core.StepID(fmt.Sprintf("old%03d", i))
+		s := &core.Step{
+			ID: id, SessionID: "old", Turn: core.TurnMain, API: core.APIChat, State: core.StateOpen,
+			Request:  core.Request{Messages: []core.Message{{Role: core.RoleUser, Content: fmt.Sprintf("%d %s", i, strings.Repeat("x", 500))}}},
+			Response: core.Response{Choices: []core.Choice{{Message: core.Message{Role: core.RoleAssistant, Content: "ok"}}}},
+			Timings:  core.Timings{Start: t0.Add(time.Duration(i) * time.Second)},
+		}
+		if err := p.Put(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	damageLargestWAL(t, dir)
+
+	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Served anyway."}}})
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Run(ctx, upLn)
+	n, err := node.New(ctx, node.Config{DataDir: data, Upstream: "http://" + upLn.Addr().String() + "/v1", NoScoring: true})
+	if err != nil {
+		t.Fatalf("a node on a damaged pool does not start: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- n.Serve(ctx, ln) }()
+	defer func() {
+		cancel()
+		<-served
+		n.Close(context.Background())
+	}()
+	base := "http://" + ln.Addr().String()
+	if h := n.Pool().Health(); h.Recording || !h.Damaged {
+		t.Fatalf("pool health on a damaged pool: %+v", h)
+	}
+	post(t, base+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"first"}]}`)
+	if h := getHealth(t, base); h.Recording || !strings.Contains(h.Paused, "recording paused") || h.Unrecorded != 1 {
+		t.Fatalf("/clawmesh/v1/health on a damaged pool: %+v", h)
+	}
+
+	var rep pool.RepairReport
+	for range 200 { // the node's reopen attempts hold the lock a moment
+		if rep, err = pool.Repair(ctx, dir, time.Now()); !errors.Is(err, pool.ErrLocked) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("repair while the node runs: %v", err)
+	}
+	if rep.Steps == 0 || rep.Steps >= 300 {
+		t.Fatalf("repair report %+v", rep)
+	}
+	for i := 0; i < 300 && !n.Pool().Health().Recording; i++ { // up to 30 s
+		time.Sleep(100 * time.Millisecond)
+	}
+	if h := n.Pool().Health(); !h.Recording {
+		t.Fatalf("recording did not resume after the repair: %+v", h)
+	}
+	post(t, base+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"after the repair"}]}`)
+	steps, err := n.Pool().List(ctx, pool.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := false
+	for _, s := range steps {
+		if len(s.Request.Messages) > 0 && s.Request.Messages[len(s.Request.Messages)-1].Content == "after the repair" {
+			recorded = true
+		}
+	}
+	if !recorded || len(steps) != rep.Steps+1 {
+		t.Fatalf("after the repair the pool lists %d steps (salvaged %d), the new call recorded: %v", len(steps), rep.Steps, recorded)
+	}
+}
+
+// damageLargestWAL overwrites 32 bytes in the middle of the pool's largest
+// WAL file.
+func damageLargestWAL(t *testing.T, dir string) {
+	t.Helper()
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	var wal string
+	var size int64
+	for _, l := range logs {
+		if fi, err := os.Stat(l); err == nil && fi.Size() > size {
+			wal, size = l, fi.Size()
+		}
+	}
+	if size < 128<<10 {
+		t.Fatalf("WAL files %v: none spans several blocks", logs)
+	}
+	f, err := os.OpenFile(wal, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(make([]byte, 32), size/2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// getHealth reads the gateway's health endpoint.
+func getHealth(t *testing.T, base string) gateway.Health {
+	t.Helper()
+	resp, err := http.Get(base + "/clawmesh/v1/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h gateway.Health
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
