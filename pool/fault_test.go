@@ -1,9 +1,11 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -240,5 +242,25 @@ func TestFreeSpaceGuard(t *testing.T) {
 	}
 	if h := p.Health(); !h.Recording || h.Paused != "" {
 		t.Fatalf("health after: %+v", h)
+	}
+}
+
+// TestPebbleErrorsThrottled: Pebble's error lines reach the log at most
+// pebbleErrorsPerMinute a minute; the next line let through says how many
+// were left out.
+func TestPebbleErrorsThrottled(t *testing.T) {
+	now := t0
+	var buf bytes.Buffer
+	l := pebbleLogger{log: slog.New(slog.NewTextHandler(&buf, nil)), limit: &logLimit{now: func() time.Time { return now }}}
+	for i := range 100 {
+		l.Errorf("write failed %d", i)
+	}
+	if got := strings.Count(buf.String(), "write failed"); got != pebbleErrorsPerMinute {
+		t.Fatalf("%d lines logged in a minute, want %d", got, pebbleErrorsPerMinute)
+	}
+	now = now.Add(time.Minute)
+	l.Errorf("write failed again")
+	if !strings.Contains(buf.String(), "write failed again") || !strings.Contains(buf.String(), fmt.Sprintf("left_out=%d", 100-pebbleErrorsPerMinute)) {
+		t.Fatalf("the next minute's first line does not count those left out:\n%s", buf.String())
 	}
 }

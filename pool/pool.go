@@ -166,6 +166,9 @@ type Pool struct {
 	// a conversation resends; see knownBlobs.
 	known *knownBlobs
 
+	// errLimit bounds Pebble's error lines in the log.
+	errLimit *logLimit
+
 	// retention serializes ApplyRetention runs.
 	retention sync.Mutex
 
@@ -266,7 +269,7 @@ func newPool(dir string, opts Options) (*Pool, error) {
 		fs = vfs.Default
 	}
 	return &Pool{dir: dir, fs: fs, opts: opts, log: log, now: now, stop: make(chan struct{}), seed: maphash.MakeSeed(),
-		cache: newDecodedCache(decodedCacheBytes), known: newKnownBlobs(knownBlobsMax)}, nil
+		cache: newDecodedCache(decodedCacheBytes), known: newKnownBlobs(knownBlobsMax), errLimit: &logLimit{now: now}}, nil
 }
 
 // openInstance opens Pebble on the pool's directory, taking the directory
@@ -305,7 +308,7 @@ func (p *Pool) openInstance() (in *instance, err error) {
 		FormatMajorVersion: walFormat,
 		FS:                 vfs.OnDiskFull(p.fs, func() { p.failed(in, errNoSpace) }),
 		Lock:               p.lock,
-		Logger: pebbleLogger{log: p.log, fatal: func(err error) {
+		Logger: pebbleLogger{log: p.log, limit: p.errLimit, fatal: func(err error) {
 			select { // a fatal error inside Open: see openPebble
 			case in.openFatal <- err:
 			default:
@@ -736,14 +739,58 @@ func (p *Pool) lockSteps(in *instance, ids []core.StepID) func() {
 type pebbleLogger struct {
 	log   *slog.Logger
 	fatal func(error)
+	limit *logLimit // nil: every line
 }
 
 func (l pebbleLogger) Infof(format string, args ...any) {
 	l.log.Debug(fmt.Sprintf(format, args...), "from", "pebble")
 }
 
+// Errorf logs Pebble's error lines, at most pebbleErrorsPerMinute a minute
+// (a failing disk makes Pebble repeat itself at every retry): the lines
+// left out are counted in the next one logged.
 func (l pebbleLogger) Errorf(format string, args ...any) {
+	dropped, ok := l.limit.allow()
+	if !ok {
+		return
+	}
+	if dropped > 0 {
+		l.log.Error(fmt.Sprintf(format, args...), "from", "pebble", "left_out", dropped)
+		return
+	}
 	l.log.Error(fmt.Sprintf(format, args...), "from", "pebble")
+}
+
+// pebbleErrorsPerMinute bounds Pebble's error lines in the log.
+const pebbleErrorsPerMinute = 10
+
+// logLimit lets through at most pebbleErrorsPerMinute lines a minute.
+type logLimit struct {
+	now     func() time.Time
+	mu      sync.Mutex
+	start   time.Time // of the current minute
+	n       int       // lines let through in it
+	dropped int       // lines left out since the last one let through
+}
+
+// allow reports whether a line may be logged now, and how many were left
+// out before it.
+func (l *logLimit) allow() (dropped int, ok bool) {
+	if l == nil {
+		return 0, true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now := l.now(); now.Sub(l.start) >= time.Minute {
+		l.start, l.n = now, 0
+	}
+	if l.n >= pebbleErrorsPerMinute {
+		l.dropped++
+		return 0, false
+	}
+	l.n++
+	dropped, l.dropped = l.dropped, 0
+	return dropped, true
 }
 
 func (l pebbleLogger) Fatalf(format string, args ...any) {
