@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -493,6 +495,14 @@ func printStats(w io.Writer, st pool.Stats) {
 	fmt.Fprintf(w, "tools     %d lists referenced, %d stored (shared %s)\n", st.ToolListsReferenced, st.ToolListsStored, ratio(st.ToolListsReferenced, st.ToolListsStored))
 	fmt.Fprintf(w, "bytes     %d of step data (%d in step records, %d in shared blobs), %d on disk\n", st.Bytes, st.StepBytes, st.BlobBytes, st.DiskBytes)
 	fmt.Fprintf(w, "outbox    %d batches, %d shipped\n", st.Batches, st.BatchesShipped)
+	if len(st.ByAdapter) > 0 {
+		names := slices.Sorted(maps.Keys(st.ByAdapter))
+		fmt.Fprint(w, "served by")
+		for _, a := range names {
+			fmt.Fprintf(w, " %s %d", a, st.ByAdapter[a])
+		}
+		fmt.Fprintln(w, " (steps per adapter version)")
+	}
 }
 
 // repairPool runs pool.Repair on the pool of data dir data. A running node

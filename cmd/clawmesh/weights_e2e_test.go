@@ -116,6 +116,11 @@ func TestWeightsComeBack(t *testing.T) {
 		return false
 	})
 
+	// pool stats counts the steps each version served.
+	if out := cli(t, "pool", "stats", "--data", a); !strings.Contains(out, "served by") || !strings.Contains(out, " v1 1") {
+		t.Errorf("pool stats does not count the step v1 served:\n%s", out)
+	}
+
 	// The commands: ls --json, pin and unpin, get, and bad input.
 	var ls adapters.Status
 	if err := json.Unmarshal([]byte(cli(t, "weights", "ls", "--json", "--data", a)), &ls); err != nil || ls.Serving != "v1" || ls.Latest != "v1" {
