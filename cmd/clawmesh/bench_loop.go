@@ -167,9 +167,11 @@ func benchLoop(ctx context.Context, versions int, progress io.Writer) (loopRepor
 			time.Sleep(50 * time.Millisecond)
 		}
 		name := fmt.Sprint("v", v)
+		deadline = time.Now().Add(2 * time.Minute)
 		for {
 			if time.Now().After(deadline) {
-				return r, fmt.Errorf("%s was not served within 5 minutes", name)
+				st := n.Follower().Status()
+				return r, fmt.Errorf("%s was not served within 2 minutes of its commit (serving %s, latest %q: %s)", name, st.Serving, st.Latest, st.Error)
 			}
 			if n.Follower().Route().Version == name {
 				got, err := call("which version?", false)
