@@ -29,6 +29,8 @@ var commands []command
 func init() {
 	commands = []command{
 		{"node", "run a device node: the gateway your agent points at, recording into the pool", runNode},
+		{"setup", "route an agent through the node: setup openclaw [--dry-run] [--undo]", runSetup},
+		{"service", "run the node at login, restarted on failure: install, status, logs, uninstall", runService},
 		{"serve", "serve a model with the native Go engine: an OpenAI-compatible LLM server with hot adapter swap", runServe},
 		{"pool", "inspect, export and import the DataPool (stats, ls, show, export, import, preview)", runPool},
 		{"scrub", "show what would leave this device: text or steps with personal data and secrets replaced", func(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -197,7 +197,7 @@ type Plan struct {
 // PlanOpenClaw works out how to route OpenClaw's default provider through
 // the gateway: the provider's base URL (and key) become the node's
 // upstream, and its baseUrl (and, where the node demands a token, apiKey)
-// the gateway's. src is the config file's text, root its parse.
+// the gateway's; the key then goes to the node as its upstream token. src is the config file's text, root its parse.
 func PlanOpenClaw(src []byte, root *Value, r Route) (Plan, error) {
 	p, err := DefaultProvider(root)
 	if err != nil {
@@ -213,10 +213,13 @@ func PlanOpenClaw(src []byte, root *Value, r Route) (Plan, error) {
 		plan.Upstream += "/v1"
 	}
 	plan.UpstreamKind = KindOf(plan.Upstream)
-	plan.UpstreamToken = p.APIKey
 	pv := root.Path("models", "providers", p.Name)
 	plan.Changes = append(plan.Changes, change(src, pv, "baseUrl", want))
 	if r.NodeToken != "" {
+		// The gateway wants its own token from the agent: the provider's
+		// key goes to the node, which sends it upstream. Without one, the
+		// agent's key passes through the gateway as it is.
+		plan.UpstreamToken = p.APIKey
 		plan.Changes = append(plan.Changes, change(src, pv, "apiKey", r.NodeToken))
 	}
 	return plan, nil
