@@ -226,7 +226,9 @@ func TestSetupOpenClawReal(t *testing.T) {
 	nodeCtx, stopNode := context.WithCancel(ctx)
 	var logs syncBuffer
 	done := make(chan int, 1)
-	go func() { done <- run(nodeCtx, []string{"node", "--data", data, "--listen", gw, "--no-scoring"}, &logs, &logs) }()
+	go func() {
+		done <- run(nodeCtx, []string{"node", "--data", data, "--listen", gw, "--no-scoring"}, &logs, &logs)
+	}()
 	defer func() { stopNode(); <-done }()
 	waitFor(t, "the node's address file", func() bool { _, err := node.ReadAddr(data); return err == nil })
 	if !strings.Contains(logs.String(), "upstream="+model) {
