@@ -146,14 +146,14 @@ func serviceInstall(ctx context.Context, sm serviceManager, s settings, flags *f
 		if err != nil {
 			return fmt.Errorf("cannot tell where this clawmesh binary is (--program PATH says it): %v", err)
 		}
+		if strings.Contains(p, string(filepath.Separator)+"go-build") {
+			return fmt.Errorf("%s is a temporary binary (go run): install clawmesh first, or give its path with --program", p)
+		}
 		program = p
 	}
 	program, err := filepath.Abs(program)
 	if err != nil {
 		return err
-	}
-	if strings.Contains(program, string(filepath.Separator)+"go-build") {
-		return fmt.Errorf("%s is a temporary binary (go run): install clawmesh first, or give its path with --program", program)
 	}
 	args := []string{"node", "--data", s.Data}
 	explicit := map[string]bool{}

@@ -78,7 +78,7 @@ func SystemdUnit(s Service) string {
 	}
 	fmt.Fprintf(&b, "ExecStart=%s\n", strings.Join(args, " "))
 	if s.Dir != "" {
-		fmt.Fprintf(&b, "WorkingDirectory=%s\n", systemdQuote(s.Dir))
+		fmt.Fprintf(&b, "WorkingDirectory=%s\n", systemdEscape(s.Dir))
 	}
 	b.WriteString("Restart=on-failure\n")
 	b.WriteString("RestartSec=5\n")

@@ -197,7 +197,7 @@ func TestSystemdUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	s := Service{Label: ServiceLabel, Program: bin, Args: []string{"node", "--data", dir + "/my data", "--token", "50%$off"}, LogFile: dir + "/node.log"}
+	s := Service{Label: ServiceLabel, Program: bin, Args: []string{"node", "--data", dir + "/my data", "--token", "50%$off"}, LogFile: dir + "/node.log", Dir: dir + "/my data"}
 	unit := SystemdUnit(s)
 	secs := unitSections(t, unit)
 	for _, want := range []struct{ sec, key, val string }{
@@ -206,6 +206,7 @@ func TestSystemdUnit(t *testing.T) {
 		{"Service", "Type", "simple"},
 		{"Service", "StandardOutput", "append:" + dir + "/node.log"},
 		{"Service", "StandardError", "append:" + dir + "/node.log"},
+		{"Service", "WorkingDirectory", dir + "/my data"},
 		{"Install", "WantedBy", "default.target"},
 	} {
 		if got := secs[want.sec][want.key]; len(got) != 1 || got[0] != want.val {
