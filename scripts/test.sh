@@ -41,6 +41,11 @@ fi
 echo "== go vet"
 go vet ./...
 
+# The Mac Mini target: the darwin/arm64 binary must build on every change,
+# as the release builds it (scripts/release.sh).
+echo "== build darwin/arm64"
+CGO_ENABLED=0 GOOS=darwin GOARCH=arm64 go build -trimpath -o /dev/null ./cmd/clawmesh
+
 # The built-in reward plugins are committed as WASM: they must match their
 # sources (comparable only with the Go release that built them).
 echo "== built-in reward plugins"

@@ -47,8 +47,13 @@ func init() {
 	}
 }
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and revision are set at build time by release builds
+// (scripts/release.sh): -ldflags "-X main.version=v0.1.0 -X main.revision=<commit>".
+// Other builds take the revision from the VCS stamp Go adds.
+var (
+	version  = "dev"
+	revision = ""
+)
 
 func usage(w io.Writer) {
 	fmt.Fprintf(w, `clawmesh: agents that learn from their own use, on your devices, together.
@@ -188,6 +193,9 @@ func versionLine(bi *debug.BuildInfo, ok bool) string {
 		case "vcs.modified":
 			dirty = s.Value == "true"
 		}
+	}
+	if revision != "" {
+		rev, at, dirty = strings.TrimSuffix(revision, "+dirty"), "", strings.HasSuffix(revision, "+dirty")
 	}
 	line := "clawmesh " + v
 	if rev != "" {
