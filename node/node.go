@@ -176,7 +176,7 @@ type Node struct {
 	log        *slog.Logger
 	now        func() time.Time
 	pool       *pool.Pool
-	reward     *reward.Runner
+	plugins    *plugins // nil when scoring is off
 	gw         *gateway.Gateway
 	outbox     *share.Outbox
 	peer       *peer.Peer
@@ -240,22 +240,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		if plugins == nil {
 			plugins = reward.Builtins()
 		}
-		r, err := reward.New(ctx, reward.Options{
-			Plugins:      plugins,
-			CacheDir:     filepath.Join(cfg.DataDir, "cache", "wazero"),
-			Deadline:     cfg.PluginDeadline,
-			MemoryLimit:  cfg.PluginMemoryLimit,
-			JudgeTimeout: cfg.JudgeTimeout,
-			Strict:       true,
-			Judge:        n.judge,
-			Now:          cfg.Now,
-			Logger:       log,
-		})
-		if err != nil {
+		if err := n.startPlugins(plugins); err != nil {
 			n.Close(ctx)
-			return nil, fmt.Errorf("node: reward plugins: %w", err)
+			return nil, err
 		}
-		n.reward = r
 	}
 	key, err := share.LoadKey(cfg.DataDir)
 	if err != nil {
@@ -263,10 +251,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	so := share.Options{Pool: p, Key: key, Policy: cfg.Share, Now: cfg.Now, Logger: log}
-	if n.reward != nil {
+	if n.plugins != nil {
 		// The scores that leave are made again on the scrubbed steps, so
 		// that a trainer can replay them (trainer/verify/RATIONALE.md).
-		so.Rescore = n.reward
+		so.Rescore = lazyRescorer{n}
 	}
 	n.outbox, err = share.New(so)
 	if err != nil {
@@ -382,6 +370,10 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	defer os.Remove(addrPath)
 	n.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", n.cfg.Upstream)
 
+	// A plugin set that cannot be loaded, found in the background, stops
+	// the gateway (cause).
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	// The owner's way in: the admin API on a socket only they can open.
 	sock, err := adminapi.ServeSocket(bg, n.cfg.DataDir, n.adminHandler())
@@ -396,9 +388,18 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 			n.log.Warn(w)
 		}
 	}()
-	if n.reward != nil {
+	if n.plugins != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); n.scoreLoop(bg) }()
+		go func() {
+			defer wg.Done()
+			if _, err := n.runner(bg); err != nil {
+				if bg.Err() == nil && !errors.Is(err, errStopped) {
+					fail(err)
+				}
+				return
+			}
+			n.scoreLoop(bg)
+		}()
 	}
 	if n.cfg.MaxAge > 0 || n.cfg.MaxBytes > 0 {
 		wg.Add(1)
@@ -416,6 +417,9 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	if sock != nil {
 		<-sock
 	}
+	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
 	return err
 }
 
@@ -426,9 +430,7 @@ func (n *Node) Close(ctx context.Context) error {
 	if n.peer != nil {
 		errs = append(errs, n.peer.Close())
 	}
-	if n.reward != nil {
-		errs = append(errs, n.reward.Close(ctx))
-	}
+	errs = append(errs, n.closePlugins(ctx))
 	if n.pool != nil {
 		errs = append(errs, n.pool.Close())
 	}
@@ -440,13 +442,17 @@ func (n *Node) Close(ctx context.Context) error {
 // built-ins. If the new set is invalid or an enabled plugin in it cannot be
 // loaded (reward.ErrUnusable, naming it), the set in use stays.
 func (n *Node) ReloadPlugins(ctx context.Context, plugins []reward.PluginConfig) error {
-	if n.reward == nil {
+	r, err := n.runner(ctx)
+	if err != nil {
+		return err
+	}
+	if r == nil {
 		return fmt.Errorf("node: scoring is off")
 	}
 	if plugins == nil {
 		plugins = reward.Builtins()
 	}
-	return n.reward.Reload(ctx, plugins)
+	return r.Reload(ctx, plugins)
 }
 
 // scoreLoop scores closed steps until ctx is done.
@@ -468,8 +474,9 @@ func (n *Node) scoreLoop(ctx context.Context) {
 // ScoreClosed scores up to limit closed steps and marks them scored. It
 // returns how many it scored.
 func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
-	if n.reward == nil {
-		return 0, nil
+	rn, err := n.runner(ctx)
+	if err != nil || rn == nil {
+		return 0, err
 	}
 	steps, err := n.pool.List(ctx, pool.Filter{State: core.StateClosed, Limit: limit})
 	if err != nil {
@@ -480,7 +487,7 @@ func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
 		if ctx.Err() != nil {
 			return done, ctx.Err()
 		}
-		r := n.reward.Score(withStepModel(ctx, s), s)
+		r := rn.Score(withStepModel(ctx, s), s)
 		err := n.pool.Update(ctx, s.ID, func(st *core.Step) error {
 			if st.State != core.StateClosed {
 				return errSkip

@@ -52,8 +52,14 @@ and exits. SIGHUP reloads the reward plugins ([[plugins]]) and the sharing
 policy ([share]) from the config file; a new set with a plugin that cannot
 be loaded is refused (logged as an error, naming it) and the plugins in use
 stay. A relative plugin path is
-resolved from the config file's directory. The node does not start if an
-enabled plugin cannot be loaded.
+resolved from the config file's directory.
+
+The gateway serves at once; the reward plugins are compiled in the
+background (seconds on a first start, whose log says so; then cached in
+DATA/cache) and score what was recorded meanwhile once they are ready. The
+node does not start if an enabled plugin's file cannot be read or is not
+WebAssembly, and stops, naming it, if one turns out unusable as it is
+compiled (missing exports, a start-up that fails).
 
 Example:
   clawmesh node --upstream http://127.0.0.1:11434/v1 --upstream-kind ollama --data ~/.clawmesh
