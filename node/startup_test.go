@@ -37,7 +37,7 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func fakeModel(t *testing.T, ctx context.Context) string {
+func fakeModel(t testing.TB, ctx context.Context) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
