@@ -3,9 +3,12 @@ package node_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -174,5 +177,47 @@ func TestUnusablePluginFoundWhileServing(t *testing.T) {
 	}
 	if !errors.Is(err, reward.ErrUnusable) || !strings.Contains(err.Error(), `"empty"`) {
 		t.Errorf("Serve: %v, want reward.ErrUnusable naming empty", err)
+	}
+}
+
+// TestMessagesSayItOnce: what a client or a command reads says what was
+// wrong once, without the package that found it: a bad request through
+// the gateway, and a step the node does not have asked for through the
+// admin API.
+func TestMessagesSayItOnce(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n, err := node.New(ctx, node.Config{DataDir: t.TempDir(), Upstream: fakeModel(t, ctx), NoScoring: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- n.Serve(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	base := "http://" + ln.Addr().String()
+
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var e struct {
+		Error struct{ Message string } `json:"error"`
+	}
+	json.Unmarshal(body, &e)
+	if resp.StatusCode != 400 || e.Error.Message == "" || strings.Contains(e.Error.Message, "wire:") {
+		t.Errorf("bad request: %d %s", resp.StatusCode, body)
+	}
+
+	c := &node.Client{Base: base, Token: n.AdminToken(), HTTP: http.DefaultClient}
+	_, err = c.Get(ctx, "nosuch")
+	if !errors.Is(err, pool.ErrNotFound) || !errors.Is(err, node.ErrRemote) || strings.Count(err.Error(), "not found") != 1 {
+		t.Errorf("a missing step: %v, want pool.ErrNotFound and node.ErrRemote, said once", err)
 	}
 }
