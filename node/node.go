@@ -1,9 +1,11 @@
 // Package node is a device's clawmesh node. It composes the gateway the
 // agent talks to, the DataPool that records every call, the reward runner
-// that scores closed steps in the background, the outbox that seals scored
-// steps into scrubbed batches as the sharing policy allows (node/share), and
-// the admin endpoints that let `clawmesh pool ...` read a pool the running
-// node holds.
+// that scores closed steps in the background (its plugins compiled in the
+// background too, while the gateway already serves), the outbox that seals
+// scored steps into scrubbed batches as the sharing policy allows
+// (node/share), and the admin endpoints that let `clawmesh pool ...` read a pool the running
+// node holds. Given no upstream, a command can find a local model server
+// with Discover.
 //
 // A Node owns its subsystems and closes them in reverse order of opening.
 package node
