@@ -133,6 +133,13 @@ func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writ
 		}
 		return nil
 	}
+	if hasRec && rec.Provider == plan.Provider.Name && rec.Config == path && recordedBaseURL(rec) == plan.Provider.BaseURL {
+		// Put back by hand as it was before setup: the record is stale.
+		if err := os.Remove(recPath); err != nil {
+			return err
+		}
+		hasRec = false
+	}
 	if hasRec && rec.Provider == plan.Provider.Name && rec.Config == path {
 		return fmt.Errorf("OpenClaw's provider %q was routed through the node on %s, and now goes to %s instead: it was routed elsewhere since. Leaving it as it is; edit %s by hand, or remove %s to set it up afresh",
 			plan.Provider.Name, rec.At.Local().Format("2006-01-02 15:04"), plan.Provider.BaseURL, path, recPath)
@@ -264,15 +271,21 @@ func undoOpenClaw(ctx context.Context, s settings, oc openClaw, path string, src
 	if err := os.Remove(recPath); err != nil {
 		return err
 	}
-	to := ""
-	for _, c := range rec.Changes {
-		if c.Field == "baseUrl" {
-			to = fmt.Sprint(c.OldValue)
-		}
-	}
-	fmt.Fprintf(stdout, "OpenClaw's provider %q goes to %s again, as before setup.\n", rec.Provider, to)
+	fmt.Fprintf(stdout, "OpenClaw's provider %q goes to %s again, as before setup.\n", rec.Provider, recordedBaseURL(rec))
 	fmt.Fprintf(stdout, "  the copy made before setup stays: %s\n", rec.Backup)
 	return nil
+}
+
+// recordedBaseURL is the provider's baseUrl before setup, as recorded.
+func recordedBaseURL(rec setup.Record) string {
+	for _, c := range rec.Changes {
+		if c.Field == "baseUrl" {
+			if s, ok := c.OldValue.(string); ok {
+				return s
+			}
+		}
+	}
+	return ""
 }
 
 func readRecord(path string) (setup.Record, bool, error) {

@@ -165,6 +165,11 @@ func TestSetupOpenClawRefuses(t *testing.T) {
 	if b, _ := os.ReadFile(path); string(b) != moved {
 		t.Error("a refused command changed the config")
 	}
+	// Put back by hand as it was: the record is stale, and setup goes on.
+	os.WriteFile(path, []byte(userOpenClaw), 0o600)
+	if out := cli(t, "setup", "openclaw", "--data", data, "--openclaw", "none"); !strings.Contains(out, "now goes through the node") {
+		t.Errorf("setup over a provider put back by hand: %s", out)
+	}
 }
 
 // TestSetupOpenClawReal wires the real OpenClaw (npm openclaw, installed by
