@@ -90,6 +90,9 @@ func DefaultProvider(root *Value) (Provider, error) {
 	if p.BaseURL == "" {
 		return p, fmt.Errorf("%w: provider %q has no baseUrl", ErrNoProvider, name)
 	}
+	if strings.Contains(p.BaseURL, "${") {
+		return p, fmt.Errorf("%w: provider %q's baseUrl %q comes from the environment: route it by hand (see the README)", ErrNoProvider, name, p.BaseURL)
+	}
 	if a := pv.Field("api"); a != nil && a.Kind == String {
 		p.API = a.Str
 	}

@@ -58,6 +58,7 @@ func TestDefaultProvider(t *testing.T) {
 		{"no provider in ref", `{agents: {defaults: {model: "m"}}}`, Provider{}, ErrNoModel},
 		{"built-in provider", `{agents: {defaults: {model: "openai/gpt-5"}}}`, Provider{}, ErrNoProvider},
 		{"no baseUrl", `{models: {providers: {a: {api: "openai-completions"}}}, agents: {defaults: {model: "a/m"}}}`, Provider{}, ErrNoProvider},
+		{"baseUrl from the environment", `{models: {providers: {a: {baseUrl: "${OLLAMA_URL}/v1"}}}, agents: {defaults: {model: "a/m"}}}`, Provider{}, ErrNoProvider},
 		{"api not served", `{models: {providers: {a: {baseUrl: "http://a", api: "google-generative-ai"}}}, agents: {defaults: {model: "a/m"}}}`, Provider{}, ErrAPI},
 	} {
 		root, err := ParseJSON5([]byte(tc.src))
