@@ -179,6 +179,10 @@ type Node struct {
 	now        func() time.Time
 	pool       *pool.Pool
 	plugins    *plugins // nil when scoring is off
+	// scoreMu makes one scoring pass at a time, so that the background
+	// loop and a direct call never score (and call a judge for) the same
+	// step twice.
+	scoreMu sync.Mutex
 	gw         *gateway.Gateway
 	outbox     *share.Outbox
 	peer       *peer.Peer
@@ -457,18 +461,20 @@ func (n *Node) ReloadPlugins(ctx context.Context, plugins []reward.PluginConfig)
 	return r.Reload(ctx, plugins)
 }
 
-// scoreLoop scores closed steps until ctx is done.
+// scoreLoop scores closed steps every ScoreInterval until ctx is done
+// (those closed before the plugins were ready are scored as they become
+// ready: startPlugins).
 func (n *Node) scoreLoop(ctx context.Context) {
 	t := time.NewTicker(n.cfg.ScoreInterval)
 	defer t.Stop()
 	for {
-		if _, err := n.ScoreClosed(ctx, 256); err != nil && ctx.Err() == nil {
-			n.log.Warn("scoring", "err", err)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if _, err := n.ScoreClosed(ctx, 256); err != nil && ctx.Err() == nil {
+			n.log.Warn("scoring", "err", err)
 		}
 	}
 }
@@ -480,6 +486,13 @@ func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
 	if err != nil || rn == nil {
 		return 0, err
 	}
+	return n.scoreClosed(ctx, rn, limit)
+}
+
+// scoreClosed is ScoreClosed with the runner in hand.
+func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (int, error) {
+	n.scoreMu.Lock()
+	defer n.scoreMu.Unlock()
 	steps, err := n.pool.List(ctx, pool.Filter{State: core.StateClosed, Limit: limit})
 	if err != nil {
 		return 0, err

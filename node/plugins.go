@@ -74,12 +74,33 @@ func (n *Node) startPlugins(list []reward.PluginConfig) error {
 		default:
 			p.r = r
 			n.log.Info("reward plugins ready", "plugins", enabled, "took", n.now().Sub(start).Round(1e6))
+			// What was closed before (recorded meanwhile, or left by the
+			// previous run) is scored now, before the plugins count as
+			// ready.
+			total := 0
+			for ctx.Err() == nil {
+				k, err := n.scoreClosed(ctx, r, 256)
+				total += k
+				if err != nil {
+					if ctx.Err() == nil {
+						n.log.Warn("scoring", "err", err)
+					}
+					break
+				}
+				if k < 256 {
+					break
+				}
+			}
+			if total > 0 {
+				n.log.Info("scored the steps closed while the plugins compiled", "steps", total)
+			}
 		}
 	}()
 	return nil
 }
 
-// runner waits until the plugins are ready and returns them: nil, nil when
+// runner waits until the plugins are ready (and the steps closed before
+// scored) and returns them: nil, nil when
 // scoring is off; an error when they could not be loaded, the node closed
 // first, or ctx ended first.
 func (n *Node) runner(ctx context.Context) (*reward.Runner, error) {
@@ -108,7 +129,8 @@ func (n *Node) closePlugins(ctx context.Context) error {
 }
 
 // PluginsReady waits until the reward plugins are compiled and loaded, and
-// says whether they could be (nil when scoring is off).
+// the steps closed until then scored, and says whether the plugins could be
+// loaded (nil when scoring is off).
 func (n *Node) PluginsReady(ctx context.Context) error {
 	_, err := n.runner(ctx)
 	return err
