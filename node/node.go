@@ -179,10 +179,6 @@ type Node struct {
 	now        func() time.Time
 	pool       *pool.Pool
 	plugins    *plugins // nil when scoring is off
-	// scoreMu makes one scoring pass at a time, so that the background
-	// loop and a direct call never score (and call a judge for) the same
-	// step twice.
-	scoreMu sync.Mutex
 	gw         *gateway.Gateway
 	outbox     *share.Outbox
 	peer       *peer.Peer
@@ -190,6 +186,11 @@ type Node struct {
 
 	meshAdmin   sync.Once
 	meshHandler http.Handler
+
+	// scoreMu makes one scoring pass at a time, so that the background
+	// loop and a direct call never score (and call a judge for) the same
+	// step twice.
+	scoreMu sync.Mutex
 
 	mu   sync.Mutex
 	addr net.Addr
