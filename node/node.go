@@ -82,9 +82,11 @@ type Config struct {
 	RetentionEvery time.Duration
 	MaxAge         time.Duration
 	MaxBytes       int64
-	// Plugins are the reward plugins; nil means the built-ins. An enabled
-	// plugin that cannot be loaded (a missing file, not WebAssembly, ...)
-	// makes New fail, naming it (reward.ErrUnusable).
+	// Plugins are the reward plugins; nil means the built-ins. They are
+	// compiled in the background (see PluginsReady). An enabled plugin
+	// whose file is missing or not WebAssembly makes New fail, naming it
+	// (reward.ErrUnusable); one found unusable as it compiles (missing
+	// exports, a start that fails) makes Serve return that error.
 	Plugins []reward.PluginConfig
 	// PluginDeadline bounds one plugin call, PluginMemoryLimit (bytes) each
 	// plugin instance's memory, JudgeTimeout the judge calls of one plugin
