@@ -137,22 +137,26 @@ func TestKeepsNewest(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	check := func(serve string, held, installed []string) {
 		t.Helper()
-		for end := time.Now().Add(time.Minute); f.Status().Serving != serve; time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatalf("%s never served: %+v", serve, f.Status())
+		var got []string
+		state := func() bool {
+			got = got[:0]
+			for _, m := range wd.Held() {
+				got = append(got, m.Name())
 			}
+			if f.Status().Serving != serve || !slices.Equal(got, held) {
+				return false
+			}
+			for _, m := range ms {
+				_, err := os.Stat(f.VersionDir(m.Name()))
+				if (err == nil) != slices.Contains(installed, m.Name()) {
+					return false
+				}
+			}
+			return true
 		}
-		var names []string
-		for _, m := range wd.Held() {
-			names = append(names, m.Name())
-		}
-		if !slices.Equal(names, held) {
-			t.Errorf("held while %s serves (keep 1): %v, want %v", serve, names, held)
-		}
-		for _, m := range ms {
-			_, err := os.Stat(f.VersionDir(m.Name()))
-			if want := slices.Contains(installed, m.Name()); (err == nil) != want {
-				t.Errorf("while %s serves, %s installed: %v, want %v", serve, m.Name(), err == nil, want)
+		for end := time.Now().Add(time.Minute); !state(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("want %s serving, %v held and %v installed (keep 1); serving %s, held %v", serve, held, installed, f.Status().Serving, got)
 			}
 		}
 	}
