@@ -5,7 +5,8 @@
 # correction, the user moving on, explicit feedback), what the pool
 # recorded and how the reward plugins scored it, what would leave the
 # device (scrubbed), and a trainer peer that joined with an invite token and
-# trains it into the mesh's next adapter version.
+# trains it into the mesh's next adapter version, which comes back to the
+# node over QUIC and is hot-swapped into the model server.
 #
 #   scripts/try.sh          # everything in a temporary directory, removed at the end
 #   scripts/try.sh --keep   # the directory stays, and the end says where
@@ -168,3 +169,21 @@ done
 "$cm" trainer status --json --data "$work/trainer" | python3 -c 'import sys,json; s=json.load(sys.stdin); sys.exit(0 if s["batches"]["trained"] >= 1 else 1)' \
   || { echo "the trainer trained nothing"; cat "$work/trainer.log"; exit 1; }
 ls "$work/trainer/adapters"
+
+echo
+echo "== v1 comes back to the device over QUIC, verified, installed and hot-swapped (clawmesh weights ls)"
+for _ in $(seq 1 240); do
+  if "$cm" weights ls --json --data "$work/data" 2>/dev/null | python3 -c 'import sys,json; s=json.load(sys.stdin); sys.exit(0 if s["serving"] == "v1" else 1)' 2>/dev/null; then
+    break
+  fi
+  sleep 0.25
+done
+"$cm" weights ls --data "$work/data"
+"$cm" weights ls --json --data "$work/data" | python3 -c 'import sys,json; s=json.load(sys.stdin); sys.exit(0 if s["serving"] == "v1" else 1)' \
+  || { echo "v1 is not serving on the node"; cat "$work/node.log"; exit 1; }
+echo
+echo "== the next call is served by v1 (the X-Clawmesh-Adapter header), and recorded as such (clawmesh pool stats)"
+curl -s -D - -o /dev/null "$gw" -H 'Content-Type: application/json' \
+  -d '{"model":"tiny","max_tokens":8,"messages":[{"role":"user","content":"and now?"}]}' | grep -i '^x-clawmesh-adapter'
+sleep 0.5
+"$cm" pool stats --data "$work/data" | grep -i 'served by' || true
