@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -222,23 +221,10 @@ func trainerID(t *testing.T, dir string) mesh.PeerID {
 // with short intervals.
 func runWeightsNode(t *testing.T, data, upstream, kind string, bootstrap []string) *node.Node {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	n, err := node.New(ctx, node.Config{
+	n, _ := startMeshNode(t, node.Config{
 		DataDir: data, Upstream: upstream, UpstreamKind: kind, Share: share.Policy{Mode: share.ModeAll}, ShareInterval: 50 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
 		Mesh: &node.MeshConfig{Listen: loopbackP2P, Bootstrap: bootstrap, Ship: mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
 			Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond, WeightsRetry: 300 * time.Millisecond},
 	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { n.Serve(ctx, ln); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; n.Close(context.Background()) })
-	waitFor(t, "the node's address file", func() bool { _, err := node.ReadAddr(data); return err == nil })
 	return n
 }
