@@ -225,12 +225,23 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	var se *adminapi.StatusError
 	if errors.As(err, &se) {
 		if se.Code == http.StatusNotFound && strings.Contains(se.Message, "not found") {
-			return nil, fmt.Errorf("%w: %w: %s", ErrRemote, pool.ErrNotFound, se.Message)
+			// The node's message already says it (pool.ErrNotFound's).
+			return nil, remoteError{se.Message, []error{ErrRemote, pool.ErrNotFound}}
 		}
-		return nil, fmt.Errorf("%w: %s: %s", ErrRemote, se.Status, se.Message)
+		return nil, remoteError{"the node answered " + se.Status + ": " + se.Message, []error{ErrRemote}}
 	}
 	return resp, err
 }
+
+// remoteError is what the node answered, as it said it, matching the
+// sentinels it stands for.
+type remoteError struct {
+	msg string
+	is  []error
+}
+
+func (e remoteError) Error() string   { return e.msg }
+func (e remoteError) Unwrap() []error { return e.is }
 
 func (c *Client) getJSON(ctx context.Context, path string, q url.Values, v any) error {
 	resp, err := c.do(ctx, http.MethodGet, path, q, nil)

@@ -62,18 +62,22 @@ func (n *Node) startMesh(ctx context.Context) error {
 		return fmt.Errorf("node: mesh: %w", err)
 	}
 	n.peer = p
-	if n.reward != nil {
-		p.Mesh.ServePlugins(runnerPlugins{n.reward})
+	if n.plugins != nil {
+		p.Mesh.ServePlugins(runnerPlugins{n})
 	}
 	return n.startWeights()
 }
 
 // runnerPlugins serves the modules of the plugins the reward runner has
-// loaded.
-type runnerPlugins struct{ r *reward.Runner }
+// loaded (once it has).
+type runnerPlugins struct{ n *Node }
 
 func (s runnerPlugins) Plugin(ctx context.Context, hash string) ([]byte, error) {
-	b, err := s.r.Module(hash)
+	r, err := s.n.runner(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b, err := r.Module(hash)
 	if errors.Is(err, reward.ErrUnknownPlugin) {
 		return nil, fmt.Errorf("%w: %v", mesh.ErrNoPlugin, err)
 	}

@@ -1,9 +1,11 @@
 // Package node is a device's clawmesh node. It composes the gateway the
 // agent talks to, the DataPool that records every call, the reward runner
-// that scores closed steps in the background, the outbox that seals scored
-// steps into scrubbed batches as the sharing policy allows (node/share), and
-// the admin endpoints that let `clawmesh pool ...` read a pool the running
-// node holds.
+// that scores closed steps in the background (its plugins compiled in the
+// background too, while the gateway already serves), the outbox that seals
+// scored steps into scrubbed batches as the sharing policy allows
+// (node/share), and the admin endpoints that let `clawmesh pool ...` read a pool the running
+// node holds. Given no upstream, a command can find a local model server
+// with Discover.
 //
 // A Node owns its subsystems and closes them in reverse order of opening.
 package node
@@ -91,9 +93,11 @@ type Config struct {
 	RetentionEvery time.Duration
 	MaxAge         time.Duration
 	MaxBytes       int64
-	// Plugins are the reward plugins; nil means the built-ins. An enabled
-	// plugin that cannot be loaded (a missing file, not WebAssembly, ...)
-	// makes New fail, naming it (reward.ErrUnusable).
+	// Plugins are the reward plugins; nil means the built-ins. They are
+	// compiled in the background (see PluginsReady). An enabled plugin
+	// whose file is missing or not WebAssembly makes New fail, naming it
+	// (reward.ErrUnusable); one found unusable as it compiles (missing
+	// exports, a start that fails) makes Serve return that error.
 	Plugins []reward.PluginConfig
 	// PluginDeadline bounds one plugin call, PluginMemoryLimit (bytes) each
 	// plugin instance's memory, JudgeTimeout the judge calls of one plugin
@@ -205,7 +209,7 @@ type Node struct {
 	log        *slog.Logger
 	now        func() time.Time
 	pool       *pool.Pool
-	reward     *reward.Runner
+	plugins    *plugins // nil when scoring is off
 	gw         *gateway.Gateway
 	outbox     *share.Outbox
 	peer       *peer.Peer
@@ -219,11 +223,14 @@ type Node struct {
 	meshAdmin   sync.Once
 	meshHandler http.Handler
 
-	// The scorer's counters (see ScorerStats); scoreMu serializes the
-	// passes and guards their cursor.
+	// scoreMu makes one scoring pass at a time, so that the background
+	// loop and a direct call never score (and call a judge for) the same
+	// step twice.
+	scoreMu sync.Mutex
+	// The scorer's counters (see ScorerStats) and, guarded by scoreMu,
+	// its cursor.
 	scored, shed atomic.Uint64
 	backlog      atomic.Int64
-	scoreMu      sync.Mutex
 	scoreAfter   core.StepID // skip the closed steps up to this one (shed)
 	counted      time.Time   // when the backlog was last counted
 	shedLogged   time.Time
@@ -298,22 +305,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		if plugins == nil {
 			plugins = reward.Builtins()
 		}
-		r, err := reward.New(ctx, reward.Options{
-			Plugins:      plugins,
-			CacheDir:     filepath.Join(cfg.DataDir, "cache", "wazero"),
-			Deadline:     cfg.PluginDeadline,
-			MemoryLimit:  cfg.PluginMemoryLimit,
-			JudgeTimeout: cfg.JudgeTimeout,
-			Strict:       true,
-			Judge:        n.judge,
-			Now:          cfg.Now,
-			Logger:       log,
-		})
-		if err != nil {
+		if err := n.startPlugins(plugins); err != nil {
 			n.Close(ctx)
-			return nil, fmt.Errorf("node: reward plugins: %w", err)
+			return nil, err
 		}
-		n.reward = r
 	}
 	key, err := share.LoadKey(cfg.DataDir)
 	if err != nil {
@@ -321,10 +316,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	so := share.Options{Pool: p, Key: key, Policy: cfg.Share, Now: cfg.Now, Logger: log}
-	if n.reward != nil {
+	if n.plugins != nil {
 		// The scores that leave are made again on the scrubbed steps, so
 		// that a trainer can replay them (trainer/verify/RATIONALE.md).
-		so.Rescore = n.reward
+		so.Rescore = lazyRescorer{n}
 	}
 	n.outbox, err = share.New(so)
 	if err != nil {
@@ -443,6 +438,10 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	defer os.Remove(addrPath)
 	n.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", n.cfg.Upstream)
 
+	// A plugin set that cannot be loaded, found in the background, stops
+	// the gateway (cause).
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	// The owner's way in: the admin API on a socket only they can open.
 	sock, err := adminapi.ServeSocket(bg, n.cfg.DataDir, n.adminHandler())
@@ -457,9 +456,18 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 			n.log.Warn(w)
 		}
 	}()
-	if n.reward != nil {
+	if n.plugins != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); n.scoreLoop(bg) }()
+		go func() {
+			defer wg.Done()
+			if _, err := n.runner(bg); err != nil {
+				if bg.Err() == nil && !errors.Is(err, errStopped) {
+					fail(err)
+				}
+				return
+			}
+			n.scoreLoop(bg)
+		}()
 	}
 	if n.cfg.MaxAge > 0 || n.cfg.MaxBytes > 0 || n.cfg.MinFree >= 0 {
 		wg.Add(1)
@@ -481,6 +489,9 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	if sock != nil {
 		<-sock
 	}
+	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
 	return err
 }
 
@@ -494,9 +505,7 @@ func (n *Node) Close(ctx context.Context) error {
 	if n.peer != nil {
 		errs = append(errs, n.peer.Close())
 	}
-	if n.reward != nil {
-		errs = append(errs, n.reward.Close(ctx))
-	}
+	errs = append(errs, n.closePlugins(ctx))
 	if n.pool != nil {
 		errs = append(errs, n.pool.Close())
 	}
@@ -508,35 +517,40 @@ func (n *Node) Close(ctx context.Context) error {
 // built-ins. If the new set is invalid or an enabled plugin in it cannot be
 // loaded (reward.ErrUnusable, naming it), the set in use stays.
 func (n *Node) ReloadPlugins(ctx context.Context, plugins []reward.PluginConfig) error {
-	if n.reward == nil {
+	r, err := n.runner(ctx)
+	if err != nil {
+		return err
+	}
+	if r == nil {
 		return fmt.Errorf("node: scoring is off")
 	}
 	if plugins == nil {
 		plugins = reward.Builtins()
 	}
-	return n.reward.Reload(ctx, plugins)
+	return r.Reload(ctx, plugins)
 }
 
 // scoreLoop scores closed steps until ctx is done: a pass every
-// ScoreInterval, and passes back to back while a backlog remains.
+// ScoreInterval, and passes back to back while a backlog remains (those
+// closed before the plugins were ready are scored as they become ready:
+// startPlugins).
 func (n *Node) scoreLoop(ctx context.Context) {
 	t := time.NewTicker(n.cfg.ScoreInterval)
 	defer t.Stop()
 	for {
-		done, err := n.ScoreClosed(ctx, scoreBatch)
-		if err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
-			n.log.Warn("scoring", "err", err)
-		}
-		if err == nil && done == scoreBatch {
-			if ctx.Err() != nil {
-				return
-			}
-			continue // a backlog: no waiting for the tick
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		for range 1 << 20 { // passes back to back while a backlog remains
+			done, err := n.ScoreClosed(ctx, scoreBatch)
+			if err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
+				n.log.Warn("scoring", "err", err)
+			}
+			if err != nil || done < scoreBatch || ctx.Err() != nil {
+				break
+			}
 		}
 	}
 }
@@ -569,9 +583,15 @@ func (n *Node) Scorer() ScorerStats {
 // runner is safe for concurrent use) and written in one synced commit. It
 // returns how many it took.
 func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
-	if n.reward == nil {
-		return 0, nil
+	rn, err := n.runner(ctx)
+	if err != nil || rn == nil {
+		return 0, err
 	}
+	return n.scoreClosed(ctx, rn, limit)
+}
+
+// scoreClosed is ScoreClosed with the runner in hand.
+func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (int, error) {
 	n.scoreMu.Lock()
 	defer n.scoreMu.Unlock()
 	if err := n.shedBacklog(ctx); err != nil {
@@ -598,7 +618,7 @@ func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
 		go func() {
 			defer wg.Done()
 			for i := int(next.Add(1) - 1); i < len(steps) && ctx.Err() == nil; i = int(next.Add(1) - 1) {
-				rewards[i] = n.reward.Score(withStepModel(ctx, steps[i]), steps[i])
+				rewards[i] = rn.Score(withStepModel(ctx, steps[i]), steps[i])
 			}
 		}()
 	}

@@ -38,6 +38,11 @@ func startNode(t *testing.T, script fakeupstream.Script, cfg node.Config) (*node
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The tests score by hand what they record: the plugins compile in
+	// the background, and score on their own what was closed before.
+	if err := n.PluginsReady(ctx); err != nil {
+		t.Fatal(err)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -91,6 +91,11 @@ func TestOpenClawThroughGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close(context.Background())
+	// Scored below by hand: the plugins must be ready (and done with what
+	// was closed before) first.
+	if err := n.PluginsReady(ctx); err != nil {
+		t.Fatal(err)
+	}
 	gwLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

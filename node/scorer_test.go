@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,12 +21,19 @@ func TestScorerShedsOverBacklog(t *testing.T) {
 	ctx := context.Background()
 	// The node is not served: no background scorer runs, the test's
 	// passes are the only ones.
-	n, err := node.New(ctx, node.Config{DataDir: t.TempDir(), Upstream: "http://127.0.0.1:9/v1", MaxScoreBacklog: bound})
+	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	now := t0.Add(time.Hour)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	n, err := node.New(ctx, node.Config{DataDir: t.TempDir(), Upstream: "http://127.0.0.1:9/v1", MaxScoreBacklog: bound, Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close(ctx)
-	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	// The plugins are ready, and what they score at start is done.
+	if _, err := n.ScoreClosed(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
 	for i := range waiting {
 		id := core.StepID(fmt.Sprintf("s%03d", i))
 		s := &core.Step{
@@ -43,6 +51,9 @@ func TestScorerShedsOverBacklog(t *testing.T) {
 		}
 	}
 
+	mu.Lock()
+	now = now.Add(2 * time.Second) // the backlog is counted at most once a second
+	mu.Unlock()
 	done, err := n.ScoreClosed(ctx, 100)
 	if err != nil {
 		t.Fatal(err)

@@ -99,6 +99,9 @@ func (n *Node) runWeights(ctx context.Context) {
 	<-done
 }
 
+// Weights is the node's weights service (nil when it follows none).
+func (n *Node) Weights() *weights.Service { return n.weights }
+
 // Follower is the node's adapter follower (nil when it follows none).
 func (n *Node) Follower() *adapters.Follower { return n.follower }
 

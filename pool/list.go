@@ -147,6 +147,9 @@ type Stats struct {
 	ByState map[core.State]int `json:"by_state"`
 	// Sessions is the number of distinct sessions with live steps.
 	Sessions int `json:"sessions"`
+	// ByAdapter counts live steps per adapter version that served them
+	// (steps that name none are not counted).
+	ByAdapter map[string]int `json:"by_adapter,omitempty"`
 	// MessagesStored is the number of distinct messages stored;
 	// MessagesReferenced the number of message references live steps hold
 	// (request, reply and next-state messages). Their ratio is the
@@ -197,6 +200,12 @@ func (p *Pool) Stats(ctx context.Context) (Stats, error) {
 		st.Steps++
 		st.StepBytes += int64(len(v))
 		sessions[d.session] = struct{}{}
+		if a := adapterOf(d.body); a != "" {
+			if st.ByAdapter == nil {
+				st.ByAdapter = map[string]int{}
+			}
+			st.ByAdapter[a]++
+		}
 		st.MessagesReferenced += len(d.msgs) + len(d.choice) + len(d.next)
 		st.ToolListsReferenced += len(d.tools)
 		return nil
@@ -295,4 +304,24 @@ func (p *Pool) Backlog(ctx context.Context, st core.State, after core.StepID, ke
 		return n, "", fmt.Errorf("pool: backlog: %w: index key %q", errCorrupt, key)
 	}
 	return n, id, nil
+}
+
+// adapterOf reads the adapter a step record's body names, without
+// decoding the body: the step's only "adapter" member, a plain string.
+func adapterOf(body []byte) string {
+	const key = `"adapter":"`
+	i := bytes.Index(body, []byte(key))
+	if i < 0 {
+		return ""
+	}
+	rest := body[i+len(key):]
+	j := bytes.IndexAny(rest, `"\`)
+	if j < 0 || rest[j] != '"' {
+		var v struct {
+			Adapter string `json:"adapter"`
+		}
+		json.Unmarshal(body, &v)
+		return v.Adapter
+	}
+	return string(rest[:j])
 }

@@ -430,6 +430,8 @@ func (r *Runner) load(ctx context.Context, cfgs []PluginConfig) (*set, error) {
 		case p.broken == "":
 		case r.opts.Strict && c.Enabled:
 			unusable = append(unusable, fmt.Errorf("%w: %q: %s", ErrUnusable, c.Name, p.broken))
+		case ctx.Err() != nil:
+			// Stopped while loading: the plugin is not at fault.
 		default:
 			r.log.Warn("plugin unusable; it will abstain", "plugin", c.Name, "reason", p.broken)
 		}

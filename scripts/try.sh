@@ -5,12 +5,41 @@
 # correction, the user moving on, explicit feedback), what the pool
 # recorded and how the reward plugins scored it, what would leave the
 # device (scrubbed), and a trainer peer that joined with an invite token and
-# trains it into the mesh's next adapter version
+# trains it into the mesh's next adapter version, which comes back to the
+# node over QUIC and is hot-swapped into the model server.
+#
+#   scripts/try.sh          # everything in a temporary directory, removed at the end
+#   scripts/try.sh --keep   # the directory stays, and the end says where
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+keep=
+case "${1:-}" in
+  --keep) keep=1 ;;
+  "") ;;
+  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "scripts/try.sh: unknown argument $1 (--keep leaves the data directory)" >&2; exit 2 ;;
+esac
+
 work=$(mktemp -d)
-cleanup() { kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+cleanup() {
+  kill $(jobs -p) 2>/dev/null || true
+  wait 2>/dev/null || true
+  if [ -n "$keep" ]; then
+    echo
+    echo "== kept: $work"
+    echo "   the device's pool:  $work/clawmesh pool stats --data $work/data"
+    echo "                       $work/clawmesh pool ls --data $work/data"
+    echo "                       $work/clawmesh pool show --data $work/data STEP"
+    echo "   what would leave:   $work/clawmesh pool preview --data $work/data"
+    echo "   the trainer:        $work/clawmesh trainer status --data $work/trainer"
+    echo "   remove it with:     rm -rf $work"
+  else
+    rm -rf "$work"
+    echo
+    echo "(scripts/try.sh --keep leaves the data directory, to look at the pool with clawmesh pool ls, show, stats)"
+  fi
+}
 trap cleanup EXIT
 
 echo "== building clawmesh"
@@ -35,7 +64,26 @@ done
 curl -sf "http://127.0.0.1:$gw_port/v1/models" > /dev/null || { cat "$work/serve.log" "$work/node.log"; exit 1; }
 
 gw="http://127.0.0.1:$gw_port/v1/chat/completions"
-chat() { curl -sf "$gw" -H 'Content-Type: application/json' -H 'X-Session-Id: try' -d "$1"; }
+chat() { curl -sf "$gw" -H 'Content-Type: application/json' -H 'X-Session-Id: try' "${@:2}" -d "$1"; }
+# say prints a JSON string as the text it holds, indented.
+say() { python3 -c 'import sys,json; print("\n".join("   " + l for l in json.loads(sys.argv[1]).splitlines() or [""]))' "$1"; }
+# reward prints a recorded step's state and reward, from the pool's export.
+reward() {
+  "$cm" pool export --data "$work/data" 2>/dev/null | python3 -c '
+import sys, json
+want = sys.argv[1]
+for line in sys.stdin:
+    s = json.loads(line)
+    if s["id"] != want:
+        continue
+    r = s.get("reward") or {}
+    v = r.get("value")
+    print("state %s, reward %s" % (s["state"], "none" if v is None else "%+.2f" % v))
+    for sc in r.get("scores") or []:
+        val = sc.get("value")
+        print("     %-10s %s  %s" % (sc["plugin"], "abstain" if val is None else "%+.2f" % val, sc.get("reason", "")))
+' "$1"
+}
 sys='{"role":"system","content":"You are a helpful assistant."}'
 u1='{"role":"user","content":"List the files here, then mail the list to ann.lee@example.org."}'
 
@@ -43,31 +91,40 @@ echo "== turn 1: the agent asks, the model answers (streamed)"
 a1=$(chat "{\"model\":\"tiny\",\"stream\":true,\"max_tokens\":24,\"messages\":[$sys,$u1]}" \
   | sed -n 's/^data: //p' | grep -v '^\[DONE\]' \
   | python3 -c 'import sys,json; print(json.dumps("".join((c["choices"][0]["delta"].get("content") or "") for c in map(json.loads, sys.stdin) if c.get("choices"))))')
-echo "   reply: $a1"
+echo "   reply:"; say "$a1"
 echo "== turn 2: the user corrects it; that message becomes turn 1's next state"
 a1msg="{\"role\":\"assistant\",\"content\":$a1}"
 u2='{"role":"user","content":"No, that is wrong. You should have checked the directory first."}'
 a2=$(chat "{\"model\":\"tiny\",\"max_tokens\":16,\"messages\":[$sys,$u1,$a1msg,$u2]}" \
   | python3 -c 'import sys,json; print(json.dumps(json.load(sys.stdin)["choices"][0]["message"]["content"] or ""))')
-echo "   reply: $a2"
-echo "== turn 3: the user moves on"
+echo "   reply:"; say "$a2"
+echo "== turn 3: the user moves on, and ends the session (X-Session-Done)"
 a2msg="{\"role\":\"assistant\",\"content\":$a2}"
 u3='{"role":"user","content":"Thanks. Now, what is the capital of France?"}'
-chat "{\"model\":\"tiny\",\"max_tokens\":16,\"messages\":[$sys,$u1,$a1msg,$u2,$a2msg,$u3]}" > /dev/null
-echo "== explicit feedback on the last step"
-curl -sf "http://127.0.0.1:$gw_port/clawmesh/v1/feedback" -d '{"session_id":"try","score":1,"text":"thanks"}'; echo
+a3=$(chat "{\"model\":\"tiny\",\"max_tokens\":16,\"messages\":[$sys,$u1,$a1msg,$u2,$a2msg,$u3]}" -H 'X-Session-Done: true' \
+  | python3 -c 'import sys,json; print(json.dumps(json.load(sys.stdin)["choices"][0]["message"]["content"] or ""))')
+echo "   reply:"; say "$a3"
 
-echo "== waiting for the reward plugins to score closed steps"
-for _ in $(seq 1 50); do
-  n=$("$cm" pool ls --data "$work/data" --state scored | tail -n +2 | wc -l)
-  [ "$n" -ge 2 ] && break
+echo "== explicit feedback on the session's last step: POST /clawmesh/v1/feedback"
+last=$("$cm" pool ls --data "$work/data" | tail -n +2 | tail -1 | awk '{print $1}')
+echo "   before it, step $last had: $(reward "$last")"
+fb=$(curl -sf "http://127.0.0.1:$gw_port/clawmesh/v1/feedback" -d '{"session_id":"try","score":1,"text":"thanks, that is right"}')
+echo "   the feedback went to step $(python3 -c 'import sys,json; print(json.loads(sys.argv[1])["step_id"])' "$fb")"
+echo "== waiting for the reward plugins to score the steps (compiled in the background on a first start)"
+for _ in $(seq 1 300); do
+  "$cm" pool export --data "$work/data" 2>/dev/null | python3 -c '
+import sys, json
+steps = [json.loads(l) for l in sys.stdin]
+fed = [s for s in steps if s["id"] == sys.argv[1] and any(x["plugin"] == "feedback" and x.get("value") is not None for x in (s.get("reward") or {}).get("scores") or [])]
+sys.exit(0 if len(steps) >= 3 and all(s.get("reward") for s in steps) and fed else 1)' "$last" && break
   sleep 0.2
 done
+echo "   with the feedback, step $last has: $(reward "$last")"
 echo
 "$cm" pool stats --data "$work/data"
 echo
 "$cm" pool ls --data "$work/data"
-for id in $("$cm" pool ls --data "$work/data" --state scored | tail -n +2 | awk '{print $1}' | head -2); do
+for id in $("$cm" pool ls --data "$work/data" | tail -n +2 | awk '{print $1}' | head -2); do
   echo
   "$cm" pool show --data "$work/data" "$id"
 done
@@ -112,3 +169,21 @@ done
 "$cm" trainer status --json --data "$work/trainer" | python3 -c 'import sys,json; s=json.load(sys.stdin); sys.exit(0 if s["batches"]["trained"] >= 1 else 1)' \
   || { echo "the trainer trained nothing"; cat "$work/trainer.log"; exit 1; }
 ls "$work/trainer/adapters"
+
+echo
+echo "== v1 comes back to the device over QUIC, verified, installed and hot-swapped (clawmesh weights ls)"
+for _ in $(seq 1 240); do
+  if "$cm" weights ls --json --data "$work/data" 2>/dev/null | python3 -c 'import sys,json; s=json.load(sys.stdin); sys.exit(0 if s["serving"] == "v1" else 1)' 2>/dev/null; then
+    break
+  fi
+  sleep 0.25
+done
+"$cm" weights ls --data "$work/data"
+"$cm" weights ls --json --data "$work/data" | python3 -c 'import sys,json; s=json.load(sys.stdin); sys.exit(0 if s["serving"] == "v1" else 1)' \
+  || { echo "v1 is not serving on the node"; cat "$work/node.log"; exit 1; }
+echo
+echo "== the next call is served by v1 (the X-Clawmesh-Adapter header), and recorded as such (clawmesh pool stats)"
+curl -s -D - -o /dev/null "$gw" -H 'Content-Type: application/json' \
+  -d '{"model":"tiny","max_tokens":8,"messages":[{"role":"user","content":"and now?"}]}' | grep -i '^x-clawmesh-adapter'
+sleep 0.5
+"$cm" pool stats --data "$work/data" | grep -i 'served by' || true

@@ -57,4 +57,15 @@ func (t *Trainer) shareVersion(ctx context.Context) {
 		return
 	}
 	t.log.Info("version shared with the devices", "version", cur.Name(), "bundle", m.BundleID()[:12], "bytes", m.Size)
+	// The devices fetch the newest; a few older ones stay for those that
+	// pinned one.
+	held := t.weights.Dir().Held()
+	for _, old := range held[min(keepShared, len(held)):] {
+		if err := t.weights.Dir().Remove(old.BundleID()); err != nil {
+			t.log.Warn("removing an old shared version", "version", old.Name(), "err", err)
+		}
+	}
 }
+
+// keepShared is how many of the newest versions a trainer keeps serving.
+const keepShared = 3

@@ -71,8 +71,11 @@ the same run. Everything runs locally (loopback, a temporary directory).
             through the protocol (verifying, writing, fsync) against bare
             quic-go and TLS over TCP moving the same bytes in the same run
             (goal >= 0.8x bare quic-go), CPU seconds per GB, the fan-out
-            to 1..8 fetchers with and without re-serving, and what deltas
-            between consecutive versions would save
+            to 1..8 fetchers with and without re-serving, what deltas
+            between consecutive versions would save, and the time from a
+            version's commit on the trainers' leader to the first reply a
+            node serves with it (the whole loop on loopback, tiny model;
+            goal p50 <= 5 s)
   trainers  the trainers' raft group on loopback: time from the leader's
             death to a new leader, p50/p99 over repeated kills (goal p99
             <= 3 s with the default timing), and a round's overhead
@@ -211,15 +214,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fs.IntVar(&o.Fetchers, "fetchers", 8, "the most fetchers of the fan-out (1, 2, 4, ... up to it)")
 		fs.StringVar(&o.Dir, "dir", "", "directory for the fetched bundles (default: a temporary directory, removed after)")
 		asJSON := fs.Bool("json", false, "print the figures as JSON")
+		versions := fs.Int("versions", 5, "versions the whole loop on loopback (a node before clawmesh serve --tiny, three trainers) publishes, timing each from its commit to the node's first reply with it; 0 skips the loop")
 		if err := parse(fs, args); err != nil {
 			return err
+		}
+		if *versions < 0 {
+			return usageErr("--versions must be 0 or more")
 		}
 		n, err := parseSize(*size)
 		if err != nil || n <= 0 || n > weights.MaxBundle {
 			return usageErr("--size: want a size up to 4GiB, got %q", *size)
 		}
 		o.Size = int(n)
-		return benchWeights(ctx, stdout, o, *asJSON)
+		return benchWeights(ctx, stdout, o, *versions, *asJSON)
 	case "learn":
 		rounds := fs.Int("rounds", 8, "rounds of sample → score → train per recipe")
 		seed := fs.Uint64("seed", 3, "seed of the tiny model's random weights")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -81,7 +80,7 @@ func benchDelta(ctx context.Context) (deltaReport, error) {
 }
 
 // benchWeights runs `clawmesh bench weights`.
-func benchWeights(ctx context.Context, stdout io.Writer, o weights.BenchOptions, asJSON bool) error {
+func benchWeights(ctx context.Context, stdout io.Writer, o weights.BenchOptions, versions int, asJSON bool) error {
 	r, err := weights.Bench(ctx, o)
 	if err != nil {
 		return err
@@ -90,16 +89,33 @@ func benchWeights(ctx context.Context, stdout io.Writer, o weights.BenchOptions,
 	if err != nil {
 		return err
 	}
+	if !asJSON {
+		r.Print(stdout)
+		fmt.Fprintf(stdout, "deltas between consecutive versions (tiny model, 3 pairs): bundle %d B, zstd %d B, zstd of the XOR delta %d B (%.2f of the bundle)\n",
+			d.Bundle, d.Zstd, d.DeltaZstd, d.Ratio)
+	}
+	var loop *loopReport
+	if versions > 0 {
+		var progress io.Writer
+		if !asJSON {
+			progress = stdout
+			fmt.Fprintf(stdout, "the whole loop on loopback (clawmesh serve --tiny, a node, three trainers), %d versions:\n", versions)
+		}
+		l, err := benchLoop(ctx, versions, progress)
+		if err != nil {
+			return err
+		}
+		loop = &l
+		if !asJSON {
+			fmt.Fprintf(stdout, "  commit to first reply: p50 %.2f s, max %.2f s (goal p50 <= 5 s)\n", loop.P50, loop.Max)
+		}
+	}
 	if asJSON {
 		return printJSON(stdout, struct {
 			*weights.BenchReport
 			Delta deltaReport `json:"delta"`
-		}{r, d})
+			Loop  *loopReport `json:"loop,omitempty"`
+		}{r, d, loop})
 	}
-	var buf bytes.Buffer
-	r.Print(&buf)
-	fmt.Fprint(stdout, buf.String())
-	fmt.Fprintf(stdout, "deltas between consecutive versions (tiny model, 3 pairs): bundle %d B, zstd %d B, zstd of the XOR delta %d B (%.2f of the bundle)\n",
-		d.Bundle, d.Zstd, d.DeltaZstd, d.Ratio)
 	return nil
 }

@@ -174,6 +174,9 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 	if data == "" {
 		data = defaultDataDir()
 	}
+	if fi, err := os.Stat(expandHome(data)); err == nil && !fi.IsDir() {
+		return fmt.Errorf("%w: --data %s is a file: the data directory must be a directory (or not exist yet)", errUsage, data)
+	}
 	path, explicit := s.Config, s.Config != ""
 	if !explicit {
 		path = filepath.Join(expandHome(data), "config.toml")

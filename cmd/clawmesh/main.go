@@ -29,6 +29,8 @@ var commands []command
 func init() {
 	commands = []command{
 		{"node", "run a device node: the gateway your agent points at, recording into the pool", runNode},
+		{"setup", "route an agent through the node: setup openclaw [--dry-run] [--undo]", runSetup},
+		{"service", "run the node at login, restarted on failure: install, status, logs, uninstall", runService},
 		{"serve", "serve a model with the native Go engine: an OpenAI-compatible LLM server with hot adapter swap", runServe},
 		{"pool", "inspect, export and import the DataPool (stats, ls, show, export, import, preview)", runPool},
 		{"scrub", "show what would leave this device: text or steps with personal data and secrets replaced", func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -46,8 +48,13 @@ func init() {
 	}
 }
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and revision are set at build time by release builds
+// (scripts/release.sh): -ldflags "-X main.version=v0.1.0 -X main.revision=<commit>".
+// Other builds take the revision from the VCS stamp Go adds.
+var (
+	version  = "dev"
+	revision = ""
+)
 
 func usage(w io.Writer) {
 	fmt.Fprintf(w, `clawmesh: agents that learn from their own use, on your devices, together.
@@ -103,16 +110,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, flag.ErrHelp):
 			return 0
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "clawmesh %s: %s\nRun 'clawmesh %s --help' for usage.\n", c.name, strings.TrimPrefix(err.Error(), errUsage.Error()+": "), c.name)
+			fmt.Fprintf(stderr, "clawmesh %s: %s\nRun 'clawmesh %s --help' for usage.\n", c.name, userMessage(strings.TrimPrefix(err.Error(), errUsage.Error()+": ")), c.name)
 			return 2
 		default:
-			fmt.Fprintf(stderr, "clawmesh %s: %v\n", c.name, err)
+			fmt.Fprintf(stderr, "clawmesh %s: %s\n", c.name, userMessage(err.Error()))
 			return 1
 		}
 	}
 	fmt.Fprintf(stderr, "clawmesh: unknown command %q\n\n", args[0])
 	usage(stderr)
 	return 2
+}
+
+// internalPrefixes are the package prefixes of the packages' errors
+// ("pool: step not found"), which say where an error came from to a
+// programmer and nothing to a user.
+var internalPrefixes = map[string]bool{
+	"node": true, "pool": true, "reward": true, "wire": true, "share": true, "mesh": true, "setup": true,
+	"trainer": true, "gateway": true, "session": true, "scrub": true, "store": true, "peer": true,
+	"member": true, "batch": true, "weights": true, "adminapi": true, "engine": true, "serve": true,
+}
+
+// userMessage is an error's message as a user reads it: without the
+// packages' prefixes, and without a part said twice in a row.
+func userMessage(msg string) string {
+	var out []string
+	for _, part := range strings.Split(msg, ": ") {
+		if internalPrefixes[part] || len(out) > 0 && out[len(out)-1] == part {
+			continue
+		}
+		out = append(out, part)
+	}
+	if len(out) == 0 {
+		return msg
+	}
+	return strings.Join(out, ": ")
 }
 
 // newFlags makes a FlagSet whose --help prints the given text before the
@@ -132,9 +164,16 @@ func newFlags(name, help string, stderr io.Writer) *flag.FlagSet {
 // positional. A bad flag is a usage error, --help is flag.ErrHelp.
 func parse(fs *flag.FlagSet, args []string) error {
 	var pos []string
+	// The flag package prints a bad flag's error and the whole help; the
+	// caller prints the error alone, with a pointer to --help.
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	defer fs.SetOutput(out)
 	for len(args) > 0 {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				fs.SetOutput(out)
+				fs.Usage()
 				return err
 			}
 			return fmt.Errorf("%w: %v", errUsage, err)
@@ -187,6 +226,9 @@ func versionLine(bi *debug.BuildInfo, ok bool) string {
 		case "vcs.modified":
 			dirty = s.Value == "true"
 		}
+	}
+	if revision != "" {
+		rev, at, dirty = strings.TrimSuffix(revision, "+dirty"), "", strings.HasSuffix(revision, "+dirty")
 	}
 	line := "clawmesh " + v
 	if rev != "" {

@@ -138,9 +138,26 @@ func TestUsage(t *testing.T) {
 	if code != 2 || !strings.Contains(errs, "unknown command") {
 		t.Errorf("unknown command: code %d, %q", code, errs)
 	}
+	old := localServers
+	localServers = nil // no model server to find
 	_, errs, code = runCLI(t, "node", "--data", t.TempDir())
-	if code != 2 || !strings.Contains(errs, "--upstream is required") {
+	localServers = old
+	if code != 2 || !strings.Contains(errs, "no local model server answers") || !strings.Contains(errs, "--upstream") {
 		t.Errorf("node without upstream: code %d, %q", code, errs)
+	}
+	// A bad flag: the error and where help is, not the whole help.
+	_, errs, code = runCLI(t, "node", "--bogus")
+	if code != 2 || errs != "clawmesh node: flag provided but not defined: -bogus\nRun 'clawmesh node --help' for usage.\n" {
+		t.Errorf("unknown flag: code %d, %q", code, errs)
+	}
+	// A data directory that is a file is a bad --data, not a config error.
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o600)
+	for _, cmd := range [][]string{{"node", "--upstream", "http://x/v1"}, {"pool", "stats"}} {
+		_, errs, code = runCLI(t, append(cmd, "--data", file)...)
+		if code != 2 || !strings.Contains(errs, "--data "+file+" is a file") || strings.Contains(errs, "config") {
+			t.Errorf("%s with --data a file: code %d, %q", cmd[0], code, errs)
+		}
 	}
 	_, errs, code = runCLI(t, "pool", "ls", "--state", "bogus", "--data", t.TempDir())
 	if code != 2 || !strings.Contains(errs, "bogus") {
@@ -335,5 +352,19 @@ func TestBenchLearn(t *testing.T) {
 	}
 	if _, _, code := runCLI(t, "bench", "learn", "--rounds", "0"); code != 2 {
 		t.Errorf("--rounds 0: code %d", code)
+	}
+}
+
+func TestUserMessage(t *testing.T) {
+	for in, want := range map[string]string{
+		"pool: step not found: pool: step not found: X":                                                  "step not found: X",
+		"reward: already exists: polite is not empty":                                                    "already exists: polite is not empty",
+		"wire: bad request: messages is required":                                                        "bad request: messages is required",
+		"config /a/config.toml: unknown key \"x\"":                                                       "config /a/config.toml: unknown key \"x\"",
+		"node: reward plugins: reward: plugin cannot be loaded: \"p\": read: open /x/pool: no such file": "reward plugins: plugin cannot be loaded: \"p\": read: open /x/pool: no such file",
+	} {
+		if got := userMessage(in); got != want {
+			t.Errorf("userMessage(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

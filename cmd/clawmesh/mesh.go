@@ -304,9 +304,9 @@ func printMeshStatus(w io.Writer, st peer.Status) {
 	fmt.Fprintf(w, "peer      %s (%s)\n", st.PeerID, role)
 	fmt.Fprintf(w, "cert      expires %s\n", st.CertExpires.Local().Format(time.RFC3339))
 	if st.Running {
-		fmt.Fprintf(w, "running   %d peers connected, %d admitted; %d revocations known\n", st.Connected, st.Admitted, st.Revocations)
+		fmt.Fprintf(w, "running   %s connected, %d admitted; %s known\n", plural(st.Connected, "peer", "peers"), st.Admitted, plural(st.Revocations, "revocation", "revocations"))
 	} else {
-		fmt.Fprintf(w, "running   no (%d revocations known)\n", st.Revocations)
+		fmt.Fprintf(w, "running   no (%s known)\n", plural(st.Revocations, "revocation", "revocations"))
 	}
 	for i, a := range st.Addrs {
 		label := ""
@@ -371,7 +371,7 @@ func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	fmt.Fprintln(stdout, tok.String())
-	fmt.Fprintf(stderr, "(a %s token for %d use(s), valid until %s)\n", r, *uses, tok.Expires().Local().Format(time.RFC3339))
+	fmt.Fprintf(stderr, "(a %s token for %s, valid until %s)\n", r, plural(*uses, "use", "uses"), tok.Expires().Local().Format(time.RFC3339))
 	return nil
 }
 

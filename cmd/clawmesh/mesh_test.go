@@ -35,11 +35,18 @@ func runMeshNode(t *testing.T, data, upstream string, pol share.Policy) *node.No
 // (the test's cleanup calls it if the test did not).
 func runStoppableMeshNode(t *testing.T, data, upstream string, pol share.Policy) (*node.Node, func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	n, err := node.New(ctx, node.Config{
+	return startMeshNode(t, node.Config{
 		DataDir: data, Upstream: upstream, Share: pol, ShareInterval: 50 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
 		Mesh: &node.MeshConfig{Listen: loopbackP2P, Ship: mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond}},
 	})
+}
+
+// startMeshNode runs a node made from cfg on a loopback listener until the
+// test ends, and returns it and a stop function.
+func startMeshNode(t *testing.T, cfg node.Config) (*node.Node, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	n, err := node.New(ctx, cfg)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -53,7 +60,7 @@ func runStoppableMeshNode(t *testing.T, data, upstream string, pol share.Policy)
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-done; n.Close(context.Background()) }) }
 	t.Cleanup(stop)
-	waitFor(t, "the node's address file", func() bool { _, err := node.ReadAddr(data); return err == nil })
+	waitFor(t, "the node's address file", func() bool { _, err := node.ReadAddr(cfg.DataDir); return err == nil })
 	return n, stop
 }
 

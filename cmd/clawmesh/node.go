@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/setup"
 	"github.com/clawmesh/clawmesh/reward"
 )
 
@@ -30,6 +32,11 @@ Point your agent at the gateway instead of the LLM server:
   Anthropic SDKs   base URL http://127.0.0.1:8400
   OpenClaw         provider baseUrl http://127.0.0.1:8400/v1, api "openai-completions"
 Pin a session with the URL prefix /s/SESSION/v1/... or the X-Session-Id header.
+
+With no upstream set, the node looks for a local model server on its usual
+port (Ollama 11434, LM Studio 1234, vLLM 8000, llama.cpp 8080, SGLang 30000)
+that answers /v1/models, uses it (asking which, in a terminal, when several
+answer) and says which it chose.
 
 Settings come from flags, then CLAWMESH_* environment variables
 (CLAWMESH_UPSTREAM, CLAWMESH_LISTEN, CLAWMESH_DATA, CLAWMESH_TOKEN,
@@ -64,8 +71,14 @@ SIGHUP reloads the reward plugins ([[plugins]]) and the sharing
 policy ([share]) from the config file; a new set with a plugin that cannot
 be loaded is refused (logged as an error, naming it) and the plugins in use
 stay. A relative plugin path is
-resolved from the config file's directory. The node does not start if an
-enabled plugin cannot be loaded.
+resolved from the config file's directory.
+
+The gateway serves at once; the reward plugins are compiled in the
+background (seconds on a first start, whose log says so; then cached in
+DATA/cache) and score what was recorded meanwhile once they are ready. The
+node does not start if an enabled plugin's file cannot be read or is not
+WebAssembly, and stops, naming it, if one turns out unusable as it is
+compiled (missing exports, a start-up that fails).
 
 Example:
   clawmesh node --upstream http://127.0.0.1:11434/v1 --upstream-kind ollama --data ~/.clawmesh
@@ -75,7 +88,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var s settings
 	fs := newFlags("node", nodeHelp, stderr)
 	s.bindCommon(fs)
-	fs.StringVar(&s.Upstream, "upstream", "", "LLM server base URL including /v1, e.g. http://127.0.0.1:11434/v1 (required)")
+	fs.StringVar(&s.Upstream, "upstream", "", "LLM server base URL including /v1, e.g. http://127.0.0.1:11434/v1 (default: a local server that answers on its usual port: Ollama, LM Studio, vLLM, llama.cpp, SGLang)")
 	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "upstream flavour: openai, vllm, sglang, clawmesh, ollama, llamacpp, none (decides whether logprobs and token ids are asked for; default openai)")
 	fs.StringVar(&s.UpstreamToken, "upstream-token", "", "bearer token sent to the upstream instead of the client's")
 	fs.StringVar(&s.JudgeModel, "judge-model", "", "model name for reward plugins' judge calls (default: the model the judged step asked for)")
@@ -133,9 +146,6 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := s.resolve(fs); err != nil {
 		return err
 	}
-	if s.Upstream == "" {
-		return usageErr("--upstream is required (or CLAWMESH_UPSTREAM, or upstream in the config file)")
-	}
 	if s.IdleTimeout < 0 {
 		return usageErr("--idle-timeout must be positive")
 	}
@@ -166,6 +176,18 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return usageErr("--log: %v", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if s.Upstream == "" {
+		f, err := discoverUpstream(ctx, stdin, stdinIsTerminal(), stderr)
+		if err != nil {
+			return err
+		}
+		s.Upstream = f.URL
+		if s.UpstreamKind == "" {
+			s.UpstreamKind = f.Kind
+		}
+		log.Info("no upstream configured: using the local model server that answers", "server", f.Name, "upstream", f.URL,
+			"kind", s.UpstreamKind, "models", len(f.Models), "fix", "upstream in "+nodeConfigPath(s))
+	}
 	if s.Listen != "" && !isLoopback(s.Listen) && s.Token == "" {
 		log.Warn("gateway listens beyond loopback with no --token: anyone who can reach it can use your LLM through it", "listen", s.Listen)
 	}
@@ -336,4 +358,61 @@ func parseSize(v string) (int64, error) {
 		return 0, fmt.Errorf("bad size %q", v)
 	}
 	return n * mult, nil
+}
+
+// localServers are the model servers looked for when no upstream is set;
+// tests point it elsewhere.
+var localServers = setup.LocalServers
+
+// stdin is where a question to the user is answered.
+var stdin io.Reader = os.Stdin
+
+func stdinIsTerminal() bool {
+	fi, err := os.Stdin.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// discoverUpstream finds the local model servers that answer and picks
+// one: the only one, else the user's choice in a terminal, else the first
+// in the order of localServers.
+func discoverUpstream(ctx context.Context, in io.Reader, interactive bool, out io.Writer) (node.Found, error) {
+	found := node.Discover(ctx, localServers)
+	if len(found) == 0 {
+		var where []string
+		for _, s := range localServers {
+			where = append(where, s.Name+" :"+s.Port)
+		}
+		return node.Found{}, usageErr("no upstream is set, and no local model server answers at /v1/models on its usual port (%s): start one, or give --upstream URL (or upstream in the config file)", strings.Join(where, ", "))
+	}
+	if len(found) == 1 || !interactive {
+		return found[0], nil
+	}
+	fmt.Fprintln(out, "No upstream is set, and several model servers answer:")
+	for i, f := range found {
+		fmt.Fprintf(out, "  %d) %s at %s (%s)\n", i+1, f.Name, f.URL, plural(len(f.Models), "model", "models"))
+	}
+	r := bufio.NewReader(in)
+	for range 3 {
+		fmt.Fprintf(out, "Which one should the node forward to? [1-%d, default 1] ", len(found))
+		line, err := r.ReadString('\n')
+		line = strings.TrimSpace(line)
+		if line == "" {
+			return found[0], nil
+		}
+		if i, perr := strconv.Atoi(line); perr == nil && i >= 1 && i <= len(found) {
+			return found[i-1], nil
+		}
+		if err != nil {
+			break
+		}
+	}
+	return node.Found{}, usageErr("no model server chosen")
+}
+
+// plural writes n with the noun in agreement: "1 model", "2 models".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -250,7 +252,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err := bw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(stderr, "exported %d steps\n", n)
+		fmt.Fprintf(stderr, "exported %s\n", plural(n, "step", "steps"))
 		return nil
 	case "import":
 		var r io.Reader = os.Stdin
@@ -271,7 +273,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			fmt.Fprintf(stdout, "  line %d: %s\n", b.Line, b.Err)
 		}
 		if len(rep.Bad) > 0 {
-			return fmt.Errorf("%d bad lines were skipped", len(rep.Bad))
+			return fmt.Errorf("%s skipped", plural(len(rep.Bad), "bad line was", "bad lines were"))
 		}
 		return nil
 	case "preview":
@@ -300,7 +302,7 @@ func printPreview(w io.Writer, pv *share.Preview) error {
 		fmt.Fprintln(w, "next batch  not sealed yet: what it would be if sealed now, under the policy in force")
 	}
 	fmt.Fprintf(w, "id          %s\n", pv.ID)
-	fmt.Fprintf(w, "size        %d bytes: %d steps in %d sessions, %s, policy %s (mode %s)\n", pv.Size, h.Steps, h.Sessions, h.Created.Format("2006-01-02 15:00 MST"), orDash(h.Policy), pv.Mode)
+	fmt.Fprintf(w, "size        %d bytes: %s in %s, %s, policy %s (mode %s)\n", pv.Size, plural(h.Steps, "step", "steps"), plural(h.Sessions, "session", "sessions"), h.Created.Format("2006-01-02 15:00 MST"), orDash(h.Policy), pv.Mode)
 	r := h.Rewards
 	fmt.Fprintf(w, "rewards     %d scored (%d positive, %d negative, mean %+.2f), %d with a hint\n", r.Scored, r.Positive, r.Negative, r.Mean, r.Hints)
 	if len(h.Plugins) > 0 {
@@ -323,7 +325,7 @@ func printPreview(w io.Writer, pv *share.Preview) error {
 		fmt.Fprintf(w, "scrubbed    %s\n", strings.Join(parts, ", "))
 	}
 	printHeld(w, pv.Held)
-	fmt.Fprintf(w, "\n%d of its %d steps, exactly as they leave:\n", len(pv.Steps), h.Steps)
+	fmt.Fprintf(w, "\n%d of its %s, exactly as they leave:\n", len(pv.Steps), plural(h.Steps, "step", "steps"))
 	for i, st := range pv.Steps {
 		fmt.Fprintf(w, "\n--- step %d of %d\n", i+1, h.Steps)
 		if err := printJSON(w, core.ExportedStep{Schema: core.SchemaVersion, Step: *st}); err != nil {
@@ -337,7 +339,7 @@ func printHeld(w io.Writer, held []share.Held) {
 	if len(held) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "held        %d steps stay on this device:\n", len(held))
+	fmt.Fprintf(w, "held        %s on this device:\n", plural(len(held), "step stays", "steps stay"))
 	for i, h := range held {
 		if i == 10 {
 			fmt.Fprintf(w, "              … and %d more\n", len(held)-10)
@@ -407,10 +409,10 @@ func showStep(w io.Writer, s *core.Step) {
 	if u := s.Response.Usage; u != nil {
 		fmt.Fprintf(w, "tokens   prompt %d  completion %d\n", u.PromptTokens, u.CompletionTokens)
 	}
-	fmt.Fprintf(w, "\ncontext (%d messages, %d tools):\n", len(s.Request.Messages), len(s.Request.Tools))
+	fmt.Fprintf(w, "\ncontext (%s, %s):\n", plural(len(s.Request.Messages), "message", "messages"), plural(len(s.Request.Tools), "tool", "tools"))
 	msgs := s.Request.Messages
 	if len(msgs) > 6 {
-		fmt.Fprintf(w, "  … %d earlier messages\n", len(msgs)-6)
+		fmt.Fprintf(w, "  … %s\n", plural(len(msgs)-6, "earlier message", "earlier messages"))
 		msgs = msgs[len(msgs)-6:]
 	}
 	for _, m := range msgs {
@@ -485,7 +487,7 @@ func printStats(w io.Writer, st pool.Stats) {
 			fmt.Fprintln(w, "          run 'clawmesh pool repair' with the same --data to salvage the pool; the node then records again")
 		}
 	}
-	fmt.Fprintf(w, "steps     %d in %d sessions\n", st.Steps, st.Sessions)
+	fmt.Fprintf(w, "steps     %d in %s\n", st.Steps, plural(st.Sessions, "session", "sessions"))
 	fmt.Fprint(w, "states   ")
 	for _, s := range core.States {
 		fmt.Fprintf(w, " %s %d", s, st.ByState[s])
@@ -500,7 +502,15 @@ func printStats(w io.Writer, st pool.Stats) {
 	fmt.Fprintf(w, "messages  %d referenced, %d stored (shared %s)\n", st.MessagesReferenced, st.MessagesStored, ratio(st.MessagesReferenced, st.MessagesStored))
 	fmt.Fprintf(w, "tools     %d lists referenced, %d stored (shared %s)\n", st.ToolListsReferenced, st.ToolListsStored, ratio(st.ToolListsReferenced, st.ToolListsStored))
 	fmt.Fprintf(w, "bytes     %d of step data (%d in step records, %d in shared blobs), %d on disk\n", st.Bytes, st.StepBytes, st.BlobBytes, st.DiskBytes)
-	fmt.Fprintf(w, "outbox    %d batches, %d shipped\n", st.Batches, st.BatchesShipped)
+	fmt.Fprintf(w, "outbox    %s, %d shipped\n", plural(st.Batches, "batch", "batches"), st.BatchesShipped)
+	if len(st.ByAdapter) > 0 {
+		names := slices.Sorted(maps.Keys(st.ByAdapter))
+		fmt.Fprint(w, "served by")
+		for _, a := range names {
+			fmt.Fprintf(w, " %s %d", a, st.ByAdapter[a])
+		}
+		fmt.Fprintln(w, " (steps per adapter version)")
+	}
 }
 
 // repairPool runs pool.Repair on the pool of data dir data. A running node

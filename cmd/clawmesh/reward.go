@@ -218,6 +218,6 @@ Examples:
 		}
 		fmt.Fprintln(stdout)
 	})
-	fmt.Fprintf(stdout, "%d steps, %d scores, %d abstentions\n", len(steps), scored, abstained)
+	fmt.Fprintf(stdout, "%s, %s, %s\n", plural(len(steps), "step", "steps"), plural(scored, "score", "scores"), plural(abstained, "abstention", "abstentions"))
 	return nil
 }

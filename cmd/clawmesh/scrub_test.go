@@ -156,7 +156,7 @@ func TestPoolPreview(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("%d %s", code, errs)
 	}
-	for _, want := range []string{"not sealed yet", "2 steps in 1 sessions", "held        1 steps", "p3  (every plugin abstained", "1 of its 2 steps", "<PHONE_1>", "scrubbed    PHONE 1, CARD 1"} {
+	for _, want := range []string{"not sealed yet", "2 steps in 1 session", "held        1 step stays", "p3  (every plugin abstained", "1 of its 2 steps", "<PHONE_1>", "scrubbed    PHONE 1, CARD 1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("preview lacks %q:\n%s", want, out)
 		}

@@ -229,7 +229,7 @@ func printTrainerStatus(w io.Writer, st trainer.Status) {
 		fmt.Fprintf(tw, "adapter\t-\n")
 	}
 	if r := st.Round; r != nil {
-		fmt.Fprintf(tw, "round\t%d from v%d, %d trainers, deadline %s\n", r.Number, r.Base, len(r.Shares), r.Deadline.Local().Format("15:04:05"))
+		fmt.Fprintf(tw, "round\t%d from v%d, %s, deadline %s\n", r.Number, r.Base, plural(len(r.Shares), "trainer", "trainers"), r.Deadline.Local().Format("15:04:05"))
 	} else {
 		fmt.Fprintf(tw, "round\t%d done, none open\n", st.Rounds)
 	}

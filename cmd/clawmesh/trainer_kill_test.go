@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/trainer"
@@ -88,7 +89,7 @@ func TestTrainerKill9(t *testing.T) {
 	procs[li].Wait()
 	os.Remove(filepath.Join(dirs[li], trainer.AddrFile)) // a killed process leaves it behind
 	ni := -1
-	waitFor(t, "a new leader", func() bool { ni = leaderIdx(li); return ni >= 0 })
+	waitLong(t, 2*time.Minute, "a new leader", func() bool { ni = leaderIdx(li); return ni >= 0 })
 	st, _ := status(ni)
 	if st.Peer == old.Peer || st.Term <= old.Term {
 		t.Fatalf("new leader %s at term %d, old %s at term %d", st.Peer, st.Term, old.Peer, old.Term)

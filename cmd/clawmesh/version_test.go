@@ -20,6 +20,13 @@ func TestVersionLine(t *testing.T) {
 	if got := versionLine(nil, false); !strings.HasPrefix(got, "clawmesh ") {
 		t.Errorf("no build info: %q", got)
 	}
+	// A release build's stamp wins over the VCS one.
+	version, revision = "v0.2.0", "fedcba9876543210fedc+dirty"
+	got := versionLine(bi, true)
+	version, revision = "dev", ""
+	if got != "clawmesh v0.2.0 (fedcba987654+dirty) go1.26.8" {
+		t.Errorf("a release build: %q", got)
+	}
 	out := cli(t, "version")
 	if !strings.HasPrefix(out, "clawmesh ") || !strings.Contains(out, "go1.") {
 		t.Errorf("clawmesh version: %q", out)

@@ -27,23 +27,25 @@ lost. These commands ask the node running on DIR.
   clawmesh weights use VERSION        pin a version (v3), or base for the
                                       base model; use latest to follow the
                                       newest again
-
-Flags:
 `
 
 func runWeights(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(stdout, weightsHelp)
-		if len(args) == 0 {
-			return usageErr("weights needs a subcommand: ls, get or use")
-		}
-		return nil
+	sub := ""
+	if len(args) > 0 {
+		sub, args = args[0], args[1:]
 	}
-	sub, args := args[0], args[1:]
 	var s settings
 	fs := newFlags("weights "+sub, weightsHelp, stderr)
 	s.bindClient(fs)
 	asJSON := fs.Bool("json", false, "print the node's weights status as JSON (a stable format: pin, serving, latest, driver, versions, error)")
+	switch sub {
+	case "-h", "--help", "help":
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return nil
+	case "":
+		return usageErr("weights needs a subcommand: ls, get or use")
+	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}

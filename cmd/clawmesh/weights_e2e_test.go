@@ -4,14 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/share"
@@ -50,8 +52,10 @@ func TestWeightsComeBack(t *testing.T) {
 
 	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond,
 		VerifyRetry: 2 * time.Second}
+	var trainerDirs []string
 	for range 3 {
 		d := t.TempDir()
+		trainerDirs = append(trainerDirs, d)
 		cli(t, "join", strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a)), "--data", d, "--p2p-listen", loopbackP2P[1])
 		tctx, tcancel := context.WithCancel(ctx)
 		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackP2P, Bootstrap: na.Peer().Host.Addrs(), Timing: timing,
@@ -116,6 +120,11 @@ func TestWeightsComeBack(t *testing.T) {
 		return false
 	})
 
+	// pool stats counts the steps each version served.
+	if out := cli(t, "pool", "stats", "--data", a); !strings.Contains(out, "served by") || !strings.Contains(out, " v1 1") {
+		t.Errorf("pool stats does not count the step v1 served:\n%s", out)
+	}
+
 	// The commands: ls --json, pin and unpin, get, and bad input.
 	var ls adapters.Status
 	if err := json.Unmarshal([]byte(cli(t, "weights", "ls", "--json", "--data", a)), &ls); err != nil || ls.Serving != "v1" || ls.Latest != "v1" {
@@ -139,29 +148,83 @@ func TestWeightsComeBack(t *testing.T) {
 			t.Errorf("weights %v: code %d, %q", args, code, errs)
 		}
 	}
+
+	// Fencing and the signature chain, with manifests a trainer of the
+	// mesh signs (its real key and certificate).
+	v1 := na.Weights().Latest()
+	sign := func(dir string, edit func(*weights.Manifest)) *weights.Manifest {
+		key, _, err := peer.Identity(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := mesh.LoadState(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := st.Certificate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := weights.NewManifest([]byte("another bundle"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.MeshID, m.Version, m.Parent, m.Base, m.Term, m.Index = v1.MeshID, v1.Version+1, v1.Version, v1.Base, v1.Term, v1.Index+5
+		edit(m)
+		if err := m.Sign(key, cert, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		m    *weights.Manifest
+		want error
+	}{
+		{"an older version", sign(trainerDirs[1], func(m *weights.Manifest) { m.Version = 0 }), weights.ErrStale},
+		{"a lower term", sign(trainerDirs[1], func(m *weights.Manifest) { m.Term = v1.Term - 1 }), weights.ErrStale},
+		{"a second v1", sign(trainerDirs[1], func(m *weights.Manifest) { m.Version = v1.Version }), weights.ErrStale},
+		{"a wrong signature", func() *weights.Manifest {
+			m := sign(trainerDirs[1], func(*weights.Manifest) {})
+			m.Index++
+			return m
+		}(), weights.ErrSignature},
+		{"a device's signature", sign(b, func(*weights.Manifest) {}), weights.ErrSignature},
+	} {
+		if err := na.Weights().Accept(tc.m, weights.Source{}); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	revoked := sign(trainerDirs[2], func(*weights.Manifest) {})
+	tid := trainerID(t, trainerDirs[2])
+	cli(t, "mesh", "revoke", string(tid), "--reason", "test", "--data", a)
+	waitFor(t, "the revocation on the node", func() bool { return na.Peer().Mesh.Blocked(tid) })
+	if err := na.Weights().Accept(revoked, weights.Source{}); !errors.Is(err, weights.ErrSignature) {
+		t.Errorf("a manifest signed by a revoked trainer: %v", err)
+	}
+	if got := na.Weights().Latest(); got.Version != v1.Version {
+		t.Errorf("a refused manifest moved the latest to v%d", got.Version)
+	}
+}
+
+// trainerID is the peer id of the peer whose data directory is dir.
+func trainerID(t *testing.T, dir string) mesh.PeerID {
+	t.Helper()
+	_, id, err := peer.Identity(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
 
 // runWeightsNode runs a mesh node that follows the trainers' versions,
 // with short intervals.
 func runWeightsNode(t *testing.T, data, upstream, kind string, bootstrap []string) *node.Node {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	n, err := node.New(ctx, node.Config{
+	n, _ := startMeshNode(t, node.Config{
 		DataDir: data, Upstream: upstream, UpstreamKind: kind, Share: share.Policy{Mode: share.ModeAll}, ShareInterval: 50 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
 		Mesh: &node.MeshConfig{Listen: loopbackP2P, Bootstrap: bootstrap, Ship: mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
 			Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond, WeightsRetry: 300 * time.Millisecond},
 	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { n.Serve(ctx, ln); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; n.Close(context.Background()) })
-	waitFor(t, "the node's address file", func() bool { _, err := node.ReadAddr(data); return err == nil })
 	return n
 }

@@ -511,6 +511,7 @@ func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []
 			fs.mu.Unlock()
 			return k, -1, nil
 		}
+		startWriteback(fs.file, off, n)
 		fs.mu.Lock()
 		fs.inflight--
 		fs.p.Bytes += int64(n)

@@ -186,7 +186,25 @@ func advertise(la *net.UDPAddr, hostAddrs []string) []string {
 	if len(out) == 0 {
 		out = []string{net.JoinHostPort("127.0.0.1", port)}
 	}
+	// Loopback last: a peer on another machine that dials it reaches
+	// itself (and the handshake's peer id check refuses it).
+	slices.SortStableFunc(out, func(a, b string) int {
+		la, lb := isLoopback(a), isLoopback(b)
+		switch {
+		case la == lb:
+			return 0
+		case lb:
+			return -1
+		}
+		return 1
+	})
 	return firstN(out, maxAddrs)
+}
+
+func isLoopback(hostport string) bool {
+	h, _, _ := net.SplitHostPort(hostport)
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 // multiaddrIP returns the IP address of a /ip4/ or /ip6/ multiaddr.

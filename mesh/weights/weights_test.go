@@ -8,8 +8,10 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -454,5 +456,17 @@ func TestServerChecksPeers(t *testing.T) {
 	var re *remoteError
 	if _, err := newFetcher(t, me, FetcherConfig{}).Manifest(ctx, src, other); !errors.As(err, &re) || re.status != statusNotFound {
 		t.Fatalf("unknown bundle: %v", err)
+	}
+}
+
+func TestAdvertise(t *testing.T) {
+	la := &net.UDPAddr{IP: net.IPv4zero, Port: 4242}
+	got := advertise(la, []string{"/ip4/127.0.0.1/tcp/1/p2p/x", "/ip4/192.168.1.7/udp/2/quic-v1/p2p/x", "/ip6/::1/tcp/3", "/dns4/example.org/tcp/4", "/ip4/192.168.1.7/tcp/5"})
+	want := []string{"192.168.1.7:4242", "127.0.0.1:4242", "[::1]:4242"}
+	if !slices.Equal(got, want) {
+		t.Errorf("advertise on every interface: %v, want %v", got, want)
+	}
+	if got := advertise(&net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, nil); !slices.Equal(got, []string{"127.0.0.1:9"}) {
+		t.Errorf("advertise on loopback: %v", got)
 	}
 }

@@ -66,7 +66,11 @@ type Config struct {
 	Driver swap.Driver
 	// Retry is how long after a failed attempt the next one starts
 	// (default 5s).
-	Retry  time.Duration
+	Retry time.Duration
+	// Keep is how many of the newest versions stay on disk, installed and
+	// held for other devices, besides the one serving and the one pinned
+	// (default 3); older ones are removed once a newer one serves.
+	Keep   int
 	Logger *slog.Logger
 }
 
@@ -100,6 +104,9 @@ func New(cfg Config) (*Follower, error) {
 	}
 	if cfg.Retry <= 0 {
 		cfg.Retry = 5 * time.Second
+	}
+	if cfg.Keep <= 0 {
+		cfg.Keep = 3
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -290,7 +297,27 @@ func (f *Follower) serve(t swap.Target) error {
 	delete(f.failed, t.Version)
 	st := f.st
 	f.mu.Unlock()
-	return f.save(st)
+	err := f.save(st)
+	f.prune(st)
+	return err
+}
+
+// prune removes the versions older than the newest Keep, except the one
+// serving and the one pinned: their bundles and their installed copies.
+func (f *Follower) prune(st state) {
+	held := f.cfg.Weights.Dir().Held() // newest first
+	for i, m := range held {
+		if i < f.cfg.Keep || m.Name() == st.Serving || m.Name() == st.Pin {
+			continue
+		}
+		if err := f.cfg.Weights.Dir().Remove(m.BundleID()); err != nil {
+			f.log.Warn("removing an old version's bundle", "version", m.Name(), "err", err)
+		}
+		if err := os.RemoveAll(f.VersionDir(m.Name())); err != nil {
+			f.log.Warn("removing an old version", "version", m.Name(), "err", err)
+		}
+		f.log.Info("old version removed", "version", m.Name())
+	}
 }
 
 func (f *Follower) save(st state) error {

@@ -5,8 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/node/adapters"
@@ -109,4 +111,59 @@ func TestInstallCrash(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKeepsNewest: once a version serves, versions older than the newest
+// Keep go (bundle and installed copy), but never the one serving.
+func TestKeepsNewest(t *testing.T) {
+	tiny := servetest.Start(t, "", 1)
+	root := t.TempDir()
+	wd, err := weights.OpenDir(filepath.Join(root, "weights"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &held{dir: wd}
+	var ms []*weights.Manifest
+	for v := range 4 {
+		ms = append(ms, h.hold(t, tiny.Adapter(t, v+1, 0.1), uint64(v+1)))
+	}
+	f, err := adapters.New(adapters.Config{Dir: filepath.Join(root, "adapters"), Weights: h, Keep: 1, Retry: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	check := func(serve string, held, installed []string) {
+		t.Helper()
+		var got []string
+		state := func() bool {
+			got = got[:0]
+			for _, m := range wd.Held() {
+				got = append(got, m.Name())
+			}
+			if f.Status().Serving != serve || !slices.Equal(got, held) {
+				return false
+			}
+			for _, m := range ms {
+				_, err := os.Stat(f.VersionDir(m.Name()))
+				if (err == nil) != slices.Contains(installed, m.Name()) {
+					return false
+				}
+			}
+			return true
+		}
+		for end := time.Now().Add(time.Minute); !state(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("want %s serving, %v held and %v installed (keep 1); serving %s, held %v", serve, held, installed, f.Status().Serving, got)
+			}
+		}
+	}
+	h.latest.Store(ms[0])
+	f.Notify()
+	check("v1", []string{"v4", "v1"}, []string{"v1"})
+	h.latest.Store(ms[3])
+	f.Notify()
+	check("v4", []string{"v4"}, []string{"v4"})
 }

@@ -166,6 +166,8 @@ func tokenEqual(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a),
 // writeError answers with an OpenAI-style error JSON, or the Anthropic shape
 // for Anthropic routes.
 func writeError(w http.ResponseWriter, anthropic bool, status int, antType, code, msg string) {
+	// The client reads what was wrong, not which package found it.
+	msg = strings.TrimPrefix(msg, wire.ErrBadRequest.Error()+": ")
 	var b []byte
 	if anthropic {
 		b, _ = json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": antType, "message": msg}})

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/setup"
+)
+
+// fakeCtl puts on PATH a program called name that appends its arguments
+// to a file and prints out, for the service tests that cannot use the real
+// service manager; it returns a function that reads the calls.
+func fakeCtl(t *testing.T, name, out string) func() string {
+	t.Helper()
+	dir := t.TempDir()
+	calls := filepath.Join(dir, "calls")
+	script := "#!/bin/sh\necho \"$*\" >> '" + calls + "'\nprintf '%s' '" + out + "'\n"
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return func() string { b, _ := os.ReadFile(calls); return string(b) }
+}
+
+func serviceHome(t *testing.T, goos string) (home, data string) {
+	t.Helper()
+	old := serviceOS
+	serviceOS = goos
+	t.Cleanup(func() { serviceOS = old })
+	home = t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("XDG_CONFIG_HOME", "")
+	for _, v := range []string{"CLAWMESH_DATA", "CLAWMESH_CONFIG", "CLAWMESH_UPSTREAM", "CLAWMESH_LISTEN", "CLAWMESH_TOKEN", "CLAWMESH_UPSTREAM_KIND"} {
+		t.Setenv(v, "")
+	}
+	return home, filepath.Join(home, "data dir")
+}
+
+// TestServiceSystemd installs the systemd user unit (systemctl faked: this
+// machine's may have no user manager), checks it with systemd-analyze
+// where installed, asks its status while a node runs on its data
+// directory, reads its log, and uninstalls it.
+func TestServiceSystemd(t *testing.T) {
+	home, data := serviceHome(t, "linux")
+	calls := fakeCtl(t, "systemctl", "active\n")
+	program, _ := os.Executable()
+
+	out := cli(t, "service", "install", "--data", data, "--upstream", "http://127.0.0.1:11434/v1", "--program", program)
+	unitPath := filepath.Join(home, ".config", "systemd", "user", setup.ServiceLabel+".service")
+	b, err := os.ReadFile(unitPath)
+	if err != nil {
+		t.Fatalf("no unit written: %v\n%s", err, out)
+	}
+	want := setup.SystemdUnit(setup.Service{Label: setup.ServiceLabel, Program: program,
+		Args:    []string{"node", "--data", data, "--upstream", "http://127.0.0.1:11434/v1"},
+		LogFile: filepath.Join(data, "node.log"), Dir: data})
+	if string(b) != want {
+		t.Errorf("unit\n%s\nwant\n%s", b, want)
+	}
+	if got := calls(); got != "--user daemon-reload\n--user enable "+setup.ServiceLabel+".service\n--user restart "+setup.ServiceLabel+".service\n" {
+		t.Errorf("systemctl calls:\n%s", got)
+	}
+	if analyze, err := exec.LookPath("systemd-analyze"); err == nil {
+		rt := t.TempDir()
+		os.Chmod(rt, 0o700)
+		cmd := exec.Command(analyze, "verify", "--user", unitPath)
+		cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+rt)
+		if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
+			t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+		}
+	}
+
+	out = cli(t, "service", "status", "--data", data)
+	if !strings.Contains(out, "service   active") || !strings.Contains(out, "not listening") {
+		t.Errorf("status with no node running:\n%s", out)
+	}
+	addr, stop := runTestNode(t, data, "http://127.0.0.1:9/v1")
+	out = cli(t, "service", "status", "--data", data)
+	if !strings.Contains(out, "listening on http://"+addr+"/v1") {
+		t.Errorf("status with the node running:\n%s", out)
+	}
+	stop()
+
+	os.WriteFile(filepath.Join(data, "node.log"), []byte("one\ntwo\nthree\npart"), 0o600)
+	if out := cli(t, "service", "logs", "--data", data, "-n", "2"); out != "two\nthree\n" {
+		t.Errorf("logs -n 2: %q", out)
+	}
+
+	out = cli(t, "service", "uninstall", "--data", data)
+	if _, err := os.Stat(unitPath); err == nil || !strings.Contains(calls(), "--user disable --now "+setup.ServiceLabel+".service") {
+		t.Errorf("uninstall left the unit, or did not stop it:\n%s\n%s", out, calls())
+	}
+	if out := cli(t, "service", "status", "--data", data); !strings.Contains(out, "not installed") {
+		t.Errorf("status after uninstall: %s", out)
+	}
+}
+
+// TestServiceLaunchd installs the launchd agent (launchctl faked) and
+// uninstalls it; the plist itself is checked as a property list in
+// node/setup.
+func TestServiceLaunchd(t *testing.T) {
+	home, data := serviceHome(t, "darwin")
+	calls := fakeCtl(t, "launchctl", "")
+	program, _ := os.Executable()
+	cli(t, "service", "install", "--data", data, "--program", program)
+	path := filepath.Join(home, "Library", "LaunchAgents", setup.ServiceLabel+".plist")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := setup.LaunchdPlist(setup.Service{Label: setup.ServiceLabel, Program: program, Args: []string{"node", "--data", data},
+		LogFile: filepath.Join(data, "node.log"), Dir: data})
+	if string(b) != string(want) {
+		t.Errorf("plist\n%s\nwant\n%s", b, want)
+	}
+	domain := "gui/" + strconv.Itoa(os.Getuid())
+	if got := calls(); !strings.Contains(got, "bootstrap "+domain+" "+path+"\n") {
+		t.Errorf("launchctl calls:\n%s", got)
+	}
+	cli(t, "service", "uninstall", "--data", data)
+	if _, err := os.Stat(path); err == nil || !strings.Contains(calls(), "bootout "+domain+"/"+setup.ServiceLabel) {
+		t.Errorf("uninstall left the agent, or did not stop it:\n%s", calls())
+	}
+	if _, errs, code := runCLI(t, "service", "install", "--data", data, "--token", "x", "--program", program); code != 2 || !strings.Contains(errs, "config.toml") {
+		t.Errorf("a token on the command line: code %d, %s", code, errs)
+	}
+}
+
+// TestServiceUnderSystemd installs the unit into this machine's systemd
+// user manager, where there is one, and sees the node it starts answer.
+func TestServiceUnderSystemd(t *testing.T) {
+	if _, err := os.Stat("/run/systemd/system"); err != nil {
+		t.Skip("this machine was not booted with systemd (no /run/systemd/system): no user manager to start the unit under")
+	}
+	if out, err := exec.Command("systemctl", "--user", "is-system-running").Output(); err != nil && strings.TrimSpace(string(out)) != "degraded" {
+		t.Skipf("no systemd user manager reachable (systemctl --user is-system-running: %q, %v)", strings.TrimSpace(string(out)), err)
+	}
+	if os.Getenv("CLAWMESH_TEST_SYSTEMD_USER") == "" {
+		t.Skip("set CLAWMESH_TEST_SYSTEMD_USER=1 to let the test install and remove a unit in your own systemd user manager")
+	}
+	bin := filepath.Join(t.TempDir(), "clawmesh")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	data := t.TempDir()
+	up := scriptedUpstream(t, "hi")
+	listen := freeAddr(t)
+	cli(t, "service", "install", "--data", data, "--upstream", up, "--listen", listen, "--program", bin)
+	t.Cleanup(func() { runCLI(t, "service", "uninstall", "--data", data) })
+	waitFor(t, "the service's node to listen", func() bool { a, err := node.ReadAddr(data); return err == nil && a == listen })
+	if out := cli(t, "service", "status", "--data", data); !strings.Contains(out, "service   active") || !strings.Contains(out, "listening on http://"+listen) {
+		t.Errorf("status:\n%s", out)
+	}
+	endedCall(t, data, "hello")
+	steps, _ := exportSteps(t, data)
+	if len(steps) != 1 {
+		t.Errorf("%d steps recorded by the service's node, want 1", len(steps))
+	}
+}

@@ -1,0 +1,417 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/setup"
+)
+
+const setupHelp = `Usage: clawmesh setup openclaw [--data DIR] [--dry-run] [--undo]
+
+Routes OpenClaw through the node. It reads OpenClaw's config (by OpenClaw's
+own precedence: $OPENCLAW_CONFIG_PATH, then $OPENCLAW_STATE_DIR/openclaw.json,
+then ~/.openclaw/openclaw.json), finds the provider the default agent's model
+uses, makes that provider's base URL the node's upstream (upstream and
+upstream_kind in DATA/config.toml), and points the provider at the gateway
+(baseUrl http://127.0.0.1:8400/v1 for the OpenAI APIs, the gateway's root
+for anthropic-messages; api unchanged). Where the node demands a token
+(--token, token in config.toml), the provider's apiKey becomes that token
+and its own key the node's upstream_token.
+
+Where the openclaw command is installed, the change is made with OpenClaw's
+own 'openclaw config set' and checked with 'openclaw config validate' (which
+rewrites the file, without its comments); otherwise only the provider's
+fields are edited in the JSON5 file, and everything else stays byte for
+byte. Either way a copy of the config is kept beside it
+(openclaw.json.clawmesh-TIME.bak) and what was changed is recorded in
+DATA/openclaw-setup.json, so that --undo puts the provider back exactly.
+Running it again changes nothing.
+
+Then run the node: 'clawmesh service install' (at login, restarted on
+failure) or 'clawmesh node'.
+
+Examples:
+  clawmesh setup openclaw --dry-run     # show the change, make none
+  clawmesh setup openclaw
+  clawmesh setup openclaw --undo        # OpenClaw calls the model server directly again
+`
+
+func runSetup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+			fmt.Fprint(stdout, setupHelp)
+			return nil
+		}
+		return usageErr("say what to set up: clawmesh setup openclaw")
+	}
+	switch args[0] {
+	case "openclaw":
+		return runSetupOpenClaw(ctx, args[1:], stdout, stderr)
+	}
+	return usageErr("unknown target %q (want openclaw)", args[0])
+}
+
+func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	flags := newFlags("setup openclaw", setupHelp, stderr)
+	s.bindCommon(flags)
+	dry := flags.Bool("dry-run", false, "print the change as a diff and make none")
+	undo := flags.Bool("undo", false, "put OpenClaw's provider back as it was before setup")
+	ocBin := flags.String("openclaw", "", "the openclaw command that makes the change (default: openclaw on PATH; \"none\": edit the file directly)")
+	if err := parse(flags, args); err != nil {
+		return err
+	}
+	if flags.NArg() > 0 {
+		return usageErr("unexpected arguments %q", flags.Args())
+	}
+	if err := s.resolve(flags); err != nil {
+		return err
+	}
+	oc := openClaw{bin: *ocBin}
+	switch oc.bin {
+	case "none":
+		oc.bin = ""
+	case "":
+		oc.bin, _ = exec.LookPath("openclaw")
+	}
+	path, err := oc.configPath(ctx)
+	if err != nil {
+		return err
+	}
+	src, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("OpenClaw's config %s does not exist: set OpenClaw up first ('openclaw onboard'), or say where it is with OPENCLAW_CONFIG_PATH", path)
+	case err != nil:
+		return fmt.Errorf("cannot read OpenClaw's config: %v", err)
+	}
+	root, err := setup.ParseJSON5(src)
+	if err != nil {
+		return fmt.Errorf("OpenClaw's config %s cannot be read: %v", path, strings.TrimPrefix(err.Error(), "setup: "))
+	}
+	if *undo {
+		return undoOpenClaw(ctx, s, oc, path, src, *dry, stdout)
+	}
+
+	listen := s.Listen
+	if listen == "" {
+		listen = node.DefaultListen
+	}
+	gw, err := setup.GatewayURL(listen)
+	if err != nil {
+		return usageErr("--listen: %v", err)
+	}
+	route := setup.Route{Gateway: gw, NodeToken: s.Token}
+	plan, err := setup.PlanOpenClaw(src, root, route)
+	if err != nil {
+		return fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "setup: "))
+	}
+	recPath := filepath.Join(s.Data, setup.RecordFile)
+	rec, hasRec, err := readRecord(recPath)
+	if err != nil {
+		return err
+	}
+	if len(plan.Changes) == 0 {
+		fmt.Fprintf(stdout, "OpenClaw's provider %q already goes through the node at %s: nothing to change.\n", plan.Provider.Name, gw)
+		if !hasRec {
+			fmt.Fprintln(stdout, "(It was set so by hand: --undo has no record to put it back from.)")
+		}
+		return nil
+	}
+	if hasRec && rec.Provider == plan.Provider.Name && rec.Config == path && recordedBaseURL(rec) == plan.Provider.BaseURL {
+		// Put back by hand as it was before setup: the record is stale.
+		if err := os.Remove(recPath); err != nil {
+			return err
+		}
+		hasRec = false
+	}
+	if hasRec && rec.Provider == plan.Provider.Name && rec.Config == path {
+		return fmt.Errorf("OpenClaw's provider %q was routed through the node on %s, and now goes to %s instead: it was routed elsewhere since. Leaving it as it is; edit %s by hand, or remove %s to set it up afresh",
+			plan.Provider.Name, rec.At.Local().Format("2006-01-02 15:04"), plan.Provider.BaseURL, path, recPath)
+	}
+	if s.Upstream != "" && strings.TrimSuffix(s.Upstream, "/") != plan.Upstream {
+		return fmt.Errorf("the node already forwards to %s (upstream in %s), but OpenClaw's provider %q goes to %s: change one of them so that they agree, then run this again",
+			s.Upstream, nodeConfigPath(s), plan.Provider.Name, plan.Provider.BaseURL)
+	}
+
+	after, err := setup.ApplyJSON5(src, plan.Provider.Name, plan.Changes, false)
+	if err != nil {
+		return err
+	}
+	cfgPath := nodeConfigPath(s)
+	oldToml, err := os.ReadFile(cfgPath)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("cannot read the node's config: %v", err)
+	}
+	keys, vals := []string{"upstream"}, map[string]string{"upstream": plan.Upstream}
+	if plan.UpstreamKind != "" && s.UpstreamKind == "" {
+		keys, vals["upstream_kind"] = append(keys, "upstream_kind"), plan.UpstreamKind
+	}
+	if plan.UpstreamToken != "" {
+		keys, vals["upstream_token"] = append(keys, "upstream_token"), plan.UpstreamToken
+	}
+	newToml := setup.SetTOMLKeys(string(oldToml), keys, vals)
+	var check fileConfig
+	if _, err := toml.Decode(newToml, &check); err != nil {
+		return fmt.Errorf("cannot add the upstream to %s: %v", cfgPath, err)
+	}
+
+	if *dry {
+		fmt.Fprintf(stdout, "OpenClaw's default model %s uses provider %q (%s, %s).\n", plan.Provider.Model, plan.Provider.Name, plan.Provider.BaseURL, plan.Provider.API)
+		fmt.Fprintf(stdout, "The node would forward to %s; OpenClaw would call the gateway at %s.\n\n", plan.Upstream, gw)
+		fmt.Fprint(stdout, setup.Diff(path, path+" (after setup)", string(src), string(after)))
+		fmt.Fprint(stdout, redactDiff(setup.Diff(cfgPath, cfgPath+" (after setup)", string(oldToml), newToml), plan.UpstreamToken))
+		if oc.bin != "" {
+			fmt.Fprintf(stdout, "\n(The change would be made with %s config set, which rewrites the file without its comments.)\n", oc.bin)
+		}
+		fmt.Fprintln(stdout, "\nNothing was changed (--dry-run).")
+		return nil
+	}
+
+	// The node's config first: once OpenClaw calls the gateway, the node
+	// must know where to forward.
+	if err := atomicfile.Write(cfgPath, []byte(newToml), 0o600); err != nil {
+		return fmt.Errorf("cannot write the node's config: %v", err)
+	}
+	backup := setup.BackupName(path, time.Now())
+	if err := os.WriteFile(backup, src, 0o600); err != nil {
+		return fmt.Errorf("cannot keep a copy of OpenClaw's config: %v", err)
+	}
+	rec = setup.Record{Config: path, Provider: plan.Provider.Name, Changes: plan.Changes, Backup: backup, At: time.Now().UTC()}
+	if oc.bin != "" {
+		rec.Via = "openclaw"
+		if err := oc.set(ctx, plan.Provider.Name, plan.Changes, false); err != nil {
+			return restoreAfter(err, path, src)
+		}
+		if err := oc.validate(ctx); err != nil {
+			return restoreAfter(err, path, src)
+		}
+	} else {
+		rec.Via = "file"
+		info, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		if err := atomicfile.Write(path, after, info.Mode().Perm()); err != nil {
+			return fmt.Errorf("cannot write OpenClaw's config: %v", err)
+		}
+	}
+	b, _ := json.MarshalIndent(rec, "", "  ")
+	if err := atomicfile.Write(recPath, append(b, '\n'), 0o600); err != nil {
+		return restoreAfter(fmt.Errorf("cannot record the change for --undo: %v", err), path, src)
+	}
+	fmt.Fprintf(stdout, "OpenClaw's provider %q now goes through the node at %s.\n", plan.Provider.Name, route.BaseURL(plan.Provider.API))
+	fmt.Fprintf(stdout, "  OpenClaw's config: %s (a copy of it as it was: %s)\n", path, backup)
+	fmt.Fprintf(stdout, "  the node's upstream: %s (in %s)\n", plan.Upstream, cfgPath)
+	fmt.Fprintln(stdout, "Run the node now: clawmesh service install (at login, restarted on failure), or clawmesh node.")
+	fmt.Fprintln(stdout, "clawmesh setup openclaw --undo puts the provider back as it was.")
+	return nil
+}
+
+// restoreAfter puts OpenClaw's config back after a failed change.
+func restoreAfter(err error, path string, src []byte) error {
+	if werr := atomicfile.Write(path, src, 0o600); werr != nil {
+		return fmt.Errorf("%v; and putting the config back failed too: %v", err, werr)
+	}
+	return fmt.Errorf("%v (OpenClaw's config is as it was)", err)
+}
+
+func undoOpenClaw(ctx context.Context, s settings, oc openClaw, path string, src []byte, dry bool, stdout io.Writer) error {
+	recPath := filepath.Join(s.Data, setup.RecordFile)
+	rec, ok, err := readRecord(recPath)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("nothing to undo: %s does not exist (setup was not run with this --data, or was undone)", recPath)
+	}
+	if rec.Config != path {
+		return fmt.Errorf("setup changed %s, but OpenClaw reads %s now: set OPENCLAW_CONFIG_PATH=%s to undo it there", rec.Config, path, rec.Config)
+	}
+	after, err := setup.ApplyJSON5(src, rec.Provider, rec.Changes, true)
+	if err != nil {
+		return fmt.Errorf("%s; the copy made before setup is %s", strings.TrimPrefix(err.Error(), "setup: "), rec.Backup)
+	}
+	if dry {
+		fmt.Fprint(stdout, setup.Diff(path, path+" (after undo)", string(src), string(after)))
+		fmt.Fprintln(stdout, "\nNothing was changed (--dry-run).")
+		return nil
+	}
+	if oc.bin != "" {
+		if err := oc.set(ctx, rec.Provider, rec.Changes, true); err != nil {
+			return restoreAfter(err, path, src)
+		}
+		if err := oc.validate(ctx); err != nil {
+			return restoreAfter(err, path, src)
+		}
+	} else {
+		info, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		if err := atomicfile.Write(path, after, info.Mode().Perm()); err != nil {
+			return fmt.Errorf("cannot write OpenClaw's config: %v", err)
+		}
+	}
+	if err := os.Remove(recPath); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "OpenClaw's provider %q goes to %s again, as before setup.\n", rec.Provider, recordedBaseURL(rec))
+	fmt.Fprintf(stdout, "  the copy made before setup stays: %s\n", rec.Backup)
+	return nil
+}
+
+// recordedBaseURL is the provider's baseUrl before setup, as recorded.
+func recordedBaseURL(rec setup.Record) string {
+	for _, c := range rec.Changes {
+		if c.Field == "baseUrl" {
+			if s, ok := c.OldValue.(string); ok {
+				return s
+			}
+		}
+	}
+	return ""
+}
+
+func readRecord(path string) (setup.Record, bool, error) {
+	var rec setup.Record
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return rec, false, nil
+	}
+	if err != nil {
+		return rec, false, fmt.Errorf("cannot read the setup record: %v", err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, false, fmt.Errorf("the setup record %s is damaged: %v", path, err)
+	}
+	return rec, true, nil
+}
+
+func nodeConfigPath(s settings) string {
+	if s.Config != "" {
+		return expandHome(s.Config)
+	}
+	return filepath.Join(s.Data, "config.toml")
+}
+
+// redactDiff hides a token in a diff that is printed.
+func redactDiff(d, secret string) string {
+	if secret == "" {
+		return d
+	}
+	return strings.ReplaceAll(d, secret, "<the provider's key>")
+}
+
+// openClaw runs the openclaw command, where there is one (bin "").
+type openClaw struct{ bin string }
+
+func (o openClaw) run(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, o.bin, args...)
+	cmd.Env = append(os.Environ(), "NO_COLOR=1")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(errb.String())
+		if msg == "" {
+			msg = strings.TrimSpace(out.String())
+		}
+		return "", fmt.Errorf("openclaw %s: %v: %s", strings.Join(args[:min(2, len(args))], " "), err, msg)
+	}
+	return out.String(), nil
+}
+
+// configPath is the file OpenClaw reads: as its command says, else by its
+// precedence.
+func (o openClaw) configPath(ctx context.Context) (string, error) {
+	if o.bin != "" {
+		out, err := o.run(ctx, "config", "file")
+		if err != nil {
+			return "", err
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if p := strings.TrimSpace(lines[len(lines)-1]); p != "" {
+			return expandHome(p), nil
+		}
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", err
+	}
+	return setup.OpenClawConfigPath(os.Getenv, home), nil
+}
+
+// set makes the changes (or undoes them) with openclaw config set/unset.
+func (o openClaw) set(ctx context.Context, provider string, changes []setup.Change, undo bool) error {
+	type op struct {
+		Path  string `json:"path"`
+		Value any    `json:"value"`
+	}
+	var ops []op
+	prefix := "models.providers." + provider
+	if !isIdentifier(provider) {
+		b, _ := json.Marshal(provider)
+		prefix = "models.providers[" + string(b) + "]"
+	}
+	for _, c := range changes {
+		p := prefix + "." + c.Field
+		switch {
+		case !undo:
+			ops = append(ops, op{p, c.New})
+		case c.Old == "":
+			if _, err := o.run(ctx, "config", "unset", p); err != nil {
+				return err
+			}
+		default:
+			ops = append(ops, op{p, c.OldValue})
+		}
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(ops)
+	_, err := o.run(ctx, "config", "set", "--batch-json", string(b))
+	return err
+}
+
+func (o openClaw) validate(ctx context.Context) error {
+	out, err := o.run(ctx, "config", "validate", "--json")
+	if err != nil {
+		return err
+	}
+	var v struct {
+		Valid  bool `json:"valid"`
+		Issues any  `json:"issues"`
+	}
+	i := strings.Index(out, "{")
+	if i < 0 || json.Unmarshal([]byte(out[i:]), &v) != nil || !v.Valid {
+		return fmt.Errorf("OpenClaw finds its config invalid after the change: %s", strings.TrimSpace(out))
+	}
+	return nil
+}
+
+func isIdentifier(s string) bool {
+	for i, r := range s {
+		if !(r == '_' || r == '$' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || i > 0 && (r >= '0' && r <= '9' || r == '-')) {
+			return false
+		}
+	}
+	return s != ""
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestReport runs `go test -json` on a package written for it (a test
+// that passes, one that fails with output, a subtest skipped with a
+// reason, one skipped with none) and checks the view and the summary.
+func TestReport(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command on PATH")
+	}
+	dir := t.TempDir()
+	write := func(name, s string) {
+		if err := exec.Command("sh", "-c", "cat > "+dir+"/"+name+" <<'EOF'\n"+s+"\nEOF").Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module example.com/m\n\ngo 1.26")
+	write("m_test.go", `package m
+
+import "testing"
+
+func TestPasses(t *testing.T) { t.Log("quiet") }
+func TestFails(t *testing.T) { t.Log("what went wrong"); t.Fail() }
+func TestSkips(t *testing.T) {
+	t.Run("sub", func(t *testing.T) { t.Skip("wat2wasm is not installed") })
+}
+func TestSkipsSilently(t *testing.T) { t.SkipNow() }`)
+	cmd := exec.Command("go", "test", "-json", "-count=1", "./...")
+	cmd.Dir = dir
+	cmd.Env = append(cmd.Environ(), "GOFLAGS=-mod=mod")
+	js, _ := cmd.Output() // fails: a test fails
+	var out strings.Builder
+	skips, err := report(strings.NewReader(string(js)), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	summary(&out, skips)
+	got := out.String()
+	for _, want := range []string{"what went wrong", "--- FAIL: TestFails", "FAIL\texample.com/m",
+		"== 2 tests were skipped:", "   example.com/m TestSkips/sub: wat2wasm is not installed", "   example.com/m TestSkipsSilently: (no reason given)"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %q in\n%s", want, got)
+		}
+	}
+	for _, bad := range []string{"quiet", "=== RUN", "TestPasses"} {
+		if strings.Contains(got, bad) {
+			t.Errorf("%q shown, as go test would not without -v:\n%s", bad, got)
+		}
+	}
+}
