@@ -556,8 +556,12 @@ func (n *Node) scoreLoop(ctx context.Context) {
 }
 
 // scoreBatch is how many closed steps one scoring pass takes: they are
-// scored in parallel and marked scored in one synced commit.
-const scoreBatch = 256
+// scored in parallel and marked scored without waiting for the disk, by
+// scoreWriters at once.
+const (
+	scoreBatch   = 256
+	scoreWriters = 16
+)
 
 // ScorerStats are the background scorer's counters since start.
 type ScorerStats struct {
@@ -580,8 +584,8 @@ func (n *Node) Scorer() ScorerStats {
 
 // ScoreClosed scores up to limit closed steps, oldest first, and marks them
 // scored. The steps are scored in parallel (one worker a core; the reward
-// runner is safe for concurrent use) and written in one synced commit. It
-// returns how many it took.
+// runner is safe for concurrent use) and written without waiting for the
+// disk (see pool.ApplyUnsynced). It returns how many it took.
 func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
 	rn, err := n.runner(ctx)
 	if err != nil || rn == nil {
@@ -630,17 +634,28 @@ func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (i
 	for i, s := range steps {
 		changes[i] = pool.Change{ID: s.ID, Fn: markScored(rewards[i])}
 	}
-	if err := n.pool.Apply(ctx, nil, changes); err != nil {
-		if errors.Is(err, pool.ErrPaused) || ctx.Err() != nil {
-			return 0, err
-		}
-		// One step may have gone since it was listed (retention): write
-		// them one by one.
-		for _, c := range changes {
-			if err := n.pool.Update(ctx, c.ID, c.Fn); err != nil && !errors.Is(err, pool.ErrNotFound) {
-				return 0, err
+	// Unsynced, a step at a time, several at once: a verdict lost in a
+	// crash is made again (the step is still closed on disk); the
+	// gateway's writes, which are synced and may hold many steps' write
+	// locks through an fsync, hold up one of these at a time, not the pass.
+	var werr error
+	var errOnce sync.Once
+	next.Store(0)
+	for range min(scoreWriters, len(changes)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(changes); i = int(next.Add(1) - 1) {
+				if err := n.pool.ApplyUnsynced(ctx, changes[i:i+1]); err != nil && !errors.Is(err, pool.ErrNotFound) {
+					errOnce.Do(func() { werr = err })
+					return
+				}
 			}
-		}
+		}()
+	}
+	wg.Wait()
+	if werr != nil {
+		return 0, werr
 	}
 	n.scored.Add(uint64(len(steps)))
 	return len(steps), nil

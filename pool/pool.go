@@ -10,7 +10,7 @@
 //
 // Durability: Put, Update, Apply and Import return only after a synced write,
 // so a reply the agent received is never lost, even if the process is
-// killed. Concurrent writers are group-committed by Pebble's commit
+// killed (ApplyUnsynced, for what can be made again, does not wait). Concurrent writers are group-committed by Pebble's commit
 // pipeline, which folds the synced batches waiting on the WAL into a single
 // fsync (BenchmarkPutParallel64 against BenchmarkPut shows it); the pool
 // therefore does no batching of its own and only serializes writes to the
@@ -136,7 +136,7 @@ const DefaultTombstoneAge = 30 * 24 * time.Hour
 
 // stripes is the number of per-step write locks; writes to steps whose ids
 // fall on different stripes commit concurrently.
-const stripes = 256
+const stripes = 4096
 
 // Pool is an open DataPool. It is safe for concurrent use.
 type Pool struct {
@@ -651,6 +651,21 @@ type Change struct {
 // One commit costs one fsync where the same writes made one by one cost one
 // each (the gateway stores a step and its parent's next state together).
 func (p *Pool) Apply(ctx context.Context, puts []*core.Step, changes []Change) error {
+	return p.apply(ctx, puts, changes, pebble.Sync)
+}
+
+// ApplyUnsynced is Apply without waiting for the disk: the writes are in
+// the WAL when it returns and on disk with the next synced write (any
+// Put, Update or Apply) or a clean close, but a crash before that loses
+// them. It is for what can be made again (the scorer's verdicts: a step
+// whose scoring is lost is closed again and scored again), so that such
+// writes neither wait for an fsync nor hold their steps' write locks while
+// one runs.
+func (p *Pool) ApplyUnsynced(ctx context.Context, changes []Change) error {
+	return p.apply(ctx, nil, changes, pebble.NoSync)
+}
+
+func (p *Pool) apply(ctx context.Context, puts []*core.Step, changes []Change, sync *pebble.WriteOptions) error {
 	in, done, err := p.enterWrite(ctx)
 	if err != nil {
 		return err
@@ -703,7 +718,7 @@ func (p *Pool) Apply(ctx context.Context, puts []*core.Step, changes []Change) e
 		}
 		steps = append(steps, s)
 	}
-	return p.writeLocked(in, steps, pebble.Sync)
+	return p.writeLocked(in, steps, sync)
 }
 
 // lockSteps takes the write locks of ids, each stripe once and in stripe

@@ -22,7 +22,8 @@
 // response.completed) and the whole body of a non-streaming reply are held
 // back until the step is stored (Store.Put, or Applier.Apply together with
 // the next state it gives the step it continues: one synced write). Steps
-// closed for other reasons (idle, evicted) are written off the reply path.
+// closed for other reasons (idle, evicted) are written off the reply path,
+// without waiting for the disk where the Store can (UnsyncedApplier).
 package gateway
 
 import (
@@ -450,6 +451,31 @@ func (g *Gateway) applyClosures(ctx context.Context, cl []session.Closure) {
 	}
 }
 
+// UnsyncedApplier is an Applier that can also write changes without
+// waiting for the disk (*pool.Pool does): they are durable with the next
+// synced write. The closures written in the background (idle, evicted,
+// superseded steps) use it: a node that dies first finds those steps open
+// and closes them again as it resumes, and they must not hold their
+// steps' write locks (which the calls' synced writes and the scorer need)
+// through an fsync.
+type UnsyncedApplier interface {
+	ApplyUnsynced(ctx context.Context, changes []pool.Change) error
+}
+
+// applyLater writes closures in the background: unsynced where the Store
+// can, else as applyClosures does.
+func (g *Gateway) applyLater(ctx context.Context, cl []session.Closure) {
+	u, ok := g.cfg.Store.(UnsyncedApplier)
+	if !ok || g.pausedCause() != "" {
+		g.applyClosures(ctx, cl)
+		return
+	}
+	if g.storeCall(ctx, func(ctx context.Context) error { return u.ApplyUnsynced(ctx, closureChanges(cl)) }) == nil {
+		return
+	}
+	g.applyClosures(ctx, cl) // one of them may be missing: one by one
+}
+
 // errStoreTimeout: a store call did not return within StoreTimeout.
 var errStoreTimeout = errors.New("gateway: the store did not answer in time")
 
@@ -602,6 +628,6 @@ func (g *Gateway) writeLater() {
 			return
 		}
 		g.laterMu.Unlock()
-		g.applyClosures(context.Background(), cl)
+		g.applyLater(context.Background(), cl)
 	}
 }
