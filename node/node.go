@@ -575,11 +575,22 @@ type ScorerStats struct {
 	Shed uint64 `json:"shed"`
 	// MaxBacklog is the bound on the backlog (Config.MaxScoreBacklog).
 	MaxBacklog int `json:"max_backlog"`
+	// Ready: the reward plugins are compiled and the scorer runs (false
+	// while they compile, at a node's first start, and with scoring off).
+	Ready bool `json:"ready"`
 }
 
 // Scorer returns the scorer's counters.
 func (n *Node) Scorer() ScorerStats {
-	return ScorerStats{Scored: n.scored.Load(), Backlog: int(n.backlog.Load()), Shed: n.shed.Load(), MaxBacklog: n.cfg.MaxScoreBacklog}
+	st := ScorerStats{Scored: n.scored.Load(), Backlog: int(n.backlog.Load()), Shed: n.shed.Load(), MaxBacklog: n.cfg.MaxScoreBacklog}
+	if n.plugins != nil {
+		select {
+		case <-n.plugins.ready:
+			st.Ready = n.plugins.err == nil
+		default:
+		}
+	}
+	return st
 }
 
 // ScoreClosed scores up to limit closed steps, oldest first, and marks them

@@ -64,8 +64,9 @@ type SoakResult struct {
 	// NotSent counts the calls the load generator skipped because 2,048
 	// were already in flight (the node answering slower than the rate).
 	NotSent int64 `json:"not_sent"`
-	// RSS: after start-up (before the load), the highest seen, at the end
-	// of the load and at the end of the idle time.
+	// RSS: after start-up (the reward plugins compiled, before the load),
+	// the highest seen, at the end of the load and at the end of the idle
+	// time.
 	RSSStart int64 `json:"rss_start_bytes"`
 	RSSPeak  int64 `json:"rss_peak_bytes"`
 	RSSLoad  int64 `json:"rss_end_of_load_bytes"`
@@ -145,6 +146,21 @@ func benchSoak(ctx context.Context, o soakOptions, progress io.Writer) (*SoakRes
 		return nil, err
 	}
 	pid := cmd.Process.Pid
+
+	// The reward plugins compile at a node's first start (seconds); the
+	// load starts once the scorer runs.
+	for i := 0; ; i++ {
+		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+		sc, err := admin.Scorer(sctx)
+		scancel()
+		if err == nil && sc.Ready {
+			break
+		}
+		if i == 1800 { // 3 min
+			return nil, fmt.Errorf("the node's reward plugins were not ready after 3 minutes (%v): %s", err, stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 
 	r := &SoakResult{Rate: o.Rate, DurationS: o.Duration.Seconds(), IdleS: o.Idle.Seconds(), MaxSessions: o.MaxSessions, MemoryLimit: o.MemoryLimit, SessionDone: o.SessionDone, DrainS: -1}
 	r.RSSStart, err = rss(pid)
