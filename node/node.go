@@ -111,6 +111,9 @@ type Config struct {
 	// MinFree and a quarter again. 0 means the smaller of 1 GiB and 5% of
 	// the filesystem; negative turns the guard off.
 	MinFree int64
+	// PoolFS is the filesystem the pool is on (nil: the disk); tests
+	// inject disk faults through it.
+	PoolFS vfs.FS
 	// NoScoring turns the background scorer off.
 	NoScoring bool
 	// MaxScoreBacklog bounds the scorer's lag: with more closed steps than
@@ -290,6 +293,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	poolDir := filepath.Join(cfg.DataDir, "pool")
 	p, err := pool.OpenServing(poolDir, pool.Options{
 		Logger: log, Now: cfg.Now, MaxAge: cfg.MaxAge, MaxBytes: cfg.MaxBytes, MinFree: minFree(cfg.DataDir, cfg.MinFree),
+		FS: cfg.PoolFS,
 	})
 	if err != nil {
 		return nil, err

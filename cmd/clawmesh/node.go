@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/setup"
 	"github.com/clawmesh/clawmesh/reward"
@@ -216,6 +218,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 		MaxSessions:     *maxSessions,
 		MaxScoreBacklog: *maxBacklog,
+		PoolFS:          poolFS(s.Data),
 
 		PluginDeadline:    s.PluginDeadline,
 		PluginMemoryLimit: uint64(s.PluginMemoryMiB) << 20,
@@ -253,6 +256,10 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	return runErr
 }
+
+// poolFS is the filesystem the node's pool is on: the disk (nil), unless
+// the binary is built with the faultinject tag for tests (faultinject.go).
+var poolFS = func(data string) vfs.FS { return nil }
 
 // stopGrace is how long after the drain timeout a stopping node may take
 // to close its store before it exits anyway.
