@@ -201,6 +201,8 @@ type Node struct {
 	meshAdmin   sync.Once
 	meshHandler http.Handler
 
+	metrics *metrics
+
 	mu   sync.Mutex
 	addr net.Addr
 }
@@ -235,6 +237,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Node{cfg: cfg, log: log.With("component", "node"), now: cfg.Now, joined: in}
+	n.metrics = newMetrics(n)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
@@ -275,6 +278,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			Judge:        n.judge,
 			Now:          cfg.Now,
 			Logger:       log,
+			OnFailure:    func(p string) { n.metrics.pluginFailures.WithLabelValues(p).Inc() },
 		})
 		if err != nil {
 			n.Close(ctx)
@@ -321,6 +325,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		AdminAuth:       n.sessions.Authorized,
 		LogCalls:        cfg.LogCalls,
 		MaxBodyBytes:    cfg.MaxBody,
+		Pages:           n.dashboard(),
+		Metrics:         n.metrics.handler(),
+		OnCall:          n.metrics.call,
 	})
 	if err != nil {
 		n.Close(ctx)
@@ -527,6 +534,10 @@ func (n *Node) ScoreClosed(ctx context.Context, limit int) (int, error) {
 		if err != nil && !errors.Is(err, errSkip) {
 			return done, err
 		}
+		if err == nil {
+			n.metrics.reward(&r)
+			n.log.Debug("step scored", "step", s.ID, "session", s.SessionID, "adapter", s.Adapter, "reward", rewardAttr(r.Value))
+		}
 		done++
 	}
 	return done, nil
@@ -558,9 +569,11 @@ func (n *Node) shareLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if _, err := n.outbox.SealAll(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
+		k, err := n.outbox.SealAll(ctx)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
 			n.log.Warn("sealing outbox batches", "err", err)
 		}
+		n.metrics.sealed.Add(float64(k))
 	}
 }
 
