@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -30,7 +31,6 @@ type metrics struct {
 	abstained      prometheus.Counter
 	rewards        prometheus.Histogram
 	pluginFailures *prometheus.CounterVec
-	sealed         prometheus.Counter
 	pulls          prometheus.Counter
 	pulledBytes    prometheus.Counter
 	shipped        prometheus.Counter
@@ -53,8 +53,6 @@ func newMetrics(n *Node) *metrics {
 			Buckets: []float64{-0.75, -0.25, 0, 0.25, 0.75, 1}}),
 		pluginFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "clawmesh_plugin_failures_total",
 			Help: "Scoring calls that failed (a trap, an exit, the deadline, a plugin set aside), by plugin."}, []string{"plugin"}),
-		sealed: prometheus.NewCounter(prometheus.CounterOpts{Name: "clawmesh_batches_sealed_total",
-			Help: "Outbox batches sealed: scored steps scrubbed for leaving the device."}),
 		pulls: prometheus.NewCounter(prometheus.CounterOpts{Name: "clawmesh_gossip_batch_pulls_total",
 			Help: "Outbox batches trainers pulled from this node after its gossip announcements."}),
 		pulledBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "clawmesh_gossip_batch_pulled_bytes_total",
@@ -62,7 +60,7 @@ func newMetrics(n *Node) *metrics {
 		shipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "clawmesh_batches_shipped_total",
 			Help: "Outbox batches a trainer acknowledged (they left the device)."}),
 	}
-	reg.MustRegister(m.calls, m.scored, m.abstained, m.rewards, m.pluginFailures, m.sealed, m.pulls, m.pulledBytes, m.shipped,
+	reg.MustRegister(m.calls, m.scored, m.abstained, m.rewards, m.pluginFailures, m.pulls, m.pulledBytes, m.shipped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	gw := func(f func(gateway.Stats) uint64) func() float64 {
 		return func() float64 {
@@ -113,6 +111,27 @@ func newMetrics(n *Node) *metrics {
 	for _, api := range []core.APIKind{core.APIChat, core.APIResponses, core.APIMessages} {
 		m.byAPI[api] = m.calls.WithLabelValues(string(api))
 	}
+	outbox := func(unshipped bool) func() float64 {
+		return func() float64 {
+			bs, err := n.pool.Batches(context.Background())
+			if err != nil {
+				return 0
+			}
+			k := 0
+			for _, b := range bs {
+				if !unshipped || b.Shipped.IsZero() {
+					k++
+				}
+			}
+			return float64(k)
+		}
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "clawmesh_outbox_batches",
+			Help: "Batches in the outbox: scored steps sealed, scrubbed, for leaving the device."}, outbox(false)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "clawmesh_outbox_batches_unshipped",
+			Help: "Outbox batches no trainer has acknowledged yet."}, outbox(true)),
+	)
 	m.weights = weights.NewMetrics(reg)
 	return m
 }

@@ -285,6 +285,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("node: reward plugins: %w", err)
 		}
 		n.reward = r
+		for _, pc := range r.Plugins() {
+			n.metrics.pluginFailures.WithLabelValues(pc.Name) // a series at 0 from the start
+		}
 	}
 	key, err := share.LoadKey(cfg.DataDir)
 	if err != nil {
@@ -569,11 +572,9 @@ func (n *Node) shareLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		k, err := n.outbox.SealAll(ctx)
-		if err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
+		if _, err := n.outbox.SealAll(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
 			n.log.Warn("sealing outbox batches", "err", err)
 		}
-		n.metrics.sealed.Add(float64(k))
 	}
 }
 

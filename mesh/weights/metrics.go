@@ -34,6 +34,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Adapter version manifests refused, by reason (stale, signature, manifest)."}, []string{"reason"}),
 	}
 	reg.MustRegister(m.fetched, m.served, m.fetches, m.accepted, m.refused)
+	// Every series from the start, at 0, so that a query finds them.
+	for _, r := range []string{"stale", "signature", "manifest"} {
+		m.refused.WithLabelValues(r)
+	}
+	for _, o := range []string{"ok", "failed"} {
+		m.fetches.WithLabelValues(o)
+	}
 	return m
 }
 
