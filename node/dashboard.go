@@ -26,7 +26,7 @@ func (n *Node) dashboard() http.Handler { return dashboard.Handler(n.dashboardDa
 // answers from: the pool, the outbox, the mesh peer and the follower.
 func (n *Node) dashboardData(ctx context.Context) (*dashboard.Data, error) {
 	now := n.now()
-	d := &dashboard.Data{Now: now, Since: now.Add(-DashboardWindow), FirstServed: map[string]time.Time{}}
+	d := &dashboard.Data{Now: now, Since: now.Add(-DashboardWindow), FirstServed: map[string]time.Time{}, ServedSteps: map[string]int{}}
 	fail := func(what string, err error) { d.Errors = append(d.Errors, what+": "+err.Error()) }
 	st, err := n.pool.Stats(ctx)
 	if err != nil {
@@ -44,6 +44,7 @@ func (n *Node) dashboardData(ctx context.Context) (*dashboard.Data, error) {
 		if a == "" {
 			a = "base"
 		}
+		d.ServedSteps[a]++
 		if t, ok := d.FirstServed[a]; !ok || s.Timings.Start.Before(t) {
 			if !s.Timings.Start.IsZero() {
 				d.FirstServed[a] = s.Timings.Start

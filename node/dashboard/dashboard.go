@@ -54,9 +54,11 @@ type Data struct {
 	// follows none), Lineage what their manifests say, newest first.
 	Weights *adapters.Status
 	Lineage []Version
-	// FirstServed is, per adapter version, the first recorded call it
-	// answered in the window.
+	// FirstServed is, per adapter version ("base" for none), the first
+	// recorded call it answered in the window, and ServedSteps how many
+	// steps it answered there.
 	FirstServed map[string]time.Time
+	ServedSteps map[string]int
 	// Errors are the parts that could not be read, with why.
 	Errors []string
 }
@@ -106,6 +108,7 @@ type view struct {
 	Mean    string
 	Shipped int
 	Served  []served
+	Window  string
 }
 
 type served struct {
@@ -158,6 +161,10 @@ func Render(w interface{ Write([]byte) (int, error) }, d *Data) error {
 		v.States = append(v.States, s.String())
 	}
 	v.Chart = NewChart(d.Rewards, d.Since, d.Now)
+	v.Window = d.Now.Sub(d.Since).Round(time.Minute).String()
+	if h := d.Now.Sub(d.Since).Hours(); h >= 1 && h == math.Trunc(h) {
+		v.Window = fmt.Sprintf("%.0f hours", h)
+	}
 	sum := 0.0
 	for _, r := range d.Rewards {
 		sum += r.Value
@@ -172,7 +179,7 @@ func Render(w interface{ Write([]byte) (int, error) }, d *Data) error {
 		}
 	}
 	for ver, at := range d.FirstServed {
-		v.Served = append(v.Served, served{Version: ver, At: at, Steps: d.Stats.ByAdapter[ver]})
+		v.Served = append(v.Served, served{Version: ver, At: at, Steps: d.ServedSteps[ver]})
 	}
 	sort.Slice(v.Served, func(i, j int) bool { return v.Served[i].At.After(v.Served[j].At) })
 	return page.Execute(w, v)
@@ -214,11 +221,14 @@ func humanBytes(n int64) string {
 }
 
 // Chart is the rewards chart: each scored step a dot, and the mean of each
-// of up to Bins spans of time a line, in an SVG viewBox of Width × Height.
+// of Bins spans of time a level of a step line, in an SVG viewBox of
+// Width × Height. The time axis runs from the first reward in the window
+// (or the window's start, when there is none) to now.
 type Chart struct {
 	Width, Height float64
 	Dots          []Dot
-	// Line is the means' polyline ("x,y x,y ..."), "" with no step.
+	// Line is the means' polyline ("x,y x,y ..."): a level across each
+	// span that has steps; "" with no step.
 	Line string
 	// Zero is the y of reward 0; Ticks the y axis' labels.
 	Zero  float64
@@ -248,8 +258,14 @@ const (
 	Bins = 24
 )
 
-// NewChart lays rewards out between since and now.
+// NewChart lays rewards (oldest first) out between since and now.
 func NewChart(rewards []Reward, since, now time.Time) Chart {
+	if len(rewards) > 0 && rewards[0].At.After(since) && !rewards[0].At.After(now) {
+		since = rewards[0].At
+	}
+	if now.Sub(since) < time.Minute {
+		since = now.Add(-time.Minute)
+	}
 	c := Chart{Width: chartW, Height: chartH, From: since, To: now}
 	y := func(v float64) float64 {
 		v = math.Max(-1, math.Min(1, v))
@@ -281,11 +297,13 @@ func NewChart(rewards []Reward, since, now time.Time) Chart {
 		if counts[b] == 0 {
 			continue
 		}
-		mid := since.Add(time.Duration((float64(b) + 0.5) / Bins * float64(span)))
+		from := since.Add(time.Duration(float64(b) / Bins * float64(span)))
+		to := since.Add(time.Duration(float64(b+1) / Bins * float64(span)))
 		if line.Len() > 0 {
 			line.WriteByte(' ')
 		}
-		fmt.Fprintf(&line, "%g,%g", x(mid), y(sums[b]/float64(counts[b])))
+		mean := y(sums[b] / float64(counts[b]))
+		fmt.Fprintf(&line, "%g,%g %g,%g", x(from), mean, x(to), mean)
 	}
 	c.Line = line.String()
 	return c
