@@ -1,9 +1,10 @@
 // Package node is a device's clawmesh node. It composes the gateway the
 // agent talks to, the DataPool that records every call, the reward runner
 // that scores closed steps in the background, the outbox that seals scored
-// steps into scrubbed batches as the sharing policy allows (node/share), and
-// the admin endpoints that let `clawmesh pool ...` read a pool the running
-// node holds.
+// steps into scrubbed batches as the sharing policy allows (node/share), the
+// admin endpoints that let `clawmesh pool ...` read a pool the running node
+// holds, the owner's dashboard at /clawmesh/ (node/dashboard) and the
+// Prometheus metrics at /metrics.
 //
 // A Node owns its subsystems and closes them in reverse order of opening.
 package node
