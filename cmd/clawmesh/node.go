@@ -30,6 +30,9 @@ Point your agent at the gateway instead of the LLM server:
   OpenClaw         provider baseUrl http://127.0.0.1:8400/v1, api "openai-completions"
 Pin a session with the URL prefix /s/SESSION/v1/... or the X-Session-Id header.
 
+On the same address: the owner's dashboard at /clawmesh/ (open the URL that
+'clawmesh login' prints first) and Prometheus metrics at /metrics.
+
 Settings come from flags, then CLAWMESH_* environment variables
 (CLAWMESH_UPSTREAM, CLAWMESH_LISTEN, CLAWMESH_DATA, CLAWMESH_TOKEN,
 CLAWMESH_UPSTREAM_KIND, CLAWMESH_CONFIG), then the config file

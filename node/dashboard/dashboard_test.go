@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/pool"
 )
 
@@ -71,5 +73,36 @@ func TestRenderEscapes(t *testing.T) {
 	}
 	if !strings.Contains(out, `id="steps-total">1<`) || !strings.Contains(out, `data-state="scored">1<`) {
 		t.Fatal("figures missing")
+	}
+}
+
+// TestRenderMeshNode renders what a node in a mesh shows: the version
+// serving, the lineage, the peers, when each version first served.
+func TestRenderMeshNode(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	d := &Data{Now: now, Since: now.Add(-24 * time.Hour),
+		Stats:   pool.Stats{Steps: 5, ByState: map[core.State]int{core.StateShipped: 4, core.StateOpen: 1}},
+		Rewards: []Reward{{At: now.Add(-2 * time.Hour), Value: -0.5}, {At: now.Add(-time.Hour), Value: 0.75, Adapter: "v2"}},
+		Batches: []*pool.Batch{{ID: "b2", Steps: []core.StepID{"s3", "s4"}, Created: now.Add(-time.Minute), Shipped: now}},
+		Mesh:    &peer.Status{MeshID: "mesh-1", PeerID: "12D3KooWnode", Role: "node", Connected: 3},
+		Peers:   []peer.PeerInfo{{PeerID: "12D3KooWtrainerA", Role: "trainer", Since: now.Add(-time.Hour)}},
+		Weights: &adapters.Status{Serving: "v2", Latest: "v2", Versions: []adapters.Version{{Version: "v2", State: "serving", Term: 3, Index: 41}, {Version: "v1", State: "installed", Term: 2, Index: 20}}},
+		Lineage: []Version{{Number: 2, Name: "v2", Parent: "v1", Term: 3, Index: 41, Created: now.Add(-90 * time.Minute)}, {Number: 1, Name: "v1", Parent: "base", Term: 2, Index: 20}},
+		FirstServed: map[string]time.Time{"v2": now.Add(-time.Hour), "base": now.Add(-3 * time.Hour)},
+		ServedSteps: map[string]int{"v2": 1, "base": 4},
+	}
+	var buf bytes.Buffer
+	if err := Render(&buf, d); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{
+		`id="serving">v2<`, `id="peers-connected">3<`, `id="peers-admitted">1<`, `<td>v2</td><td>v1</td><td>3 / 41</td>`,
+		`<td>v1</td><td>base</td>`, `href="/clawmesh/v1/mesh/batches/b2"`, `id="batches-shipped">1<`, `id="mean-reward">&#43;0.12<`,
+		`<td>v2</td><td>2026-11-25 11:00:00Z</td><td>1</td>`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("page lacks %s", want)
+		}
 	}
 }
