@@ -81,13 +81,13 @@ func TestRenderEscapes(t *testing.T) {
 func TestRenderMeshNode(t *testing.T) {
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	d := &Data{Now: now, Since: now.Add(-24 * time.Hour),
-		Stats:   pool.Stats{Steps: 5, ByState: map[core.State]int{core.StateShipped: 4, core.StateOpen: 1}},
-		Rewards: []Reward{{At: now.Add(-2 * time.Hour), Value: -0.5}, {At: now.Add(-time.Hour), Value: 0.75, Adapter: "v2"}},
-		Batches: []*pool.Batch{{ID: "b2", Steps: []core.StepID{"s3", "s4"}, Created: now.Add(-time.Minute), Shipped: now}},
-		Mesh:    &peer.Status{MeshID: "mesh-1", PeerID: "12D3KooWnode", Role: "node", Connected: 3},
-		Peers:   []peer.PeerInfo{{PeerID: "12D3KooWtrainerA", Role: "trainer", Since: now.Add(-time.Hour)}},
-		Weights: &adapters.Status{Serving: "v2", Latest: "v2", Versions: []adapters.Version{{Version: "v2", State: "serving", Term: 3, Index: 41}, {Version: "v1", State: "installed", Term: 2, Index: 20}}},
-		Lineage: []Version{{Number: 2, Name: "v2", Parent: "v1", Term: 3, Index: 41, Created: now.Add(-90 * time.Minute)}, {Number: 1, Name: "v1", Parent: "base", Term: 2, Index: 20}},
+		Stats:       pool.Stats{Steps: 5, ByState: map[core.State]int{core.StateShipped: 4, core.StateOpen: 1}},
+		Rewards:     []Reward{{At: now.Add(-2 * time.Hour), Value: -0.5}, {At: now.Add(-time.Hour), Value: 0.75, Adapter: "v2"}},
+		Batches:     []*pool.Batch{{ID: "b2", Steps: []core.StepID{"s3", "s4"}, Created: now.Add(-time.Minute), Shipped: now}},
+		Mesh:        &peer.Status{MeshID: "mesh-1", PeerID: "12D3KooWnode", Role: "node", Connected: 3},
+		Peers:       []peer.PeerInfo{{PeerID: "12D3KooWtrainerA", Role: "trainer", Since: now.Add(-time.Hour)}},
+		Weights:     &adapters.Status{Serving: "v2", Latest: "v2", Versions: []adapters.Version{{Version: "v2", State: "serving", Term: 3, Index: 41}, {Version: "v1", State: "installed", Term: 2, Index: 20}}},
+		Lineage:     []Version{{Number: 2, Name: "v2", Parent: "v1", Term: 3, Index: 41, Created: now.Add(-90 * time.Minute)}, {Number: 1, Name: "v1", Parent: "base", Term: 2, Index: 20}},
 		FirstServed: map[string]time.Time{"v2": now.Add(-time.Hour), "base": now.Add(-3 * time.Hour)},
 		ServedSteps: map[string]int{"v2": 1, "base": 4},
 	}
