@@ -2,6 +2,8 @@ package node_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -20,7 +22,10 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
@@ -230,7 +235,26 @@ func chromium(t *testing.T) string {
 // $CLAWMESH_ARTIFACTS (or the test's temporary directory).
 func TestDashboardInChromium(t *testing.T) {
 	exe := chromium(t)
-	n, base := livedNode(t, node.Config{})
+	t.Run("alone", func(t *testing.T) { dashboardInChromium(t, exe, false) })
+	t.Run("in a mesh", func(t *testing.T) { dashboardInChromium(t, exe, true) })
+}
+
+func dashboardInChromium(t *testing.T, exe string, inMesh bool) {
+	cfg := node.Config{}
+	if inMesh {
+		// The node's data directory founds a mesh of its own: it runs a
+		// peer, a weights service and a follower.
+		cfg.DataDir = t.TempDir()
+		key, id, err := peer.Identity(cfg.DataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := mesh.Init(cfg.DataDir, "home", key, id, time.Now(), rand.Reader); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Mesh = &node.MeshConfig{Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/127.0.0.1/tcp/0"}, Weights: "127.0.0.1:0"}
+	}
+	n, base := livedNode(t, cfg)
 	ctx := context.Background()
 	cl := &node.Client{Base: base, Token: n.AdminToken()}
 	stats, err := cl.Stats(ctx)
@@ -335,7 +359,11 @@ func TestDashboardInChromium(t *testing.T) {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	path := filepath.Join(dir, "dashboard.png")
+	name := "dashboard.png"
+	if inMesh {
+		name = "dashboard-mesh.png"
+	}
+	path := filepath.Join(dir, name)
 	if err := os.WriteFile(path, shot, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -362,6 +390,35 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	if lineLen <= 0 {
 		t.Errorf("the chart's mean line is not drawn")
+	}
+
+	if inMesh {
+		ws, err := cl.Weights(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := text("#serving"); got != ws.Serving {
+			t.Errorf("page says %q serves, the admin API %q", got, ws.Serving)
+		}
+		var st peer.Status
+		var peers []peer.PeerInfo
+		for path, v := range map[string]any{"status": &st, "peers": &peers} {
+			resp, err := adminapi.Do(ctx, nil, http.MethodGet, base+peer.AdminPrefix+path, n.AdminToken(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = json.NewDecoder(resp.Body).Decode(v)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := text("#peers-admitted"); got != strconv.Itoa(len(peers)) {
+			t.Errorf("page says %q peers admitted, the admin API %d", got, len(peers))
+		}
+		if got := text("#peers-connected"); got != strconv.Itoa(st.Connected) {
+			t.Errorf("page says %q peers connected, the admin API %d", got, st.Connected)
+		}
 	}
 
 	// The preview link opens the next batch as the admin API gives it,
