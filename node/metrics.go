@@ -20,6 +20,11 @@ import (
 // and the mesh already count is read when scraped; what happens on the
 // call path is an atomic update (client_golang's counters and histograms)
 // and nothing more.
+//
+// /metrics is served to whoever may call the API (the gateway's token, if
+// it has one), not only to the owner as the admin API is: the series are
+// counts and durations, never what was said, and a scraper should not
+// hold the key to the owner's recorded conversations.
 type metrics struct {
 	reg *prometheus.Registry
 
