@@ -3,9 +3,10 @@
 // that scores closed steps in the background (its plugins compiled in the
 // background too, while the gateway already serves), the outbox that seals
 // scored steps into scrubbed batches as the sharing policy allows
-// (node/share), and the admin endpoints that let `clawmesh pool ...` read a pool the running
-// node holds. Given no upstream, a command can find a local model server
-// with Discover.
+// (node/share), the admin endpoints that let `clawmesh pool ...` read a pool
+// the running node holds, the owner's dashboard at /clawmesh/
+// (node/dashboard) and the Prometheus metrics at /metrics. Given no
+// upstream, a command can find a local model server with Discover.
 //
 // A Node owns its subsystems and closes them in reverse order of opening.
 package node
@@ -210,6 +211,8 @@ type Node struct {
 	// step twice.
 	scoreMu sync.Mutex
 
+	metrics *metrics
+
 	mu   sync.Mutex
 	addr net.Addr
 }
@@ -244,6 +247,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Node{cfg: cfg, log: log.With("component", "node"), now: cfg.Now, joined: in}
+	n.metrics = newMetrics(n)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
@@ -318,6 +322,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		AdminAuth:       n.sessions.Authorized,
 		LogCalls:        cfg.LogCalls,
 		MaxBodyBytes:    cfg.MaxBody,
+		Pages:           n.dashboard(),
+		Metrics:         n.metrics.handler(),
+		OnCall:          n.metrics.call,
 	})
 	if err != nil {
 		n.Close(ctx)
@@ -551,6 +558,10 @@ func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (i
 		})
 		if err != nil && !errors.Is(err, errSkip) {
 			return done, err
+		}
+		if err == nil {
+			n.metrics.reward(&r)
+			n.log.Debug("step scored", "step", s.ID, "session", s.SessionID, "adapter", s.Adapter, "reward", rewardAttr(r.Value))
 		}
 		done++
 	}
