@@ -138,10 +138,15 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *jsonOut == "-" {
 		progress = stderr
 	}
+	cache, err := os.MkdirTemp("", "clawmesh-demo-cache-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(cache)
 	for _, r := range recipes {
-		run, err := demoRecipe(ctx, demoOptions{Recipe: r, Rounds: *rounds, Seed: *seed, Users: users, Failover: true}, progress)
+		run, err := demoRecipe(ctx, demoOptions{Recipe: r, Rounds: *rounds, Seed: *seed, Users: users, Failover: true, Cache: cache}, progress)
 		if err != nil {
-			return fmt.Errorf("demo, recipe %s: %w", r, err)
+			return fmt.Errorf("recipe %s: %w", r, err)
 		}
 		rep.Runs = append(rep.Runs, run)
 	}

@@ -35,8 +35,12 @@ type demoOptions struct {
 	// Failover stops the trainers' leader after half the rounds.
 	Failover bool
 	// Sessions is how many sessions each user opens per prompt and round
-	// (default 6): the replies to one prompt are compared with each other.
+	// (default 4): the replies to one prompt are compared with each other.
 	Sessions int
+	// Cache, when set, is a directory that keeps the reward plugins'
+	// compilation cache from node to node and run to run: each node starts
+	// with a copy, and the first one to compile fills it.
+	Cache string
 	// Samples is how many replies per held-back prompt the score is
 	// measured on (default 32).
 	Samples int
@@ -61,7 +65,7 @@ type demoTrainer struct {
 // and tears the mesh down.
 func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error) {
 	if o.Sessions == 0 {
-		o.Sessions = 6
+		o.Sessions = 4
 	}
 	if o.Samples == 0 {
 		o.Samples = 32
@@ -84,7 +88,7 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 			s()
 		}
 	}()
-	m, err := startDemoMesh(ctx, root, o, &stops)
+	m, err := startDemoMesh(ctx, root, o, &stops, say)
 	if err != nil {
 		return run, err
 	}
@@ -202,7 +206,7 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 
 // startDemoMesh starts three model servers, three nodes in one mesh and
 // three trainers, adding what stops them to stops.
-func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]func()) (*demoMesh, error) {
+func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]func(), say func(string, ...any)) (*demoMesh, error) {
 	m := &demoMesh{}
 	quiet := func(args ...string) (string, error) {
 		var out, errs bytes.Buffer
@@ -231,6 +235,7 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		}
 	}
 
+	say("3 model servers up (the tiny model)")
 	first := filepath.Join(root, "node1")
 	if _, err := quiet("mesh", "init", "--data", first); err != nil {
 		return nil, err
@@ -247,6 +252,12 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 				return nil, err
 			}
 			bootstrap = m.nodes[0].Peer().Host.Addrs()
+		}
+		cache := filepath.Join(dir, "cache", "wazero")
+		if o.Cache != "" {
+			if err := os.CopyFS(cache, os.DirFS(o.Cache)); err != nil {
+				return nil, err
+			}
 		}
 		n, err := node.New(ctx, node.Config{DataDir: dir, Upstream: model + "/v1", UpstreamKind: "clawmesh", Share: share.Policy{Mode: share.ModeAll},
 			ShareInterval: 200 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
@@ -266,6 +277,13 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		*stops = append(*stops, func() { <-done; n.Close(context.Background()) })
 		m.nodes = append(m.nodes, n)
 		m.gateways = append(m.gateways, "http://"+ln.Addr().String())
+		say("node %d up, in the mesh", i+1)
+		if empty, _ := isEmptyDir(o.Cache); o.Cache != "" && empty {
+			os.Remove(o.Cache)
+			if err := os.CopyFS(o.Cache, os.DirFS(cache)); err != nil {
+				return nil, err
+			}
+		}
 	}
 
 	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, VerifyRetry: 2 * time.Second}
@@ -278,9 +296,15 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		if _, err := quiet("join", tok, "--data", d, "--p2p-listen", loopbackListen[1]); err != nil {
 			return nil, err
 		}
+		if o.Cache != "" {
+			// The trainers replay the users' scores with the same plugins.
+			if err := os.CopyFS(filepath.Join(d, trainer.PluginsDir, "compiled"), os.DirFS(o.Cache)); err != nil {
+				return nil, err
+			}
+		}
 		tctx, tcancel := context.WithCancel(ctx)
 		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackListen, Bootstrap: m.nodes[0].Peer().Host.Addrs(), Timing: timing,
-			Group:   group.Config{Recipe: groupRecipe(o.Recipe), Deadline: 10 * time.Second, LocalSteps: 2},
+			Group:   group.Config{Recipe: groupRecipe(o.Recipe), Deadline: 5 * time.Second, LocalSteps: 2},
 			Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
 		if err != nil {
 			tcancel()
@@ -296,6 +320,7 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 			}
 		})
 		m.trainers = append(m.trainers, t)
+		say("trainer %d up, in the mesh", i+1)
 	}
 	return m, nil
 }
@@ -533,4 +558,13 @@ func shortPeer(p mesh.PeerID) string {
 		return "none"
 	}
 	return s
+}
+
+// isEmptyDir reports whether dir holds nothing (or does not exist).
+func isEmptyDir(dir string) (bool, error) {
+	es, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return true, nil
+	}
+	return len(es) == 0, err
 }

@@ -14,7 +14,7 @@ import (
 func plotDemo(rep demoReport, path string) error {
 	p := plot.New()
 	p.Title.Text = "clawmesh demo: personalization score per round"
-	p.X.Label.Text = "round (adapter version)"
+	p.X.Label.Text = "round (users talk, trainers train, nodes swap)"
 	p.Y.Label.Text = "score (share of held-back replies accepted)"
 	p.Y.Min, p.Y.Max = 0, 1
 	p.Add(plotter.NewGrid())
