@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/sim/scenario"
 	"github.com/clawmesh/clawmesh/trainer/loss"
 )
@@ -221,9 +222,10 @@ func printDemoTable(w io.Writer, rep demoReport) {
 		fmt.Fprintln(w)
 	}
 	for _, r := range rep.Runs {
-		fmt.Fprintf(w, "%s: %.3f -> %.3f in %d versions, %.0f s", r.Recipe, r.Before, r.After, len(r.Rounds)-1, r.Seconds)
+		last := r.Rounds[len(r.Rounds)-1]
+		fmt.Fprintf(w, "%s: %.3f -> %.3f in %d rounds (%s), %.0f s", r.Recipe, r.Before, r.After, len(r.Rounds)-1, last.Version, r.Seconds)
 		if f := r.Failover; f != nil {
-			fmt.Fprintf(w, "; leader stopped after round %d, %s took over in %.1f s", f.AfterRound, f.NewLeader, f.Seconds)
+			fmt.Fprintf(w, "; leader stopped after round %d, %s took over in %.1f s", f.AfterRound, shortPeer(mesh.PeerID(f.NewLeader)), f.Seconds)
 		}
 		fmt.Fprintln(w)
 	}
