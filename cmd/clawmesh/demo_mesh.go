@@ -160,7 +160,7 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 		if err != nil {
 			return run, err
 		}
-		v, err := demoSettle(ctx, m, last, status)
+		v, err := demoSettle(ctx, m, last, status, say)
 		if err != nil {
 			return run, fmt.Errorf("round %d: %w", round, err)
 		}
@@ -384,10 +384,20 @@ func demoUsersRound(ctx context.Context, m *demoMesh, o demoOptions, round int, 
 // demoSettle waits until every node has shipped what its users did, the
 // trainers have trained it into a version newer than last, and every node
 // serves that version; it returns the version.
-func demoSettle(ctx context.Context, m *demoMesh, last uint64, status func() trainer.Status) (uint64, error) {
+func demoSettle(ctx context.Context, m *demoMesh, last uint64, status func() trainer.Status, say func(string, ...any)) (uint64, error) {
 	deadline := time.Now().Add(3 * time.Minute)
+	next := time.Now().Add(3 * time.Second)
 	var why string
 	for {
+		if time.Now().After(next) {
+			st := status()
+			latest := "none"
+			if st.Version != nil {
+				latest = fmt.Sprint("v", st.Version.Version.Version)
+			}
+			say("  ... latest version %s, batches trained %d, pending %d: %s", latest, st.Batches.Trained, st.Batches.Pending+st.Batches.Assigned, why)
+			next = time.Now().Add(3 * time.Second)
+		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
