@@ -38,7 +38,7 @@ the three one after another and prints them side by side.
 
 Examples:
   clawmesh demo                         # all three recipes, a few minutes
-  clawmesh demo --quick                 # fewer rounds, the Binary RL recipe
+  clawmesh demo --quick                 # fewer rounds, the combined recipe
   clawmesh demo --json out.json --plot score.png
 `
 
@@ -96,8 +96,8 @@ type demoFailover struct {
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("demo", demoHelp, stderr)
-	quick := fs.Bool("quick", false, "fewer rounds and one recipe (binary unless --recipe says): the short form CI runs")
-	recipe := fs.String("recipe", "", "binary, opd, combined or all (default all; binary with --quick)")
+	quick := fs.Bool("quick", false, "fewer rounds and one recipe (combined unless --recipe says): the short form CI runs")
+	recipe := fs.String("recipe", "", "binary, opd, combined or all (default all; combined with --quick)")
 	jsonOut := fs.String("json", "", "also write the figures as JSON to this file (- for stdout)")
 	plot := fs.String("plot", "", "write a plot of the score per round to this PNG file (default clawmesh-demo.png; - for none)")
 	seed := fs.Uint64("seed", 1, "seed of the users' choices and of the sampling")
@@ -131,13 +131,13 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	start := time.Now()
 	users := scenario.Users()
 	rep := demoReport{Date: start.UTC().Format(time.DateOnly), Quick: *quick, Seed: *seed}
-	for i, u := range users {
-		rep.Users = append(rep.Users, demoUser{Name: u.Name, Node: i + 1, Preference: u.Pref.Name, Style: u.Style.String()})
-		fmt.Fprintf(stdout, "user %-6s on node %d: prefers replies that %s; shows it by %s\n", u.Name, i+1, u.Pref.Name, u.Style)
-	}
 	progress := stdout
 	if *jsonOut == "-" {
 		progress = stderr
+	}
+	for i, u := range users {
+		rep.Users = append(rep.Users, demoUser{Name: u.Name, Node: i + 1, Preference: u.Pref.Name, Style: u.Style.String()})
+		fmt.Fprintf(progress, "user %-6s on node %d: likes replies that %s; shows it by %s\n", u.Name, i+1, u.Pref.Name, u.Style)
 	}
 	cache, err := os.MkdirTemp("", "clawmesh-demo-cache-")
 	if err != nil {
@@ -179,7 +179,7 @@ func demoRecipes(s string, quick bool) ([]string, error) {
 	switch s {
 	case "":
 		if quick {
-			return []string{"binary"}, nil
+			return []string{"combined"}, nil
 		}
 		return []string{"binary", "opd", "combined"}, nil
 	case "all":

@@ -32,7 +32,7 @@ func TestDemoQuick(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Runs) != 1 || rep.Runs[0].Recipe != "binary" || !rep.Quick || rep.Seed != 7 || len(rep.Users) != 3 {
+	if len(rep.Runs) != 1 || rep.Runs[0].Recipe != "combined" || !rep.Quick || rep.Seed != 7 || len(rep.Users) != 3 {
 		t.Fatalf("report: %+v", rep)
 	}
 	run := rep.Runs[0]

@@ -26,15 +26,15 @@ type Preference struct {
 // The preferences of the default users. They differ, and a single adapter
 // can satisfy all three: replies that start with a plain letter.
 var (
-	StartsWithWord = Preference{Name: "starts straight away with a word", Accepts: func(s string) bool {
+	StartsWithWord = Preference{Name: "start straight away with a word", Accepts: func(s string) bool {
 		r, _ := utf8.DecodeRuneInString(s)
 		return r != utf8.RuneError && unicode.IsLetter(r)
 	}}
-	StartsAlphanumeric = Preference{Name: "starts with a letter or a digit, not a space or a symbol", Accepts: func(s string) bool {
+	StartsAlphanumeric = Preference{Name: "start with a letter or a digit, not a space or a symbol", Accepts: func(s string) bool {
 		r, _ := utf8.DecodeRuneInString(s)
 		return r != utf8.RuneError && (unicode.IsLetter(r) || unicode.IsDigit(r))
 	}}
-	StartsASCIILetter = Preference{Name: "starts with a plain a-z or A-Z letter", Accepts: func(s string) bool {
+	StartsASCIILetter = Preference{Name: "start with a plain a-z or A-Z letter", Accepts: func(s string) bool {
 		return s != "" && (s[0] >= 'a' && s[0] <= 'z' || s[0] >= 'A' && s[0] <= 'Z')
 	}}
 )
