@@ -81,9 +81,13 @@ type demoRound struct {
 	PerUser []float64 `json:"per_user"`
 	// Liked is the share of the round's training replies their user liked
 	// (round 0: none yet).
-	Liked   float64 `json:"liked"`
-	Steps   int     `json:"steps_recorded"`
-	Batches int     `json:"batches_trained"`
+	Liked float64 `json:"liked"`
+	Steps int     `json:"steps_recorded"`
+	// Rewarded and Hinted count the recorded steps the reward plugins gave
+	// a reward and an OPD hint.
+	Rewarded int `json:"steps_rewarded"`
+	Hinted   int `json:"steps_hinted"`
+	Batches  int `json:"batches_trained"`
 }
 
 // demoFailover is the trainer stopped half way.

@@ -20,6 +20,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
+	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/sim/scenario"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
@@ -137,8 +138,18 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 		}
 		r.Score = scenario.Score(o.Users, replies)
 		for _, n := range m.nodes {
-			if st, err := n.Pool().Stats(ctx); err == nil {
-				r.Steps += st.Steps
+			steps, err := n.Pool().List(ctx, pool.Filter{})
+			if err != nil {
+				return r, err
+			}
+			r.Steps += len(steps)
+			for _, s := range steps {
+				if s.Reward != nil && s.Reward.Value != nil {
+					r.Rewarded++
+				}
+				if s.Reward != nil && s.Reward.Hint != "" {
+					r.Hinted++
+				}
 			}
 		}
 		r.Batches = status().Batches.Trained
@@ -171,8 +182,8 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 		}
 		run.Rounds = append(run.Rounds, r)
 		st := status()
-		say("round %d  v%-3d serving on 3 nodes  score %.3f  (%s)  liked while training %.2f  steps %d  batches trained %d  leader %s",
-			round, v, r.Score, perUser(o.Users, r.PerUser), liked, r.Steps, r.Batches, shortPeer(st.Leader))
+		say("round %d  v%-3d serving on 3 nodes  score %.3f  (%s)  liked while training %.2f  steps %d (%d rewarded, %d with a hint)  batches trained %d  leader %s",
+			round, v, r.Score, perUser(o.Users, r.PerUser), liked, r.Steps, r.Rewarded, r.Hinted, r.Batches, shortPeer(st.Leader))
 
 		if o.Failover && run.Failover == nil && round == (o.Rounds+1)/2 && round < o.Rounds {
 			l := leader()

@@ -52,7 +52,9 @@ func TestDemoQuick(t *testing.T) {
 			t.Errorf("round %d served by %q after v%d", r.Round, r.Version, prev)
 		}
 		prev = n
-		if r.Steps == 0 || r.Batches == 0 || len(r.PerUser) != 3 {
+		// Every session is a reply and the user's reaction to it: the
+		// plugins reward the replies, and the corrections carry hints.
+		if r.Steps == 0 || r.Batches == 0 || len(r.PerUser) != 3 || r.Rewarded < r.Steps/3 || r.Hinted == 0 {
 			t.Errorf("round %+v", r)
 		}
 	}

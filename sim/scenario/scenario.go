@@ -45,6 +45,9 @@ type Style int
 const (
 	// Explicit users rate replies: a score on the feedback endpoint, and
 	// "/bad" with what they wanted, or thanks.
+	//
+	// Every complaint but a bare re-ask says what the user wanted in words
+	// the built-in hint plugin reads as a directive.
 	Explicit Style = iota
 	// Corrects users say what was wrong ("No, you should ...") or thank.
 	Corrects
@@ -98,14 +101,14 @@ func (u User) React(question, reply string, rng *rand.Rand) Reaction {
 	switch u.Style {
 	case Explicit:
 		minus := -1.0
-		return Reaction{Feedback: &minus, Next: "/bad start the reply with a word"}
+		return Reaction{Feedback: &minus, Next: "/bad you should start the reply with a word"}
 	case Corrects:
-		fixes := []string{"No, you should start with a word, not symbols.", "No, that's not what I asked: start the reply with a word.",
+		fixes := []string{"No, you should start with a word, not symbols.", "No, that's not what I asked. Next time, start the reply with a word.",
 			"Wrong. Don't open with punctuation, start with a word."}
 		return Reaction{Next: fixes[rng.IntN(len(fixes))]}
 	default:
 		if rng.IntN(3) == 0 {
-			return Reaction{Next: "I asked: " + question + " Please start with a word."}
+			return Reaction{Next: "I asked: " + question + " Please make sure to start with a word."}
 		}
 		return Reaction{Next: question}
 	}
