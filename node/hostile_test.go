@@ -231,4 +231,18 @@ func TestNodeKeepsServingWithHostilePlugins(t *testing.T) {
 	a2 := `{"role":"assistant","content":"` + answer + `"}`
 	postWithin(t, client, base+"/s/hostile-spin/v1/chat/completions",
 		`{"model":"m","messages":[`+sys+`,`+u1+`,`+a1+`,`+u2+`,`+a2+`,{"role":"user","content":"thanks"}]}`)
+
+	// /metrics counts the hostile plugins' failures, and none of the
+	// built-ins'.
+	fams := scrape(t, base+"/metrics", "")
+	for _, h := range hostiles {
+		if got := value(t, fams, "clawmesh_plugin_failures_total", "plugin", h); got < 3 {
+			t.Errorf("%s: %v failures counted, want at least the deadline, the exit and the panics", h, got)
+		}
+	}
+	for _, b := range builtins {
+		if got := value(t, fams, "clawmesh_plugin_failures_total", "plugin", b); got != 0 {
+			t.Errorf("built-in %s: %v failures counted", b, got)
+		}
+	}
 }

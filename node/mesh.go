@@ -1,9 +1,11 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"time"
 
@@ -91,7 +93,7 @@ func (n *Node) Peer() *peer.Peer { return n.peer }
 func (n *Node) runMesh(ctx context.Context) {
 	done := make(chan struct{})
 	go func() { n.peer.Run(ctx); close(done) }()
-	if err := n.peer.Mesh.Ship(ctx, poolOutbox{n.pool}, n.cfg.Mesh.Ship); err != nil && ctx.Err() == nil {
+	if err := n.peer.Mesh.Ship(ctx, poolOutbox{n.pool, n.metrics}, n.cfg.Mesh.Ship); err != nil && ctx.Err() == nil {
 		n.log.Error("shipping batches", "err", err)
 	}
 	<-done
@@ -116,7 +118,7 @@ func (b Batches) List(ctx context.Context) ([]peer.BatchInfo, error) {
 
 // Get returns an outbox batch decoded from its payload.
 func (b Batches) Get(ctx context.Context, id core.BatchID) (*batch.Batch, error) {
-	p, err := poolOutbox{b.P}.Payload(ctx, id)
+	p, err := poolOutbox{p: b.P}.Payload(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +126,10 @@ func (b Batches) Get(ctx context.Context, id core.BatchID) (*batch.Batch, error)
 }
 
 // poolOutbox is the pool's outbox as the mesh ships it.
-type poolOutbox struct{ p *pool.Pool }
+type poolOutbox struct {
+	p *pool.Pool
+	m *metrics
+}
 
 func (o poolOutbox) Payload(ctx context.Context, id core.BatchID) ([]byte, error) {
 	b, err := o.p.Payload(ctx, id)
@@ -132,6 +137,16 @@ func (o poolOutbox) Payload(ctx context.Context, id core.BatchID) ([]byte, error
 		return nil, fmt.Errorf("%w: %v", mesh.ErrNoBatch, err)
 	}
 	return b, err
+}
+
+// OpenPayload serves a trainer's pull (announcements read Payload).
+func (o poolOutbox) OpenPayload(ctx context.Context, id core.BatchID) (io.ReadCloser, int64, error) {
+	b, err := o.Payload(ctx, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	o.m.pulled(len(b))
+	return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
 }
 
 func (o poolOutbox) Unshipped(ctx context.Context) ([]core.BatchID, error) {
@@ -150,5 +165,9 @@ func (o poolOutbox) Unshipped(ctx context.Context) ([]core.BatchID, error) {
 }
 
 func (o poolOutbox) Shipped(ctx context.Context, id core.BatchID) error {
-	return o.p.MarkShipped(ctx, id)
+	if err := o.p.MarkShipped(ctx, id); err != nil {
+		return err
+	}
+	o.m.shippedOne()
+	return nil
 }

@@ -3,9 +3,10 @@
 // that scores closed steps in the background (its plugins compiled in the
 // background too, while the gateway already serves), the outbox that seals
 // scored steps into scrubbed batches as the sharing policy allows
-// (node/share), and the admin endpoints that let `clawmesh pool ...` read a pool the running
-// node holds. Given no upstream, a command can find a local model server
-// with Discover.
+// (node/share), the admin endpoints that let `clawmesh pool ...` read a pool
+// the running node holds, the owner's dashboard at /clawmesh/
+// (node/dashboard) and the Prometheus metrics at /metrics. Given no
+// upstream, a command can find a local model server with Discover.
 //
 // A Node owns its subsystems and closes them in reverse order of opening.
 package node
@@ -238,6 +239,8 @@ type Node struct {
 	counted      time.Time   // when the backlog was last counted
 	shedLogged   time.Time
 
+	metrics *metrics
+
 	mu   sync.Mutex
 	addr net.Addr
 }
@@ -278,6 +281,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Node{cfg: cfg, log: log.With("component", "node"), now: cfg.Now, joined: in}
+	n.metrics = newMetrics(n)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
@@ -353,6 +357,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		AdminAuth:       n.sessions.Authorized,
 		LogCalls:        cfg.LogCalls,
 		MaxBodyBytes:    cfg.MaxBody,
+		Pages:           n.dashboard(),
+		Metrics:         n.metrics.handler(),
+		OnCall:          n.metrics.call,
 	})
 	if err != nil {
 		n.Close(ctx)
@@ -646,8 +653,9 @@ func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (i
 		return 0, err
 	}
 	changes := make([]pool.Change, len(steps))
+	applied := make([]bool, len(steps)) // the step was still closed
 	for i, s := range steps {
-		changes[i] = pool.Change{ID: s.ID, Fn: markScored(rewards[i])}
+		changes[i] = pool.Change{ID: s.ID, Fn: markScored(rewards[i], &applied[i])}
 	}
 	// Unsynced, a step at a time, several at once: a verdict lost in a
 	// crash is made again (the step is still closed on disk); the
@@ -661,9 +669,15 @@ func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (i
 		go func() {
 			defer wg.Done()
 			for i := int(next.Add(1) - 1); i < len(changes); i = int(next.Add(1) - 1) {
-				if err := n.pool.ApplyUnsynced(ctx, changes[i:i+1]); err != nil && !errors.Is(err, pool.ErrNotFound) {
+				err := n.pool.ApplyUnsynced(ctx, changes[i:i+1])
+				if err != nil && !errors.Is(err, pool.ErrNotFound) {
 					errOnce.Do(func() { werr = err })
 					return
+				}
+				if err == nil && applied[i] {
+					s := steps[i]
+					n.metrics.reward(&rewards[i])
+					n.log.Debug("step scored", "step", s.ID, "session", s.SessionID, "adapter", s.Adapter, "reward", rewardAttr(rewards[i].Value))
 				}
 			}
 		}()
@@ -676,15 +690,16 @@ func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (i
 	return len(steps), nil
 }
 
-// markScored is the change that marks a closed step scored with r; a step
-// no longer closed is left as it is.
-func markScored(r core.Reward) func(*core.Step) error {
+// markScored is the change that marks a closed step scored with r, and
+// sets *applied; a step no longer closed is left as it is.
+func markScored(r core.Reward, applied *bool) func(*core.Step) error {
 	return func(st *core.Step) error {
 		if st.State != core.StateClosed {
 			return nil
 		}
 		st.Reward = &r
 		st.State = core.StateScored
+		*applied = true
 		return nil
 	}
 }

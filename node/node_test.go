@@ -32,7 +32,9 @@ func startNode(t *testing.T, script fakeupstream.Script, cfg node.Config) (*node
 		t.Fatal(err)
 	}
 	go up.Run(ctx, upLn)
-	cfg.DataDir = t.TempDir()
+	if cfg.DataDir == "" {
+		cfg.DataDir = t.TempDir()
+	}
 	cfg.Upstream = "http://" + upLn.Addr().String() + "/v1"
 	n, err := node.New(ctx, cfg)
 	if err != nil {

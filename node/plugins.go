@@ -61,6 +61,7 @@ func (n *Node) startPlugins(list []reward.PluginConfig) error {
 			Judge:        n.judge,
 			Now:          n.cfg.Now,
 			Logger:       n.cfg.Logger,
+			OnFailure:    func(p string) { n.metrics.pluginFailures.WithLabelValues(p).Inc() },
 		})
 		switch {
 		case ctx.Err() != nil:
@@ -73,6 +74,9 @@ func (n *Node) startPlugins(list []reward.PluginConfig) error {
 			p.err = fmt.Errorf("reward plugins: %w", err)
 		default:
 			p.r = r
+			for _, pc := range r.Plugins() {
+				n.metrics.pluginFailures.WithLabelValues(pc.Name) // a series at 0 from the start
+			}
 			n.log.Info("reward plugins ready", "plugins", enabled, "took", n.now().Sub(start).Round(1e6))
 			// What was closed before (recorded meanwhile, or left by the
 			// previous run) is scored now, before the plugins count as

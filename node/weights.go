@@ -48,7 +48,7 @@ func (n *Node) startWeights() error {
 	}
 	var notify func()
 	svc, err := weights.New(weights.Config{Dir: filepath.Join(n.cfg.DataDir, WeightsDir), Key: key, Mesh: n.peer.Mesh, Host: n.peer.Host,
-		Listen: listen, AnnounceEvery: mc.WeightsAnnounce, Logger: n.log,
+		Listen: listen, AnnounceEvery: mc.WeightsAnnounce, Logger: n.log, Metrics: n.metrics.weights,
 		OnManifest: func(*weights.Manifest) {
 			if notify != nil {
 				notify()

@@ -378,7 +378,10 @@ func (p *plugin) put(inst *instance) {
 // score runs the plugin on one input. It never fails: every failure is an
 // abstention with its reason.
 func (p *plugin) score(ctx context.Context, in *input) core.Score {
-	sc, _ := p.run(ctx, in, p.cfg)
+	sc, failed := p.run(ctx, in, p.cfg)
+	if failed && p.h.opts.OnFailure != nil {
+		p.h.opts.OnFailure(p.cfg.Name)
+	}
 	return sc
 }
 

@@ -146,6 +146,11 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives plugin logs and failures. Default: discard.
 	Logger *slog.Logger
+	// OnFailure, if set, is told of each scoring call that failed rather
+	// than gave the plugin's verdict (a trap, an exit, the deadline, a
+	// plugin set aside or unusable): the abstention it became says why.
+	// It must be cheap and safe for concurrent use (a metrics counter).
+	OnFailure func(plugin string)
 
 	// loopChecks replaces metering with wazero's own deadline check at
 	// every loop head (WithCloseOnContextDone): the baseline the benchmarks

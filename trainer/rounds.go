@@ -366,6 +366,7 @@ func (t *Trainer) leadOnce(ctx context.Context) error {
 		return err
 	}
 	t.log.Info("round started", "round", start.Round, "from", "v"+strconv.FormatUint(start.Base, 10), "trainers", len(start.Shares))
+	t.log.Debug("the round's batches", "round", start.Round, "shares", start.Shares)
 	t.work.poke()
 	return nil
 }

@@ -259,6 +259,7 @@ func (t *Trainer) handler(stop func()) http.Handler {
 	mux.HandleFunc("GET "+AdminPrefix+"status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, t.Status())
 	})
+	mux.Handle("GET /metrics", t.Metrics())
 	mux.HandleFunc("GET "+AdminPrefix+"ledger", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, t.Ledger())
 	})

@@ -152,6 +152,10 @@ type Trainer struct {
 
 	mu   sync.Mutex
 	addr net.Addr
+
+	// metrics are made on first use (metricsOf).
+	metricsOnce sync.Once
+	metrics     *metrics
 }
 
 // New opens the batch store and starts the trainer's mesh peer.
@@ -213,7 +217,7 @@ func (t *Trainer) startWeights() error {
 	}
 	t.key = key
 	t.weights, err = weights.New(weights.Config{Dir: filepath.Join(t.cfg.DataDir, WeightsDir), Key: key, Mesh: t.mesh, Host: t.host,
-		Listen: listen, AnnounceEvery: t.cfg.WeightsAnnounce, Logger: t.cfg.Logger})
+		Listen: listen, AnnounceEvery: t.cfg.WeightsAnnounce, Logger: t.cfg.Logger, Metrics: t.metricsOf().weights})
 	return err
 }
 

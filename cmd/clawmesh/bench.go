@@ -116,6 +116,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fs.DurationVar(&o.Warmup, "warmup", time.Second, "load before measuring")
 		fs.IntVar(&o.Chunks, "chunks", 8, "chunks per streamed reply")
 		fs.BoolVar(&o.Memory, "memory", false, "record into memory instead of the synced Pebble pool (the gateway's own cost)")
+		fs.BoolVar(&o.Metrics, "metrics", false, "observe every recorded call in a Prometheus histogram, as a node does for /metrics")
 		fs.BoolVar(&o.Realistic, "realistic", false, "agent-sized requests: a 40,000-character system prompt, 12 tools, sessions whose history grows call by call")
 		fs.IntVar(&o.Turns, "turns", 12, "calls per session with --realistic")
 		fs.StringVar(&o.DataDir, "data", "", "directory for the pool (default: a temporary directory, removed after); its disk's fsync is measured too")

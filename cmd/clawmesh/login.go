@@ -16,7 +16,8 @@ on DIR: open it once (it is single-use, and expires in 10 minutes) and the
 browser holds a session for 12 hours, in an HttpOnly, SameSite=Strict
 cookie. Only the data directory's owner can get one: the command asks the
 node through its socket (DIR/admin.sock), else with the owner's token
-(DIR/admin.token).
+(DIR/admin.token). The node's dashboard is then at /clawmesh/ on its
+address (http://127.0.0.1:8400/clawmesh/ by default).
 `
 
 func runLogin(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -43,6 +43,7 @@ func init() {
 		{"weights", "the adapter versions the trainers publish: list them, fetch one, pin one (ls, get, use)", runWeights},
 		{"login", "print a single-use URL that lets a browser into a running node's admin pages", runLogin},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
+		{"demo", "run a whole mesh on this machine and watch it learn three simulated users' preferences", runDemo},
 		{"bench", "measure the parts (gateway, pool, engine, learn, scrub, mesh, trainers)", runBench},
 		{"version", "print the version", runVersion},
 	}

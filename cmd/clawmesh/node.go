@@ -40,6 +40,9 @@ port (Ollama 11434, LM Studio 1234, vLLM 8000, llama.cpp 8080, SGLang 30000)
 that answers /v1/models, uses it (asking which, in a terminal, when several
 answer) and says which it chose.
 
+On the same address: the owner's dashboard at /clawmesh/ (open the URL that
+'clawmesh login' prints first) and Prometheus metrics at /metrics.
+
 Settings come from flags, then CLAWMESH_* environment variables
 (CLAWMESH_UPSTREAM, CLAWMESH_LISTEN, CLAWMESH_DATA, CLAWMESH_TOKEN,
 CLAWMESH_UPSTREAM_KIND, CLAWMESH_CONFIG), then the config file

@@ -150,6 +150,9 @@ except urllib.error.HTTPError as e:
 	if st := get(browser, base+"/clawmesh/v1/pool/stats"); st != 401 {
 		t.Errorf("a browser before login: %d", st)
 	}
+	if st := get(browser, base+"/clawmesh/"); st != 401 {
+		t.Errorf("the dashboard before login: %d", st)
+	}
 	login := strings.TrimSpace(cli(t, "login", "--data", data))
 	if !strings.HasPrefix(login, base+"/clawmesh/v1/login?code=") {
 		t.Fatalf("login URL %q", login)
@@ -165,6 +168,9 @@ except urllib.error.HTTPError as e:
 	}
 	if st := get(browser, base+"/clawmesh/v1/pool/stats"); st != 200 {
 		t.Errorf("a browser after login: %d", st)
+	}
+	if st := get(browser, base+"/clawmesh/"); st != 200 {
+		t.Errorf("the dashboard after login: %d", st)
 	}
 	if st := get(&http.Client{}, login); st != 401 {
 		t.Errorf("a login URL used twice: %d", st)

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/mesh/weights"
@@ -204,6 +207,51 @@ func TestWeightsComeBack(t *testing.T) {
 	}
 	if got := na.Weights().Latest(); got.Version != v1.Version {
 		t.Errorf("a refused manifest moved the latest to v%d", got.Version)
+	}
+
+	// The first device's /metrics says what happened: v1 fetched and
+	// serving, the manifests above refused by reason.
+	resp, err = http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
+	}
+	metric := func(name, label, value string) float64 {
+		t.Helper()
+		for _, m := range fams[name].GetMetric() {
+			ok := label == ""
+			for _, l := range m.GetLabel() {
+				ok = ok || (l.GetName() == label && l.GetValue() == value)
+			}
+			if ok {
+				if m.Counter != nil {
+					return m.Counter.GetValue()
+				}
+				return m.Gauge.GetValue()
+			}
+		}
+		t.Fatalf("no series %s{%s=%q}", name, label, value)
+		return 0
+	}
+	if got := metric("clawmesh_weights_fetched_bytes_total", "", ""); got < float64(v1.Size) {
+		t.Errorf("fetched %v bytes, v1 is %d", got, v1.Size)
+	}
+	if got := metric("clawmesh_weights_versions_accepted_total", "", ""); got < 1 {
+		t.Errorf("%v versions accepted", got)
+	}
+	if got := metric("clawmesh_weights_versions_refused_total", "reason", "stale"); got < 3 {
+		t.Errorf("%v stale manifests refused, want at least the 3 above", got)
+	}
+	if got := metric("clawmesh_weights_versions_refused_total", "reason", "signature"); got < 3 {
+		t.Errorf("%v manifests refused for their signature, want at least the 3 above", got)
+	}
+	if got := metric("clawmesh_adapter_serving_version", "", ""); got != 1 {
+		t.Errorf("serving version %v, want 1", got)
 	}
 }
 

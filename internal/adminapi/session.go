@@ -99,7 +99,8 @@ func (s *Sessions) Login(w http.ResponseWriter, r *http.Request) {
 		HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	w.Write([]byte("Logged in: this browser may read this clawmesh node's admin pages for 12 hours.\n"))
+	w.Write([]byte("Logged in: this browser may read this clawmesh node's admin pages for 12 hours.\n" +
+		"The node's dashboard: http://" + r.Host + "/clawmesh/\n"))
 }
 
 var errLogin = &StatusError{Code: http.StatusUnauthorized, Status: "401 Unauthorized",

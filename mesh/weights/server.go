@@ -40,6 +40,8 @@ type ServerConfig struct {
 	// WriteTimeout bounds each write to a fetcher that stopped reading
 	// (default 30s).
 	WriteTimeout time.Duration
+	// Metrics, if set, counts the bytes served.
+	Metrics *Metrics
 }
 
 // Server serves the bundles a peer holds over QUIC to the mesh's admitted
@@ -206,6 +208,7 @@ func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
 				st.CancelWrite(statusError)
 				return
 			}
+			s.cfg.Metrics.serve(n)
 		}
 	}
 	st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))

@@ -102,6 +102,9 @@ type Config struct {
 	OnManifest func(*Manifest)
 	Fetcher    FetcherConfig
 	Logger     *slog.Logger
+	// Metrics, if set, counts the transfers and the manifests accepted
+	// and refused.
+	Metrics *Metrics
 }
 
 // Service is one peer's part in spreading adapter versions: it serves
@@ -156,7 +159,7 @@ func New(cfg Config) (*Service, error) {
 	if s.fetcher, err = NewFetcher(fc); err != nil {
 		return nil, err
 	}
-	s.srv, err = Listen(cfg.Listen, ServerConfig{Key: cfg.Key, Gate: cfg.Mesh, Holdings: d, Logger: cfg.Logger})
+	s.srv, err = Listen(cfg.Listen, ServerConfig{Key: cfg.Key, Gate: cfg.Mesh, Holdings: d, Logger: cfg.Logger, Metrics: cfg.Metrics})
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +306,8 @@ func (s *Service) offer(ctx context.Context, m *Manifest) {
 // Accept checks a manifest (signature chain, then fencing), notes source
 // (if any) as holding its bundle, and, when it is new, keeps it as the
 // last accepted and calls OnManifest.
-func (s *Service) Accept(m *Manifest, source Source) error {
+func (s *Service) Accept(m *Manifest, source Source) (err error) {
+	defer func() { s.cfg.Metrics.accept(err) }()
 	admin, revoked, now := s.cfg.Mesh.Trust()
 	if m.MeshID != s.cfg.Mesh.MeshID() {
 		return fmt.Errorf("%w: for mesh %s", ErrSignature, m.MeshID)
@@ -376,7 +380,10 @@ func (s *Service) Fetch(ctx context.Context, m *Manifest, progress func(Progress
 	if _, err := os.Stat(s.dir.manifestPath(m.BundleID())); err == nil {
 		return nil
 	}
-	if err := s.dir.Fetch(ctx, s.fetcher, m, s.Sources(m), progress); err != nil {
+	start := time.Now()
+	err := s.dir.Fetch(ctx, s.fetcher, m, s.Sources(m), progress)
+	s.cfg.Metrics.fetch(m.Size, time.Since(start), err)
+	if err != nil {
 		return err
 	}
 	s.offer(ctx, m)

@@ -159,6 +159,17 @@ type Config struct {
 	AdminAuth func(*http.Request) bool
 	// TickInterval is how often Run lets idle chains time out (default 30s).
 	TickInterval time.Duration
+	// Pages, if set, serves the owner's pages outside the API: /clawmesh/
+	// and the paths under it other than /clawmesh/v1/ (the node's
+	// dashboard). They are admin paths: AdminAuth judges who may see them.
+	Pages http.Handler
+	// Metrics, if set, serves GET /metrics (Prometheus text), to whoever
+	// may call the API: the gateway's Token if it has one.
+	Metrics http.Handler
+	// OnCall, if set, is told of each recorded call once its reply is done:
+	// the API and how long the call took in the gateway. It runs on the
+	// call's goroutine and must be cheap (an atomic histogram update).
+	OnCall func(api core.APIKind, d time.Duration)
 }
 
 const (

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -23,6 +24,8 @@ type route struct {
 	feedback bool
 	health   bool
 	admin    bool
+	page     bool // an owner's page (Config.Pages)
+	metrics  bool
 }
 
 // parseRoute maps a path to a route; ok is false for paths the gateway does
@@ -38,6 +41,14 @@ func parseRoute(p string) (route, bool) {
 		default:
 			rt.admin = true
 		}
+		return rt, true
+	}
+	if p == "/clawmesh" || strings.HasPrefix(p, "/clawmesh/") {
+		rt.admin, rt.page = true, true
+		return rt, true
+	}
+	if p == "/metrics" {
+		rt.metrics = true
 		return rt, true
 	}
 	if rest, ok := strings.CutPrefix(p, "/s/"); ok {
@@ -134,6 +145,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b, _ := json.Marshal(g.Health())
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(b)
+	case rt.page:
+		if g.cfg.Pages == nil {
+			writeError(w, false, http.StatusNotFound, "not_found_error", "not_found", "no route for "+r.URL.Path)
+			return
+		}
+		g.cfg.Pages.ServeHTTP(w, r)
+	case rt.metrics:
+		if g.cfg.Metrics == nil || r.Method != http.MethodGet {
+			writeError(w, false, http.StatusNotFound, "not_found_error", "not_found", "no route for "+r.Method+" "+r.URL.Path)
+			return
+		}
+		g.cfg.Metrics.ServeHTTP(w, r)
 	case rt.admin:
 		if g.cfg.Admin == nil {
 			writeError(w, false, http.StatusNotFound, "not_found_error", "not_found", "no route for "+r.URL.Path)
@@ -141,7 +164,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		g.cfg.Admin.ServeHTTP(w, r)
 	case rt.api != "" && r.Method == http.MethodPost:
+		if g.cfg.OnCall == nil {
+			g.record(w, r, rt)
+			break
+		}
+		// The monotonic clock: a measurement, not a time recorded.
+		start := time.Now()
 		g.record(w, r, rt)
+		g.cfg.OnCall(rt.api, time.Since(start))
 	default:
 		g.passThrough(w, r, rt)
 	}

@@ -286,6 +286,7 @@ func (o *Outbox) seal(ctx context.Context) (*pool.Batch, bool, error) {
 		}
 		if b != nil {
 			o.log.Info("batch sealed", "batch", b.ID, "steps", len(b.Steps), "bytes", b.Size, "found", pr.Found)
+			o.log.Debug("the batch's steps", "batch", b.ID, "steps", b.Steps)
 		}
 		return b, true, nil
 	}

@@ -22,6 +22,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node/gateway"
@@ -55,6 +58,9 @@ type GatewayOptions struct {
 	// SessionsAtOnce is how many realistic sessions run interleaved;
 	// default 64.
 	SessionsAtOnce int
+	// Metrics observes every recorded call in a Prometheus histogram, as a
+	// node does for its /metrics (gateway.Config.OnCall), and serves it.
+	Metrics bool
 }
 
 // Latency summarises one series of measurements.
@@ -174,7 +180,21 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 		store = p
 	}
 	upURL := "http://" + upLn.Addr().String() + "/v1"
-	gw, err := gateway.New(gateway.Config{Upstream: upURL, Store: store})
+	gc := gateway.Config{Upstream: upURL, Store: store}
+	if o.Metrics {
+		reg := prometheus.NewRegistry()
+		calls := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "clawmesh_gateway_call_seconds", Help: "Recorded calls' durations.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 14)}, []string{"api"})
+		reg.MustRegister(calls)
+		chat := calls.WithLabelValues(string(core.APIChat))
+		gc.OnCall = func(api core.APIKind, d time.Duration) {
+			if api == core.APIChat {
+				chat.Observe(d.Seconds())
+			}
+		}
+		gc.Metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	}
+	gw, err := gateway.New(gc)
 	if err != nil {
 		return nil, err
 	}

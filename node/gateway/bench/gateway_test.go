@@ -19,7 +19,7 @@ import (
 // about speed.
 func TestGatewayRuns(t *testing.T) {
 	for _, mem := range []bool{false, true} {
-		r, err := Gateway(context.Background(), GatewayOptions{Rate: 100, Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, DataDir: t.TempDir(), Memory: mem})
+		r, err := Gateway(context.Background(), GatewayOptions{Rate: 100, Duration: 400 * time.Millisecond, Warmup: 100 * time.Millisecond, DataDir: t.TempDir(), Memory: mem, Metrics: mem})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,591 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/share"
+	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/sim/scenario"
+	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/serve"
+)
+
+// demoOptions configures one recipe's run of the demo.
+type demoOptions struct {
+	Recipe string
+	Rounds int
+	Seed   uint64
+	Users  []scenario.User
+	// Failover stops the trainers' leader after half the rounds.
+	Failover bool
+	// Sessions is how many sessions each user opens per prompt and round
+	// (default 4): the replies to one prompt are compared with each other.
+	Sessions int
+	// Cache, when set, is a directory that keeps the reward plugins'
+	// compilation cache from node to node and run to run: each node starts
+	// with a copy, and the first one to compile fills it.
+	Cache string
+	// Samples is how many replies per held-back prompt the score is
+	// measured on (default 32).
+	Samples int
+}
+
+// demoMesh is the running mesh of one recipe's run.
+type demoMesh struct {
+	models   []string // the model servers' base URLs (http://addr)
+	nodes    []*node.Node
+	gateways []string // the nodes' base URLs
+	trainers []*demoTrainer
+}
+
+type demoTrainer struct {
+	tr     *trainer.Trainer
+	cancel context.CancelFunc
+	done   chan struct{}
+	alive  bool
+}
+
+// demoRecipe starts the mesh for one recipe, runs the users and the rounds,
+// and tears the mesh down.
+func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error) {
+	if o.Sessions == 0 {
+		o.Sessions = 4
+	}
+	if o.Samples == 0 {
+		o.Samples = 32
+	}
+	run := demoRun{Recipe: o.Recipe}
+	start := time.Now()
+	say := func(format string, a ...any) {
+		fmt.Fprintf(w, "[%s %5.1fs] %s\n", o.Recipe, time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
+	root, err := os.MkdirTemp("", "clawmesh-demo-")
+	if err != nil {
+		return run, err
+	}
+	defer os.RemoveAll(root)
+	ctx, cancel := context.WithCancel(ctx)
+	var stops []func()
+	defer func() {
+		cancel()
+		for _, s := range slices.Backward(stops) {
+			s()
+		}
+	}()
+	m, err := startDemoMesh(ctx, root, o, &stops, say)
+	if err != nil {
+		return run, err
+	}
+	say("mesh up: 3 nodes (each before its own model server) and 3 trainers, joined with invite tokens")
+
+	leader := func() *demoTrainer {
+		for _, t := range m.trainers {
+			if t.alive && t.tr.Status().State == "leader" {
+				return t
+			}
+		}
+		return nil
+	}
+	status := func() trainer.Status {
+		if l := leader(); l != nil {
+			return l.tr.Status()
+		}
+		for _, t := range m.trainers {
+			if t.alive {
+				return t.tr.Status()
+			}
+		}
+		return trainer.Status{}
+	}
+
+	measure := func(round int, version string, liked float64) (demoRound, error) {
+		r := demoRound{Round: round, Version: version, Liked: liked}
+		var replies [][]string
+		for i, u := range o.Users {
+			var rs []string
+			for j, p := range u.HeldBack {
+				// The server draws at most 16 replies a call.
+				for k := 0; k < o.Samples; k += 16 {
+					got, served, err := demoSample(ctx, m.models[i], p, min(16, o.Samples-k), o.Seed*1000+uint64(j*100+k))
+					if err != nil {
+						return r, err
+					}
+					if version != "" && served != version {
+						return r, fmt.Errorf("node %d's model server serves %q, not %s", i+1, served, version)
+					}
+					rs = append(rs, got...)
+				}
+			}
+			replies = append(replies, rs)
+			r.PerUser = append(r.PerUser, u.Accepted(rs))
+		}
+		r.Score = scenario.Score(o.Users, replies)
+		for _, n := range m.nodes {
+			steps, err := n.Pool().List(ctx, pool.Filter{})
+			if err != nil {
+				return r, err
+			}
+			r.Steps += len(steps)
+			for _, s := range steps {
+				if s.Reward != nil && s.Reward.Value != nil {
+					r.Rewarded++
+				}
+				if s.Reward != nil && s.Reward.Hint != "" {
+					r.Hinted++
+				}
+			}
+		}
+		r.Batches = status().Batches.Trained
+		return r, nil
+	}
+	r0, err := measure(0, "", 0)
+	if err != nil {
+		return run, err
+	}
+	r0.Version = "base"
+	run.Rounds = append(run.Rounds, r0)
+	run.Before = r0.Score
+	say("round 0  base  score %.3f  (%s)", r0.Score, perUser(o.Users, r0.PerUser))
+
+	rng := rand.New(rand.NewPCG(o.Seed, 0xc1a3))
+	var last uint64
+	for round := 1; round <= o.Rounds; round++ {
+		liked, err := demoUsersRound(ctx, m, o, round, rng)
+		if err != nil {
+			return run, err
+		}
+		v, err := demoSettle(ctx, m, last, status, say)
+		if err != nil {
+			return run, fmt.Errorf("round %d: %w", round, err)
+		}
+		last = v
+		r, err := measure(round, fmt.Sprint("v", v), liked)
+		if err != nil {
+			return run, err
+		}
+		run.Rounds = append(run.Rounds, r)
+		st := status()
+		say("round %d  v%-3d serving on 3 nodes  score %.3f  (%s)  liked while training %.2f  steps %d (%d rewarded, %d with a hint)  batches trained %d  leader %s",
+			round, v, r.Score, perUser(o.Users, r.PerUser), liked, r.Steps, r.Rewarded, r.Hinted, r.Batches, shortPeer(st.Leader))
+
+		if o.Failover && run.Failover == nil && round == (o.Rounds+1)/2 && round < o.Rounds {
+			l := leader()
+			if l == nil {
+				return run, fmt.Errorf("no trainer leads")
+			}
+			old := l.tr.ID()
+			say("stopping the trainers' leader %s ...", shortPeer(old))
+			stopped := time.Now()
+			l.cancel()
+			<-l.done
+			l.tr.Close()
+			l.alive = false
+			var nl *demoTrainer
+			for deadline := time.Now().Add(time.Minute); nl == nil; {
+				if time.Now().After(deadline) {
+					return run, fmt.Errorf("no new leader within a minute of stopping %s", shortPeer(old))
+				}
+				if nl = leader(); nl == nil {
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			run.Failover = &demoFailover{AfterRound: round, Stopped: string(old), NewLeader: string(nl.tr.ID()), Seconds: time.Since(stopped).Seconds()}
+			say("failover: %s leads now (%.1f s after the stop); 2 of 3 trainers go on", shortPeer(nl.tr.ID()), run.Failover.Seconds)
+		}
+	}
+	run.After = run.Rounds[len(run.Rounds)-1].Score
+	run.Seconds = time.Since(start).Seconds()
+	return run, nil
+}
+
+// startDemoMesh starts three model servers, three nodes in one mesh and
+// three trainers, adding what stops them to stops.
+func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]func(), say func(string, ...any)) (*demoMesh, error) {
+	m := &demoMesh{}
+	quiet := func(args ...string) (string, error) {
+		var out, errs bytes.Buffer
+		if code := run(ctx, args, &out, &errs); code != 0 {
+			return "", fmt.Errorf("clawmesh %s: %s", args[0], strings.TrimSpace(errs.String()))
+		}
+		return strings.TrimSpace(out.String()), nil
+	}
+	for range o.Users {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, []string{"serve", "--tiny", "--listen", addr, "--log", "error"}, io.Discard, io.Discard)
+		}()
+		*stops = append(*stops, func() { <-done })
+		m.models = append(m.models, "http://"+addr)
+	}
+	for _, u := range m.models {
+		if err := waitUp(ctx, u+"/v1/models", time.Minute); err != nil {
+			return nil, fmt.Errorf("the model server did not start: %w", err)
+		}
+	}
+
+	say("3 model servers up (the tiny model)")
+	first := filepath.Join(root, "node1")
+	if _, err := quiet("mesh", "init", "--data", first); err != nil {
+		return nil, err
+	}
+	for i, model := range m.models {
+		dir := filepath.Join(root, fmt.Sprint("node", i+1))
+		var bootstrap []string
+		if i > 0 {
+			tok, err := quiet("invite", "--data", first)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := quiet("join", tok, "--data", dir, "--p2p-listen", loopbackListen[1]); err != nil {
+				return nil, err
+			}
+			bootstrap = m.nodes[0].Peer().Host.Addrs()
+		}
+		cache := filepath.Join(dir, "cache", "wazero")
+		if o.Cache != "" {
+			if err := os.CopyFS(cache, os.DirFS(o.Cache)); err != nil {
+				return nil, err
+			}
+		}
+		n, err := node.New(ctx, node.Config{DataDir: dir, Upstream: model + "/v1", UpstreamKind: "clawmesh", Share: share.Policy{Mode: share.ModeAll},
+			ShareInterval: 200 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
+			Mesh: &node.MeshConfig{Listen: loopbackListen, Bootstrap: bootstrap,
+				Ship:    mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
+				Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond, WeightsRetry: 300 * time.Millisecond}})
+		if err != nil {
+			return nil, err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			n.Close(context.Background())
+			return nil, err
+		}
+		done := make(chan struct{})
+		go func() { n.Serve(ctx, ln); close(done) }()
+		*stops = append(*stops, func() { <-done; n.Close(context.Background()) })
+		m.nodes = append(m.nodes, n)
+		m.gateways = append(m.gateways, "http://"+ln.Addr().String())
+		say("node %d up, in the mesh", i+1)
+		if empty, _ := isEmptyDir(o.Cache); o.Cache != "" && empty {
+			os.Remove(o.Cache)
+			if err := os.CopyFS(o.Cache, os.DirFS(cache)); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, VerifyRetry: 2 * time.Second}
+	for i := range 3 {
+		d := filepath.Join(root, fmt.Sprint("trainer", i+1))
+		tok, err := quiet("invite", "--role", "trainer", "--data", first)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := quiet("join", tok, "--data", d, "--p2p-listen", loopbackListen[1]); err != nil {
+			return nil, err
+		}
+		if o.Cache != "" {
+			// The trainers replay the users' scores with the same plugins.
+			if err := os.CopyFS(filepath.Join(d, trainer.PluginsDir, "compiled"), os.DirFS(o.Cache)); err != nil {
+				return nil, err
+			}
+		}
+		tctx, tcancel := context.WithCancel(ctx)
+		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackListen, Bootstrap: m.nodes[0].Peer().Host.Addrs(), Timing: timing,
+			Group:   group.Config{Recipe: groupRecipe(o.Recipe), Deadline: 5 * time.Second, LocalSteps: 2},
+			Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
+		if err != nil {
+			tcancel()
+			return nil, err
+		}
+		t := &demoTrainer{tr: tr, cancel: tcancel, done: make(chan struct{}), alive: true}
+		go func() { tr.Run(tctx); close(t.done) }()
+		*stops = append(*stops, func() {
+			if t.alive {
+				t.cancel()
+				<-t.done
+				t.tr.Close()
+			}
+		})
+		m.trainers = append(m.trainers, t)
+		say("trainer %d up, in the mesh", i+1)
+	}
+	return m, nil
+}
+
+// demoUsersRound has every user, on its own node and all at once, open
+// o.Sessions sessions per prompt, react to each reply, and close them. It
+// returns the share of replies the users liked.
+func demoUsersRound(ctx context.Context, m *demoMesh, o demoOptions, round int, rng *rand.Rand) (float64, error) {
+	type result struct {
+		liked, total int
+		err          error
+	}
+	results := make([]result, len(o.Users))
+	var wg sync.WaitGroup
+	for i, u := range o.Users {
+		urng := rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))
+		wg.Go(func() {
+			r := &results[i]
+			gw := m.gateways[i]
+			for k := range o.Sessions {
+				for j, p := range u.Prompts {
+					sid := fmt.Sprintf("%s-%d-%d-%d", u.Name, round, k, j)
+					msgs := []map[string]string{{"role": "user", "content": p}}
+					reply, err := demoChat(ctx, gw, sid, msgs, false, urng.Uint64()>>1)
+					if err != nil {
+						r.err = err
+						return
+					}
+					re := u.React(p, reply, urng)
+					r.total++
+					if re.Liked {
+						r.liked++
+					}
+					if re.Feedback != nil {
+						if err := demoFeedback(ctx, gw, sid, *re.Feedback); err != nil {
+							r.err = err
+							return
+						}
+					}
+					msgs = append(msgs, map[string]string{"role": "assistant", "content": reply}, map[string]string{"role": "user", "content": re.Next})
+					if _, err := demoChat(ctx, gw, sid, msgs, true, urng.Uint64()>>1); err != nil {
+						r.err = err
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	liked, total := 0, 0
+	for _, r := range results {
+		if r.err != nil {
+			return 0, r.err
+		}
+		liked += r.liked
+		total += r.total
+	}
+	return float64(liked) / float64(max(total, 1)), nil
+}
+
+// demoSettle waits until every node has shipped what its users did, the
+// trainers have trained it into a version newer than last, and every node
+// serves that version; it returns the version.
+func demoSettle(ctx context.Context, m *demoMesh, last uint64, status func() trainer.Status, say func(string, ...any)) (uint64, error) {
+	deadline := time.Now().Add(3 * time.Minute)
+	next := time.Now().Add(3 * time.Second)
+	var why string
+	for {
+		if time.Now().After(next) {
+			st := status()
+			latest := "none"
+			if st.Version != nil {
+				latest = fmt.Sprint("v", st.Version.Version.Version)
+			}
+			say("  ... latest version %s, batches trained %d, pending %d: %s", latest, st.Batches.Trained, st.Batches.Pending+st.Batches.Assigned, why)
+			next = time.Now().Add(3 * time.Second)
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("no new version served within 3 minutes (%s)", why)
+		}
+		v, ok := func() (uint64, bool) {
+			for i, n := range m.nodes {
+				st, err := n.Pool().Stats(ctx)
+				if err != nil {
+					why = err.Error()
+					return 0, false
+				}
+				if k := st.ByState[core.StateOpen] + st.ByState[core.StateClosed] + st.ByState[core.StateScored] + st.ByState[core.StateBatched]; k > 0 {
+					why = fmt.Sprintf("node %d has %d steps still to ship", i+1, k)
+					return 0, false
+				}
+			}
+			st := status()
+			if st.Batches.Pending+st.Batches.Assigned > 0 || st.Round != nil {
+				why = fmt.Sprintf("the trainers have %d batches to train", st.Batches.Pending+st.Batches.Assigned)
+				return 0, false
+			}
+			if st.Version == nil || st.Version.Version.Version <= last {
+				why = "no new version yet"
+				return 0, false
+			}
+			name := fmt.Sprint("v", st.Version.Version.Version)
+			for i, n := range m.nodes {
+				if got := n.Follower().Route().Version; got != name {
+					why = fmt.Sprintf("node %d serves %q, not %s yet", i+1, got, name)
+					return 0, false
+				}
+			}
+			return st.Version.Version.Version, true
+		}()
+		if ok {
+			return v, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// demoChat sends one chat call to a node and returns the reply's text.
+func demoChat(ctx context.Context, gw, session string, msgs []map[string]string, done bool, seed uint64) (string, error) {
+	body, _ := json.Marshal(map[string]any{"model": "tiny", "max_tokens": 6, "temperature": 1, "seed": seed, "messages": msgs})
+	req, err := http.NewRequestWithContext(ctx, "POST", gw+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Session-Id", session)
+	if done {
+		req.Header.Set("X-Session-Done", "true")
+	}
+	var out struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if _, err := demoPost(req, &out); err != nil {
+		return "", err
+	}
+	if len(out.Choices) == 0 {
+		return "", fmt.Errorf("a reply with no choices")
+	}
+	return out.Choices[0].Message.Content, nil
+}
+
+// demoFeedback rates the session's latest reply on the feedback endpoint.
+func demoFeedback(ctx context.Context, gw, session string, score float64) error {
+	body, _ := json.Marshal(map[string]any{"session_id": session, "score": score})
+	req, err := http.NewRequestWithContext(ctx, "POST", gw+"/clawmesh/v1/feedback", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	_, err = demoPost(req, nil)
+	return err
+}
+
+// demoSample draws n replies to prompt from a model server, with a fixed
+// seed so that every version is measured on the same draws, and returns
+// them with the adapter version that served them.
+func demoSample(ctx context.Context, model, prompt string, n int, seed uint64) ([]string, string, error) {
+	body, _ := json.Marshal(map[string]any{"model": "tiny", "max_tokens": 4, "temperature": 1, "n": n, "seed": seed,
+		"messages": []map[string]string{{"role": "user", "content": prompt}}})
+	req, err := http.NewRequestWithContext(ctx, "POST", model+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	var out struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	h, err := demoPost(req, &out)
+	if err != nil {
+		return nil, "", err
+	}
+	var rs []string
+	for _, c := range out.Choices {
+		rs = append(rs, c.Message.Content)
+	}
+	if len(rs) != n {
+		return nil, "", fmt.Errorf("asked the model server for %d replies, got %d", n, len(rs))
+	}
+	return rs, h.Get(serve.AdapterHeader), nil
+}
+
+func demoPost(req *http.Request, out any) (http.Header, error) {
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, fmt.Errorf("%s %s: %s: %s", req.Method, req.URL.Path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err)
+		}
+	}
+	return resp.Header, nil
+}
+
+// waitUp waits until url answers.
+func waitUp(ctx context.Context, url string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func perUser(users []scenario.User, xs []float64) string {
+	var parts []string
+	for i, x := range xs {
+		parts = append(parts, fmt.Sprintf("%s %.2f", users[i].Name, x))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func shortPeer(p mesh.PeerID) string {
+	s := string(p)
+	if len(s) > 8 {
+		return "…" + s[len(s)-6:]
+	}
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// isEmptyDir reports whether dir holds nothing (or does not exist).
+func isEmptyDir(dir string) (bool, error) {
+	es, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return true, nil
+	}
+	return len(es) == 0, err
+}

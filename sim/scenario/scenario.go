@@ -1,0 +1,160 @@
+// Package scenario holds the learning scenarios the demo uses: simulated
+// users, each with a hidden preference about the replies it gets and a way
+// of showing it (corrections, re-asks, thanks, explicit feedback), and the
+// personalization score: the share of replies to held-back prompts that
+// their user would accept.
+//
+// The package is pure: no network, no clock; randomness comes in as a
+// *rand.Rand, so a seed replays the same users.
+package scenario
+
+import (
+	"math/rand/v2"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Preference is what a user wants from a reply, hidden from the mesh: only
+// the user's reactions show it.
+type Preference struct {
+	// Name says the preference in a few words (for the demo's output).
+	Name string
+	// Accepts reports whether the user is happy with the reply.
+	Accepts func(reply string) bool
+}
+
+// The preferences of the default users. They differ, and a single adapter
+// can satisfy all three: replies that start with a plain letter.
+var (
+	StartsWithWord = Preference{Name: "start straight away with a word", Accepts: func(s string) bool {
+		r, _ := utf8.DecodeRuneInString(s)
+		return r != utf8.RuneError && unicode.IsLetter(r)
+	}}
+	StartsAlphanumeric = Preference{Name: "start with a letter or a digit, not a space or a symbol", Accepts: func(s string) bool {
+		r, _ := utf8.DecodeRuneInString(s)
+		return r != utf8.RuneError && (unicode.IsLetter(r) || unicode.IsDigit(r))
+	}}
+	StartsASCIILetter = Preference{Name: "start with a plain a-z or A-Z letter", Accepts: func(s string) bool {
+		return s != "" && (s[0] >= 'a' && s[0] <= 'z' || s[0] >= 'A' && s[0] <= 'Z')
+	}}
+)
+
+// Style is how a user shows what it thinks of a reply.
+type Style int
+
+const (
+	// Explicit users rate replies: a score on the feedback endpoint, and
+	// "/bad" with what they wanted, or thanks.
+	//
+	// Every complaint but a bare re-ask says what the user wanted in words
+	// the built-in hint plugin reads as a directive.
+	Explicit Style = iota
+	// Corrects users say what was wrong ("No, you should ...") or thank.
+	Corrects
+	// Reasks users ask the same question again, now and then with a
+	// directive, or thank.
+	Reasks
+)
+
+func (s Style) String() string {
+	switch s {
+	case Explicit:
+		return "explicit feedback"
+	case Corrects:
+		return "corrections"
+	case Reasks:
+		return "re-asks"
+	}
+	return "unknown"
+}
+
+// User is one simulated user.
+type User struct {
+	Name  string
+	Pref  Preference
+	Style Style
+	// Prompts are what the user asks while the mesh learns; HeldBack are
+	// asked only to measure the score, never trained on.
+	Prompts, HeldBack []string
+}
+
+// Reaction is what a user does after a reply: a score on the feedback
+// endpoint (nil: none), then its next message in the session.
+type Reaction struct {
+	Liked    bool
+	Feedback *float64
+	Next     string
+}
+
+// React is u's reaction to reply, given to the question it answered.
+func (u User) React(question, reply string, rng *rand.Rand) Reaction {
+	liked := u.Pref.Accepts(reply)
+	thanks := []string{"Thanks, that helps.", "Great, thank you.", "Perfect, thanks!"}
+	if liked {
+		r := Reaction{Liked: true, Next: thanks[rng.IntN(len(thanks))]}
+		if u.Style == Explicit {
+			one := 1.0
+			r.Feedback = &one
+		}
+		return r
+	}
+	switch u.Style {
+	case Explicit:
+		minus := -1.0
+		return Reaction{Feedback: &minus, Next: "/bad you should start the reply with a word"}
+	case Corrects:
+		fixes := []string{"No, you should start with a word, not symbols.", "No, that's not what I asked. Next time, start the reply with a word.",
+			"Wrong. Don't open with punctuation, start with a word."}
+		return Reaction{Next: fixes[rng.IntN(len(fixes))]}
+	default:
+		if rng.IntN(3) == 0 {
+			return Reaction{Next: "I asked: " + question + " Please make sure to start with a word."}
+		}
+		return Reaction{Next: question}
+	}
+}
+
+// Users are the demo's three users: one per node, each with its own
+// preference, style and topics.
+func Users() []User {
+	return []User{
+		{Name: "alice", Pref: StartsWithWord, Style: Explicit,
+			Prompts:  []string{"What time is it?", "Can you help me?", "Tell me a joke.", "How do I list files?"},
+			HeldBack: []string{"What is the weather like?", "Where are my keys?"}},
+		{Name: "bob", Pref: StartsAlphanumeric, Style: Corrects,
+			Prompts:  []string{"Hi, how are you?", "Fix the failing test.", "Summarise this log.", "Which port is free?"},
+			HeldBack: []string{"Rename the branch.", "Why is the build slow?"}},
+		{Name: "carol", Pref: StartsASCIILetter, Style: Reasks,
+			Prompts:  []string{"Plan my day.", "Translate hello to French.", "Write a haiku.", "What should I cook?"},
+			HeldBack: []string{"Suggest a book.", "How far is the moon?"}},
+	}
+}
+
+// Accepted is the share of replies that u accepts (0 when there are none).
+func (u User) Accepted(replies []string) float64 {
+	if len(replies) == 0 {
+		return 0
+	}
+	n := 0
+	for _, r := range replies {
+		if u.Pref.Accepts(r) {
+			n++
+		}
+	}
+	return float64(n) / float64(len(replies))
+}
+
+// Score is the personalization score: the mean over users of the share of
+// their held-back replies they accept. replies[i] are user i's.
+func Score(users []User, replies [][]string) float64 {
+	if len(users) == 0 {
+		return 0
+	}
+	var s float64
+	for i, u := range users {
+		if i < len(replies) {
+			s += u.Accepted(replies[i])
+		}
+	}
+	return s / float64(len(users))
+}

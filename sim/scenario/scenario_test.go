@@ -1,0 +1,94 @@
+package scenario
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func TestPreferences(t *testing.T) {
+	for _, tc := range []struct {
+		reply            string
+		word, alnum, abc bool
+	}{
+		{"Hello there", true, true, true},
+		{"été", true, true, false},
+		{"42 is it", false, true, false},
+		{" hello", false, false, false},
+		{"!ok", false, false, false},
+		{"", false, false, false},
+		{"\xff", false, false, false},
+	} {
+		if got := StartsWithWord.Accepts(tc.reply); got != tc.word {
+			t.Errorf("StartsWithWord(%q) = %v", tc.reply, got)
+		}
+		if got := StartsAlphanumeric.Accepts(tc.reply); got != tc.alnum {
+			t.Errorf("StartsAlphanumeric(%q) = %v", tc.reply, got)
+		}
+		if got := StartsASCIILetter.Accepts(tc.reply); got != tc.abc {
+			t.Errorf("StartsASCIILetter(%q) = %v", tc.reply, got)
+		}
+	}
+}
+
+func TestReactions(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	us := Users()
+	if len(us) != 3 {
+		t.Fatalf("%d users", len(us))
+	}
+	for _, u := range us {
+		if len(u.Prompts) == 0 || len(u.HeldBack) == 0 {
+			t.Fatalf("%s has no prompts", u.Name)
+		}
+		for _, h := range u.HeldBack {
+			for _, p := range u.Prompts {
+				if h == p {
+					t.Errorf("%s trains on a held-back prompt %q", u.Name, h)
+				}
+			}
+		}
+		for range 20 {
+			good := u.React("Q?", "Sure thing", rng)
+			if !good.Liked || !strings.HasPrefix(strings.ToLower(good.Next), "thank") && !strings.HasPrefix(strings.ToLower(good.Next), "great") && !strings.HasPrefix(strings.ToLower(good.Next), "perfect") {
+				t.Errorf("%s on a reply it likes: %+v", u.Name, good)
+			}
+			bad := u.React("Q?", "  ...", rng)
+			if bad.Liked {
+				t.Errorf("%s liked a reply it does not accept", u.Name)
+			}
+			switch u.Style {
+			case Explicit:
+				if good.Feedback == nil || *good.Feedback != 1 || bad.Feedback == nil || *bad.Feedback != -1 || !strings.HasPrefix(bad.Next, "/bad ") {
+					t.Errorf("%s: %+v %+v", u.Name, good, bad)
+				}
+			case Corrects:
+				if bad.Feedback != nil || !strings.HasPrefix(strings.ToLower(bad.Next), "no") && !strings.HasPrefix(bad.Next, "Wrong") {
+					t.Errorf("%s: %+v", u.Name, bad)
+				}
+			case Reasks:
+				if bad.Feedback != nil || !strings.Contains(bad.Next, "Q?") {
+					t.Errorf("%s: %+v", u.Name, bad)
+				}
+			}
+		}
+	}
+}
+
+func TestScore(t *testing.T) {
+	us := Users()
+	all := []string{"Yes", "Fine"}
+	none := []string{" no", "?"}
+	if s := Score(us, [][]string{all, all, all}); s != 1 {
+		t.Errorf("all accepted: %v", s)
+	}
+	if s := Score(us, [][]string{none, none, none}); s != 0 {
+		t.Errorf("none accepted: %v", s)
+	}
+	if s := Score(us, [][]string{all, none, {"Yes", "1"}}); s != 0.5 {
+		t.Errorf("mixed: %v", s)
+	}
+	if s := Score(nil, nil); s != 0 {
+		t.Errorf("no users: %v", s)
+	}
+}

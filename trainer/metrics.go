@@ -1,0 +1,110 @@
+package trainer
+
+import (
+	"net/http"
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/clawmesh/clawmesh/mesh/weights"
+)
+
+// metrics are a trainer's Prometheus metrics, served at GET /metrics on
+// its admin listener (with the admin token, as the rest of it). The
+// group's figures (raft, rounds, versions, the ledger) are read from
+// Status when scraped; the weight transfers are counted by the weights
+// service as they happen.
+type metrics struct {
+	reg     *prometheus.Registry
+	weights *weights.Metrics
+}
+
+func newMetrics(t *Trainer) *metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(statusCollector{t}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &metrics{reg: reg, weights: weights.NewMetrics(reg)}
+}
+
+// metricsOf returns the trainer's metrics, making them on first use.
+func (t *Trainer) metricsOf() *metrics {
+	t.metricsOnce.Do(func() { t.metrics = newMetrics(t) })
+	return t.metrics
+}
+
+// Metrics serves the trainer's Prometheus metrics.
+func (t *Trainer) Metrics() http.Handler {
+	m := t.metricsOf()
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+var (
+	descLeader   = prometheus.NewDesc("clawmesh_trainer_leader", "1 if this trainer leads the group, else 0.", nil, nil)
+	descTerm     = prometheus.NewDesc("clawmesh_trainer_raft_term", "The raft term this trainer is in.", nil, nil)
+	descApplied  = prometheus.NewDesc("clawmesh_trainer_raft_applied_index", "The last raft log index applied to the group's state.", nil, nil)
+	descVoters   = prometheus.NewDesc("clawmesh_trainer_group_voters", "Voting members of the trainers' group.", nil, nil)
+	descRounds   = prometheus.NewDesc("clawmesh_trainer_rounds_total", "Training rounds the group started.", nil, nil)
+	descRound    = prometheus.NewDesc("clawmesh_trainer_round_open", "The number of the round in progress (0: none).", nil, nil)
+	descShares   = prometheus.NewDesc("clawmesh_trainer_round_batches", "Batches assigned to the round in progress.", nil, nil)
+	descVersion  = prometheus.NewDesc("clawmesh_trainer_adapter_version", "The newest adapter version committed (0: the base model).", nil, nil)
+	descVersions = prometheus.NewDesc("clawmesh_trainer_versions", "Adapter versions committed, version 0 included.", nil, nil)
+	descBatches  = prometheus.NewDesc("clawmesh_trainer_batches", "Batches in the group's ledger, by status (pending, assigned, trained, refused).", []string{"status"}, nil)
+	descRefused  = prometheus.NewDesc("clawmesh_trainer_batches_refused_total", "Batches refused, by reason (stale: made by a version too many versions old; revoked; verify; ...).", []string{"reason"}, nil)
+	descStaleMax = prometheus.NewDesc("clawmesh_trainer_max_lag_versions", "How many versions old a batch's policy may be before it is refused as stale.", nil, nil)
+)
+
+// statusCollector reads a trainer's Status once per scrape.
+type statusCollector struct{ t *Trainer }
+
+func (c statusCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLeader, descTerm, descApplied, descVoters, descRounds, descRound, descShares, descVersion, descVersions, descBatches, descRefused, descStaleMax} {
+		ch <- d
+	}
+}
+
+func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.t.Status()
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	leader := 0.0
+	if st.State == "leader" {
+		leader = 1
+	}
+	g(descLeader, leader)
+	g(descTerm, float64(st.Term))
+	g(descApplied, float64(st.Applied))
+	g(descVoters, float64(len(st.Voters)))
+	ch <- prometheus.MustNewConstMetric(descRounds, prometheus.CounterValue, float64(st.Rounds))
+	round, shares := 0.0, 0
+	if st.Round != nil {
+		round = float64(st.Round.Number)
+		for _, n := range st.Round.Shares {
+			shares += n
+		}
+	}
+	g(descRound, round)
+	g(descShares, float64(shares))
+	version := 0.0
+	if st.Version != nil {
+		version = float64(st.Version.Version.Version)
+	}
+	g(descVersion, version)
+	g(descVersions, float64(st.Versions))
+	g(descBatches, float64(st.Batches.Pending), "pending")
+	g(descBatches, float64(st.Batches.Assigned), "assigned")
+	g(descBatches, float64(st.Batches.Trained), "trained")
+	g(descBatches, float64(st.Batches.Refused), "refused")
+	reasons := []string{"stale"}
+	for r := range st.Refusals {
+		if r != "stale" {
+			reasons = append(reasons, r)
+		}
+	}
+	sort.Strings(reasons[1:])
+	for _, r := range reasons {
+		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(st.Refusals[r]), r)
+	}
+	g(descStaleMax, float64(st.Config.WithDefaults().MaxLag))
+}
