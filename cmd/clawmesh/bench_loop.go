@@ -6,19 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
-	"github.com/clawmesh/clawmesh/mesh"
-	"github.com/clawmesh/clawmesh/node"
-	"github.com/clawmesh/clawmesh/node/share"
+	"github.com/clawmesh/clawmesh/sim/scenario"
 	"github.com/clawmesh/clawmesh/trainer"
-	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
 // loopReport is the time from a version's commit on the leader to the
@@ -51,76 +45,16 @@ func benchLoop(ctx context.Context, versions int, progress io.Writer) (loopRepor
 			s()
 		}
 	}()
-	quiet := func(args ...string) (string, error) {
-		var out, errs bytes.Buffer
-		if code := run(ctx, args, &out, &errs); code != 0 {
-			return "", fmt.Errorf("clawmesh %s: %s", strings.Join(args, " "), errs.String())
-		}
-		return strings.TrimSpace(out.String()), nil
-	}
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// The demo's mesh, with one user: one model server and one node in
+	// front of it, three trainers.
+	m, err := startDemoMesh(ctx, root, demoOptions{Recipe: "combined", Users: scenario.Users()[:1]}, &stops, func(string, ...any) {})
 	if err != nil {
 		return r, err
 	}
-	modelAddr := ln.Addr().String()
-	ln.Close()
-	serveDone := make(chan int, 1)
-	go func() {
-		serveDone <- run(ctx, []string{"serve", "--tiny", "--listen", modelAddr, "--log", "error"}, io.Discard, io.Discard)
-	}()
-	stops = append(stops, func() { <-serveDone })
-	for i := 0; ; i++ {
-		if resp, err := http.Get("http://" + modelAddr + "/v1/models"); err == nil {
-			resp.Body.Close()
-			break
-		}
-		if i > 600 {
-			return r, fmt.Errorf("the model server did not start")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-
-	a := filepath.Join(root, "node")
-	if _, err := quiet("mesh", "init", "--data", a); err != nil {
-		return r, err
-	}
-	n, err := node.New(ctx, node.Config{DataDir: a, Upstream: "http://" + modelAddr + "/v1", UpstreamKind: "clawmesh", Share: share.Policy{Mode: share.ModeAll},
-		ShareInterval: 50 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
-		Mesh: &node.MeshConfig{Listen: loopbackListen, Ship: mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
-			Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond, WeightsRetry: 300 * time.Millisecond}})
-	if err != nil {
-		return r, err
-	}
-	gln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return r, err
-	}
-	nodeDone := make(chan struct{})
-	go func() { n.Serve(ctx, gln); close(nodeDone) }()
-	stops = append(stops, func() { <-nodeDone; n.Close(context.Background()) })
-	gw := "http://" + gln.Addr().String() + "/v1"
-
-	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, VerifyRetry: 2 * time.Second}
+	n, gw := m.nodes[0], m.gateways[0]+"/v1"
 	var trs []*trainer.Trainer
-	for i := range 3 {
-		d := filepath.Join(root, fmt.Sprint("trainer", i))
-		tok, err := quiet("invite", "--role", "trainer", "--data", a)
-		if err != nil {
-			return r, err
-		}
-		if _, err := quiet("join", tok, "--data", d, "--p2p-listen", loopbackListen[1]); err != nil {
-			return r, err
-		}
-		tr, err := trainer.New(ctx, trainer.Config{DataDir: d, Listen: loopbackListen, Bootstrap: n.Peer().Host.Addrs(), Timing: timing,
-			Group: group.Config{Deadline: 5 * time.Second, LocalSteps: 1}, Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
-		if err != nil {
-			return r, err
-		}
-		done := make(chan struct{})
-		go func() { tr.Run(ctx); close(done) }()
-		stops = append(stops, func() { <-done; tr.Close() })
-		trs = append(trs, tr)
+	for _, t := range m.trainers {
+		trs = append(trs, t.tr)
 	}
 
 	call := func(content string, done bool) (string, error) {
