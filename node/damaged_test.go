@@ -4,20 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/gateway"
 	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/pool/pooltest"
 )
 
 // TestNodeServesOnDamagedPool: a node whose pool has a damaged WAL segment
@@ -29,27 +27,8 @@ func TestNodeServesOnDamagedPool(t *testing.T) {
 	defer cancel()
 	data := t.TempDir()
 	dir := filepath.Join(data, "pool")
-	p, err := pool.Open(dir, pool.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
-	for i := range 300 {
-		id := core.StepID(fmt.Sprintf("old%03d", i))
-		s := &core.Step{
-			ID: id, SessionID: "old", Turn: core.TurnMain, API: core.APIChat, State: core.StateOpen,
-			Request:  core.Request{Messages: []core.Message{{Role: core.RoleUser, Content: fmt.Sprintf("%d %s", i, strings.Repeat("x", 500))}}},
-			Response: core.Response{Choices: []core.Choice{{Message: core.Message{Role: core.RoleAssistant, Content: "ok"}}}},
-			Timings:  core.Timings{Start: t0.Add(time.Duration(i) * time.Second)},
-		}
-		if err := p.Put(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.Close(); err != nil {
-		t.Fatal(err)
-	}
-	damageLargestWAL(t, dir)
+	pooltest.Fill(t, dir, "old", 300)
+	pooltest.DamageLargestWAL(t, dir)
 
 	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Served anyway."}}})
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -113,31 +92,6 @@ func TestNodeServesOnDamagedPool(t *testing.T) {
 	}
 	if !recorded || len(steps) != rep.Steps+1 {
 		t.Fatalf("after the repair the pool lists %d steps (salvaged %d), the new call recorded: %v", len(steps), rep.Steps, recorded)
-	}
-}
-
-// damageLargestWAL overwrites 32 bytes in the middle of the pool's largest
-// WAL file.
-func damageLargestWAL(t *testing.T, dir string) {
-	t.Helper()
-	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-	var wal string
-	var size int64
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err == nil && fi.Size() > size {
-			wal, size = l, fi.Size()
-		}
-	}
-	if size < 128<<10 {
-		t.Fatalf("WAL files %v: none spans several blocks", logs)
-	}
-	f, err := os.OpenFile(wal, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.WriteAt(make([]byte, 32), size/2); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -1,17 +1,15 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/pool/pooltest"
 )
 
 // TestPoolRepairCLI: `pool stats` on a pool with a damaged WAL says what to
@@ -19,42 +17,10 @@ import (
 // pool kept), the pool then opens, and a second repair says there is
 // nothing to repair. `pool` alone names repair among its commands.
 func TestPoolRepairCLI(t *testing.T) {
-	ctx := context.Background()
 	data := t.TempDir()
 	dir := filepath.Join(data, "pool")
-	p, err := pool.Open(dir, pool.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
-	for i := range 300 {
-		s := &core.Step{
-			ID: core.StepID(fmt.Sprintf("s%03d", i)), SessionID: "s", Turn: core.TurnMain, API: core.APIChat, State: core.StateOpen,
-			Request:  core.Request{Messages: []core.Message{{Role: core.RoleUser, Content: fmt.Sprintf("%d %s", i, strings.Repeat("x", 500))}}},
-			Response: core.Response{Choices: []core.Choice{{Message: core.Message{Role: core.RoleAssistant, Content: "ok"}}}},
-			Timings:  core.Timings{Start: t0.Add(time.Duration(i) * time.Second)},
-		}
-		if err := p.Put(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.Close(); err != nil {
-		t.Fatal(err)
-	}
-	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-	var wal string
-	var size int64
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err == nil && fi.Size() > size {
-			wal, size = l, fi.Size()
-		}
-	}
-	f, err := os.OpenFile(wal, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.WriteAt(make([]byte, 32), size/2)
-	f.Close()
+	pooltest.Fill(t, dir, "s", 300)
+	pooltest.DamageLargestWAL(t, dir)
 
 	out, errs, code := runCLI(t, "pool", "stats", "--data", data)
 	if code == 0 || !strings.Contains(out+errs, "damaged") {
