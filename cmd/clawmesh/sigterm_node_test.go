@@ -52,36 +52,9 @@ func TestSigtermDrainsStream(t *testing.T) {
 	}()
 
 	data := t.TempDir()
-	cmd := exec.Command(bin, "node", "--data", data, "--listen", "127.0.0.1:0", "--no-scoring",
-		"--upstream", "http://"+ln.Addr().String()+"/v1")
-	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var waitErr error
-	exited := make(chan struct{}) // closed when the process has exited, waitErr set
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	defer func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Kill()
-			<-exited
-		}
-	}()
-	var addr string
-	for i := 0; i < 300 && addr == ""; i++ { // up to 30s
-		if a, err := node.ReadAddr(data); err == nil {
-			addr = a
-		} else {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	if addr == "" {
-		t.Fatalf("node did not start: %s", stderr.String())
-	}
+	np := startNodeProcess(t, bin, data, "--no-scoring", "--upstream", "http://"+ln.Addr().String()+"/v1")
+	cmd, exited, addr := np.cmd, np.exited, np.addr
+	stderr := np.stderr
 
 	client := &http.Client{Timeout: 60 * time.Second}
 	resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json",
@@ -107,7 +80,7 @@ func TestSigtermDrainsStream(t *testing.T) {
 	// that it has not exited while the stream is held.
 	select {
 	case <-exited:
-		t.Fatalf("node exited (%v) while a stream was in flight: %s", waitErr, stderr.String())
+		t.Fatalf("node exited (%v) while a stream was in flight: %s", np.waitErr, stderr.String())
 	case <-time.After(300 * time.Millisecond):
 	}
 	close(hold)
@@ -122,8 +95,8 @@ func TestSigtermDrainsStream(t *testing.T) {
 	}
 	select {
 	case <-exited:
-		if waitErr != nil {
-			t.Fatalf("node exit: %v: %s", waitErr, stderr.String())
+		if np.waitErr != nil {
+			t.Fatalf("node exit: %v: %s", np.waitErr, stderr.String())
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatalf("node did not exit after its last stream: %s", stderr.String())
@@ -141,4 +114,47 @@ func TestSigtermDrainsStream(t *testing.T) {
 	if len(steps) != 1 || steps[0].Action().Content != "abcdefgh" || steps[0].ClientDisconnected || steps[0].State != core.StateOpen {
 		t.Fatalf("pool after SIGTERM: %d steps %+v", len(steps), steps)
 	}
+}
+
+// nodeProcess is a `clawmesh node` process a test started.
+type nodeProcess struct {
+	cmd     *exec.Cmd
+	addr    string        // the gateway's address
+	stderr  *bytes.Buffer // what it logged
+	exited  chan struct{} // closed once it has exited, waitErr set
+	waitErr error
+}
+
+// startNodeProcess starts bin as `clawmesh node` on data, listening on a
+// free loopback port, with more flags, waits (up to 30 s) for its address
+// file, and kills it when the test ends if it is still running.
+func startNodeProcess(t *testing.T, bin, data string, flags ...string) *nodeProcess {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"node", "--data", data, "--listen", "127.0.0.1:0"}, flags...)...)
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+	np := &nodeProcess{cmd: cmd, stderr: &bytes.Buffer{}, exited: make(chan struct{})}
+	cmd.Stderr = np.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { np.waitErr = cmd.Wait(); close(np.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-np.exited:
+		default:
+			cmd.Process.Kill()
+			<-np.exited
+		}
+	})
+	for i := 0; i < 300 && np.addr == ""; i++ {
+		if a, err := node.ReadAddr(data); err == nil {
+			np.addr = a
+		} else {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if np.addr == "" {
+		t.Fatalf("node did not start: %s", np.stderr.String())
+	}
+	return np
 }

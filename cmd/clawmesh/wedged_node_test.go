@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
-	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/pool"
 )
 
@@ -44,35 +42,9 @@ func TestSigtermWedgedStore(t *testing.T) {
 
 	data := t.TempDir()
 	const drain = 2 * time.Second
-	cmd := exec.Command(bin, "node", "--data", data, "--listen", "127.0.0.1:0", "--no-scoring", "--min-free", "0",
+	np := startNodeProcess(t, bin, data, "--no-scoring", "--min-free", "0",
 		"--drain-timeout", drain.String(), "--upstream", "http://"+ln.Addr().String()+"/v1")
-	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{}) // closed once the process has exited
-	go func() { cmd.Wait(); close(exited) }()
-	defer func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Kill()
-			<-exited
-		}
-	}()
-	var addr string
-	for i := 0; i < 300 && addr == ""; i++ { // up to 30 s
-		if a, err := node.ReadAddr(data); err == nil {
-			addr = a
-		} else {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	if addr == "" {
-		t.Fatalf("node did not start: %s", stderr.String())
-	}
+	cmd, exited, addr, stderr := np.cmd, np.exited, np.addr, np.stderr
 	client := &http.Client{Timeout: 60 * time.Second}
 	call := func(content string) {
 		t.Helper()
