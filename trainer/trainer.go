@@ -149,6 +149,9 @@ type Trainer struct {
 	// their manifests.
 	weights *weights.Service
 	key     ed25519.PrivateKey
+	// sharedVersion is the newest version in the weights service, so that
+	// the work loop reads its directory only when a newer one commits.
+	sharedVersion atomic.Uint64
 
 	mu   sync.Mutex
 	addr net.Addr

@@ -25,10 +25,11 @@ func (t *Trainer) shareVersion(ctx context.Context) {
 		cur, ok = s.Current()
 		base = s.Config.Base
 	})
-	if !ok || cur.Version == 0 || !exists(t.versionDir(cur.Version)) {
+	if !ok || cur.Version == 0 || cur.Version <= t.sharedVersion.Load() || !exists(t.versionDir(cur.Version)) {
 		return
 	}
 	if held := t.weights.Dir().Held(); len(held) > 0 && held[0].Version >= cur.Version {
+		t.sharedVersion.Store(held[0].Version)
 		return
 	}
 	b, err := weights.Pack(t.versionDir(cur.Version))
@@ -56,6 +57,7 @@ func (t *Trainer) shareVersion(ctx context.Context) {
 		t.log.Warn("sharing a version", "version", cur.Name(), "err", err)
 		return
 	}
+	t.sharedVersion.Store(cur.Version)
 	t.log.Info("version shared with the devices", "version", cur.Name(), "bundle", m.BundleID()[:12], "bytes", m.Size)
 	// The devices fetch the newest; a few older ones stay for those that
 	// pinned one.
