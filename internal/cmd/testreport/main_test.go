@@ -26,6 +26,9 @@ import "testing"
 
 func TestPasses(t *testing.T) { t.Log("quiet") }
 func TestFails(t *testing.T) { t.Log("what went wrong"); t.Fail() }
+func TestFailsInSub(t *testing.T) {
+	t.Run("deep", func(t *testing.T) { t.Error("deeper") })
+}
 func TestSkips(t *testing.T) {
 	t.Run("sub", func(t *testing.T) { t.Skip("wat2wasm is not installed") })
 }
@@ -35,17 +38,25 @@ func TestSkipsSilently(t *testing.T) { t.SkipNow() }`)
 	cmd.Env = append(cmd.Environ(), "GOFLAGS=-mod=mod")
 	js, _ := cmd.Output() // fails: a test fails
 	var out strings.Builder
-	skips, err := report(strings.NewReader(string(js)), &out)
+	res, err := report(strings.NewReader(string(js)), &out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	summary(&out, skips)
+	summary(&out, res)
 	got := out.String()
 	for _, want := range []string{"what went wrong", "--- FAIL: TestFails", "FAIL\texample.com/m",
-		"== 2 tests were skipped:", "   example.com/m TestSkips/sub: wat2wasm is not installed", "   example.com/m TestSkipsSilently: (no reason given)"} {
+		"== 2 tests were skipped:", "   example.com/m TestSkips/sub: wat2wasm is not installed", "   example.com/m TestSkipsSilently: (no reason given)",
+		"== 2 tests failed:\n   example.com/m TestFails\n      |     m_test.go:6: what went wrong\n",
+		"   example.com/m TestFailsInSub/deep\n      |     m_test.go:8: deeper\n"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("no %q in\n%s", want, got)
 		}
+	}
+	if strings.Contains(got, "   example.com/m TestFailsInSub\n") {
+		t.Errorf("the parent of a failed subtest named in the summary:\n%s", got)
+	}
+	if i, j := strings.Index(got, "skipped:"), strings.Index(got, "tests failed:"); i < 0 || j < i {
+		t.Errorf("the failures are not last:\n%s", got)
 	}
 	for _, bad := range []string{"quiet", "=== RUN", "TestPasses"} {
 		if strings.Contains(got, bad) {
