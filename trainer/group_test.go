@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,11 +37,45 @@ var testGroup = group.Config{Deadline: 4 * time.Second, LocalSteps: 2}
 
 const clusterWait = 90 * time.Second
 
+// testLogger logs to stderr with CLAWMESH_TEST_LOG set; otherwise it keeps
+// the last testLogLines lines and prints them if the test fails, so that a
+// failure seen once on a busy machine says what the trainers were doing.
 func testLogger(t *testing.T) *slog.Logger {
 	if os.Getenv("CLAWMESH_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	return nil
+	r := &logRing{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the trainers' last %d log lines:\n%s", testLogLines, r.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(r, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+const testLogLines = 150
+
+// logRing is an io.Writer that keeps the last testLogLines writes (slog
+// writes a record at a time).
+type logRing struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (r *logRing) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.lines) == testLogLines {
+		r.lines = append(r.lines[:0:0], r.lines[1:]...)
+	}
+	r.lines = append(r.lines, string(p))
+	return len(p), nil
+}
+
+func (r *logRing) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.lines, "")
 }
 
 func newTestCluster(t *testing.T, n int) *Cluster {
