@@ -236,6 +236,7 @@ type Node struct {
 	scored, shed atomic.Uint64
 	backlog      atomic.Int64
 	scoreAfter   core.StepID // skip the closed steps up to this one (shed)
+	shedHigh     core.StepID // the newest step ever shed: those up to it are counted
 	counted      time.Time   // when the backlog was last counted
 	shedLogged   time.Time
 
@@ -581,8 +582,9 @@ type ScorerStats struct {
 	// Backlog is how many closed steps wait to be scored, when last
 	// counted (at each pass).
 	Backlog int `json:"backlog"`
-	// Shed counts the closed steps the scorer left unscored because the
-	// backlog was over MaxScoreBacklog (they stay closed, never trained on).
+	// Shed counts the closed steps the scorer skipped because the backlog
+	// was over MaxScoreBacklog, each once: they stay closed and are scored
+	// once it has caught up.
 	Shed uint64 `json:"shed"`
 	// MaxBacklog is the bound on the backlog (Config.MaxScoreBacklog).
 	MaxBacklog int `json:"max_backlog"`
@@ -728,8 +730,23 @@ func (n *Node) shedBacklog(ctx context.Context) error {
 	if skip == "" {
 		return nil
 	}
+	// Shed counts steps, each once: once caught up, the scorer goes back
+	// to the steps it skipped, and may skip some of them again; only those
+	// newer than any shed before are new.
 	shed := c - n.cfg.MaxScoreBacklog
+	if n.shedHigh != "" && n.shedHigh != n.scoreAfter {
+		newer, _, err := n.pool.Backlog(ctx, core.StateClosed, n.shedHigh, n.cfg.MaxScoreBacklog)
+		if err != nil && !errors.Is(err, pool.ErrNotFound) {
+			return err
+		}
+		if err == nil {
+			shed = max(0, newer-n.cfg.MaxScoreBacklog)
+		}
+	}
 	n.shed.Add(uint64(shed))
+	if shed > 0 {
+		n.shedHigh = skip
+	}
 	n.scoreAfter = skip
 	if now.Sub(n.shedLogged) >= time.Minute {
 		n.shedLogged = now

@@ -74,9 +74,14 @@ func TestScorerShedsOverBacklog(t *testing.T) {
 			t.Errorf("step %s scored without scores: %+v", s.ID, s.Reward)
 		}
 	}
-	// Caught up on the newest: the skipped ones come next.
-	for range 10 {
-		if _, err := n.ScoreClosed(ctx, 100); err != nil {
+	// Caught up on the newest: the skipped ones come next, a few at a
+	// time, the backlog counted before each pass (more than the bound wait
+	// again, and the oldest are skipped again: they were counted already).
+	for range 20 {
+		mu.Lock()
+		now = now.Add(2 * time.Second)
+		mu.Unlock()
+		if _, err := n.ScoreClosed(ctx, 5); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -84,7 +89,7 @@ func TestScorerShedsOverBacklog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := n.Scorer(); len(left) != 0 || st.Scored != waiting {
-		t.Fatalf("after catching up: %d closed steps left, scorer %+v", len(left), st)
+	if st := n.Scorer(); len(left) != 0 || st.Scored != waiting || st.Shed != waiting-bound {
+		t.Fatalf("after catching up: %d closed steps left, scorer %+v; want every step scored and %d shed, each counted once", len(left), st, waiting-bound)
 	}
 }
