@@ -66,8 +66,10 @@ recording before the disk is full.
 
 Memory stays bounded under load: the gateway follows at most --max-sessions
 conversations at once, the pool's caches and the reward plugins' instances
-have fixed budgets, and --memory-limit makes the Go runtime collect harder
-rather than grow past it. The scorer
+have fixed budgets, and --memory-limit (default 512MiB) makes the Go runtime
+collect harder rather than grow past it: under a sustained overload the
+node's RSS levels off near the limit plus about 150 MiB held outside the Go
+heap (Pebble's block cache and memtables, the plugins' compiled code). The scorer
 keeps up with bursts of over a thousand calls a second; past
 --max-score-backlog waiting steps it skips the oldest and comes back to
 them once it has caught up ('clawmesh bench soak' measures both).
@@ -123,7 +125,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	weightsListen := fs.String("weights", ":0", "UDP address of the QUIC service that fetches the trainers' adapter versions and serves them on to other devices, when the data directory is in a mesh; off follows none (see 'clawmesh weights')")
 	shareEvery := fs.Duration("share-interval", 0, "how often scored steps are sealed into outbox batches, as [share] allows (default 30s)")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
-	memLimit := fs.String("memory-limit", "1GiB", "soft limit of the node's memory (the Go runtime collects harder as it nears it; a size, or 0 for none; GOMEMLIMIT, if set, wins)")
+	memLimit := fs.String("memory-limit", "512MiB", "soft limit of the node's Go memory (the runtime collects harder as it nears it; the process's RSS stays near it plus about 150 MiB that Pebble and the plugins' compiled code hold outside it; a size, or 0 for none; GOMEMLIMIT, if set, wins)")
 	maxSessions := fs.Int("max-sessions", 0, "conversations the gateway follows in memory at once; the least recently used one beyond this is closed and forgotten (bounds the node's memory under load; default 10000)")
 	maxBacklog := fs.Int("max-score-backlog", 0, "closed steps the scorer may fall behind by; beyond this it skips the oldest (counted as shed in 'clawmesh pool stats') and scores them once it has caught up (default 50000)")
 	minFreeFlag := fs.String("min-free", "", "pause recording while the data directory's filesystem has less than this free (a number of bytes, or with KiB, MiB or GiB; 0 turns the guard off); recording resumes at a quarter more (default the smaller of 1GiB and 5% of the filesystem)")
