@@ -198,6 +198,58 @@ func TestOtherClosuresOffReplyPath(t *testing.T) {
 	}
 }
 
+// TestOtherClosuresInChunks: closures that queue while the background
+// writer is held (an overloaded store) are written in commits of at most
+// laterChunk, not in one commit of everything that queued, and none is lost.
+func TestOtherClosuresInChunks(t *testing.T) {
+	defer func(n int) { laterChunk = n }(laterChunk)
+	laterChunk = 2
+	spy := &spyStore{mem: newMemStore()}
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Store = spy
+		c.NewID = seqIDs()
+		c.Sessions = session.Options{MaxSessions: 1}
+	})
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	spy.setGate(func(op string) {
+		if op == "update s1" {
+			<-release
+		}
+	})
+	// Each call evicts the one before it: s1's closure is held, s2..s7's
+	// queue behind it.
+	const calls = 8
+	for i := range calls {
+		if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": fmt.Sprint("x", i)}); st != 200 {
+			t.Fatalf("call %d: %d %s", i, st, b)
+		}
+	}
+	once.Do(func() { close(release) })
+	stopEnv(t, e)
+	chunked := false
+	for _, op := range spy.log() {
+		if !strings.HasPrefix(op, "apply change") {
+			continue
+		}
+		switch n := strings.Count(op, "change "); {
+		case n > laterChunk:
+			t.Errorf("one background write of %d closures (%q), more than %d", n, op, laterChunk)
+		case n == laterChunk:
+			chunked = true
+		}
+	}
+	if !chunked {
+		t.Errorf("no background write of %d closures: %q", laterChunk, spy.log())
+	}
+	for i := 1; i < calls; i++ {
+		if s := spy.mem.get(t, core.StepID(fmt.Sprint("s", i))); s.State != core.StateClosed {
+			t.Errorf("evicted step s%d is %s", i, s.State)
+		}
+	}
+}
+
 // TestReplyWaitsForStore: while the store holds the step's write, the client
 // gets neither a stream's terminal event nor a non-streaming body; when the
 // write returns, they arrive. For the first call of a chain (a Put) and the

@@ -37,6 +37,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -627,17 +628,27 @@ func (g *Gateway) closeLater(cl []session.Closure) {
 	}
 }
 
+// laterChunk bounds the closures one background write takes. What queued
+// while the writer was behind goes in commits of this size, each well
+// within StoreTimeout: one commit of everything that queued during an
+// overload (tens of thousands) could outlast it, be abandoned, and leave
+// those steps open.
+var laterChunk = 512
+
 func (g *Gateway) writeLater() {
 	defer g.wg.Done()
 	for {
 		g.laterMu.Lock()
-		cl := g.later
-		g.later = nil
-		if len(cl) == 0 {
+		n := min(len(g.later), laterChunk)
+		if n == 0 {
+			g.later = nil
 			g.writing = false
 			g.laterMu.Unlock()
 			return
 		}
+		cl := slices.Clone(g.later[:n])
+		clear(g.later[:n]) // the next states go with this write
+		g.later = g.later[n:]
 		g.laterMu.Unlock()
 		g.applyLater(context.Background(), cl)
 	}
