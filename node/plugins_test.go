@@ -81,6 +81,16 @@ func TestNodeServesPlugins(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
+	// A node serves its modules once its runner has them: at a first start
+	// it compiles them first (seconds; longer on a busy machine), and a
+	// fetch made before then waits for them and may stall out (the
+	// fetcher tries again later).
+	for deadline := time.Now().Add(3 * time.Minute); !n.Scorer().Ready; {
+		if time.Now().After(deadline) {
+			t.Fatal("the node's plugins were not compiled in 3 minutes")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer fcancel()
 	for _, want := range [][]byte{hint, tool} {
