@@ -236,6 +236,9 @@ func TestSetupOpenClawReal(t *testing.T) {
 	}()
 	defer func() { stopNode(); <-done }()
 	waitFor(t, "the node's address file", func() bool { _, err := node.ReadAddr(data); return err == nil })
+	// The address file is written just before the line that says where
+	// the gateway listens, and with what upstream.
+	waitFor(t, "the node's 'gateway listening' line", func() bool { return strings.Contains(logs.String(), "gateway listening") })
 	if !strings.Contains(logs.String(), "upstream="+model) {
 		t.Errorf("the node did not take its upstream from config.toml:\n%s", logs.String())
 	}
