@@ -250,6 +250,65 @@ func TestOtherClosuresInChunks(t *testing.T) {
 	}
 }
 
+// unsyncedSpy is a spyStore that can also write without syncing, as
+// *pool.Pool can.
+type unsyncedSpy struct{ *spyStore }
+
+func (s unsyncedSpy) ApplyUnsynced(ctx context.Context, changes []pool.Change) error {
+	var parts []string
+	for _, c := range changes {
+		parts = append(parts, "change "+string(c.ID))
+	}
+	s.write("unsynced " + strings.Join(parts, ", "))
+	return s.mem.Apply(ctx, nil, changes)
+}
+
+// TestOtherClosuresStepByStep: with a store that writes without syncing,
+// the background closures are written a step at a time (a commit of many
+// would take all their write locks behind the calls' synced writes), and
+// every one lands.
+func TestOtherClosuresStepByStep(t *testing.T) {
+	spy := &spyStore{mem: newMemStore()}
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Store = unsyncedSpy{spy}
+		c.NewID = seqIDs()
+		c.Sessions = session.Options{MaxSessions: 1}
+	})
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	spy.setGate(func(op string) {
+		if op == "unsynced change s1" {
+			<-release
+		}
+	})
+	const calls = 8
+	for i := range calls {
+		if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": fmt.Sprint("x", i)}); st != 200 {
+			t.Fatalf("call %d: %d %s", i, st, b)
+		}
+	}
+	once.Do(func() { close(release) })
+	stopEnv(t, e)
+	n := 0
+	for _, op := range spy.log() {
+		if strings.HasPrefix(op, "unsynced") {
+			n++
+			if strings.Count(op, "change ") != 1 {
+				t.Errorf("a background write of several steps: %q", op)
+			}
+		}
+	}
+	if n != calls-1 {
+		t.Errorf("%d background writes, want %d: %q", n, calls-1, spy.log())
+	}
+	for i := 1; i < calls; i++ {
+		if s := spy.mem.get(t, core.StepID(fmt.Sprint("s", i))); s.State != core.StateClosed {
+			t.Errorf("evicted step s%d is %s", i, s.State)
+		}
+	}
+}
+
 // TestReplyWaitsForStore: while the store holds the step's write, the client
 // gets neither a stream's terminal event nor a non-streaming body; when the
 // write returns, they arrive. For the first call of a chain (a Put) and the

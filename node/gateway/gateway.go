@@ -482,11 +482,40 @@ func (g *Gateway) applyLater(ctx context.Context, cl []session.Closure) {
 		g.applyClosures(ctx, cl)
 		return
 	}
-	if g.storeCall(ctx, func(ctx context.Context) error { return u.ApplyUnsynced(ctx, closureChanges(cl)) }) == nil {
-		return
+	// A step at a time, a few at once, as the scorer writes its verdicts:
+	// one commit of many steps takes all their write locks, each behind
+	// the calls' synced writes that hold it, and under load that convoy
+	// starves the writer (its queue then grows) and stalls those calls.
+	var (
+		next   atomic.Int64
+		paused atomic.Bool
+		wg     sync.WaitGroup
+	)
+	for range min(laterWriters, len(cl)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(cl) && !paused.Load(); i = int(next.Add(1) - 1) {
+				c := cl[i]
+				err := g.storeCall(ctx, func(ctx context.Context) error {
+					return u.ApplyUnsynced(ctx, []pool.Change{{ID: c.StepID, Fn: closeWith(c.NextState)}})
+				})
+				switch {
+				case err == nil:
+				case errors.Is(err, pool.ErrPaused):
+					paused.Store(true)
+				default:
+					g.recordFailures.Add(1)
+					g.log.Error("recording a closure failed", "step", c.StepID, "err", err)
+				}
+			}
+		}()
 	}
-	g.applyClosures(ctx, cl) // one of them may be missing: one by one
+	wg.Wait()
 }
+
+// laterWriters is how many background closures are written at once.
+const laterWriters = 4
 
 // errStoreTimeout: a store call did not return within StoreTimeout.
 var errStoreTimeout = errors.New("gateway: the store did not answer in time")
