@@ -85,9 +85,13 @@ func newMetrics(n *Node) *metrics {
 		{"clawmesh_gateway_upstream_failures_total", "Calls whose upstream was unreachable, timed out or cut.", func(s gateway.Stats) uint64 { return s.UpstreamFailures }},
 		{"clawmesh_gateway_unrecorded_total", "Calls served but not recorded (recording paused, the pool failed or was slow).", func(s gateway.Stats) uint64 { return s.Unrecorded }},
 		{"clawmesh_gateway_client_disconnects_total", "Recorded calls the client abandoned.", func(s gateway.Stats) uint64 { return s.ClientDisconnected }},
+		{"clawmesh_gateway_closures_dropped_total", "Closures (next states, ends of steps) not written because the background writer's queue was full.", func(s gateway.Stats) uint64 { return s.ClosuresDropped }},
 	} {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help}, gw(c.f)))
 	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "clawmesh_gateway_closures_waiting",
+		Help: "Closures (next states, ends of steps) waiting for the gateway's background writer."},
+		gw(func(s gateway.Stats) uint64 { return uint64(s.ClosuresWaiting) })))
 	peers := func(f func() int) func() float64 {
 		return func() float64 {
 			if n.peer == nil {

@@ -48,6 +48,10 @@ type SoakSample struct {
 	Shed    uint64 `json:"shed"`
 	// Unrecorded counts the calls the gateway served without recording.
 	Unrecorded uint64 `json:"unrecorded"`
+	// ClosuresWaiting are the closures (ends of steps) queued for the
+	// gateway's background writer; ClosuresDropped those it had no room for.
+	ClosuresWaiting int    `json:"closures_waiting"`
+	ClosuresDropped uint64 `json:"closures_dropped"`
 }
 
 // SoakResult is what `clawmesh bench soak --json` prints.
@@ -214,14 +218,15 @@ func benchSoak(ctx context.Context, o soakOptions, progress io.Writer) (*SoakRes
 		if sc, err := admin.Scorer(sctx); err == nil {
 			s.Scored, s.Backlog, s.Shed = sc.Scored, sc.Backlog, sc.Shed
 		}
-		s.Unrecorded = health(sctx, base).Unrecorded
+		h := health(sctx, base)
+		s.Unrecorded, s.ClosuresWaiting, s.ClosuresDropped = h.Unrecorded, h.ClosuresWaiting, h.ClosuresDropped
 		scancel()
 		r.RSSPeak = max(r.RSSPeak, s.RSS)
 		r.BacklogPeak = max(r.BacklogPeak, s.Backlog)
 		r.Samples = append(r.Samples, s)
 		if progress != nil {
-			fmt.Fprintf(progress, "%6.0fs  rss %7.1f MiB  cpu %4.0f%%  answered %8d  failed %d  scored %8d  backlog %6d  shed %d\n",
-				s.At, float64(s.RSS)/(1<<20), s.CPU, s.Answered, s.Failed, s.Scored, s.Backlog, s.Shed)
+			fmt.Fprintf(progress, "%6.0fs  rss %7.1f MiB  cpu %4.0f%%  answered %8d  failed %d  unrecorded %d  closing %6d (dropped %d)  scored %8d  backlog %6d  shed %d\n",
+				s.At, float64(s.RSS)/(1<<20), s.CPU, s.Answered, s.Failed, s.Unrecorded, s.ClosuresWaiting, s.ClosuresDropped, s.Scored, s.Backlog, s.Shed)
 		}
 		return s
 	}

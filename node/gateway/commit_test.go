@@ -309,6 +309,51 @@ func TestOtherClosuresStepByStep(t *testing.T) {
 	}
 }
 
+// TestOtherClosuresBounded: while the background writer is held, at most
+// laterMax closures wait; the rest are dropped and counted, their steps
+// left open, and the writer goes on with what waits once it can.
+func TestOtherClosuresBounded(t *testing.T) {
+	defer func(n int) { laterMax = n }(laterMax)
+	laterMax = 3
+	spy := &spyStore{mem: newMemStore()}
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Store = unsyncedSpy{spy}
+		c.NewID = seqIDs()
+		c.Sessions = session.Options{MaxSessions: 1}
+	})
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	spy.setGate(func(op string) {
+		if op == "unsynced change s1" {
+			<-release
+		}
+	})
+	const calls = 8 // s1's closure held, s2..s4's wait, s5..s7's dropped
+	for i := range calls {
+		if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": fmt.Sprint("x", i)}); st != 200 {
+			t.Fatalf("call %d: %d %s", i, st, b)
+		}
+	}
+	if st := e.gw.Stats(); st.ClosuresWaiting != laterMax || st.ClosuresDropped != 3 {
+		t.Errorf("while held: %d closures waiting, %d dropped; want %d and 3", st.ClosuresWaiting, st.ClosuresDropped, laterMax)
+	}
+	once.Do(func() { close(release) })
+	stopEnv(t, e)
+	for i := 1; i < calls; i++ {
+		want := core.StateClosed
+		if i >= 5 {
+			want = core.StateOpen
+		}
+		if s := spy.mem.get(t, core.StepID(fmt.Sprint("s", i))); s.State != want {
+			t.Errorf("step s%d is %s, want %s", i, s.State, want)
+		}
+	}
+	if st := e.gw.Stats(); st.ClosuresWaiting != 0 {
+		t.Errorf("%d closures still waiting after the writer was let go", st.ClosuresWaiting)
+	}
+}
+
 // TestReplyWaitsForStore: while the store holds the step's write, the client
 // gets neither a stream's terminal event nor a non-streaming body; when the
 // write returns, they arrive. For the first call of a chain (a Put) and the

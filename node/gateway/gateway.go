@@ -220,6 +220,13 @@ type Stats struct {
 	// Unrecorded counts calls served but not recorded: recording was
 	// paused, the store failed, or it did not answer within StoreTimeout.
 	Unrecorded uint64
+	// ClosuresWaiting is how many closures (a step's next state, or its
+	// end without one: idle, evicted) wait for the background writer.
+	ClosuresWaiting int
+	// ClosuresDropped counts closures not written because that queue was
+	// full (laterMax, under a sustained overload): their steps stay open
+	// until the node next starts, which closes them.
+	ClosuresDropped uint64
 }
 
 // Gateway is the recording proxy. It is an http.Handler; Run serves it.
@@ -237,9 +244,11 @@ type Gateway struct {
 
 	// later holds closures waiting for the background writer; writing is
 	// true while it runs.
-	laterMu sync.Mutex
-	later   []session.Closure
-	writing bool
+	laterMu      sync.Mutex
+	later        []session.Closure
+	writing      bool
+	laterDropped atomic.Uint64
+	laterWarned  time.Time // when a drop was last logged
 
 	requests, recorded, recordFailures, upstreamFailures, disconnected, unrecorded atomic.Uint64
 
@@ -337,7 +346,15 @@ func (g *Gateway) Stats() Stats {
 		UpstreamFailures:   g.upstreamFailures.Load(),
 		ClientDisconnected: g.disconnected.Load(),
 		Unrecorded:         g.unrecorded.Load(),
+		ClosuresWaiting:    g.laterLen(),
+		ClosuresDropped:    g.laterDropped.Load(),
 	}
+}
+
+func (g *Gateway) laterLen() int {
+	g.laterMu.Lock()
+	defer g.laterMu.Unlock()
+	return len(g.later)
 }
 
 var idEncoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
@@ -606,11 +623,16 @@ type Health struct {
 	// Unrecorded counts the calls served but not recorded since start.
 	Unrecorded uint64 `json:"unrecorded"`
 	Requests   uint64 `json:"requests"`
+	// ClosuresWaiting and ClosuresDropped are Stats' (the background
+	// writer's queue, and what it had no room for).
+	ClosuresWaiting int    `json:"closures_waiting"`
+	ClosuresDropped uint64 `json:"closures_dropped"`
 }
 
 // Health reports whether calls are being recorded.
 func (g *Gateway) Health() Health {
-	h := Health{Status: "ok", Recording: true, Unrecorded: g.unrecorded.Load(), Requests: g.requests.Load()}
+	h := Health{Status: "ok", Recording: true, Unrecorded: g.unrecorded.Load(), Requests: g.requests.Load(),
+		ClosuresWaiting: g.laterLen(), ClosuresDropped: g.laterDropped.Load()}
 	if p, ok := g.cfg.Store.(Pauser); ok {
 		if ph := p.Health(); !ph.Recording {
 			h.Status, h.Recording, h.Paused, h.Since = "recording_paused", false, "recording paused: "+ph.Paused, ph.Since
@@ -647,15 +669,33 @@ func (g *Gateway) closeLater(cl []session.Closure) {
 		return
 	}
 	g.laterMu.Lock()
+	if room := laterMax - len(g.later); len(cl) > room {
+		dropped := len(cl) - max(room, 0)
+		cl = cl[:len(cl)-dropped]
+		g.laterDropped.Add(uint64(dropped))
+		if now := time.Now(); now.Sub(g.laterWarned) >= time.Minute {
+			g.laterWarned = now
+			g.log.Warn("the store is behind: closures dropped, their steps stay open until the node next starts",
+				"waiting", len(g.later), "dropped_total", g.laterDropped.Load())
+		}
+	}
 	g.later = append(g.later, cl...)
-	start := !g.writing
-	g.writing = true
+	start := !g.writing && len(g.later) > 0
+	if start {
+		g.writing = true
+	}
 	g.laterMu.Unlock()
 	if start {
 		g.wg.Add(1)
 		go g.writeLater()
 	}
 }
+
+// laterMax bounds the closures waiting for the background writer (about
+// 100 bytes each, more with a next state): past it, under an overload the
+// store cannot keep up with, new ones are dropped and counted
+// (Stats.ClosuresDropped) rather than held in memory without bound.
+var laterMax = 100_000
 
 // laterChunk bounds the closures one background write takes. What queued
 // while the writer was behind goes in commits of this size, each well
