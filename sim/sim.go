@@ -137,6 +137,7 @@ func newWorld(o Options, def Defences) (*world, error) {
 func (w *world) run() {
 	o := w.o
 	w.at(0, func() { w.checkLeader("start") })
+	w.lastStart = -o.RoundEvery / 2
 	w.at(0, w.tick)
 	for i := range o.Nodes {
 		w.scheduleBatch(i)
@@ -146,7 +147,7 @@ func (w *world) run() {
 	for w.nodes[w.victim].isRelay {
 		w.victim = (w.victim + 1) % o.Nodes
 	}
-	w.at(o.RoundEvery*5/2, w.revoke)
+	// (It is revoked half a round after the middle version is out.)
 	switch o.Scenario {
 	case Churn:
 		w.scheduleChurn()
@@ -161,7 +162,7 @@ func (w *world) run() {
 
 // watch ends the run once it has nothing left to show.
 func (w *world) watch() {
-	if w.published >= w.o.Versions && w.converged() && w.leader >= 0 {
+	if w.published >= w.o.Versions && w.revokedAt > 0 && w.converged() && w.leader >= 0 {
 		w.done = true
 		return
 	}
@@ -268,6 +269,9 @@ func (w *world) publishVersion(l *trainerPeer, v uint64) {
 		}
 	}
 	w.liveAtPub = append(w.liveAtPub, live)
+	if w.published == (w.o.Versions+1)/2 {
+		w.after(w.o.RoundEvery/2, w.revoke)
+	}
 	p := w.peers[l.n.id]
 	p.last = m
 	w.install(l.n.id, v)

@@ -256,6 +256,7 @@ func (w *world) revoke() {
 		}
 	}
 	if origin < 0 {
+		w.after(time.Second, w.revoke)
 		return
 	}
 	w.revokedAt = w.now
