@@ -321,11 +321,11 @@ func (w *world) lead(l *trainerPeer) {
 		}
 		return
 	}
-	if stale := st.Stale(); len(stale) > 0 {
-		w.propose(&group.Entry{Refuse: stale}, nil)
+	if w.published >= w.o.Versions || w.now < w.lastStart+w.o.RoundEvery {
 		return
 	}
-	if w.published >= w.o.Versions || w.now < w.lastStart+w.o.RoundEvery {
+	if stale := st.Stale(); len(stale) > 0 {
+		w.propose(&group.Entry{Refuse: stale}, nil)
 		return
 	}
 	var live []mesh.PeerID
