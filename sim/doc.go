@@ -43,8 +43,8 @@
 //
 //   - Links. Each device's access link is drawn from home-network
 //     figures: downlink 25–500 Mbit/s and uplink 5–50 Mbit/s, both
-//     log-uniform (the spread of cable, DSL and fibre plans in Ookla's
-//     and Ofcom's published medians: a median near 110 down and 16 up);
+//     log-uniform (an assumption spanning DSL, cable and fibre plans;
+//     the draws' medians come out near 110 Mbit/s down and 16 up);
 //     a one-way latency to the core of 5–40 ms (a round trip of 10–80
 //     ms to a nearby server), a gossip loss of 0–1% per link end.
 //     Trainers sit on 1 Gbit/s links with 5 ms. The latency between two

@@ -85,6 +85,17 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if !slices.Contains(sim.Scenarios, o.Scenario) {
 		return usageErr("unknown scenario %q: want one of %s", o.Scenario, strings.Join(sim.Scenarios, ", "))
 	}
+	// The options' zero values mean defaults; on the command line 0 means 0.
+	switch {
+	case o.Nodes < 4:
+		return usageErr("--nodes %d: at least 4 devices", o.Nodes)
+	case o.Trainers < 1:
+		return usageErr("--trainers %d: at least 1 trainer", o.Trainers)
+	case o.BundleMiB < 1:
+		return usageErr("--bundle-mib %d: at least 1", o.BundleMiB)
+	case o.Versions < 0:
+		return usageErr("--versions %d: at least 1", o.Versions)
+	}
 	if o.NATShare == 0 {
 		o.NATShare = -1 // --nat 0 means none
 	}
