@@ -227,7 +227,7 @@ func (w *world) announceHave(b int) {
 }
 
 // sync is what a node does on (re)connecting: it asks each neighbour for
-// its newest manifest and learns what it holds.
+// its newest manifest and its revocation list, and learns what it holds.
 func (w *world) sync(b int) {
 	nb := w.nodes[b]
 	for _, j := range nb.nbrs {
@@ -236,10 +236,14 @@ func (w *world) sync(b int) {
 			continue
 		}
 		pj := w.peers[j]
-		if pj.last == nil {
-			continue
+		var data, revs []byte
+		if pj.last != nil {
+			data = pj.last.Marshal()
 		}
-		data, held := pj.last.Marshal(), pj.held
+		if pj.revs.Len() > 0 {
+			revs = pj.revs.Marshal()
+		}
+		held := pj.held
 		sent := w.now
 		w.after(2*w.latency(nb, nj), func() {
 			if !w.sendTo(nj, nb) {
@@ -247,10 +251,15 @@ func (w *world) sync(b int) {
 			}
 			w.recordReceipt(j, b, sent)
 			p := w.peers[b]
+			if revs != nil {
+				w.mergeRevocations(b, revs)
+			}
 			if k, ok := indexOf(nb.nbrs, j); ok && p.nbrHeld[k] < held {
 				p.nbrHeld[k] = held
 			}
-			w.handleOffer(b, data)
+			if data != nil {
+				w.handleOffer(b, data)
+			}
 			if p.fetch != nil {
 				w.pump(b)
 			}

@@ -236,6 +236,22 @@ func (w *world) handleRevocation(b int, data []byte) bool {
 	return true
 }
 
+// mergeRevocations: node b merges a neighbour's revocation list, read from
+// the wire (real code), and stops talking to whoever it revokes.
+func (w *world) mergeRevocations(b int, data []byte) {
+	l, err := member.ParseRevocationList(w.adminPub, data)
+	if err != nil {
+		return
+	}
+	p := w.peers[b]
+	if err := p.revs.Merge(l); err != nil {
+		return
+	}
+	if w.victim >= 0 && p.learnt < 0 && p.revs.IsRevoked(string(w.nodes[w.victim].pid)) {
+		p.learnt = w.now
+	}
+}
+
 func (w *world) isVictim(i int) bool { return i == w.victim && w.victim >= 0 }
 
 // revoke has the admin revoke the victim; the leader (or the first live
