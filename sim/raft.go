@@ -308,7 +308,6 @@ func (w *world) lead(l *trainerPeer) {
 	l.buf = slices.DeleteFunc(l.buf, func(r group.BatchRef) bool { _, ok := st.Batches[r.ID]; return ok })
 	if len(add) > 0 {
 		w.propose(&group.Entry{Add: add}, nil)
-		return
 	}
 	if st.Round != nil {
 		r := w.round
@@ -326,7 +325,6 @@ func (w *world) lead(l *trainerPeer) {
 	}
 	if stale := st.Stale(); len(stale) > 0 {
 		w.propose(&group.Entry{Refuse: stale}, nil)
-		return
 	}
 	var live []mesh.PeerID
 	for _, t := range w.trainers {
