@@ -410,35 +410,12 @@ func (w *world) finish() {
 			w.fail("trainer %s's lineage differs from trainer %s's", t.n.pid, w.trainers[0].n.pid)
 		}
 	}
-	// No batch trained twice: in at most one version, and Trained exactly
-	// when in one.
-	in := map[core.BatchID]uint64{}
-	for _, v := range ref.Versions {
-		for _, c := range v.Contributors {
-			for _, id := range c.Batches {
-				if prev, ok := in[id]; ok {
-					w.fail("batch %s trained into v%d and v%d", id[:12], prev, v.Version)
-				}
-				in[id] = v.Version
-			}
-		}
+	batches := make([]group.Batch, 0, len(ref.Batches))
+	for _, b := range ref.Batches {
+		batches = append(batches, *b)
 	}
-	for id, b := range ref.Batches {
-		if v, ok := in[id]; (b.Status == group.Trained) != ok || ok && b.Version != v {
-			w.fail("batch %s is %s (v%d) but the lineage says v%d", id[:12], b.Status, b.Version, v)
-		}
-	}
-	// Versions strictly increase and carry (term, index).
-	for k, v := range ref.Versions {
-		if v.Version != uint64(k) || v.Term == 0 || v.Index == 0 {
-			w.fail("version %d at position %d has term %d index %d", v.Version, k, v.Term, v.Index)
-		}
-		if k > 0 {
-			p := ref.Versions[k-1]
-			if v.Index <= p.Index || v.Term < p.Term || v.Parent != p.Version {
-				w.fail("v%d (term %d, index %d) does not follow v%d (term %d, index %d)", v.Version, v.Term, v.Index, p.Version, p.Term, p.Index)
-			}
-		}
+	for _, v := range CheckLineage(ref.Versions, batches) {
+		w.fail("%s", v)
 	}
 	// What the devices accepted is what the trainers committed.
 	for i, p := range w.peers {
@@ -475,3 +452,44 @@ func (w *world) finish() {
 		}
 	}
 }
+
+// CheckLineage checks a trainers' lineage and batch ledger (as a trainer's
+// group.State holds them, or trainer.Trainer's Lineage and Ledger report
+// them) against the invariants: no batch is in two versions, a batch is
+// Trained exactly when a version has it, and the versions strictly
+// increase from 0 with their raft (term, index), each the child of the one
+// before. It returns the violations, sorted.
+func CheckLineage(versions []group.Version, batches []group.Batch) []string {
+	var out []string
+	in := map[core.BatchID]uint64{}
+	for _, v := range versions {
+		for _, c := range v.Contributors {
+			for _, id := range c.Batches {
+				if prev, ok := in[id]; ok {
+					out = append(out, fmt.Sprintf("batch %s trained into v%d and v%d", short(id), prev, v.Version))
+				}
+				in[id] = v.Version
+			}
+		}
+	}
+	for _, b := range batches {
+		if v, ok := in[b.ID]; (b.Status == group.Trained) != ok || ok && b.Version != v {
+			out = append(out, fmt.Sprintf("batch %s is %s (v%d) but the lineage says v%d", short(b.ID), b.Status, b.Version, v))
+		}
+	}
+	for k, v := range versions {
+		if v.Version != uint64(k) || v.Term == 0 || v.Index == 0 {
+			out = append(out, fmt.Sprintf("version %d at position %d has term %d index %d", v.Version, k, v.Term, v.Index))
+		}
+		if k > 0 {
+			p := versions[k-1]
+			if v.Index <= p.Index || v.Term < p.Term || v.Parent != p.Version {
+				out = append(out, fmt.Sprintf("v%d (term %d, index %d) does not follow v%d (term %d, index %d)", v.Version, v.Term, v.Index, p.Version, p.Term, p.Index))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func short(id core.BatchID) string { return string(id[:min(12, len(id))]) }
