@@ -107,6 +107,27 @@
 //   - Devices ship a 16-step batch every 2 minutes on average; a
 //     flooding malicious device 16 times as often.
 //
+// # Scenarios
+//
+// Every scenario publishes Versions versions, a round at most every
+// RoundEvery, and revokes one device half a round after the middle
+// version; the run ends once every live device holds the newest version
+// (or at Duration). Churn: devices stay awake for an exponential time of
+// mean 20 minutes and sleep for one of mean 5, and one sleep in ten is a
+// departure for good (relays and the revoked device stay up; churn stops
+// once the last version is out, so that the run can settle); the leader
+// is killed after two round intervals and restarted two later; after
+// three, another trainer is paused for 30 s. Partition: after one and a
+// half round intervals the leader and 30% of the devices are cut from the
+// rest, and healed two intervals later; on healing, nodes reconnect and
+// exchange their newest manifests and revocation lists. Relays: the
+// baseline over NAT shares of 0, 40% and 70% with 2 relays or the
+// default number. Poison: the baseline with Malicious of the devices
+// misbehaving (in turn: flipped rewards and forged scores, both shipped
+// 16 times as often; oversized and malformed batches) and
+// MaliciousTrainers trainers returning huge deltas, run under each set
+// of defences, and once clean.
+//
 // # The figures
 //
 // A version's reach q is the time from its publication until a share q of

@@ -287,15 +287,19 @@ func (w *world) report() *Report {
 		r.Gossip.CopiesPerNode = round3(float64(copies) / float64(len(w.msgs)*len(w.nodes)))
 	}
 	// Staleness.
-	var stale time.Duration
+	var stale, liveTime time.Duration
+	devices := 0
 	for i := range o.Nodes {
-		stale += w.peers[i].stale
+		if !w.isVictim(i) {
+			stale += w.peers[i].stale
+			liveTime += w.peers[i].liveTime
+			devices++
+		}
 	}
 	if w.published > 0 {
-		r.Staleness.MeanPerVersion = round3(stale.Seconds() / float64(o.Nodes*w.published))
-		span := w.now - w.pubAt[1]
-		if span > 0 {
-			r.Staleness.Share = round3(stale.Seconds() / (float64(o.Nodes) * span.Seconds()))
+		r.Staleness.MeanPerVersion = round3(stale.Seconds() / float64(devices*w.published))
+		if liveTime > 0 {
+			r.Staleness.Share = round3(stale.Seconds() / liveTime.Seconds())
 		}
 	}
 	// Work.

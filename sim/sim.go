@@ -263,8 +263,12 @@ func (w *world) publishVersion(l *trainerPeer, v uint64) {
 	for i := range w.o.Nodes {
 		if w.live(w.nodes[i]) && !w.isVictim(i) {
 			live++
-			if p := w.peers[i]; p.staleSince < 0 {
+			p := w.peers[i]
+			if p.staleSince < 0 {
 				p.staleSince = w.now
+			}
+			if w.published == 1 {
+				p.liveSince = w.now
 			}
 		}
 	}
@@ -350,7 +354,14 @@ func (w *world) setAwake(i int, awake bool) {
 			p.stale += w.now - p.staleSince
 			p.staleSince = -1
 		}
+		if p.liveSince >= 0 {
+			p.liveTime += w.now - p.liveSince
+			p.liveSince = -1
+		}
 		return
+	}
+	if w.published > 0 {
+		p.liveSince = w.now
 	}
 	if p.held < w.newest && p.staleSince < 0 {
 		p.staleSince = w.now
@@ -449,6 +460,10 @@ func (w *world) finish() {
 		if p.staleSince >= 0 && i < w.o.Nodes {
 			p.stale += w.now - p.staleSince
 			p.staleSince = -1
+		}
+		if p.liveSince >= 0 {
+			p.liveTime += w.now - p.liveSince
+			p.liveSince = -1
 		}
 	}
 }

@@ -49,6 +49,10 @@ type peer struct {
 	// newest committed one (-1: not stale).
 	staleSince time.Duration
 	stale      time.Duration
+	// Live time since the first version's publication: since when (-1: not
+	// counting) and how much before that.
+	liveSince time.Duration
+	liveTime  time.Duration
 
 	bytesUp int64 // chunk bytes sent
 }
@@ -120,7 +124,7 @@ func (w *world) setupMembership() error {
 		if err != nil {
 			return fmt.Errorf("sim: certificate of %s: %w", n.pid, err)
 		}
-		w.peers[i] = &peer{key: k, cert: c, revs: member.NewRevocationList(w.adminPub), learnt: -1, staleSince: -1,
+		w.peers[i] = &peer{key: k, cert: c, revs: member.NewRevocationList(w.adminPub), learnt: -1, staleSince: -1, liveSince: -1,
 			admitted: make([]bool, len(n.nbrs)), nbrHeld: make([]uint64, len(n.nbrs))}
 	}
 	for i, n := range w.nodes {
