@@ -63,7 +63,8 @@ func plotSim(r *sim.Report, dir string) ([]string, error) {
 		p.Add(line, points)
 		p.Legend.Add(s.name, line, points)
 	}
-	p.Legend.Top = true
+	p.Y.Min = 0
+	p.Legend.Top = false
 	path := filepath.Join(dir, "sim-"+r.Scenario+"-propagation.png")
 	if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
 		return nil, err
@@ -103,6 +104,33 @@ func plotSim(r *sim.Report, dir string) ([]string, error) {
 		p.Legend.Top = false
 		p.Legend.Left = false
 		path := filepath.Join(dir, "sim-"+r.Scenario+"-learning.png")
+		if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
+			return nil, err
+		}
+		out = append(out, path)
+	}
+	if len(r.Sweep) > 0 {
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("clawmesh sim relays (seed %d): 99%% of the devices, median over versions", r.Seed)
+		p.X.Label.Text = "NAT share, relays"
+		p.Y.Label.Text = "seconds after publication"
+		p.Add(plotter.NewGrid())
+		vals := make(plotter.Values, len(r.Sweep))
+		names := make([]string, len(r.Sweep))
+		p.Y.Min = 0
+		for i, s := range r.Sweep {
+			vals[i] = max(s.MedianReach99, 0)
+			p.Y.Max = max(p.Y.Max, 1.1*vals[i])
+			names[i] = fmt.Sprintf("%.0f%%, %d", 100*s.NATShare, s.Relays)
+		}
+		bars, err := plotter.NewBarChart(vals, vg.Points(30))
+		if err != nil {
+			return nil, err
+		}
+		bars.Color = simColors[0]
+		p.Add(bars)
+		p.NominalX(names...)
+		path := filepath.Join(dir, "sim-relays-sweep.png")
 		if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
 			return nil, err
 		}
