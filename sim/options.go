@@ -53,8 +53,9 @@ type Options struct {
 	// number of relay nodes (default one per 50 devices, at least 2).
 	NATShare float64
 	Relays   int
-	// Degree is how many peers each node dials (default 8); with the
-	// peers that dial it a node keeps about twice as many.
+	// Degree is how many peers each node dials (default 8, or Nodes−1 if
+	// fewer); with the peers that dial it a node keeps about twice as
+	// many.
 	Degree int
 	// RoundEvery is the least time between two rounds' starts (default
 	// 3m, longer than the log-tree bound at 1,000 devices, so that a
@@ -101,7 +102,7 @@ func (o Options) WithDefaults() Options {
 		o.Relays = max(2, o.Nodes/50)
 	}
 	if o.Degree == 0 {
-		o.Degree = DefaultDegree
+		o.Degree = min(DefaultDegree, o.Nodes-1)
 	}
 	if o.RoundEvery == 0 {
 		o.RoundEvery = DefaultRoundEvery

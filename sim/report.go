@@ -129,9 +129,12 @@ type Work struct {
 	// nothing.
 	Retrained     int `json:"retrained"`
 	WastedSamples int `json:"wasted_samples"`
-	// Dropped: batches refused (by reason) or refused at intake.
+	// Dropped: batches refused (by reason), refused at intake, or shipped
+	// when no trainer could hear of them (Unannounced). Pending: in the
+	// ledger, not trained yet.
 	Refused       map[string]int `json:"refused"`
 	IntakeRefused int            `json:"intake_refused"`
+	Unannounced   int            `json:"unannounced"`
 	Pending       int            `json:"pending"`
 }
 
@@ -304,7 +307,7 @@ func (w *world) report() *Report {
 	}
 	// Work.
 	st := w.trainers[0].st
-	r.Work = Work{Batches: len(w.batches), Trained: st.Counts["trained"], Refused: map[string]int{}, WastedSamples: w.wastedSamples, Pending: st.Counts["pending"] + st.Counts["assigned"]}
+	r.Work = Work{Batches: len(w.batches), Trained: st.Counts["trained"], Refused: map[string]int{}, WastedSamples: w.wastedSamples, Unannounced: w.unannounced, Pending: st.Counts["pending"] + st.Counts["assigned"]}
 	for k, n := range st.Refusals {
 		r.Work.Refused[k] = n
 	}
@@ -415,8 +418,8 @@ func (r *Report) WriteTable(out io.Writer) error {
 	for _, k := range keys {
 		refused = append(refused, fmt.Sprintf("%s %d", k, r.Work.Refused[k]))
 	}
-	f("work: %d batches, %d trained, %d trained twice, %d retrained, %d samples wasted, %d pending; refused: %s; at intake %d\n",
-		r.Work.Batches, r.Work.Trained, r.Work.TrainedTwice, r.Work.Retrained, r.Work.WastedSamples, r.Work.Pending, orNone(strings.Join(refused, ", ")), r.Work.IntakeRefused)
+	f("work: %d batches, %d trained, %d trained twice, %d retrained, %d samples wasted, %d pending; refused: %s; at intake %d; unheard of %d\n",
+		r.Work.Batches, r.Work.Trained, r.Work.TrainedTwice, r.Work.Retrained, r.Work.WastedSamples, r.Work.Pending, orNone(strings.Join(refused, ", ")), r.Work.IntakeRefused, r.Work.Unannounced)
 	if len(r.Failovers) == 0 {
 		f("failovers: none\n")
 	}

@@ -88,7 +88,7 @@ type world struct {
 
 	// Counters.
 	admissionRefused, offersRefused, offersFenced, verifies, abandoned int
-	lostProposals, refusedEntries, wastedSamples                       int
+	lostProposals, refusedEntries, wastedSamples, unannounced          int
 	chunkBytes, wastedBytes, gossipBytes, relayBytes                   int64
 	violations                                                         []string
 	done                                                               bool
@@ -217,15 +217,20 @@ func (w *world) makeBatch(i int) {
 	}
 	ref := group.BatchRef{ID: id, From: w.nodes[i].pid, Steps: steps, Adapters: []string{fmt.Sprintf("v%d", w.peers[i].held)}}
 	nd := w.nodes[i]
+	heard := false
 	for _, t := range w.trainers {
 		if !w.sendTo(nd, t.n) {
 			continue
 		}
+		heard = true
 		w.after(2*w.latency(nd, t.n), func() {
 			if w.live(t.n) {
 				t.buf = append(t.buf, ref)
 			}
 		})
+	}
+	if !heard {
+		w.unannounced++
 	}
 }
 
