@@ -56,8 +56,8 @@ Figures:
                 round, refused (stale, verify, unreadable, revoked)
   failover      from a fault to the new leader's first commit
   bytes         chunk bytes each device uploaded per version
-  invariants    checked at the end of every run; a violation is printed
-
+  invariants    checked at the end of every run; a violation is printed, and
+                the command exits with status 1
 `
 
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -134,6 +134,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		for _, p := range paths {
 			fmt.Fprintf(stderr, "wrote %s\n", filepath.Clean(p))
 		}
+	}
+	if !r.Invariants.OK {
+		return fmt.Errorf("%d invariants violated (seed %d)", len(r.Invariants.Violations), r.Seed)
 	}
 	return ctx.Err()
 }
