@@ -116,8 +116,9 @@
 // mean 20 minutes and sleep for one of mean 5, and one sleep in ten is a
 // departure for good (relays and the revoked device stay up; churn stops
 // once the last version is out, so that the run can settle); the leader
-// is killed after two round intervals and restarted two later; after
-// three, another trainer is paused for 30 s. Partition: after one and a
+// is killed 5 s into the second round, while its trainers train, and
+// restarted two round intervals later; after three round intervals
+// another trainer is paused for 30 s. Partition: after one and a
 // half round intervals the leader and 30% of the devices are cut from the
 // rest, and healed two intervals later; on healing, nodes reconnect and
 // exchange their newest manifests and revocation lists. Relays: the
@@ -131,7 +132,9 @@
 // # The figures
 //
 // A version's reach q is the time from its publication until a share q of
-// the devices live at publication hold it or a newer version. The bound
+// the devices live at publication hold it or a newer version; a device
+// that leaves for good, or sleeps through the end of the run, before it
+// has the version is not counted. The bound
 // is the log-tree bound for whole-bundle store-and-forward: reaching k
 // devices takes ceil(log2(k+1)) hops, a hop being the bundle over the
 // median device link (the smaller of the median uplink and downlink)

@@ -347,6 +347,9 @@ func (w *world) lead(l *trainerPeer) {
 				w.startWork(t, start.Round, start.Base, ids)
 			}
 		}
+		if w.onStart != nil {
+			w.onStart(start.Round)
+		}
 	})
 }
 

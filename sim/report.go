@@ -74,7 +74,8 @@ type VersionReport struct {
 	Term      uint64  `json:"term"`
 	Index     uint64  `json:"index"`
 	Published float64 `json:"published_s"`
-	// Live: devices live at publication (the denominator).
+	// Live: the denominator, devices live at publication that stayed in
+	// the mesh (not gone for good, not asleep at the end without it).
 	Live int `json:"live"`
 	// Reach50..Reach99: seconds from publication until that share of them
 	// held it (or a newer version); Bound50..Bound99 the log-tree bound.
@@ -228,10 +229,17 @@ func (w *world) report() *Report {
 	var ratios []float64
 	for k, ver := range w.lineage {
 		v := ver.Version
-		vr := VersionReport{Version: v, Term: ver.Term, Index: ver.Index, Published: round3(seconds(w.pubAt[v])), Live: w.liveAtPub[v], Score: round3(w.scores[k])}
+		vr := VersionReport{Version: v, Term: ver.Term, Index: ver.Index, Published: round3(seconds(w.pubAt[v])), Score: round3(w.scores[k])}
+		// The devices live at publication that stayed: not gone for good,
+		// and not asleep at the end without the version.
 		var times []float64
 		for i := range o.Nodes {
-			if t := w.reached[v][i]; t >= 0 && !w.isVictim(i) {
+			t := w.reached[v][i]
+			if !w.liveAtPub[v][i] || w.isVictim(i) || w.nodes[i].left && t < 0 || w.nodes[i].asleep && t < 0 {
+				continue
+			}
+			vr.Live++
+			if t >= 0 {
 				times = append(times, seconds(t-w.pubAt[v]))
 			}
 		}

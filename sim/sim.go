@@ -56,7 +56,7 @@ type world struct {
 	newest    uint64
 	published int
 	pubAt     []time.Duration   // by version
-	liveAtPub []int             // devices live when each version was published
+	liveAtPub [][]bool          // by version: the devices live when it was published
 	lineage   []group.Version   // committed versions, as the leader's state has them
 	reached   [][]time.Duration // by version, by node: when it held that version or a newer one
 
@@ -72,6 +72,7 @@ type world struct {
 	failovers       []Failover
 	round           *roundRun
 	lastStart       time.Duration
+	onStart         func(round uint64)
 	learn           *learner
 
 	// Batches.
@@ -128,7 +129,7 @@ func newWorld(o Options, def Defences) (*world, error) {
 	randReader{stream(s, "bundle")}.Read(w.bundle[:min(len(w.bundle), 4096)])
 	w.reached = [][]time.Duration{nil}
 	w.pubAt = []time.Duration{0}
-	w.liveAtPub = []int{0}
+	w.liveAtPub = [][]bool{nil}
 	return w, nil
 }
 
@@ -264,10 +265,10 @@ func (w *world) publishVersion(l *trainerPeer, v uint64) {
 	}
 	w.reached = append(w.reached, row)
 	w.pubAt = append(w.pubAt, w.now)
-	live := 0
+	live := make([]bool, w.o.Nodes)
 	for i := range w.o.Nodes {
 		if w.live(w.nodes[i]) && !w.isVictim(i) {
-			live++
+			live[i] = true
 			p := w.peers[i]
 			if p.staleSince < 0 {
 				p.staleSince = w.now
@@ -304,18 +305,25 @@ func (w *world) scheduleChurn() {
 		}
 		w.scheduleSleep(i)
 	}
-	w.at(w.o.RoundEvery*2, func() {
-		if w.leader < 0 {
+	// The leader dies mid-round: 5 s into the second round, while its
+	// trainers train.
+	w.onStart = func(round uint64) {
+		if round != 2 {
 			return
 		}
-		t := w.trainers[w.leader]
-		t.killed = true
-		w.checkLeader("leader killed")
-		w.after(2*w.o.RoundEvery, func() {
-			t.killed = false
-			w.checkLeader("restart")
+		w.after(5*time.Second, func() {
+			if w.leader < 0 {
+				return
+			}
+			t := w.trainers[w.leader]
+			t.killed = true
+			w.checkLeader("leader killed mid-round")
+			w.after(2*w.o.RoundEvery, func() {
+				t.killed = false
+				w.checkLeader("restart")
+			})
 		})
-	})
+	}
 	w.at(w.o.RoundEvery*3, func() {
 		for _, t := range w.trainers {
 			if t.i != w.leader && !t.killed {

@@ -46,7 +46,7 @@ Scenarios (--scenario):
 
 Figures:
   50%/95%/99%   seconds from a version's publication until that share of the
-                devices live then held it (or a newer one)
+                devices live then (and still in the mesh) held it or a newer one
   bound         the log-tree bound: ceil(log2(k+1)) hops to reach k devices,
                 a hop being the whole bundle over the median device link plus
                 the median latency
