@@ -3,6 +3,10 @@
 // churn, partitions, relays and poisoners (`clawmesh sim`). Its learning
 // scenarios for the demo are in sim/scenario.
 //
+// Run runs a scenario (Options) and returns its Report, which prints as a
+// table (WriteTable) or encodes as JSON; CheckLineage is the ledger and
+// lineage invariants, for the simulator's runs and the real trainers' alike.
+//
 // # How it runs
 //
 // A discrete-event core: a virtual clock and a queue of events ordered by
@@ -20,8 +24,9 @@
 //     verifies the peer's certificate with Certificate.Verify; the
 //     revocation is made by member.NewRevocation, travels as bytes,
 //     is parsed and verified by every node (ParseRevocation,
-//     RevocationList.Add), and every send asks the node's own
-//     RevocationList.IsRevoked.
+//     RevocationList.Add) or merged from a neighbour's list on
+//     reconnecting (ParseRevocationList, Merge), and every send asks the
+//     node's own RevocationList.IsRevoked.
 //   - Adapter versions: the leader builds each version's manifest with
 //     mesh/weights.NewManifest over a bundle of the configured size
 //     (1 MiB chunks), fills in the lineage (version, parent, term, index)
