@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -72,7 +73,9 @@ type Options struct {
 	MaliciousTrainers int
 }
 
-// WithDefaults returns o with zero fields set to their defaults.
+// WithDefaults returns o with zero fields set to their defaults. A
+// negative NATShare, Malicious or MaliciousTrainers (none) stays negative,
+// so that applying it twice changes nothing.
 func (o Options) WithDefaults() Options {
 	if o.Scenario == "" {
 		o.Scenario = Baseline
@@ -95,9 +98,6 @@ func (o Options) WithDefaults() Options {
 	if o.NATShare == 0 {
 		o.NATShare = DefaultNATShare
 	}
-	if o.NATShare < 0 {
-		o.NATShare = 0
-	}
 	if o.Relays == 0 {
 		o.Relays = max(2, o.Nodes/50)
 	}
@@ -113,14 +113,8 @@ func (o Options) WithDefaults() Options {
 	if o.Malicious == 0 {
 		o.Malicious = DefaultMalicious
 	}
-	if o.Malicious < 0 {
-		o.Malicious = 0
-	}
 	if o.MaliciousTrainers == 0 && o.Trainers >= 3 && o.Malicious > 0 {
 		o.MaliciousTrainers = 1
-	}
-	if o.MaliciousTrainers < 0 {
-		o.MaliciousTrainers = 0
 	}
 	return o
 }
@@ -142,7 +136,7 @@ func (o Options) Validate() error {
 		return bad("versions %d outside [1, 1000]", d.Versions)
 	case d.BundleMiB < 1 || d.BundleMiB > 1024:
 		return bad("bundle of %d MiB outside [1, 1024]", d.BundleMiB)
-	case !(d.NATShare >= 0 && d.NATShare < 1):
+	case !(d.NATShare < 1) || math.IsNaN(d.NATShare):
 		return bad("NAT share %v outside [0, 1)", o.NATShare)
 	case d.Relays < 1 || d.Relays > d.Nodes/2:
 		return bad("relays %d outside [1, nodes/2]", d.Relays)
@@ -152,7 +146,7 @@ func (o Options) Validate() error {
 		return bad("round interval %v under 1s", d.RoundEvery)
 	case d.Duration < time.Minute || d.Duration > 7*24*time.Hour:
 		return bad("duration %v outside [1m, 7d]", d.Duration)
-	case !(d.Malicious >= 0 && d.Malicious < 0.5):
+	case !(d.Malicious < 0.5) || math.IsNaN(d.Malicious):
 		return bad("malicious fraction %v outside [0, 0.5)", o.Malicious)
 	case d.MaliciousTrainers*2 >= d.Trainers && d.MaliciousTrainers > 0:
 		return bad("%d malicious trainers of %d: fewer than half must be", d.MaliciousTrainers, d.Trainers)

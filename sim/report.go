@@ -202,11 +202,11 @@ func round3(x float64) float64 {
 func (w *world) report() *Report {
 	o := w.o
 	r := &Report{Seed: o.Seed, Scenario: o.Scenario, Nodes: o.Nodes, Trainers: o.Trainers,
-		Options: Summary{Versions: o.Versions, BundleMiB: o.BundleMiB, NATShare: o.NATShare, Relays: len(w.relays), Degree: o.Degree,
+		Options: Summary{Versions: o.Versions, BundleMiB: o.BundleMiB, NATShare: max(0, o.NATShare), Relays: len(w.relays), Degree: o.Degree,
 			RoundEveryS: o.RoundEvery.Seconds(), DurationS: o.Duration.Seconds(), Defences: w.def.Name},
 		VirtualSeconds: round3(seconds(w.now)), Events: w.events, Failovers: w.failovers}
 	if o.Scenario == Poison {
-		r.Options.Malicious, r.Options.MalTrainers = o.Malicious, o.MaliciousTrainers
+		r.Options.Malicious, r.Options.MalTrainers = max(0, o.Malicious), max(0, o.MaliciousTrainers)
 	}
 	if r.Failovers == nil {
 		r.Failovers = []Failover{}

@@ -6,9 +6,10 @@ func Run(o Options) (*Report, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	orig := o
 	o = o.WithDefaults()
 	def := DefAll
-	w, err := newWorld(o, def)
+	w, err := newWorld(orig, def)
 	if err != nil {
 		return nil, err
 	}
@@ -16,12 +17,12 @@ func Run(o Options) (*Report, error) {
 	r := w.report()
 	switch o.Scenario {
 	case Poison:
-		clean := o
+		clean := orig
 		clean.Malicious, clean.MaliciousTrainers = -1, -1
 		runs := []struct {
 			o   Options
 			def Defences
-		}{{clean, DefAll}, {o, DefNone}, {o, DefReverify}, {o, DefQuota}, {o, DefClip}, {o, DefTrimmed}}
+		}{{clean, DefAll}, {orig, DefNone}, {orig, DefReverify}, {orig, DefQuota}, {orig, DefClip}, {orig, DefTrimmed}}
 		for _, x := range runs {
 			pw, err := newWorld(x.o, x.def)
 			if err != nil {
@@ -31,7 +32,6 @@ func Run(o Options) (*Report, error) {
 			r.Poison = append(r.Poison, pw.poisonRun())
 			if x.o.Malicious < 0 {
 				r.Poison[len(r.Poison)-1].Defences = "all (no malicious)"
-				r.Poison[len(r.Poison)-1].Malicious = 0
 			}
 		}
 		r.Poison = append(r.Poison, w.poisonRun())
@@ -40,7 +40,7 @@ func Run(o Options) (*Report, error) {
 			nat    float64
 			relays int
 		}{{-1, 0}, {0.4, 2}, {0.4, 0}, {0.7, 2}, {0.7, 0}} {
-			x := o
+			x := orig
 			x.Scenario, x.NATShare, x.Relays = Baseline, c.nat, c.relays
 			sw, err := newWorld(x, def)
 			if err != nil {
@@ -54,7 +54,7 @@ func Run(o Options) (*Report, error) {
 					reach = append(reach, v.Reach99)
 				}
 			}
-			r.Sweep = append(r.Sweep, SweepRow{NATShare: sw.o.NATShare, Relays: len(sw.relays), MedianReach99: round3(median(reach)),
+			r.Sweep = append(r.Sweep, SweepRow{NATShare: max(0, sw.o.NATShare), Relays: len(sw.relays), MedianReach99: round3(median(reach)),
 				MedianRatio99: sr.Propagation.MedianRatio99, RelayedMiB: sr.Bytes.RelayedMiB, Converged: sr.Invariants.OK})
 		}
 	}
@@ -62,7 +62,7 @@ func Run(o Options) (*Report, error) {
 }
 
 func (w *world) poisonRun() PoisonRun {
-	p := PoisonRun{Defences: w.def.Name, Malicious: w.o.Malicious, Scores: w.scores, IntakeRefused: w.intake[oversized] + w.intake[malformed]}
+	p := PoisonRun{Defences: w.def.Name, Malicious: max(0, w.o.Malicious), Scores: w.scores, IntakeRefused: w.intake[oversized] + w.intake[malformed]}
 	if w.o.Scenario != Poison {
 		p.Malicious = 0
 	}

@@ -210,6 +210,29 @@ func TestOptionsValidate(t *testing.T) {
 	if err := (Options{}).Validate(); err != nil {
 		t.Errorf("the defaults: %v", err)
 	}
+	// Defaults applied twice change nothing: "none" stays none.
+	for _, o := range []Options{{}, {Scenario: Poison, NATShare: -1, Malicious: -1, MaliciousTrainers: -1}, {Nodes: 5, Trainers: 5, Scenario: Poison}} {
+		if d := o.WithDefaults(); d != d.WithDefaults() {
+			t.Errorf("%+v: defaults %+v, twice %+v", o, d, d.WithDefaults())
+		}
+	}
+}
+
+// Options meaning "none" reach the run: no NAT, no malicious device or
+// trainer.
+func TestOptionsNone(t *testing.T) {
+	r, err := Run(Options{Nodes: 60, Seed: 2, Versions: 2, Scenario: Poison, NATShare: -1, Malicious: -1, MaliciousTrainers: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Network.NAT != 0 || r.Bytes.RelayedMiB != 0 || r.Options.Malicious != 0 || r.Options.MalTrainers != 0 {
+		t.Errorf("network %+v, options %+v, relayed %v MiB", r.Network, r.Options, r.Bytes.RelayedMiB)
+	}
+	for _, p := range r.Poison {
+		if p.Refused != 0 || p.IntakeRefused != 0 {
+			t.Errorf("%s: refused %d, at intake %d with no malicious device", p.Defences, p.Refused, p.IntakeRefused)
+		}
+	}
 }
 
 func BenchmarkSim1000(b *testing.B) {

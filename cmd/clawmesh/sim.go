@@ -69,6 +69,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.Scenario, "scenario", sim.Baseline, "baseline, churn, partition, relays or poison")
 	fs.IntVar(&o.Versions, "versions", 0, "adapter versions the trainers publish (default 5, poison 10)")
 	fs.Float64Var(&o.Malicious, "malicious", sim.DefaultMalicious, "fraction of malicious devices (poison)")
+	malTrainers := fs.Int("malicious-trainers", -1, "trainers returning a huge delta (poison; -1: one when there are 3 trainers or more)")
 	fs.IntVar(&o.BundleMiB, "bundle-mib", sim.DefaultBundleMiB, "adapter bundle size in MiB")
 	fs.Float64Var(&o.NATShare, "nat", sim.DefaultNATShare, "fraction of devices behind NAT")
 	fs.IntVar(&o.Relays, "relays", 0, "relay nodes (default: one per 50 devices, at least 2)")
@@ -95,6 +96,14 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErr("--bundle-mib %d: at least 1", o.BundleMiB)
 	case o.Versions < 0:
 		return usageErr("--versions %d: at least 1", o.Versions)
+	}
+	switch {
+	case *malTrainers == 0:
+		o.MaliciousTrainers = -1 // none
+	case *malTrainers > 0:
+		o.MaliciousTrainers = *malTrainers
+	case *malTrainers < -1:
+		return usageErr("--malicious-trainers %d: at least 0", *malTrainers)
 	}
 	if o.NATShare == 0 {
 		o.NATShare = -1 // --nat 0 means none
