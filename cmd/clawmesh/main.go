@@ -44,6 +44,7 @@ func init() {
 		{"login", "print a single-use URL that lets a browser into a running node's admin pages", runLogin},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
 		{"demo", "run a whole mesh on this machine and watch it learn three simulated users' preferences", runDemo},
+		{"sim", "simulate the mesh at 1,000 devices: churn, partitions, relays, poisoners (deterministic)", runSim},
 		{"bench", "measure the parts (gateway, pool, engine, learn, scrub, mesh, trainers)", runBench},
 		{"version", "print the version", runVersion},
 	}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSimJSONAndTable(t *testing.T) {
+	args := []string{"sim", "--nodes", "60", "--seed", "5", "--versions", "2"}
+	a, errs, code := runCLI(t, append(args, "--json")...)
+	if code != 0 {
+		t.Fatalf("code %d: %s", code, errs)
+	}
+	b, _, _ := runCLI(t, append(args, "--json")...)
+	if a != b {
+		t.Error("the same seed gave different JSON")
+	}
+	var r struct {
+		Seed     uint64 `json:"seed"`
+		Scenario string `json:"scenario"`
+		Versions []struct {
+			Version uint64  `json:"version"`
+			Reach99 float64 `json:"reach99_s"`
+		} `json:"versions"`
+		Invariants struct {
+			OK bool `json:"ok"`
+		} `json:"invariants"`
+	}
+	if err := json.Unmarshal([]byte(a), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Seed != 5 || r.Scenario != "baseline" || len(r.Versions) != 2 || !r.Invariants.OK || r.Versions[1].Reach99 <= 0 {
+		t.Errorf("report: %+v", r)
+	}
+	table, errs, code := runCLI(t, args...)
+	if code != 0 || !strings.HasPrefix(table, "seed 5, scenario baseline") || !strings.Contains(table, "invariants: all held") {
+		t.Errorf("code %d: %s\n%s", code, errs, table)
+	}
+	if !strings.Contains(errs, "wall time") {
+		t.Errorf("stderr does not say the wall time: %q", errs)
+	}
+}
+
+func TestSimPlot(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "out")
+	_, errs, code := runCLI(t, "sim", "--nodes", "40", "--versions", "2", "--scenario", "churn", "--plot", dir)
+	if code != 0 {
+		t.Fatalf("code %d: %s", code, errs)
+	}
+	for _, f := range []string{"sim-churn-propagation.png", "sim-churn-learning.png"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil || len(b) < 8 || string(b[1:4]) != "PNG" {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+func TestSimBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{"sim", "--scenario", "storm"},
+		{"sim", "--nodes", "2"},
+		{"sim", "--trainers", "0"},
+		{"sim", "--malicious", "0.7"},
+		{"sim", "extra"},
+	} {
+		_, errs, code := runCLI(t, args...)
+		if code == 0 || errs == "" || strings.Contains(errs, "main.") {
+			t.Errorf("%v: code %d, %q", args, code, errs)
+		}
+	}
+	out, errs, code := runCLI(t, "sim", "--help")
+	if out += errs; code != 0 || !strings.Contains(out, "partition") || !strings.Contains(out, "log-tree bound") || !strings.Contains(out, "--json") {
+		t.Errorf("sim --help: code %d\n%s", code, out)
+	}
+}

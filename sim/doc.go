@@ -1,0 +1,160 @@
+// Package sim is a deterministic simulator of the mesh at scale: a
+// thousand devices and a few trainers in one process, in virtual time, with
+// churn, partitions, relays and poisoners (`clawmesh sim`). Its learning
+// scenarios for the demo are in sim/scenario.
+//
+// Run runs a scenario (Options) and returns its Report, which prints as a
+// table (WriteTable) or encodes as JSON; CheckLineage is the ledger and
+// lineage invariants, for the simulator's runs and the real trainers' alike.
+//
+// # How it runs
+//
+// A discrete-event core: a virtual clock and a queue of events ordered by
+// (time, sequence). One goroutine runs them; every random draw comes from
+// a PCG stream seeded by the run's seed and named by purpose (links, graph,
+// NAT, gossip loss, fetch back-off, raft timeouts, batches, learning
+// noise, churn, faults), so that a draw added for one purpose leaves the
+// others as they were. Output never depends on map order. The same
+// Options give the same Report, byte for byte once encoded.
+//
+// # What is the real code
+//
+//   - Membership: every peer's key and certificate are made by
+//     mesh/member.IssueCertificate under one admin key; each connection
+//     verifies the peer's certificate with Certificate.Verify; the
+//     revocation is made by member.NewRevocation, travels as bytes,
+//     is parsed and verified by every node (ParseRevocation,
+//     RevocationList.Add) or merged from a neighbour's list on
+//     reconnecting (ParseRevocationList, Merge), and every send asks the
+//     node's own RevocationList.IsRevoked.
+//   - Adapter versions: the leader builds each version's manifest with
+//     mesh/weights.NewManifest over a bundle of the configured size
+//     (1 MiB chunks), fills in the lineage (version, parent, term, index)
+//     and signs it (Manifest.Sign); every node parses it from bytes,
+//     checks the chain admin → trainer certificate → signature
+//     (Manifest.Verify) and fences it against the last one it accepted
+//     (Manifest.Fence).
+//   - The trainers' replicated state: every trainer holds its own
+//     trainer/group.State and applies the committed log to it with
+//     State.Apply; the leader decides with State.Plan (per-device quota,
+//     round size, shares by speed) and State.Stale, and opens, publishes
+//     and aborts rounds with the group's own entries. The batch ledger and
+//     the lineage with (term, index) are the real code's.
+//   - Aggregation: trainer/adapter.Aggregate (ClippedMean with MaxNorm,
+//     TrimmedMean) on small adapter.Deltas, for the norm-clipping and
+//     trimmed-mean defences.
+//
+// # What is modelled
+//
+//   - Links. Each device's access link is drawn from home-network
+//     figures: downlink 25–500 Mbit/s and uplink 5–50 Mbit/s, both
+//     log-uniform (an assumption spanning DSL, cable and fibre plans;
+//     the draws' medians come out near 110 Mbit/s down and 16 up);
+//     a one-way latency to the core of 5–40 ms (a round trip of 10–80
+//     ms to a nearby server), a gossip loss of 0–1% per link end.
+//     Trainers sit on 1 Gbit/s links with 5 ms. The latency between two
+//     nodes is the sum of theirs. A transfer from a to b reserves a's
+//     uplink (first come, first served) at min(a's uplink, b's downlink
+//     / 4 parallel fetches); loss is left to QUIC's recovery and costs
+//     chunk transfers no time (their rate is not loss-bound at these
+//     rates).
+//   - NAT and relays: a share of the devices (default 40%) is behind NAT.
+//     Two NAT devices reach each other only through the receiver's
+//     relay, a public device that adds its latency twice and whose uplink
+//     the transfer also reserves; hole punching is not modelled (a
+//     relayed link stays relayed), which is the pessimistic case.
+//   - Peer graph: every node dials Degree (default 8) random peers and is
+//     dialled by others, about 10 connections each, as libp2p's
+//     connection manager keeps a bounded set.
+//   - Gossip floods, as mesh/memnet does: a node forwards a message it
+//     sees first to its neighbours; each copy is lost with the link's
+//     loss. Batch announcements are not flooded event by event (a
+//     thousand devices' announcements would dominate the run): they
+//     reach each trainer the device can reach after twice their latency.
+//   - Weights: a node that accepts a newer manifest fetches its chunks,
+//     4 at a time, each from the holder that can start soonest among the
+//     trainers that hold it and the neighbours that said they hold it; a
+//     holder queues at most 2 uploads and turns further requests away,
+//     and a fetcher with nothing in flight backs off (250 ms doubling to
+//     2 s). A node that completes a version re-serves it and tells its
+//     neighbours; a node that wakes or reconnects asks its neighbours for
+//     their newest manifest. A newer offer replaces an older fetch.
+//   - Raft among the trainers: not hashicorp/raft itself but its timing:
+//     a leader commits an entry once a quorum of the voters (at most
+//     group.MaxVoters) is reachable, after the quorum's slowest round
+//     trip and an fsync (2 ms); a follower that loses the leader stands
+//     after a timeout drawn in [1 s, 2 s) (HeartbeatTimeout's default and
+//     its randomisation), wins if it reaches a quorum whose logs are no
+//     newer, and commits a no-op first; a leader cut from a quorum steps
+//     down; entries of a deposed leader are lost. A trainer that comes
+//     back applies the entries it missed.
+//   - Training: a sample costs 64 tokens at the native engine's measured
+//     15,032 tokens a second on the tiny model (docs/benchmarks.md,
+//     2026-11-25), about 4.3 ms; a trainer pulls its share's batches from
+//     their devices (4 KiB a step) and sends its delta (a bundle's size)
+//     to the leader.
+//   - Learning: the adapter is a vector of 32 numbers and a hidden target
+//     t of norm 1, the score of adapter v is max(0, 1 − ‖v − t‖); it
+//     starts at 0 and is 1 at the target. A batch of s steps points from
+//     the round's base v to t − v plus noise of 0.5/√s per coordinate; a
+//     batch with flipped rewards points the other way, one with forged
+//     scores in a random direction twice as long. A trainer's delta is
+//     0.5 times the steps-weighted mean of its batches' directions; a
+//     malicious trainer returns 100 times the opposite. Defences:
+//     re-verification refuses flipped and forged batches (the verifier
+//     re-runs the reward and the recomputed reward disagrees), the quota
+//     caps a device at 32 steps a round (group.Config.Quota), norm
+//     clipping caps a delta at 1.0 (twice the largest honest one), the
+//     trimmed mean is coordinate-wise. With no defence the aggregate is
+//     the plain sample-weighted mean (Aggregate always clips at the
+//     round's lower median, itself a defence). Oversized and malformed
+//     batches are refused at intake and counted.
+//   - Devices ship a 16-step batch every 2 minutes on average; a
+//     flooding malicious device 16 times as often.
+//
+// # Scenarios
+//
+// Every scenario publishes Versions versions, a round at most every
+// RoundEvery, and revokes one device half a round after the middle
+// version; the run ends once every live device holds the newest version
+// (or at Duration). Churn: devices stay awake for an exponential time of
+// mean 20 minutes and sleep for one of mean 5, and one sleep in ten is a
+// departure for good (relays and the revoked device stay up; churn stops
+// once the last version is out, so that the run can settle); the leader
+// is killed 5 s into the second round, while its trainers train, and
+// restarted two round intervals later; after three round intervals
+// another trainer is paused for 30 s. Partition: after one and a
+// half round intervals the leader and 30% of the devices are cut from the
+// rest, and healed two intervals later; on healing, nodes reconnect and
+// exchange their newest manifests and revocation lists. Relays: the
+// baseline over NAT shares of 0, 40% and 70% with 2 relays or the
+// default number. Poison: the baseline with Malicious of the devices
+// misbehaving (in turn: flipped rewards and forged scores, both shipped
+// 16 times as often; oversized and malformed batches) and
+// MaliciousTrainers trainers returning huge deltas, run under each set
+// of defences, and once clean.
+//
+// # The figures
+//
+// A version's reach q is the time from its publication until a share q of
+// the devices live at publication hold it or a newer version; a device
+// that leaves for good, or sleeps through the end of the run, before it
+// has the version is not counted. The bound
+// is the log-tree bound for whole-bundle store-and-forward: reaching k
+// devices takes ceil(log2(k+1)) hops, a hop being the bundle over the
+// median device link (the smaller of the median uplink and downlink)
+// plus the median one-way latency. Chunked fetching from several holders
+// pipelines and can come under it. Staleness is device-time spent
+// serving a version older than the newest committed one. Failover runs
+// from a fault to the new leader's first commit.
+//
+// # Invariants
+//
+// Every run checks, and reports in Report.Invariants: no batch is in two
+// versions, and a batch is Trained exactly when the lineage has it; the
+// versions strictly increase with (term, index) and every trainer holds
+// the same lineage; every manifest a device accepted passes the lineage's
+// State.Check; every live device (but the revoked one) holds the newest
+// version at the end; the revoked peer received nothing from a node after
+// that node learnt of the revocation.
+package sim

@@ -1,0 +1,217 @@
+package sim
+
+import (
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/clawmesh/clawmesh/mesh"
+)
+
+// The network model's figures (see the package documentation).
+const (
+	mbit = 125_000.0 // bytes a second in one Mbit/s
+
+	devDownLo, devDownHi = 25 * mbit, 500 * mbit
+	devUpLo, devUpHi     = 5 * mbit, 50 * mbit
+	devLatLo, devLatHi   = 5 * time.Millisecond, 40 * time.Millisecond // one way to the core: RTT 10-80 ms
+	devLossHi            = 0.01
+
+	trainerRate = 1000 * mbit
+	trainerLat  = 5 * time.Millisecond
+
+	// uploadQueue is how many chunk uploads a holder queues before it
+	// turns requests away (the fetcher then asks another holder).
+	uploadQueue = 2
+	// fetchParallel is how many chunks a fetcher has in flight.
+	fetchParallel = 4
+	// chunkSize is mesh/weights' chunk size.
+	chunkSize = 1 << 20
+	// msgBytes is a gossip message's size (a signed manifest or revocation).
+	msgBytes = 2048
+)
+
+// node is one peer: a device or a trainer.
+type node struct {
+	id      int
+	pid     mesh.PeerID
+	trainer bool
+
+	down, up float64       // bytes a second
+	lat      time.Duration // one way to the core
+	loss     float64
+	nat      bool // behind NAT: reached through relay
+	relay    int  // for a NAT node its relay, else -1
+	isRelay  bool
+
+	nbrs []int // sorted
+
+	// Liveness.
+	asleep, left bool
+	comp         int // partition component
+
+	// Upload queue: when the uplink is next free, and the uploads queued.
+	upFree time.Duration
+	queued int
+}
+
+// makeNetwork draws the nodes' links and the peer graph.
+func (w *world) makeNetwork() {
+	o := w.o
+	r := w.rLinks
+	n := o.Nodes + o.Trainers
+	w.nodes = make([]*node, n)
+	for i := range n {
+		nd := &node{id: i, relay: -1}
+		if i < o.Nodes {
+			nd.pid = mesh.PeerID("dev-" + strconv.Itoa(i))
+			nd.down = logUniform(r, devDownLo, devDownHi)
+			nd.up = logUniform(r, devUpLo, devUpHi)
+			nd.lat = devLatLo + time.Duration(r.Float64()*float64(devLatHi-devLatLo))
+			nd.loss = r.Float64() * devLossHi
+		} else {
+			nd.trainer = true
+			nd.pid = mesh.PeerID("trainer-" + strconv.Itoa(i-o.Nodes))
+			nd.down, nd.up, nd.lat = trainerRate, trainerRate, trainerLat
+		}
+		w.nodes[i] = nd
+	}
+	// NAT and relays: relays are public devices.
+	rn := w.rNAT
+	var public []int
+	for i := range o.Nodes {
+		if rn.Float64() < o.NATShare {
+			w.nodes[i].nat = true
+		} else {
+			public = append(public, i)
+		}
+	}
+	if len(public) == 0 {
+		public = []int{0}
+		w.nodes[0].nat = false
+	}
+	relays := make([]int, 0, o.Relays)
+	for _, k := range rn.Perm(len(public))[:min(o.Relays, len(public))] {
+		relays = append(relays, public[k])
+	}
+	slices.Sort(relays)
+	for _, i := range relays {
+		w.nodes[i].isRelay = true
+	}
+	w.relays = relays
+	for i := range o.Nodes {
+		if w.nodes[i].nat {
+			w.nodes[i].relay = relays[rn.IntN(len(relays))]
+		}
+	}
+	// Peer graph: every node dials Degree others, as libp2p's connection
+	// manager keeps a bounded set; connections are both ways.
+	rg := w.rGraph
+	adj := make([]map[int]bool, n)
+	for i := range adj {
+		adj[i] = map[int]bool{}
+	}
+	for i := range n {
+		for tries := 0; len(adj[i]) < o.Degree && tries < 20*o.Degree; tries++ {
+			j := rg.IntN(n)
+			if j != i {
+				adj[i][j], adj[j][i] = true, true
+			}
+		}
+	}
+	for i, m := range adj {
+		for j := range m {
+			w.nodes[i].nbrs = append(w.nodes[i].nbrs, j)
+		}
+		slices.Sort(w.nodes[i].nbrs)
+	}
+}
+
+// live reports whether n is running: awake, not gone, not killed or
+// paused.
+func (w *world) live(n *node) bool {
+	if n.asleep || n.left {
+		return false
+	}
+	if n.trainer {
+		t := w.trainerOf(n)
+		return !t.killed && !t.paused
+	}
+	return true
+}
+
+// relayOf is the relay a connection from a to b goes through, or -1 for a
+// direct one: two NAT nodes meet at the receiver's relay.
+func (w *world) relayOf(a, b *node) int {
+	if a.nat && b.nat {
+		return b.relay
+	}
+	return -1
+}
+
+// reach reports whether a can send to b now: both live, on the same side of
+// any partition, and the relay between them too.
+func (w *world) reach(a, b *node) bool {
+	if !w.live(a) || !w.live(b) || a.comp != b.comp {
+		return false
+	}
+	if rl := w.relayOf(a, b); rl >= 0 {
+		r := w.nodes[rl]
+		if r != a && r != b && (!w.live(r) || r.comp != a.comp) {
+			return false
+		}
+	}
+	return true
+}
+
+// latency is the one-way latency from a to b.
+func (w *world) latency(a, b *node) time.Duration {
+	d := a.lat + b.lat
+	if rl := w.relayOf(a, b); rl >= 0 {
+		d += 2 * w.nodes[rl].lat
+	}
+	return d
+}
+
+// lossOf is the chance a gossip message from a to b is lost.
+func (w *world) lossOf(a, b *node) float64 {
+	return 1 - (1-a.loss)*(1-b.loss)
+}
+
+// rate is the rate of one of fetchParallel transfers from a to b: a's
+// uplink, b's share of its downlink, and a relay's uplink between them.
+func (w *world) rate(a, b *node) float64 {
+	r := math.Min(a.up, b.down/fetchParallel)
+	if rl := w.relayOf(a, b); rl >= 0 {
+		r = math.Min(r, w.nodes[rl].up)
+	}
+	return r
+}
+
+// transmit reserves a's uplink (and the relay's) for n bytes to b, starting
+// no earlier than from, and returns when the last byte arrives.
+func (w *world) transmit(a, b *node, n int, from time.Duration) time.Duration {
+	start := max(from, a.upFree)
+	var relay *node
+	if rl := w.relayOf(a, b); rl >= 0 && w.nodes[rl] != a && w.nodes[rl] != b {
+		relay = w.nodes[rl]
+		start = max(start, relay.upFree)
+	}
+	end := start + time.Duration(float64(n)/w.rate(a, b)*float64(time.Second))
+	a.upFree = end
+	if relay != nil {
+		relay.upFree = end
+		w.relayBytes += int64(n)
+	}
+	return end + w.latency(a, b)
+}
+
+// median returns the median of xs (xs is sorted in place).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}

@@ -1,0 +1,155 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Scenarios.
+const (
+	Baseline  = "baseline"  // a quiet mesh: propagation, gossip, one revocation
+	Churn     = "churn"     // devices sleep, wake and leave; the leader killed, a trainer paused
+	Partition = "partition" // the network cut in two (the leader on the small side), then healed
+	Relays    = "relays"    // the baseline over a sweep of NAT shares and relay counts
+	Poison    = "poison"    // malicious contributors, the learning curve under each defence
+)
+
+// Scenarios lists the scenarios, in the order help shows them.
+var Scenarios = []string{Baseline, Churn, Partition, Relays, Poison}
+
+// ErrOptions is returned for options out of range.
+var ErrOptions = errors.New("sim: invalid options")
+
+// Defaults of Options.
+const (
+	DefaultNodes      = 1000
+	DefaultTrainers   = 3
+	DefaultVersions   = 5
+	DefaultBundleMiB  = 16
+	DefaultNATShare   = 0.4
+	DefaultDegree     = 8
+	DefaultRoundEvery = 3 * time.Minute
+	DefaultMalicious  = 0.1
+)
+
+// Options configure a run. The zero value of a field means its default.
+type Options struct {
+	// Seed seeds every random draw; the same seed gives the same run.
+	Seed uint64
+	// Scenario is one of Scenarios (default Baseline).
+	Scenario string
+	// Nodes is the number of devices (default 1000); Trainers the number
+	// of trainer peers in the raft group (default 3).
+	Nodes, Trainers int
+	// Versions is how many adapter versions the trainers publish before
+	// they stop (default 5; Poison's default is 10).
+	Versions int
+	// BundleMiB is an adapter bundle's size in MiB (default 16).
+	BundleMiB int
+	// NATShare is the fraction of devices behind NAT, reachable only
+	// through a relay (default 0.4; negative means none). Relays is the
+	// number of relay nodes (default one per 50 devices, at least 2).
+	NATShare float64
+	Relays   int
+	// Degree is how many peers each node dials (default 8, or Nodes−1 if
+	// fewer); with the peers that dial it a node keeps about twice as
+	// many.
+	Degree int
+	// RoundEvery is the least time between two rounds' starts (default
+	// 3m, longer than the log-tree bound at 1,000 devices, so that a
+	// version mostly spreads before the next one).
+	RoundEvery time.Duration
+	// Duration bounds the virtual time of a run (default Versions+5
+	// round intervals).
+	Duration time.Duration
+	// Malicious is the fraction of malicious devices in the Poison
+	// scenario (default 0.1; negative means none). MaliciousTrainers is the
+	// number of trainers that return a huge delta there (default 1 when
+	// there are at least 3 trainers).
+	Malicious         float64
+	MaliciousTrainers int
+}
+
+// WithDefaults returns o with zero fields set to their defaults. A
+// negative NATShare, Malicious or MaliciousTrainers (none) stays negative,
+// so that applying it twice changes nothing.
+func (o Options) WithDefaults() Options {
+	if o.Scenario == "" {
+		o.Scenario = Baseline
+	}
+	if o.Nodes == 0 {
+		o.Nodes = DefaultNodes
+	}
+	if o.Trainers == 0 {
+		o.Trainers = DefaultTrainers
+	}
+	if o.Versions == 0 {
+		o.Versions = DefaultVersions
+		if o.Scenario == Poison {
+			o.Versions = 10
+		}
+	}
+	if o.BundleMiB == 0 {
+		o.BundleMiB = DefaultBundleMiB
+	}
+	if o.NATShare == 0 {
+		o.NATShare = DefaultNATShare
+	}
+	if o.Relays == 0 {
+		o.Relays = max(2, o.Nodes/50)
+	}
+	if o.Degree == 0 {
+		o.Degree = min(DefaultDegree, o.Nodes-1)
+	}
+	if o.RoundEvery == 0 {
+		o.RoundEvery = DefaultRoundEvery
+	}
+	if o.Duration == 0 {
+		o.Duration = time.Duration(o.Versions+5) * o.RoundEvery
+	}
+	if o.Malicious == 0 {
+		o.Malicious = DefaultMalicious
+	}
+	if o.MaliciousTrainers == 0 && o.Trainers >= 3 && o.Malicious > 0 {
+		o.MaliciousTrainers = 1
+	}
+	return o
+}
+
+// Validate reports options out of range (after defaults).
+func (o Options) Validate() error {
+	d := o.WithDefaults()
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrOptions, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case !slices.Contains(Scenarios, d.Scenario):
+		return bad("unknown scenario %q (want one of %v)", d.Scenario, Scenarios)
+	case d.Nodes < 4 || d.Nodes > 100_000:
+		return bad("nodes %d outside [4, 100000]", d.Nodes)
+	case d.Trainers < 1 || d.Trainers > 9:
+		return bad("trainers %d outside [1, 9]", d.Trainers)
+	case d.Versions < 1 || d.Versions > 1000:
+		return bad("versions %d outside [1, 1000]", d.Versions)
+	case d.BundleMiB < 1 || d.BundleMiB > 1024:
+		return bad("bundle of %d MiB outside [1, 1024]", d.BundleMiB)
+	case !(d.NATShare < 1) || math.IsNaN(d.NATShare):
+		return bad("NAT share %v outside [0, 1)", o.NATShare)
+	case d.Relays < 1 || d.Relays > d.Nodes/2:
+		return bad("relays %d outside [1, nodes/2]", d.Relays)
+	case d.Degree < 1 || d.Degree >= d.Nodes:
+		return bad("degree %d outside [1, nodes)", d.Degree)
+	case d.RoundEvery < time.Second:
+		return bad("round interval %v under 1s", d.RoundEvery)
+	case d.Duration < time.Minute || d.Duration > 7*24*time.Hour:
+		return bad("duration %v outside [1m, 7d]", d.Duration)
+	case !(d.Malicious < 0.5) || math.IsNaN(d.Malicious):
+		return bad("malicious fraction %v outside [0, 0.5)", o.Malicious)
+	case d.MaliciousTrainers*2 >= d.Trainers && d.MaliciousTrainers > 0:
+		return bad("%d malicious trainers of %d: fewer than half must be", d.MaliciousTrainers, d.Trainers)
+	}
+	return nil
+}

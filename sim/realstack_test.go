@@ -1,0 +1,109 @@
+package sim
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// The churn scenario's leader kill, small, on the real stack: the real
+// trainers (hashicorp/raft, the native engine, the batch pull) over the
+// simulated network mesh/memnet, checked by the invariants the simulator
+// checks on its own runs.
+func TestRealStackLeaderKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains on the real stack")
+	}
+	ctx := context.Background()
+	c, err := trainer.NewSimCluster(ctx, trainer.ClusterOptions{
+		Trainers: 3,
+		Timing:   trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, SnapshotThreshold: 4, SnapshotInterval: 200 * time.Millisecond},
+		Group:    group.Config{Deadline: 4 * time.Second, LocalSteps: 2},
+		Dir:      t.TempDir(),
+	}, trainer.SimOptions{Seed: 7, Latency: time.Millisecond, Jitter: 3 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	const wait = 90 * time.Second
+	leader := func() (int, *trainer.Trainer) {
+		var i int
+		if err := c.WaitUntil(ctx, wait, "leader with a version", func() bool {
+			var ok bool
+			i, ok = c.Leader()
+			return ok && c.Trainer(i).Status().Version != nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return i, c.Trainer(i)
+	}
+	var ids []core.BatchID
+	ship := func(from, n int) {
+		for i := from; i < from+n; i++ {
+			p, err := trainer.SyntheticBatch(uint64(i+1), 8, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, c.Ship(p))
+		}
+	}
+	trained := func() *trainer.Trainer {
+		var tr *trainer.Trainer
+		if err := c.WaitUntil(ctx, wait, "every batch trained", func() bool {
+			i, ok := c.Leader()
+			if !ok {
+				return false
+			}
+			tr = c.Trainer(i)
+			st := tr.Status()
+			return st.Batches.Trained == len(ids) && st.Round == nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return tr
+	}
+	li, _ := leader()
+	ship(0, 3)
+	trained()
+	if err := c.Kill(li); err != nil {
+		t.Fatal(err)
+	}
+	if ni, _ := leader(); ni == li {
+		t.Fatalf("trainer %d still leads after it was killed", li)
+	}
+	ship(3, 3)
+	tr := trained()
+	if err := c.Start(ctx, li); err != nil {
+		t.Fatal(err)
+	}
+	versions, ledger := tr.Lineage(), tr.Ledger()
+	if v := CheckLineage(versions, ledger); len(v) > 0 {
+		t.Errorf("the real stack breaks the invariants: %v", v)
+	}
+	if len(versions) < 3 {
+		t.Errorf("%d versions for two rounds of batches and genesis", len(versions))
+	}
+	if versions[len(versions)-1].Term <= versions[1].Term {
+		t.Errorf("no version under the new leader's term: %+v", versions)
+	}
+	for _, id := range ids {
+		if !slices.ContainsFunc(ledger, func(b group.Batch) bool { return b.ID == id && b.Status == group.Trained }) {
+			t.Errorf("batch %s not trained", short(id))
+		}
+	}
+	// The restarted trainer catches up on the same lineage.
+	if err := c.WaitUntil(ctx, wait, "the restarted trainer caught up", func() bool {
+		r := c.Trainer(li)
+		return r != nil && len(r.Lineage()) == len(versions)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Trainer(li).Lineage(); CheckLineage(got, c.Trainer(li).Ledger()) != nil || got[len(got)-1].Index != versions[len(versions)-1].Index {
+		t.Errorf("the restarted trainer's lineage: %+v", got)
+	}
+}

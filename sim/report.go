@@ -1,0 +1,494 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is what a run found. Its JSON form is the output of
+// `clawmesh sim --json`: a stable contract, documented field by field in
+// README.md. Times are virtual seconds from the run's start; -1 (or null
+// for a list) means the thing did not happen.
+type Report struct {
+	Seed     uint64     `json:"seed"`
+	Scenario string     `json:"scenario"`
+	Nodes    int        `json:"nodes"`
+	Trainers int        `json:"trainers"`
+	Options  Summary    `json:"options"`
+	Network  NetSummary `json:"network"`
+	// Versions: one line per published version.
+	Versions    []VersionReport  `json:"versions"`
+	Propagation Propagation      `json:"propagation"`
+	Gossip      GossipReport     `json:"gossip"`
+	Staleness   Staleness        `json:"staleness"`
+	Work        Work             `json:"work"`
+	Failovers   []Failover       `json:"failovers"`
+	Bytes       Bytes            `json:"bytes"`
+	Revocation  RevocationReport `json:"revocation"`
+	// Learning: the score after each version (index 0 is version 1).
+	Learning []float64 `json:"learning"`
+	// Poison: the learning curves under each defence (Poison scenario).
+	Poison []PoisonRun `json:"poison,omitempty"`
+	// Sweep: propagation over NAT shares and relay counts (Relays
+	// scenario).
+	Sweep      []SweepRow `json:"sweep,omitempty"`
+	Invariants Invariants `json:"invariants"`
+	// VirtualSeconds is the virtual time the run covered; Events the
+	// events the simulator ran.
+	VirtualSeconds float64 `json:"virtual_s"`
+	Events         uint64  `json:"events"`
+}
+
+// Summary is the options the run used, after defaults.
+type Summary struct {
+	Versions    int     `json:"versions"`
+	BundleMiB   int     `json:"bundle_mib"`
+	NATShare    float64 `json:"nat_share"`
+	Relays      int     `json:"relays"`
+	Degree      int     `json:"degree"`
+	RoundEveryS float64 `json:"round_every_s"`
+	DurationS   float64 `json:"duration_s"`
+	Malicious   float64 `json:"malicious"`
+	MalTrainers int     `json:"malicious_trainers"`
+	Defences    string  `json:"defences"`
+}
+
+// NetSummary describes the drawn network.
+type NetSummary struct {
+	MedianDownMbit float64 `json:"median_down_mbit"`
+	MedianUpMbit   float64 `json:"median_up_mbit"`
+	MedianRTTms    float64 `json:"median_rtt_ms"`
+	NAT            int     `json:"nat"`
+	Relays         int     `json:"relays"`
+	MeanDegree     float64 `json:"mean_degree"`
+}
+
+// VersionReport is one version's spread.
+type VersionReport struct {
+	Version   uint64  `json:"version"`
+	Term      uint64  `json:"term"`
+	Index     uint64  `json:"index"`
+	Published float64 `json:"published_s"`
+	// Live: the denominator, devices live at publication that stayed in
+	// the mesh (not gone for good, not asleep at the end without it).
+	Live int `json:"live"`
+	// Reach50..Reach99: seconds from publication until that share of them
+	// held it (or a newer version); Bound50..Bound99 the log-tree bound.
+	Reach50 float64 `json:"reach50_s"`
+	Reach95 float64 `json:"reach95_s"`
+	Reach99 float64 `json:"reach99_s"`
+	Bound50 float64 `json:"bound50_s"`
+	Bound95 float64 `json:"bound95_s"`
+	Bound99 float64 `json:"bound99_s"`
+	// Ratio99 is Reach99 / Bound99.
+	Ratio99 float64 `json:"ratio99"`
+	Score   float64 `json:"score"`
+}
+
+// Propagation summarises the versions: the worst and median Reach99 /
+// Bound99, and whether every version reached 99% within 2× the bound.
+type Propagation struct {
+	MedianRatio99 float64 `json:"median_ratio99"`
+	MaxRatio99    float64 `json:"max_ratio99"`
+	Within2x      bool    `json:"within_2x"`
+}
+
+// GossipReport: version offers and the revocation flooded over the mesh.
+type GossipReport struct {
+	Messages int `json:"messages"`
+	// DeliveryRatio: of the devices live when a message was published, the
+	// share it reached by gossip.
+	DeliveryRatio float64 `json:"delivery_ratio"`
+	// CopiesPerNode: copies sent per node per message; Lost: copies lost
+	// on links.
+	CopiesPerNode float64 `json:"copies_per_node"`
+	Lost          int     `json:"lost"`
+}
+
+// Staleness: how long live devices served an adapter older than the newest
+// committed one.
+type Staleness struct {
+	// Share of live device-time spent serving an older version.
+	Share float64 `json:"share"`
+	// MeanPerVersion: mean seconds a live device lagged per version.
+	MeanPerVersion float64 `json:"mean_per_version_s"`
+}
+
+// Work counts batches and training.
+type Work struct {
+	Batches int `json:"batches"`
+	Trained int `json:"trained"`
+	// TrainedTwice: batches in more than one version (must be 0).
+	TrainedTwice int `json:"trained_twice"`
+	// Retrained: batches trained more than once because a round's result
+	// was lost (aborted, late); WastedSamples the samples trained for
+	// nothing.
+	Retrained     int `json:"retrained"`
+	WastedSamples int `json:"wasted_samples"`
+	// Dropped: batches refused (by reason), refused at intake, or shipped
+	// when no trainer could hear of them (Unannounced). Pending: in the
+	// ledger, not trained yet.
+	Refused       map[string]int `json:"refused"`
+	IntakeRefused int            `json:"intake_refused"`
+	Unannounced   int            `json:"unannounced"`
+	Pending       int            `json:"pending"`
+}
+
+// Bytes moved by the weights service.
+type Bytes struct {
+	// PerNodePerVersionMiB: chunk bytes sent per device per version;
+	// TrainerPerVersionMiB: by the trainers together per version;
+	// MaxNodePerVersionMiB: by the busiest device.
+	PerNodePerVersionMiB float64 `json:"per_node_per_version_mib"`
+	TrainerPerVersionMiB float64 `json:"trainer_per_version_mib"`
+	MaxNodePerVersionMiB float64 `json:"max_node_per_version_mib"`
+	WastedMiB            float64 `json:"wasted_mib"`
+	RelayedMiB           float64 `json:"relayed_mib"`
+	GossipMiB            float64 `json:"gossip_mib"`
+}
+
+// RevocationReport: the run's revocation of one device.
+type RevocationReport struct {
+	Peer   string  `json:"peer"`
+	Issued float64 `json:"issued_s"`
+	// Reached: devices that learnt of it; AllBy when the last of them did.
+	Reached int     `json:"reached"`
+	AllBy   float64 `json:"all_by_s"`
+	// AfterLearnt: things the revoked peer received from a node after that
+	// node learnt of the revocation (must be 0).
+	AfterLearnt int `json:"after_learnt"`
+}
+
+// Invariants: OK when every check held; Violations says which did not.
+type Invariants struct {
+	OK         bool     `json:"ok"`
+	Violations []string `json:"violations"`
+}
+
+// PoisonRun is one learning curve of the Poison scenario.
+type PoisonRun struct {
+	Defences  string    `json:"defences"`
+	Malicious float64   `json:"malicious"`
+	Scores    []float64 `json:"scores"`
+	Final     float64   `json:"final"`
+	// Refused: batches refused by re-verification; IntakeRefused at intake.
+	Refused       int `json:"refused_verify"`
+	IntakeRefused int `json:"intake_refused"`
+}
+
+// SweepRow is one configuration of the Relays scenario.
+type SweepRow struct {
+	NATShare      float64 `json:"nat_share"`
+	Relays        int     `json:"relays"`
+	MedianReach99 float64 `json:"median_reach99_s"`
+	MedianRatio99 float64 `json:"median_ratio99"`
+	RelayedMiB    float64 `json:"relayed_mib"`
+	Converged     bool    `json:"converged"`
+}
+
+func round3(x float64) float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return -1
+	}
+	return math.Round(x*1000) / 1000
+}
+
+// report builds the Report of a finished run.
+func (w *world) report() *Report {
+	o := w.o
+	r := &Report{Seed: o.Seed, Scenario: o.Scenario, Nodes: o.Nodes, Trainers: o.Trainers,
+		Options: Summary{Versions: o.Versions, BundleMiB: o.BundleMiB, NATShare: max(0, o.NATShare), Relays: len(w.relays), Degree: o.Degree,
+			RoundEveryS: o.RoundEvery.Seconds(), DurationS: o.Duration.Seconds(), Defences: w.def.Name},
+		VirtualSeconds: round3(seconds(w.now)), Events: w.events, Failovers: w.failovers}
+	if o.Scenario == Poison {
+		r.Options.Malicious, r.Options.MalTrainers = max(0, o.Malicious), max(0, o.MaliciousTrainers)
+	}
+	if r.Failovers == nil {
+		r.Failovers = []Failover{}
+	}
+	// Network.
+	var downs, ups, rtts []float64
+	nat, deg := 0, 0
+	for i := range o.Nodes {
+		n := w.nodes[i]
+		downs, ups, rtts = append(downs, n.down/mbit), append(ups, n.up/mbit), append(rtts, 2*n.lat.Seconds()*1000)
+		if n.nat {
+			nat++
+		}
+		deg += len(n.nbrs)
+	}
+	r.Network = NetSummary{MedianDownMbit: round3(median(downs)), MedianUpMbit: round3(median(ups)), MedianRTTms: round3(median(rtts)),
+		NAT: nat, Relays: len(w.relays), MeanDegree: round3(float64(deg) / float64(o.Nodes))}
+	// Versions and the bound.
+	hop := w.hopTime()
+	var ratios []float64
+	for k, ver := range w.lineage {
+		v := ver.Version
+		vr := VersionReport{Version: v, Term: ver.Term, Index: ver.Index, Published: round3(seconds(w.pubAt[v])), Score: round3(w.scores[k])}
+		// The devices live at publication that stayed: not gone for good,
+		// and not asleep at the end without the version.
+		var times []float64
+		for i := range o.Nodes {
+			t := w.reached[v][i]
+			if !w.liveAtPub[v][i] || w.isVictim(i) || w.nodes[i].left && t < 0 || w.nodes[i].asleep && t < 0 {
+				continue
+			}
+			vr.Live++
+			if t >= 0 {
+				times = append(times, seconds(t-w.pubAt[v]))
+			}
+		}
+		slices.Sort(times)
+		at := func(q float64) float64 {
+			need := int(math.Ceil(q * float64(vr.Live)))
+			if need == 0 {
+				return 0
+			}
+			if need > len(times) {
+				return -1
+			}
+			return round3(times[need-1])
+		}
+		bound := func(q float64) float64 {
+			k := math.Ceil(q * float64(vr.Live))
+			return round3(math.Ceil(math.Log2(k+1)) * hop)
+		}
+		vr.Reach50, vr.Reach95, vr.Reach99 = at(0.5), at(0.95), at(0.99)
+		vr.Bound50, vr.Bound95, vr.Bound99 = bound(0.5), bound(0.95), bound(0.99)
+		vr.Ratio99 = -1
+		if vr.Reach99 >= 0 && vr.Bound99 > 0 {
+			vr.Ratio99 = round3(vr.Reach99 / vr.Bound99)
+			ratios = append(ratios, vr.Ratio99)
+		}
+		r.Versions = append(r.Versions, vr)
+		r.Learning = append(r.Learning, vr.Score)
+	}
+	if r.Learning == nil {
+		r.Learning = []float64{}
+	}
+	r.Propagation.Within2x = len(ratios) == len(r.Versions) && len(ratios) > 0
+	for _, x := range ratios {
+		r.Propagation.MaxRatio99 = math.Max(r.Propagation.MaxRatio99, x)
+		if x > 2 {
+			r.Propagation.Within2x = false
+		}
+	}
+	r.Propagation.MedianRatio99 = round3(median(slices.Clone(ratios)))
+	if len(ratios) < len(r.Versions) {
+		r.Propagation.MaxRatio99 = -1
+	}
+	// Gossip.
+	var live, got, copies, lost int
+	for _, m := range w.msgs {
+		live += m.liveAt
+		got += m.delivered
+		copies += m.copies
+		lost += m.lost
+	}
+	r.Gossip = GossipReport{Messages: len(w.msgs), Lost: lost}
+	if live > 0 {
+		r.Gossip.DeliveryRatio = round3(float64(got) / float64(live))
+	}
+	if len(w.msgs) > 0 {
+		r.Gossip.CopiesPerNode = round3(float64(copies) / float64(len(w.msgs)*len(w.nodes)))
+	}
+	// Staleness.
+	var stale, liveTime time.Duration
+	devices := 0
+	for i := range o.Nodes {
+		if !w.isVictim(i) {
+			stale += w.peers[i].stale
+			liveTime += w.peers[i].liveTime
+			devices++
+		}
+	}
+	if w.published > 0 {
+		r.Staleness.MeanPerVersion = round3(stale.Seconds() / float64(devices*w.published))
+		if liveTime > 0 {
+			r.Staleness.Share = round3(stale.Seconds() / liveTime.Seconds())
+		}
+	}
+	// Work.
+	st := w.trainers[0].st
+	r.Work = Work{Batches: len(w.batches), Trained: st.Counts["trained"], Refused: map[string]int{}, WastedSamples: w.wastedSamples, Unannounced: w.unannounced, Pending: st.Counts["pending"] + st.Counts["assigned"]}
+	for k, n := range st.Refusals {
+		r.Work.Refused[k] = n
+	}
+	for _, n := range w.intake {
+		r.Work.IntakeRefused += n
+	}
+	in := map[string]int{}
+	for _, v := range st.Versions {
+		for _, c := range v.Contributors {
+			for _, id := range c.Batches {
+				in[string(id)]++
+			}
+		}
+	}
+	for _, n := range in {
+		if n > 1 {
+			r.Work.TrainedTwice++
+		}
+	}
+	for _, n := range w.trainedTimes {
+		if n > 1 {
+			r.Work.Retrained++
+		}
+	}
+	// Bytes.
+	if w.published > 0 {
+		var dev, tr, mx int64
+		for i, p := range w.peers {
+			if i < o.Nodes {
+				dev += p.bytesUp
+				mx = max(mx, p.bytesUp)
+			} else {
+				tr += p.bytesUp
+			}
+		}
+		pv := float64(w.published) * (1 << 20)
+		r.Bytes = Bytes{PerNodePerVersionMiB: round3(float64(dev) / float64(o.Nodes) / pv), TrainerPerVersionMiB: round3(float64(tr) / pv),
+			MaxNodePerVersionMiB: round3(float64(mx) / pv)}
+	}
+	r.Bytes.WastedMiB = round3(float64(w.wastedBytes) / (1 << 20))
+	r.Bytes.RelayedMiB = round3(float64(w.relayBytes) / (1 << 20))
+	r.Bytes.GossipMiB = round3(float64(w.gossipBytes) / (1 << 20))
+	// Revocation.
+	r.Revocation = RevocationReport{Peer: string(w.nodes[w.victim].pid), Issued: -1, AllBy: -1}
+	if w.revokedAt > 0 {
+		r.Revocation.Issued = round3(seconds(w.revokedAt))
+		var last time.Duration
+		for i := range o.Nodes {
+			if l := w.peers[i].learnt; l >= 0 {
+				r.Revocation.Reached++
+				last = max(last, l)
+			}
+		}
+		r.Revocation.AllBy = round3(seconds(last))
+	}
+	for _, rc := range w.victimReceipts {
+		if l := w.peers[rc.from].learnt; l >= 0 && l <= rc.at {
+			r.Revocation.AfterLearnt++
+		}
+	}
+	r.Invariants = Invariants{OK: len(w.violations) == 0, Violations: w.violations}
+	if r.Invariants.Violations == nil {
+		r.Invariants.Violations = []string{}
+	}
+	return r
+}
+
+// hopTime is one hop of the log-tree bound: a whole bundle over the median
+// device link (the smaller of the median uplink and the median downlink)
+// plus the median one-way latency between two devices.
+func (w *world) hopTime() float64 {
+	var ups, downs, lats []float64
+	for i := range w.o.Nodes {
+		n := w.nodes[i]
+		ups, downs, lats = append(ups, n.up), append(downs, n.down), append(lats, n.lat.Seconds())
+	}
+	rate := math.Min(median(ups), median(downs))
+	return float64(w.o.BundleMiB<<20)/rate + 2*median(lats)
+}
+
+// WriteTable prints the report for people: the seed first.
+func (r *Report) WriteTable(out io.Writer) error {
+	var b strings.Builder
+	f := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	f("seed %d, scenario %s: %d devices, %d trainers, %d MiB bundles\n", r.Seed, r.Scenario, r.Nodes, r.Trainers, r.Options.BundleMiB)
+	f("network: median down %.0f Mbit/s, up %.1f Mbit/s, RTT %.0f ms; %d behind NAT via %d relays; mean degree %.1f\n",
+		r.Network.MedianDownMbit, r.Network.MedianUpMbit, r.Network.MedianRTTms, r.Network.NAT, r.Network.Relays, r.Network.MeanDegree)
+	f("\nadapter versions reaching the live devices (seconds after publication; bound: log-tree at median links)\n")
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "version\tterm\tindex\tpublished\tlive\t50%\t95%\t99%\tbound 99%\t99%/bound\tscore\t")
+	for _, v := range r.Versions {
+		fmt.Fprintf(tw, "v%d\t%d\t%d\t%.1f\t%d\t%s\t%s\t%s\t%.1f\t%s\t%.3f\t\n", v.Version, v.Term, v.Index, v.Published, v.Live,
+			secs(v.Reach50), secs(v.Reach95), secs(v.Reach99), v.Bound99, ratio(v.Ratio99), v.Score)
+	}
+	tw.Flush()
+	f("99%% within 2x the bound: %v (median %.2fx, worst %s)\n", r.Propagation.Within2x, r.Propagation.MedianRatio99, ratio(r.Propagation.MaxRatio99))
+	f("\ngossip: %d messages, delivery ratio %.4f, %.2f copies per node per message, %d lost on links\n",
+		r.Gossip.Messages, r.Gossip.DeliveryRatio, r.Gossip.CopiesPerNode, r.Gossip.Lost)
+	f("staleness: %.2f%% of live device-time on an older adapter, %.1f s per device per version\n", 100*r.Staleness.Share, r.Staleness.MeanPerVersion)
+	f("bytes per version: %.1f MiB per device (busiest %.1f), %.1f MiB from the trainers; wasted %.1f MiB, relayed %.1f MiB, gossip %.1f MiB\n",
+		r.Bytes.PerNodePerVersionMiB, r.Bytes.MaxNodePerVersionMiB, r.Bytes.TrainerPerVersionMiB, r.Bytes.WastedMiB, r.Bytes.RelayedMiB, r.Bytes.GossipMiB)
+	keys := make([]string, 0, len(r.Work.Refused))
+	for k := range r.Work.Refused {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var refused []string
+	for _, k := range keys {
+		refused = append(refused, fmt.Sprintf("%s %d", k, r.Work.Refused[k]))
+	}
+	f("work: %d batches, %d trained, %d trained twice, %d retrained, %d samples wasted, %d pending; refused: %s; at intake %d; unheard of %d\n",
+		r.Work.Batches, r.Work.Trained, r.Work.TrainedTwice, r.Work.Retrained, r.Work.WastedSamples, r.Work.Pending, orNone(strings.Join(refused, ", ")), r.Work.IntakeRefused, r.Work.Unannounced)
+	if len(r.Failovers) == 0 {
+		f("failovers: none\n")
+	}
+	for _, fo := range r.Failovers {
+		f("failover (%s at %.1f s): elected at %.1f s, committing again at %.1f s: %.2f s (term %d)\n", fo.Cause, fo.At, fo.Elected, fo.Committed, fo.Seconds, fo.Term)
+	}
+	f("revocation of %s at %s: %d devices learnt it, the last at %s; %d things reached it after its sender knew\n",
+		r.Revocation.Peer, secs(r.Revocation.Issued), r.Revocation.Reached, secs(r.Revocation.AllBy), r.Revocation.AfterLearnt)
+	if len(r.Poison) > 0 {
+		f("\nlearning under poisoning (score after each version; 1 is the target)\n")
+		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "defences\tmalicious\tfinal\trefused (verify)\tat intake\tcurve\t")
+		for _, p := range r.Poison {
+			var c []string
+			for _, s := range p.Scores {
+				c = append(c, fmt.Sprintf("%.2f", s))
+			}
+			fmt.Fprintf(tw, "%s\t%.0f%%\t%.3f\t%d\t%d\t%s\t\n", p.Defences, 100*p.Malicious, p.Final, p.Refused, p.IntakeRefused, strings.Join(c, " "))
+		}
+		tw.Flush()
+	}
+	if len(r.Sweep) > 0 {
+		f("\nNAT and relays\n")
+		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "NAT share\trelays\tmedian 99%\tmedian 99%/bound\trelayed MiB\tconverged\t")
+		for _, s := range r.Sweep {
+			fmt.Fprintf(tw, "%.0f%%\t%d\t%s\t%s\t%.0f\t%v\t\n", 100*s.NATShare, s.Relays, secs(s.MedianReach99), ratio(s.MedianRatio99), s.RelayedMiB, s.Converged)
+		}
+		tw.Flush()
+	}
+	f("\ninvariants: ")
+	if r.Invariants.OK {
+		f("all held (no batch trained twice, versions increase with (term, index), live devices converged, revoked peer cut off)\n")
+	} else {
+		f("%d violated\n", len(r.Invariants.Violations))
+		for _, v := range r.Invariants.Violations {
+			f("  %s\n", v)
+		}
+	}
+	f("%.0f virtual seconds, %d events\n", r.VirtualSeconds, r.Events)
+	_, err := io.WriteString(out, b.String())
+	return err
+}
+
+func secs(x float64) string {
+	if x < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", x)
+}
+
+func ratio(x float64) string {
+	if x < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", x)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
