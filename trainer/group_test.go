@@ -44,7 +44,7 @@ func testLogger(t *testing.T) *slog.Logger {
 	if os.Getenv("CLAWMESH_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	r := &logRing{}
+	r := &logRing{failed: t.Failed}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("the trainers' last %d log lines:\n%s", testLogLines, r.String())
@@ -56,13 +56,18 @@ func testLogger(t *testing.T) *slog.Logger {
 const testLogLines = 150
 
 // logRing is an io.Writer that keeps the last testLogLines writes (slog
-// writes a record at a time).
+// writes a record at a time) until the test fails: what the cluster logs
+// as it closes after a failure would push out what led to it.
 type logRing struct {
-	mu    sync.Mutex
-	lines []string
+	failed func() bool
+	mu     sync.Mutex
+	lines  []string
 }
 
 func (r *logRing) Write(p []byte) (int, error) {
+	if r.failed() {
+		return len(p), nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.lines) == testLogLines {
