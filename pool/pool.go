@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -326,6 +327,18 @@ func (p *Pool) openInstance() (in *instance, err error) {
 			DataCorruption: func(info pebble.DataCorruptionInfo) { p.corrupt(in, info) },
 		},
 	}
+	// A step is read back by its key to be changed (a closure, a verdict)
+	// seconds after it was written, while the calls' writes keep L0 busy:
+	// bloom filters let such a read skip the tables without the key, and
+	// a block cache larger than Pebble's 8 MiB default keeps their index
+	// blocks. Both are within the node's stated memory bound (see
+	// cmd/clawmesh's --memory-limit).
+	for i := range popts.Levels {
+		popts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	cache := pebble.NewCache(blockCacheBytes)
+	defer cache.Unref() // the store holds its own reference
+	popts.Cache = cache
 	// Pebble reports some failures while opening as fatal (a manifest it
 	// cannot write): see openPebble.
 	db, err := p.openPebble(in, popts)
@@ -341,6 +354,9 @@ func (p *Pool) openInstance() (in *instance, err error) {
 	in.db = db
 	return in, nil
 }
+
+// blockCacheBytes is the Pebble block cache of a pool.
+const blockCacheBytes = 32 << 20
 
 // Close flushes nothing (every write is already synced) and releases the
 // directory. Operations in progress finish first, for as long as
