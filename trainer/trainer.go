@@ -156,6 +156,9 @@ type Trainer struct {
 	mu   sync.Mutex
 	addr net.Addr
 
+	// runtimes holds the task sets' runtimes (their verifiers).
+	runtimes taskRuntimes
+
 	// metrics are made on first use (metricsOf).
 	metricsOnce sync.Once
 	metrics     *metrics
@@ -373,7 +376,7 @@ func (t *Trainer) Run(ctx context.Context) error {
 // engine, and closes the store.
 func (t *Trainer) Close() error {
 	t.cancel()
-	errs := []error{t.group.close(), t.work.w.close()}
+	errs := []error{t.group.close(), t.work.w.close(), t.runtimes.close()}
 	if t.checker != nil {
 		errs = append(errs, t.checker.Close(context.Background()))
 	}
