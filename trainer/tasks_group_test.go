@@ -1,0 +1,110 @@
+package trainer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// TestTaskSetTrainsThroughFailover: a 3-trainer group given a task set and
+// its verifier (added through a trainer that does not lead) trains on its
+// prompts round after round; the leader is killed as it is about to
+// publish the second round; the new leader completes the set. Every
+// prompt of every epoch is trained into exactly one version, none is
+// skipped, and the held-out pass@1 recorded in the lineage rises from
+// version 0's.
+func TestTaskSetTrainsThroughFailover(t *testing.T) {
+	ctx := context.Background()
+	plugin := charsetPlugin(t)
+	c := newTestCluster(t, 3)
+	if err := c.WaitUntil(ctx, clusterWait, "three registered trainers", func() bool {
+		i, ok := c.Leader()
+		return ok && len(c.Trainer(i).Status().Trainers) == 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	li, leader := leaderOf(t, c)
+	paused := make(chan uint64, 1)
+	leader.beforePublish = func(ctx context.Context, round uint64) {
+		if round < 2 {
+			return
+		}
+		select {
+		case paused <- round:
+		default:
+		}
+		<-ctx.Done()
+	}
+	adder := c.Trainer((li + 1) % 3)
+	ts, err := adder.AddTasks(ctx, AddTasks{Name: "letters.jsonl", Tasks: letterTasks(24), Reward: plugin,
+		Group: 8, Holdout: 0.25, PerRound: 6, Epochs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts.HeldOut) == 0 || len(ts.Train) == 0 {
+		t.Fatalf("split %d/%d", len(ts.Train), len(ts.HeldOut))
+	}
+	var round uint64
+	select {
+	case round = <-paused:
+	case <-time.After(clusterWait):
+		t.Fatal("the leader never got to publish round 2")
+	}
+	if err := c.Kill(li); err != nil {
+		t.Logf("kill: %v", err)
+	}
+	total := len(ts.Train) * ts.Epochs
+	var tr *Trainer
+	if err := c.WaitUntil(ctx, clusterWait, "every prompt trained and the last version evaluated", func() bool {
+		i, ok := c.Leader()
+		if !ok {
+			return false
+		}
+		tr = c.Trainer(i)
+		var done bool
+		tr.group.view(func(s *group.State) {
+			p := s.Progress(ts.Hash)
+			cur, _ := s.Current()
+			done = p.Trained == total && s.Round == nil && len(cur.Evals) == 1
+		})
+		return done
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Every prompt-epoch in exactly one version's contributions.
+	seen := map[core.BatchID]int{}
+	lin := tr.Lineage()
+	for _, v := range lin {
+		if v.Publisher == leader.self && v.Round >= round && v.Version > 0 {
+			t.Fatalf("v%d was published by the killed leader", v.Version)
+		}
+		for _, c := range v.Contributors {
+			for _, id := range c.Batches {
+				seen[id]++
+			}
+		}
+	}
+	for e := range ts.Epochs {
+		for _, p := range ts.Train {
+			if n := seen[group.TaskItemID(ts.Hash, p, e)]; n != 1 {
+				t.Fatalf("prompt %s epoch %d trained %d times", p, e, n)
+			}
+		}
+	}
+	if len(seen) != total {
+		t.Fatalf("%d ledger lines trained, want %d", len(seen), total)
+	}
+	first, last := lin[0].Evals, lin[len(lin)-1].Evals
+	if len(first) != 1 || len(last) != 1 {
+		t.Fatalf("evaluations: v0 %v, last %v", first, last)
+	}
+	for _, v := range lin {
+		t.Logf("v%d round %d: %+v", v.Version, v.Round, v.Evals)
+	}
+	if !(last[0].PassAt1 > first[0].PassAt1) {
+		t.Fatalf("held-out pass@1 went from %v to %v", first[0].PassAt1, last[0].PassAt1)
+	}
+}
