@@ -3,6 +3,9 @@ package reward
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -106,5 +109,45 @@ func TestVerifierAndOldPlugins(t *testing.T) {
 		if plain.Value == nil || !reflect.DeepEqual(plain, task) {
 			t.Fatalf("%s: %+v without the task, %+v with it", name, plain, task)
 		}
+	}
+}
+
+// TestScaffoldVerifier: the verifier `reward new --verifier` writes builds
+// offline, passes its own test, and scores rollouts against the answer.
+func TestScaffoldVerifier(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a plugin")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go toolchain")
+	}
+	dir := filepath.Join(t.TempDir(), "checker")
+	if err := ScaffoldVerifier(dir, "checker"); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GOPROXY", "off")
+	t.Setenv("GOFLAGS", "-mod=mod")
+	t.Setenv("GOWORK", "off")
+	out, err := Build(context.Background(), dir, "", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "test", "./...")
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go test in the scaffold: %v\n%s", err, b)
+	}
+	r := newTestRunner(t, Options{Plugins: []PluginConfig{{Path: out, Enabled: true}}})
+	for _, c := range []struct {
+		answer, reply string
+		want          float64
+	}{{`42`, "42", 1}, {`42`, "41", -1}, {`"yes"`, " yes\n", 1}, {`"yes"`, "no", -1}} {
+		sc, _ := r.ScoreTask(context.Background(), "checker", rolloutStep(c.reply), Task{ID: "q", Answer: json.RawMessage(c.answer)})
+		if sc.Value == nil || *sc.Value != c.want {
+			t.Fatalf("answer %s reply %q: %+v", c.answer, c.reply, sc)
+		}
+	}
+	if sc, _ := r.ScorePlugin(context.Background(), "checker", rolloutStep("42")); sc.Value != nil {
+		t.Fatalf("a live step scored: %+v", sc)
 	}
 }

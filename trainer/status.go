@@ -260,6 +260,7 @@ func (t *Trainer) handler(stop func()) http.Handler {
 		writeJSON(w, t.Status())
 	})
 	mux.Handle("GET /metrics", t.Metrics())
+	t.handleTasks(mux)
 	mux.HandleFunc("GET "+AdminPrefix+"ledger", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, t.Ledger())
 	})

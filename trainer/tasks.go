@@ -3,13 +3,18 @@ package trainer
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/reward"
@@ -305,4 +310,103 @@ func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
 		t.log.Info("version evaluated", "version", cur.Name(), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
 	}
 	return nil
+}
+
+// TaskSetStatus is a task set as `clawmesh tasks ls|status --json` print
+// it (a stable format).
+type TaskSetStatus struct {
+	// Hash is the SHA-256 of the canonical task file; Name the file's
+	// name; Reward and Tools the plugins' SHA-256 ("" for no tools).
+	Hash   string `json:"hash"`
+	Name   string `json:"name"`
+	Reward string `json:"reward"`
+	Tools  string `json:"tools,omitempty"`
+	// Group is G, the rollouts per prompt; Holdout, Ratio, PerRound,
+	// Epochs and MaxTokens as `tasks add` set them (defaults applied).
+	Group     int     `json:"group"`
+	Holdout   float64 `json:"holdout"`
+	Ratio     float64 `json:"ratio"`
+	PerRound  int     `json:"per_round"`
+	Epochs    int     `json:"epochs"`
+	MaxTokens int     `json:"max_tokens"`
+	// Prompts is the training split's size, HeldOut the held-out one's.
+	Prompts int `json:"prompts"`
+	HeldOut int `json:"held_out"`
+	// Items = Prompts × Epochs ledger lines; Done of them are trained
+	// into a version, Assigned in the open round, Pending waiting.
+	Items    int `json:"items"`
+	Done     int `json:"done"`
+	Assigned int `json:"assigned"`
+	Pending  int `json:"pending"`
+	// Added is when the group committed the set (the leader's clock).
+	Added time.Time `json:"added"`
+	// Evals are the versions' evaluations on the held-out split, oldest
+	// version first: version, pass_at_1, mean_reward, prompts, passed.
+	Evals []group.Eval `json:"evals"`
+}
+
+// TaskSets lists the group's task sets with their progress and their
+// evaluations, oldest first.
+func (t *Trainer) TaskSets() []TaskSetStatus {
+	out := []TaskSetStatus{}
+	t.group.view(func(s *group.State) {
+		for _, ts := range s.SortedTaskSets() {
+			p := s.Progress(ts.Hash)
+			st := TaskSetStatus{Hash: ts.Hash, Name: ts.Name, Reward: ts.Reward, Tools: ts.Tools, Group: ts.Group,
+				Holdout: ts.Holdout, Ratio: ts.Ratio, PerRound: ts.PerRound, Epochs: ts.Epochs, MaxTokens: ts.MaxTokens,
+				Prompts: len(ts.Train), HeldOut: len(ts.HeldOut), Items: p.Total, Done: p.Trained, Assigned: p.Assigned,
+				Pending: p.Pending, Added: ts.Added, Evals: []group.Eval{}}
+			for _, v := range s.Versions {
+				for _, e := range v.Evals {
+					if e.Task == ts.Hash {
+						st.Evals = append(st.Evals, e)
+					}
+				}
+			}
+			out = append(out, st)
+		}
+	})
+	return out
+}
+
+// handleTasks adds the task routes to the admin API.
+func (t *Trainer) handleTasks(mux *http.ServeMux) {
+	mux.HandleFunc("GET "+AdminPrefix+"tasks", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, t.TaskSets())
+	})
+	mux.HandleFunc("POST "+AdminPrefix+"tasks", func(w http.ResponseWriter, r *http.Request) {
+		var a AddTasks
+		dec := json.NewDecoder(io.LimitReader(r.Body, 4*maxTaskFile))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&a); err != nil {
+			adminapi.WriteError(w, http.StatusBadRequest, err)
+			return
+		}
+		ts, err := t.AddTasks(r.Context(), a)
+		if err != nil {
+			code := http.StatusConflict
+			if errors.Is(err, ErrTasks) {
+				code = http.StatusBadRequest
+			}
+			adminapi.WriteError(w, code, err)
+			return
+		}
+		writeJSON(w, ts)
+	})
+}
+
+// AddTasks hands a task set to the trainer, which has the group add it.
+func (c *Client) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, error) {
+	var ts group.TaskSet
+	if err := c.do(ctx, http.MethodPost, "tasks", a, &ts); err != nil {
+		return nil, err
+	}
+	return &ts, nil
+}
+
+// TaskSets lists the group's task sets.
+func (c *Client) TaskSets(ctx context.Context) ([]TaskSetStatus, error) {
+	var out []TaskSetStatus
+	err := c.do(ctx, http.MethodGet, "tasks", nil, &out)
+	return out, err
 }
