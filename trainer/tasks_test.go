@@ -65,19 +65,19 @@ func charsetPlugin(t testing.TB) []byte {
 }
 
 // localRuntime makes a task runtime without a trainer: the set and the
-// verifier from files in dir.
+// verifier from a file.
 func localRuntime(t testing.TB, set *tasks.Set, ts group.TaskSet, plugin []byte) *taskRuntime {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "verifier.wasm")
 	if err := os.WriteFile(p, plugin, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r, err := reward.New(context.Background(), reward.Options{Plugins: []reward.PluginConfig{{Name: verifierName, Path: p, Enabled: true}}, Strict: true})
+	rt, err := newLocalRuntime(context.Background(), set, ts, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { r.Close(context.Background()) })
-	return &taskRuntime{ts: ts.WithDefaults(), set: set, byID: set.ByID(), runner: r}
+	t.Cleanup(func() { rt.runner.Close(context.Background()) })
+	return rt
 }
 
 // TestRolloutsLearn: on one worker, rounds of rollouts from a task set,
@@ -146,5 +146,17 @@ func TestRolloutsLearn(t *testing.T) {
 	}
 	if !(best.PassAt1 > first.PassAt1) {
 		t.Fatalf("pass@1 never rose above v0's %v (best %+v)", first.PassAt1, best)
+	}
+}
+
+func TestBenchRollouts(t *testing.T) {
+	rep, err := BenchRollouts(context.Background(), RolloutBenchOptions{Tasks: letterTasks(20), Verifier: charsetPlugin(t), Group: 4, Prompts: 4, Rounds: 2, LocalSteps: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", rep)
+	if len(rep.Rounds) != 2 || rep.RolloutTokens == 0 || !(rep.RolloutTokensPerS > 0) || !(rep.RawTokensPerS > 0) ||
+		!(rep.RolloutShare > 0 && rep.RolloutShare < 1) || rep.Rounds[0].Samples != 16 {
+		t.Fatalf("report %+v", rep)
 	}
 }
