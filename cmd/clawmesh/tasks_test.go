@@ -112,3 +112,29 @@ func TestTasksCommands(t *testing.T) {
 		t.Fatalf("v0's lineage record: %+v", lin[0])
 	}
 }
+
+func TestBenchRollouts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a plugin")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go toolchain")
+	}
+	t.Setenv("GOPROXY", "off")
+	t.Setenv("GOFLAGS", "-mod=mod")
+	t.Setenv("GOWORK", "off")
+	out, errOut, code := runCLI(t, "bench", "rollouts", "--group", "2", "--prompts", "2", "--rounds", "1", "--max-tokens", "4", "--json")
+	if code != 0 {
+		t.Fatalf("bench rollouts: %s %s", out, errOut)
+	}
+	var rep trainer.RolloutBenchReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rounds) != 1 || rep.Rounds[0].Samples != 4 || !(rep.RolloutTokensPerS > 0) || !(rep.RawTokensPerS > 0) || !(rep.RolloutShare > 0) {
+		t.Fatalf("report %+v", rep)
+	}
+	if _, errOut, code := runCLI(t, "bench", "rollouts", "--tasks", "x.jsonl"); code == 0 || !strings.Contains(errOut, "go together") {
+		t.Fatalf("--tasks alone: %d %s", code, errOut)
+	}
+}
