@@ -3,9 +3,12 @@ package trainer
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -53,53 +56,153 @@ func rolloutSeed(item core.BatchID, round uint64, g int) uint64 {
 	return h.Sum64()
 }
 
-// episode samples one reply to task from the engine's current adapter and
-// returns it as a step (the prompt's and the reply's token ids and
-// log-probs recorded exactly) with the verifier's score as its reward.
-// Temperature 0 is greedy.
-func (w *worker) episode(ctx context.Context, rt *taskRuntime, task *tasks.Task, version uint64, temp float64, seed uint64, id string) (*core.Step, core.Score, int, error) {
-	text, err := w.render.Render(task.Messages, task.Tools, true)
-	if err != nil {
-		return nil, core.Score{}, 0, fmt.Errorf("trainer: task %q: %w", task.ID, err)
-	}
-	prompt := w.tok.Encode(text)
+// episode runs one episode of task on the engine's current adapter: the
+// model answers; when the task declares tools and the set has a tool
+// simulator, each tool call of its reply (Qwen3's <tool_call> JSON) is
+// answered by the simulator and the model answers again, for at most the
+// task's max_turns turns. Every model turn is a step whose prompt and
+// reply token ids and log-probs are recorded exactly as the engine read
+// and sampled them; the verifier scores the last turn (its context holds
+// the whole transcript), and every turn of the episode carries that score
+// as its reward. Temperature 0 is greedy.
+func (w *worker) episode(ctx context.Context, rt *taskRuntime, task *tasks.Task, version uint64, temp float64, seed uint64, id string) ([]*core.Step, core.Score, int, error) {
 	set := task.Settings(rt.ts.MaxTokens)
-	ids, lps, err := w.eng.Generate(ctx, prompt, engine.GenOptions{MaxTokens: set.MaxTokens, Temperature: temp, Seed: seed})
-	if err != nil {
-		return nil, core.Score{}, 0, err
+	tools := rt.ts.Tools != "" && len(task.Tools) > 0
+	if !tools {
+		set.MaxTurns = 1
 	}
-	body := ids
-	for len(body) > 0 && w.tok.IsSpecial(body[len(body)-1]) {
-		body = body[:len(body)-1]
+	msgs := slices.Clone(task.Messages)
+	var steps []*core.Step
+	tokens := 0
+	for turn := range set.MaxTurns {
+		text, err := w.render.Render(msgs, task.Tools, true)
+		if err != nil {
+			return nil, core.Score{}, 0, fmt.Errorf("trainer: task %q: %w", task.ID, err)
+		}
+		prompt := w.tok.Encode(text)
+		ids, lps, err := w.eng.Generate(ctx, prompt, engine.GenOptions{MaxTokens: set.MaxTokens, Temperature: temp, Seed: seed + uint64(turn)})
+		if err != nil {
+			return nil, core.Score{}, 0, err
+		}
+		tokens += len(ids)
+		body := ids
+		for len(body) > 0 && w.tok.IsSpecial(body[len(body)-1]) {
+			body = body[:len(body)-1]
+		}
+		finish := "stop"
+		if len(body) == len(ids) && len(ids) >= set.MaxTokens {
+			finish = "length"
+		}
+		toks := make([]core.TokenLogprob, len(ids))
+		for i, t := range ids {
+			toks[i] = core.TokenLogprob{ID: t, Logprob: float64(lps[i])}
+		}
+		reply := core.Message{Role: core.RoleAssistant, Content: w.tok.Decode(body)}
+		if tools {
+			reply.Content, reply.ToolCalls = splitToolCalls(reply.Content, turn)
+		}
+		st := &core.Step{
+			ID: core.StepID(fmt.Sprintf("%s-t%d", id, turn)), Turn: core.TurnMain, Adapter: "v" + strconv.FormatUint(version, 10),
+			Request: core.Request{Messages: slices.Clone(msgs), Tools: task.Tools},
+			Response: core.Response{PromptTokenIDs: prompt, Choices: []core.Choice{{
+				Message: reply, FinishReason: finish, Tokens: toks, Fidelity: core.FidelityExact}}},
+		}
+		steps = append(steps, st)
+		msgs = append(msgs, reply)
+		if len(reply.ToolCalls) == 0 || turn == set.MaxTurns-1 {
+			break
+		}
+		for _, call := range reply.ToolCalls {
+			msgs = append(msgs, w.callTool(ctx, rt, task, msgs, call))
+		}
 	}
-	finish := "stop"
-	if len(body) == len(ids) && len(ids) >= set.MaxTokens {
-		finish = "length"
+	last := steps[len(steps)-1]
+	sc, _ := rt.runner.ScoreTask(ctx, verifierName, last, reward.Task{ID: task.ID, Answer: task.Answer, Meta: task.Meta})
+	for _, st := range steps {
+		c := &st.Response.Choices[0]
+		if c.Message.Content == "" && len(c.Message.ToolCalls) == 0 {
+			// The sample builder refuses an empty reply; the recorded
+			// ids, not the text, are what it trains, so the special
+			// tokens stand in for the text.
+			ids := make([]int, len(c.Tokens))
+			for i, t := range c.Tokens {
+				ids[i] = t.ID
+			}
+			c.Message.Content = w.tok.Decode(ids)
+		}
+		if sc.Value != nil {
+			st.Reward = &core.Reward{Value: sc.Value, Scores: []core.Score{sc}}
+		}
 	}
-	toks := make([]core.TokenLogprob, len(ids))
-	for i, t := range ids {
-		toks[i] = core.TokenLogprob{ID: t, Logprob: float64(lps[i])}
-	}
-	reply := w.tok.Decode(body)
+	return steps, sc, tokens, nil
+}
 
-	st := &core.Step{
-		ID: core.StepID(id), Turn: core.TurnMain, Adapter: "v" + strconv.FormatUint(version, 10),
-		Request: core.Request{Messages: task.Messages, Tools: task.Tools},
-		Response: core.Response{PromptTokenIDs: prompt, Choices: []core.Choice{{
-			Message: core.Message{Role: core.RoleAssistant, Content: reply}, FinishReason: finish,
-			Tokens: toks, Fidelity: core.FidelityExact}}},
+// splitToolCalls takes the <tool_call> blocks out of a reply: the text
+// left, trimmed, and the calls that parse (ids call_<turn>_<n>).
+func splitToolCalls(text string, turn int) (string, []core.ToolCall) {
+	const open, end = "<tool_call>", "</tool_call>"
+	var calls []core.ToolCall
+	var rest strings.Builder
+	for {
+		i := strings.Index(text, open)
+		if i < 0 {
+			break
+		}
+		j := strings.Index(text[i:], end)
+		if j < 0 {
+			break
+		}
+		rest.WriteString(text[:i])
+		if c, ok := parseToolCall(text[i+len(open) : i+j]); ok {
+			c.ID = fmt.Sprintf("call_%d_%d", turn, len(calls))
+			calls = append(calls, c)
+		}
+		text = text[i+j+len(end):]
 	}
-	sc, _ := rt.runner.ScoreTask(ctx, verifierName, st, reward.Task{ID: task.ID, Answer: task.Answer, Meta: task.Meta})
-	if reply == "" {
-		// The sample builder refuses an empty reply; the recorded ids,
-		// not the text, are what it trains, so the special tokens stand
-		// in for the text.
-		st.Response.Choices[0].Message.Content = w.tok.Decode(ids)
+	rest.WriteString(text)
+	return strings.TrimSpace(rest.String()), calls
+}
+
+// parseToolCall parses the JSON inside <tool_call></tool_call>, the
+// arguments kept as the model wrote them.
+func parseToolCall(body string) (core.ToolCall, bool) {
+	var v struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
 	}
-	if sc.Value != nil {
-		st.Reward = &core.Reward{Value: sc.Value, Scores: []core.Score{sc}}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(body)), &v); err != nil || v.Name == "" {
+		return core.ToolCall{}, false
 	}
-	return st, sc, len(ids), nil
+	args := string(v.Arguments)
+	var s string
+	if json.Unmarshal(v.Arguments, &s) == nil {
+		args = s
+	}
+	if args == "" || args == "null" {
+		args = "{}"
+	}
+	return core.ToolCall{Type: "function", Name: v.Name, Arguments: args}, true
+}
+
+// callTool asks the set's tool simulator for the result of call, made in
+// the last message of msgs. The simulator is a plugin of the reward ABI:
+// its input's action is the assistant message with that one call, and its
+// result's hint is the tool's output (a label "error" flags it an error);
+// a simulator that gives no hint yields an error result saying why.
+func (w *worker) callTool(ctx context.Context, rt *taskRuntime, task *tasks.Task, msgs []core.Message, call core.ToolCall) core.Message {
+	act := core.Message{Role: core.RoleAssistant, ToolCalls: []core.ToolCall{call}}
+	st := &core.Step{ID: core.StepID("tool-" + call.ID), Turn: core.TurnMain,
+		Request:  core.Request{Messages: msgs[:len(msgs)-1], Tools: task.Tools},
+		Response: core.Response{Choices: []core.Choice{{Message: act}}}}
+	sc, _ := rt.runner.ScoreTask(ctx, toolsName, st, reward.Task{ID: task.ID, Answer: task.Answer, Meta: task.Meta})
+	out := core.Message{Role: core.RoleTool, ToolCallID: call.ID, Name: call.Name, Content: sc.Hint}
+	if sc.Hint == "" {
+		out.Content, out.IsError = "error: the tool gave no result ("+sc.Reason+")", true
+	}
+	if slices.Contains(sc.Labels, "error") {
+		out.IsError = true
+	}
+	return out
 }
 
 // rollouts samples G replies to every item from the adapter loaded in the
@@ -114,11 +217,12 @@ func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, rou
 	for _, it := range items {
 		g := it.rt.ts.Group
 		steps := make([]*core.Step, 0, g)
+		episodes := 0
 		var first *float64
 		flat := true
 		for k := range g {
 			id := fmt.Sprintf("task-%s-%s-r%d-%d", short(string(it.id)), it.task.ID, round, k)
-			s, sc, n, err := w.episode(ctx, it.rt, it.task, version, 1, rolloutSeed(it.id, round, k), id)
+			ep, sc, n, err := w.episode(ctx, it.rt, it.task, version, 1, rolloutSeed(it.id, round, k), id)
 			if err != nil {
 				return nil, st, err
 			}
@@ -134,10 +238,11 @@ func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, rou
 			} else if *sc.Value != *first {
 				flat = false
 			}
-			steps = append(steps, s)
+			steps = append(steps, ep...)
+			episodes++
 		}
 		st.Prompts++
-		if flat || len(steps) < 2 {
+		if flat || episodes < 2 {
 			st.Flat++
 			continue
 		}

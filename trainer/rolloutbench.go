@@ -86,7 +86,7 @@ func BenchRollouts(ctx context.Context, o RolloutBenchOptions) (*RolloutBenchRep
 	for _, x := range held {
 		ts.HeldOut = append(ts.HeldOut, x.ID)
 	}
-	rt, err := newLocalRuntime(ctx, set, ts, plugin)
+	rt, err := newLocalRuntime(ctx, set, ts, plugin, "")
 	if err != nil {
 		return nil, err
 	}
@@ -193,13 +193,17 @@ func (w *worker) rawSample(ctx context.Context, dir string, items []rolloutItem,
 	return n, time.Since(start).Seconds(), nil
 }
 
-// newLocalRuntime makes a task runtime from a parsed set and a verifier
-// file, without a trainer.
-func newLocalRuntime(ctx context.Context, set *tasks.Set, ts group.TaskSet, plugin string) (*taskRuntime, error) {
+// newLocalRuntime makes a task runtime from a parsed set, a verifier file
+// and a tool simulator file ("" for none), without a trainer.
+func newLocalRuntime(ctx context.Context, set *tasks.Set, ts group.TaskSet, plugin, tools string) (*taskRuntime, error) {
 	if set == nil {
 		return nil, errors.New("trainer: no task set")
 	}
-	r, err := reward.New(ctx, reward.Options{Plugins: []reward.PluginConfig{{Name: verifierName, Path: plugin, Enabled: true}}, Strict: true, FailureLimit: -1})
+	plugins := []reward.PluginConfig{{Name: verifierName, Path: plugin, Enabled: true}}
+	if tools != "" {
+		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: tools, Enabled: true})
+	}
+	r, err := reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1})
 	if err != nil {
 		return nil, err
 	}

@@ -32,47 +32,60 @@ func letterTasks(n int) []byte {
 	return []byte(b.String())
 }
 
-var charsetOnce struct {
-	sync.Once
-	path string
-	err  error
+var testPlugins struct {
+	sync.Mutex
+	paths map[string]string
 }
 
-// charsetPlugin builds testdata/charset with the Go toolchain, once per
-// run (skipping the test without one).
-func charsetPlugin(t testing.TB) []byte {
+// testPlugin builds testdata/NAME with the Go toolchain, once per run
+// (skipping the test without one), and returns the module.
+func testPlugin(t testing.TB, name string) []byte {
 	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go toolchain on PATH to build the verifier plugin")
+		t.Skip("no go toolchain on PATH to build the test plugins")
 	}
-	charsetOnce.Do(func() {
-		d, err := os.MkdirTemp("", "clawmesh-charset-")
+	testPlugins.Lock()
+	defer testPlugins.Unlock()
+	p, ok := testPlugins.paths[name]
+	if !ok {
+		d, err := os.MkdirTemp("", "clawmesh-plugin-")
 		if err != nil {
-			charsetOnce.err = err
-			return
+			t.Fatal(err)
 		}
-		charsetOnce.path = filepath.Join(d, "charset.wasm")
-		_, charsetOnce.err = reward.Build(context.Background(), filepath.Join("testdata", "charset"), charsetOnce.path, os.Stderr)
-	})
-	if charsetOnce.err != nil {
-		t.Fatal(charsetOnce.err)
+		p = filepath.Join(d, name+".wasm")
+		if _, err := reward.Build(context.Background(), filepath.Join("testdata", name), p, os.Stderr); err != nil {
+			t.Fatal(err)
+		}
+		if testPlugins.paths == nil {
+			testPlugins.paths = map[string]string{}
+		}
+		testPlugins.paths[name] = p
 	}
-	b, err := os.ReadFile(charsetOnce.path)
+	b, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
 }
 
+// charsetPlugin is the verifier of letterTasks.
+func charsetPlugin(t testing.TB) []byte { return testPlugin(t, "charset") }
+
 // localRuntime makes a task runtime without a trainer: the set and the
 // verifier from a file.
-func localRuntime(t testing.TB, set *tasks.Set, ts group.TaskSet, plugin []byte) *taskRuntime {
+func localRuntime(t testing.TB, set *tasks.Set, ts group.TaskSet, plugin, tools []byte) *taskRuntime {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "verifier.wasm")
-	if err := os.WriteFile(p, plugin, 0o600); err != nil {
-		t.Fatal(err)
+	write := func(name string, b []byte) string {
+		if b == nil {
+			return ""
+		}
+		p := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
-	rt, err := newLocalRuntime(context.Background(), set, ts, p)
+	rt, err := newLocalRuntime(context.Background(), set, ts, write("verifier.wasm", plugin), write("tools.wasm", tools))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +106,7 @@ func TestRolloutsLearn(t *testing.T) {
 	for _, x := range held {
 		ts.HeldOut = append(ts.HeldOut, x.ID)
 	}
-	rt := localRuntime(t, set, ts, charsetPlugin(t))
+	rt := localRuntime(t, set, ts, charsetPlugin(t), nil)
 	w := &worker{}
 	defer w.close()
 	cfg := testGroup.WithDefaults()
