@@ -107,14 +107,20 @@ func BenchRollouts(ctx context.Context, o RolloutBenchOptions) (*RolloutBenchRep
 			x := train[((v-1)*o.Prompts+i)%len(train)]
 			items = append(items, rolloutItem{id: group.TaskItemID(set.Hash, x.ID, 0), task: x, rt: rt})
 		}
+		// The baseline: the same prompts, G samples each, from the same
+		// version, sampled by the engine alone, once before the round's
+		// rollouts and once after them (a noisy machine favours neither).
+		n, secs, err := w.rawSample(ctx, cfg, vdir, items, uint64(v))
+		if err != nil {
+			return nil, err
+		}
+		rawTokens += n
+		rawSecs += secs
 		res, err := w.train(ctx, cfg, vdir, uint64(v-1), uint64(v), nil, items)
 		if err != nil {
 			return nil, err
 		}
-		// The baseline: the same prompts, G samples each, from the same
-		// version, sampled by the engine alone.
-		n, secs, err := w.rawSample(ctx, vdir, items, uint64(v))
-		if err != nil {
+		if n, secs, err = w.rawSample(ctx, cfg, vdir, items, uint64(v)); err != nil {
 			return nil, err
 		}
 		rawTokens += n
@@ -167,9 +173,12 @@ func BenchRollouts(ctx context.Context, o RolloutBenchOptions) (*RolloutBenchRep
 // rawSample samples G replies to each item from the version in dir with
 // the engine alone (the seeds the rollouts used), returning the tokens and
 // the seconds.
-func (w *worker) rawSample(ctx context.Context, dir string, items []rolloutItem, round uint64) (int, float64, error) {
+func (w *worker) rawSample(ctx context.Context, cfg group.Config, dir string, items []rolloutItem, round uint64) (int, float64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err := w.ready(ctx, cfg); err != nil {
+		return 0, 0, err
+	}
 	if err := w.eng.LoadAdapter(ctx, dir); err != nil {
 		return 0, 0, err
 	}
