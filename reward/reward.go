@@ -1,6 +1,8 @@
 // Package reward owns the reward runner: it hosts reward plugins (WebAssembly
 // modules that follow the ABI in wasm-rewards/ABI.md) under wazero, scores
 // closed steps with them, and combines their verdicts into a core.Reward.
+// ScoreTask runs one plugin on a trainer's rollout of a task with the
+// task's answer in its input (a verifier, or a tool simulator).
 //
 // Plugins run with no filesystem, no network and no environment; the clock
 // and randomness they see through WASI are deterministic; every call has a

@@ -17,8 +17,13 @@
 // the deltas (trainer/adapter) into the next version, writes it as a PEFT
 // bundle under DATA/adapters/vN and commits it with the raft term and index
 // that fence it. Trainers fetch versions from each other over Protocol and
-// check them against the lineage. It serves the `clawmesh mesh ...` admin
-// API as a node does, and `clawmesh trainer status|leave|config`, on a
+// check them against the lineage. A task set (`clawmesh tasks add`, tasks.go)
+// adds its prompts to the ledger: a trainer whose share holds some samples
+// G rollouts of each from the round's version, scores them with the set's
+// verifier plugin and trains them with its batches (rollout.go); the leader
+// scores every version on the set's held-out split and records it in the
+// lineage. It serves the `clawmesh mesh ...` admin API as a node does, and
+// `clawmesh trainer status|leave|config` and `clawmesh tasks ...`, on a
 // loopback listener of its own.
 package trainer
 

@@ -1,11 +1,13 @@
 // Package group is the replicated state of the trainers' raft group and the
 // decisions taken over it, both pure: State.Apply applies one committed log
-// entry (the recipe and base model, the adapter lineage, the batch ledger,
-// the trainer registry, revocations mirrored from the mesh), and State.Plan
-// decides the next round from the state alone. Nothing here reads a clock,
-// touches a disk or a network: the leader's clock travels in each entry, so
-// every trainer applying the same log reaches the same state, and tests and
-// the simulator can drive it directly. FSM adapts a State to raft.
+// entry (the recipe and base model, the adapter lineage and its versions'
+// evaluations, the batch ledger, the task sets whose prompts the ledger
+// holds beside the batches, the trainer registry, revocations mirrored from
+// the mesh), and State.Plan decides the next round from the state alone.
+// Nothing here reads a clock, touches a disk or a network: the leader's
+// clock travels in each entry, so every trainer applying the same log
+// reaches the same state, and tests and the simulator can drive it
+// directly. FSM adapts a State to raft.
 package group
 
 import (
