@@ -272,9 +272,20 @@ func (c *taskRuntimes) close() error {
 	return errors.Join(errs...)
 }
 
+func (t *Trainer) evaluate(ctx context.Context, cfg group.Config, dir string, ts *group.TaskSet) (group.Eval, error) {
+	rt, err := t.taskRuntime(ctx, ts)
+	if err != nil {
+		return group.Eval{}, err
+	}
+	return t.work.w.evaluate(ctx, cfg, dir, rt)
+}
+
+func evalKey(v uint64, set string) string { return fmt.Sprintf("%d/%s", v, set) }
+
 // evaluateCurrent scores the current version on the held-out split of
 // every task set it has no evaluation on yet, and records the results in
-// the lineage (the leader's loop, between rounds).
+// the lineage (the leader's loop, between rounds). A set it cannot score
+// now is tried again after Timing.VerifyRetry; the rounds go on.
 func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
 	var (
 		todo []*group.TaskSet
@@ -283,6 +294,9 @@ func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
 	t.group.view(func(s *group.State) {
 		cur, _ = s.Current()
 		for _, h := range s.Unevaluated() {
+			if next, ok := t.evalLater[evalKey(cur.Version, h)]; ok && time.Now().Before(next) {
+				continue
+			}
 			ts := *s.TaskSets[h]
 			todo = append(todo, &ts)
 		}
@@ -295,13 +309,16 @@ func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
 		return err
 	}
 	for _, ts := range todo {
-		rt, err := t.taskRuntime(ctx, ts)
+		ev, err := t.evaluate(ctx, cfg, dir, ts)
 		if err != nil {
-			return err
-		}
-		ev, err := t.work.w.evaluate(ctx, cfg, dir, rt)
-		if err != nil {
-			return err
+			if ctx.Err() != nil {
+				return err
+			}
+			// A set that cannot be scored now (its plugin not fetched, say)
+			// must not hold the rounds up: try again later.
+			t.evalLater[evalKey(cur.Version, ts.Hash)] = time.Now().Add(t.timing.VerifyRetry)
+			t.log.Warn("version not evaluated yet: trying again later", "version", cur.Name(), "set", short(ts.Hash), "err", err)
+			continue
 		}
 		ev.Version, ev.Task, ev.By = cur.Version, ts.Hash, string(t.self)
 		if err := t.group.propose(ctx, &group.Entry{Eval: &ev}); err != nil {

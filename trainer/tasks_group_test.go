@@ -74,6 +74,12 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if st := tr.Status(); st.Prompts.Trained != total || st.Batches.Trained != 0 || st.Batches.Pending != 0 {
+		t.Fatalf("status counts batches %+v, prompts %+v", st.Batches, st.Prompts)
+	}
+	if sets := tr.TaskSets(); len(sets) != 1 || sets[0].Done != total || len(sets[0].Evals) != len(tr.Lineage()) {
+		t.Fatalf("task sets %+v", sets)
+	}
 	// Every prompt-epoch in exactly one version's contributions.
 	seen := map[core.BatchID]int{}
 	lin := tr.Lineage()

@@ -161,8 +161,11 @@ type Trainer struct {
 	mu   sync.Mutex
 	addr net.Addr
 
-	// runtimes holds the task sets' runtimes (their verifiers).
-	runtimes taskRuntimes
+	// runtimes holds the task sets' runtimes (their verifiers);
+	// evalLater the evaluations that failed and when to try them again
+	// (the leader's loop only).
+	runtimes  taskRuntimes
+	evalLater map[string]time.Time
 
 	// metrics are made on first use (metricsOf).
 	metricsOnce sync.Once
@@ -271,7 +274,7 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 		return nil, err
 	}
 	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
-		timing: cfg.Timing.withDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}}
+		timing: cfg.Timing.withDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	if t.verify == nil && !cfg.NoVerify {
 		t.checker, err = verify.New(verify.Config{CacheDir: filepath.Join(cfg.DataDir, PluginsDir), Fetch: t.fetchPlugin, Logger: t.log})
