@@ -1,9 +1,11 @@
 package reward
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -67,14 +69,30 @@ func TestTaskInBothLayouts(t *testing.T) {
 
 // TestVerifierAndOldPlugins: a verifier built with the kit reads the
 // answer; plugins written before the task section (the JSON v1 test
-// plugin, a built-in) score a rollout exactly as they score the same step
-// without it.
+// plugin; the built-in correction plugin as built by the kit before the
+// section existed, kept in testdata, which reads the flat layout of
+// version 2; today's built-in) score a rollout exactly as they score the
+// same step without it.
 func TestVerifierAndOldPlugins(t *testing.T) {
 	ctx := context.Background()
+	gz, err := os.Open("testdata/correction-before-task.wasm.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gz.Close()
+	zr, err := gzip.NewReader(gz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	r, err := New(ctx, Options{CacheDir: cacheDir(), Strict: true, Plugins: []PluginConfig{
 		{Name: "verifier", Path: testdataPlugin(t, "verifier"), Enabled: true},
 		{Name: "jsonv1", Path: testdataPlugin(t, "jsonv1"), Enabled: true},
 		{Name: "correction", Builtin: "correction", Enabled: true},
+		{Name: "oldcorrection", Path: writeWasm(t, "oldcorrection", old), Enabled: true},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +121,7 @@ func TestVerifierAndOldPlugins(t *testing.T) {
 	}
 	step := rolloutStep("four")
 	step.NextState = &core.NextState{Messages: []core.Message{{Role: core.RoleUser, Content: "wrong, try again"}}}
-	for _, name := range []string{"jsonv1", "correction"} {
+	for _, name := range []string{"jsonv1", "correction", "oldcorrection"} {
 		plain, _ := r.ScorePlugin(ctx, name, step)
 		task, _ := r.ScoreTask(ctx, name, step, Task{ID: "t9", Answer: json.RawMessage(`"four"`), Meta: json.RawMessage(`{"k":1}`)})
 		if plain.Value == nil || !reflect.DeepEqual(plain, task) {

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,17 +27,23 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	li, leader := leaderOf(t, c)
-	paused := make(chan uint64, 1)
-	leader.beforePublish = func(ctx context.Context, round uint64) {
-		if round < 2 {
-			return
+	li, _ := leaderOf(t, c)
+	// Whichever trainer leads when round 2 is about to be published
+	// (leadership may move on a loaded machine) stops there until killed.
+	type pause struct {
+		trainer int
+		round   uint64
+	}
+	paused := make(chan pause, 1)
+	var once atomic.Bool
+	for i := range c.Len() {
+		c.Trainer(i).beforePublish = func(ctx context.Context, round uint64) {
+			if round < 2 || !once.CompareAndSwap(false, true) {
+				return
+			}
+			paused <- pause{i, round}
+			<-ctx.Done()
 		}
-		select {
-		case paused <- round:
-		default:
-		}
-		<-ctx.Done()
 	}
 	adder := c.Trainer((li + 1) % 3)
 	ts, err := adder.AddTasks(ctx, AddTasks{Name: "letters.jsonl", Tasks: letterTasks(24), Reward: plugin,
@@ -47,13 +54,14 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	if len(ts.HeldOut) == 0 || len(ts.Train) == 0 {
 		t.Fatalf("split %d/%d", len(ts.Train), len(ts.HeldOut))
 	}
-	var round uint64
+	var p pause
 	select {
-	case round = <-paused:
+	case p = <-paused:
 	case <-time.After(clusterWait):
 		t.Fatal("the leader never got to publish round 2")
 	}
-	if err := c.Kill(li); err != nil {
+	round, leader := p.round, c.Trainer(p.trainer)
+	if err := c.Kill(p.trainer); err != nil {
 		t.Logf("kill: %v", err)
 	}
 	total := len(ts.Train) * ts.Epochs
