@@ -30,7 +30,7 @@ const (
 	opLeave     = "leave"     // remove the caller from the group
 	opConfigure = "configure" // change the group's configuration
 	opHold      = "hold"      // keep a bundle about to be committed (payload)
-	opTasks     = "tasks"     // add a task set (its files fetched from the caller)
+	opTasks     = "tasks"     // add a task set (payload: group.TaskSet; its files fetched from the caller)
 	opTaskFile  = "task_file" // a task set's file or plugin, by hash (payload back)
 )
 
@@ -66,7 +66,6 @@ type request struct {
 	Refused []group.Refusal `json:"refused,omitempty"`
 	Trainer *group.Trainer  `json:"trainer,omitempty"`
 	Config  *group.Config   `json:"config,omitempty"`
-	Tasks   *group.TaskSet  `json:"tasks,omitempty"`
 	// Fresh says the caller is in no group yet (join).
 	Fresh bool `json:"fresh,omitempty"`
 	// Size is the length of the payload that follows the line.
@@ -267,7 +266,7 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 	case opDelta:
 		return nil, g.takeDelta(from, req, payload)
 	case opTasks:
-		return nil, t.addTasks(ctx, from, req.Tasks)
+		return nil, t.addTasks(ctx, from, payload)
 	}
 	return nil, fmt.Errorf("trainer: unknown operation %q", req.Op)
 }

@@ -100,7 +100,12 @@ func (t *Trainer) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, err
 	if _, err := t.taskRuntime(ctx, &ts); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTasks, err)
 	}
-	if _, err := t.toLeader(ctx, request{Op: opTasks, Tasks: &ts}, nil); err != nil {
+	// The set's ids may not fit a request line: they go as its payload.
+	payload, err := json.Marshal(&ts)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := t.toLeader(ctx, request{Op: opTasks}, payload); err != nil {
 		return nil, err
 	}
 	ts = ts.WithDefaults()
@@ -110,9 +115,12 @@ func (t *Trainer) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, err
 // addTasks is the leader's side of AddTasks: it fetches the set's files
 // from the trainer that asked (if it lacks them), checks the split against
 // its own reading of the file, and commits the set.
-func (t *Trainer) addTasks(ctx context.Context, from mesh.PeerID, ts *group.TaskSet) error {
-	if ts == nil {
-		return errors.New("trainer: no task set")
+func (t *Trainer) addTasks(ctx context.Context, from mesh.PeerID, payload []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	ts := new(group.TaskSet)
+	if err := dec.Decode(ts); err != nil {
+		return fmt.Errorf("%w: %v", ErrTasks, err)
 	}
 	if err := ts.Validate(); err != nil {
 		return err

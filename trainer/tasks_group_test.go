@@ -2,6 +2,10 @@ package trainer
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -120,5 +124,40 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	}
 	if !(last[0].PassAt1 > first[0].PassAt1) {
 		t.Fatalf("held-out pass@1 went from %v to %v", first[0].PassAt1, last[0].PassAt1)
+	}
+}
+
+// TestAddLargeTaskSet: a set whose ids fill more than a request line
+// reaches the leader whole, and a set the leader cannot take (a plugin
+// that does not load, a bad split) is refused before the group hears of it.
+func TestAddLargeTaskSet(t *testing.T) {
+	ctx := context.Background()
+	plugin := charsetPlugin(t)
+	c := newTestCluster(t, 1)
+	tr := c.Trainer(0)
+	var b strings.Builder
+	for i := range 4000 {
+		fmt.Fprintf(&b, `{"id":"a-rather-long-task-id-%05d","messages":[{"role":"user","content":"x"}],"answer":"x"}`+"\n", i)
+	}
+	if _, err := tr.AddTasks(ctx, AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: []byte("not wasm"), Group: 2, Holdout: 0.1}); !errors.Is(err, ErrTasks) {
+		t.Fatalf("a plugin that does not load: %v", err)
+	}
+	if len(tr.TaskSets()) != 0 {
+		t.Fatal("a refused set reached the group")
+	}
+	ts, err := tr.AddTasks(ctx, AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: plugin, Group: 2, Holdout: 0.1, Epochs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets := tr.TaskSets()
+	if len(sets) != 1 || sets[0].Prompts+sets[0].HeldOut != 4000 || sets[0].Prompts != len(ts.Train) || sets[0].Items != len(ts.Train) {
+		t.Fatalf("sets %+v", sets)
+	}
+	// The leader checks the split against its own reading of the file.
+	bad := *ts
+	bad.Train = bad.Train[1:]
+	payload, _ := json.Marshal(&bad)
+	if err := tr.addTasks(ctx, tr.self, payload); !errors.Is(err, ErrTasks) {
+		t.Fatalf("a split that does not match: %v", err)
 	}
 }
