@@ -58,6 +58,8 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	if len(ts.HeldOut) == 0 || len(ts.Train) == 0 {
 		t.Fatalf("split %d/%d", len(ts.Train), len(ts.HeldOut))
 	}
+	// Live batches arrive while the set trains: rounds mix them.
+	batches := shipN(t, c, 0, 4)
 	var p pause
 	select {
 	case p = <-paused:
@@ -80,13 +82,13 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 		tr.group.view(func(s *group.State) {
 			p := s.Progress(ts.Hash)
 			cur, _ := s.Current()
-			done = p.Trained == total && s.Round == nil && len(cur.Evals) == 1
+			done = p.Trained == total && s.Round == nil && len(cur.Evals) == 1 && s.Counts[group.Trained] == total+len(batches)
 		})
 		return done
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if st := tr.Status(); st.Prompts.Trained != total || st.Batches.Trained != 0 || st.Batches.Pending != 0 {
+	if st := tr.Status(); st.Prompts.Trained != total || st.Batches.Trained != len(batches) || st.Batches.Pending != 0 {
 		t.Fatalf("status counts batches %+v, prompts %+v", st.Batches, st.Prompts)
 	}
 	if sets := tr.TaskSets(); len(sets) != 1 || sets[0].Done != total || len(sets[0].Evals) != len(tr.Lineage()) {
@@ -94,16 +96,37 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	}
 	// Every prompt-epoch in exactly one version's contributions.
 	seen := map[core.BatchID]int{}
+	isBatch := map[core.BatchID]bool{}
+	for _, id := range batches {
+		isBatch[id] = true
+	}
+	mixed := false
 	lin := tr.Lineage()
 	for _, v := range lin {
 		if v.Publisher == leader.self && v.Round >= round && v.Version > 0 {
 			t.Fatalf("v%d was published by the killed leader", v.Version)
 		}
+		live, prompts := 0, 0
 		for _, c := range v.Contributors {
 			for _, id := range c.Batches {
 				seen[id]++
+				if isBatch[id] {
+					live++
+				} else {
+					prompts++
+				}
 			}
 		}
+		mixed = mixed || live > 0 && prompts > 0
+	}
+	for _, id := range batches {
+		if seen[id] != 1 {
+			t.Fatalf("batch %s trained %d times", id, seen[id])
+		}
+		delete(seen, id)
+	}
+	if !mixed {
+		t.Fatal("no round trained live batches and task prompts together")
 	}
 	for e := range ts.Epochs {
 		for _, p := range ts.Train {
