@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -175,6 +177,19 @@ func TestAddLargeTaskSet(t *testing.T) {
 	sets := tr.TaskSets()
 	if len(sets) != 1 || sets[0].Prompts+sets[0].HeldOut != 4000 || sets[0].Prompts != len(ts.Train) || sets[0].Items != len(ts.Train) {
 		t.Fatalf("sets %+v", sets)
+	}
+	// The metrics carry the set's prompts and its evaluation.
+	if err := c.WaitUntil(ctx, clusterWait, "v0 evaluated", func() bool { return len(tr.TaskSets()[0].Evals) > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	tr.Metrics().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{`clawmesh_trainer_task_prompts{set="` + ts.Hash[:16] + `",status="pending"}`,
+		`clawmesh_trainer_task_pass_at_1{set="` + ts.Hash[:16] + `"}`, `clawmesh_trainer_task_evaluated_version{set="` + ts.Hash[:16] + `"}`} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("no %s in the metrics", want)
+		}
 	}
 	// The leader checks the split against its own reading of the file.
 	bad := *ts
