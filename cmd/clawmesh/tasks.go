@@ -42,8 +42,11 @@ with 'clawmesh reward new --verifier NAME'); meta.max_tokens bounds a reply.
   status  the same with every version's evaluation.
 
 Each round takes at most --per-round prompts of a set (G rollouts each from
-the round's version); while device batches are pending too, the prompts
-take at most --ratio of the round's steps. Every prompt is trained
+the round's version, advantages normalised within each prompt's group:
+(r - mean) / (std + eps); a group whose rewards are all equal carries no
+signal and is left out of the step); while device batches are pending too,
+the prompts take at most --ratio of the round's steps. Adding the same set
+again changes nothing; with other settings it is refused. Every prompt is trained
 --epochs times; the ledger records which round trained it, so a failover
 neither skips nor repeats one.
 

@@ -134,10 +134,16 @@ func (s *State) addTasks(ts TaskSet, at time.Time) error {
 	if err := ts.Validate(); err != nil {
 		return err
 	}
-	if _, ok := s.TaskSets[ts.Hash]; ok {
-		return nil // added already: the same content, the same ledger
-	}
 	ts = ts.WithDefaults()
+	if old, ok := s.TaskSets[ts.Hash]; ok {
+		// Added already: the same content keeps its ledger; settings that
+		// differ are refused rather than ignored.
+		if old.Reward != ts.Reward || old.Tools != ts.Tools || old.Group != ts.Group || old.Epochs != ts.Epochs ||
+			old.Ratio != ts.Ratio || old.PerRound != ts.PerRound || old.MaxTokens != ts.MaxTokens || !slices.Equal(old.HeldOut, ts.HeldOut) {
+			return fmt.Errorf("%w: task set %s was added already with other settings", ErrConfig, short(ts.Hash))
+		}
+		return nil
+	}
 	ts.Train, ts.HeldOut, ts.Added = slices.Clone(ts.Train), slices.Clone(ts.HeldOut), at
 	if s.TaskSets == nil {
 		s.TaskSets = map[string]*TaskSet{}

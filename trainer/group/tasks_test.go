@@ -47,6 +47,11 @@ func TestTaskSetConsumedOnce(t *testing.T) {
 	ts := taskSet(5, 2)
 	f.must(&Entry{Tasks: ts})
 	f.must(&Entry{Tasks: ts}) // again: no change
+	other := *ts
+	other.Reward = hashN(902)
+	if err := f.apply(&Entry{Tasks: &other}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("the same set with another verifier: %v", err)
+	}
 	if p := f.s.Progress(ts.Hash); p.Total != 10 || p.Pending != 10 {
 		t.Fatalf("progress %+v", p)
 	}
