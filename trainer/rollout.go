@@ -40,8 +40,6 @@ type rolloutStats struct {
 	Flat int
 	// MeanReward is the verifier's mean score over the samples it scored.
 	MeanReward float64
-
-	steps []*core.Step
 }
 
 // rolloutSeed is the sampling seed of rollout g of item in round: every
@@ -210,9 +208,12 @@ func (w *worker) callTool(ctx context.Context, rt *taskRuntime, task *tasks.Task
 // which normalises the rewards of each prompt's group (GRPO). A group whose
 // rewards are all equal is left out. The caller holds w.mu.
 func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, round uint64) ([]*core.Step, rolloutStats, error) {
-	var st rolloutStats
+	var (
+		st  rolloutStats
+		out []*core.Step
+		sum float64
+	)
 	start := time.Now()
-	var sum float64
 	scored := 0
 	for _, it := range items {
 		g := it.rt.ts.Group
@@ -246,14 +247,12 @@ func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, rou
 			st.Flat++
 			continue
 		}
-		st.steps = append(st.steps, steps...)
+		out = append(out, steps...)
 	}
 	if scored > 0 {
 		st.MeanReward = sum / float64(scored)
 	}
 	st.Seconds = time.Since(start).Seconds()
-	out := st.steps
-	st.steps = nil
 	return out, st, nil
 }
 
