@@ -170,7 +170,7 @@ func TestAddLargeTaskSet(t *testing.T) {
 	if len(tr.TaskSets()) != 0 {
 		t.Fatal("a refused set reached the group")
 	}
-	ts, err := tr.AddTasks(ctx, AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: plugin, Group: 2, Holdout: 0.1, Epochs: 1})
+	ts, err := tr.AddTasks(ctx, AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: plugin, Group: 2, Holdout: 0.01, Epochs: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
