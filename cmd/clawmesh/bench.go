@@ -246,7 +246,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		maxTokens := fs.Int("max-tokens", 16, "a reply's token limit in the default task set")
 		tasksFile := fs.String("tasks", "", "a task set (JSONL) instead of the default one")
 		rewardFile := fs.String("reward", "", "the verifier plugin (.wasm) of --tasks (default: a character-set verifier built here)")
-		asJSON := fs.Bool("json", false, "print the figures as JSON")
+		asJSON := fs.Bool("json", false, "print the figures as JSON: rounds [{version, samples, tokens, rollout_seconds, train_seconds, rollout_share, mean_reward, flat_groups, trained_samples, held_out_pass_at_1, held_out_mean_reward}], rollout_tokens, rollout_seconds, train_seconds, rollout_tokens_per_s, raw_tokens_per_s (the baseline), vs_raw, rollout_share")
 		if err := parse(fs, args); err != nil {
 			return err
 		}
