@@ -17,11 +17,14 @@ import (
 const (
 	flatLayout      = 2
 	flatInputHeader = 144
-	flatMessage     = 56
-	flatToolCall    = 32
-	flatFeedback    = 24
-	flatStr         = 8
-	flatResult      = 40
+	// flatTaskHeader is the input header with the task section (flag bit
+	// 1): three more strs at 144.
+	flatTaskHeader = 168
+	flatMessage    = 56
+	flatToolCall   = 32
+	flatFeedback   = 24
+	flatStr        = 8
+	flatResult     = 40
 
 	// input header
 	fiFlags     = 4
@@ -36,6 +39,12 @@ const (
 	fiLatency   = 120
 	fiToolNames = 128
 	fiConfig    = 136
+	fiTaskID    = 144
+	fiAnswer    = 152
+	fiTaskMeta  = 160
+
+	flagNext = 1
+	flagTask = 2
 
 	// message record
 	fmContent    = 8
@@ -164,12 +173,25 @@ func (in *input) encodeFlatParts() {
 		size += flatStr + len(t)
 	}
 	size += len(in.meta.Turn) + len(in.meta.API) + len(in.meta.Model)
-	w := &flatWriter{b: make([]byte, flatInputHeader, size)}
+	header, flags := flatInputHeader, uint32(0)
+	var task Task
+	if in.task != nil {
+		task = in.task.wire()
+		header, flags = flatTaskHeader, flagTask
+		size += flatTaskHeader - flatInputHeader + len(task.ID) + len(task.Answer) + len(task.Meta)
+	}
+	w := &flatWriter{b: make([]byte, header, size)}
 	le.PutUint32(w.b, flatLayout)
 	w.messages(fiContext, s.Request.Messages)
 	if s.NextState != nil {
-		le.PutUint32(w.b[fiFlags:], 1)
+		flags |= flagNext
 		w.messages(fiNext, s.NextState.Messages)
+	}
+	le.PutUint32(w.b[fiFlags:], flags)
+	if in.task != nil {
+		w.str(fiTaskID, task.ID)
+		w.str(fiAnswer, string(task.Answer))
+		w.str(fiTaskMeta, string(task.Meta))
 	}
 	if n := len(s.Feedback); n > 0 {
 		off := w.reserve(n * flatFeedback)

@@ -20,6 +20,9 @@ var ErrResult = errors.New("reward: bad result")
 type input struct {
 	step *core.Step
 	meta meta
+	// task, when the step is a rollout of a task, is the task's answer
+	// and meta for a verifier (input.task, the ABI's addition).
+	task *Task
 
 	// Version 1 (JSON).
 	json                            bool // the fields below are set
@@ -38,6 +41,29 @@ type meta struct {
 	Model     string            `json:"model,omitempty"`
 	Plugin    string            `json:"plugin,omitempty"`
 	Config    map[string]string `json:"config,omitempty"`
+}
+
+// Task is what a verifier plugin learns of the task a rollout answers: its
+// id, its answer and its meta, as the task set gives them (JSON values).
+// It reaches the plugin as input.task (JSON) or the flat layout's task
+// section; a plugin that does not read it scores as before.
+type Task struct {
+	ID     string          `json:"id"`
+	Answer json.RawMessage `json:"answer,omitempty"`
+	Meta   json.RawMessage `json:"meta,omitempty"`
+}
+
+// wire is t as the input carries it: answer and meta left out when
+// absent, and anything not valid JSON left out too.
+func (t *Task) wire() Task {
+	w := Task{ID: t.ID}
+	if len(t.Answer) > 0 && json.Valid(t.Answer) {
+		w.Answer = t.Answer
+	}
+	if len(t.Meta) > 0 && json.Valid(t.Meta) {
+		w.Meta = t.Meta
+	}
+	return w
 }
 
 type feedback struct {
@@ -136,6 +162,14 @@ func (in *input) encode(c PluginConfig) ([]byte, error) {
 	b.Write(in.feedback)
 	b.WriteString(`,"meta":`)
 	b.Write(mb)
+	if in.task != nil {
+		tb, err := json.Marshal(in.task.wire())
+		if err != nil {
+			return nil, err
+		}
+		b.WriteString(`,"task":`)
+		b.Write(tb)
+	}
 	b.WriteByte('}')
 	return b.Bytes(), nil
 }

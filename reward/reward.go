@@ -1,6 +1,8 @@
 // Package reward owns the reward runner: it hosts reward plugins (WebAssembly
 // modules that follow the ABI in wasm-rewards/ABI.md) under wazero, scores
 // closed steps with them, and combines their verdicts into a core.Reward.
+// ScoreTask runs one plugin on a trainer's rollout of a task with the
+// task's answer in its input (a verifier, or a tool simulator).
 //
 // Plugins run with no filesystem, no network and no environment; the clock
 // and randomness they see through WASI are deterministic; every call has a
@@ -335,6 +337,24 @@ func (r *Runner) ScorePlugin(ctx context.Context, name string, step *core.Step) 
 		return core.Score{Plugin: name, Reason: fmt.Sprintf("%v %q", ErrUnknownPlugin, name)}, 0
 	}
 	return r.scoreWith(ctx, p, newInput(step))
+}
+
+// ScoreTask runs one plugin of the current set, a verifier, on a rollout
+// of a task: its input carries the task (input.task), which is how the
+// verifier knows the answer. It says how long the call took.
+func (r *Runner) ScoreTask(ctx context.Context, name string, step *core.Step, task Task) (core.Score, time.Duration) {
+	s, err := r.acquire()
+	if err != nil {
+		return core.Score{Plugin: name, Reason: ErrClosed.Error()}, 0
+	}
+	defer s.release()
+	p := s.all[name]
+	if p == nil {
+		return core.Score{Plugin: name, Reason: fmt.Sprintf("%v %q", ErrUnknownPlugin, name)}, 0
+	}
+	in := newInput(step)
+	in.task = &task
+	return r.scoreWith(ctx, p, in)
 }
 
 func (r *Runner) scoreWith(ctx context.Context, p *plugin, in *input) (core.Score, time.Duration) {

@@ -81,7 +81,14 @@ var validName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
 // exist or be empty): go.mod, main.go, and under kit/ a copy of the
 // wasm-rewards kit that go.mod's replace directive points at, so the plugin
 // builds offline with nothing but a Go toolchain (≥ 1.24).
-func Scaffold(dir, name string) error {
+func Scaffold(dir, name string) error { return scaffold(dir, name, false) }
+
+// ScaffoldVerifier is Scaffold for a verifier plugin: one that scores a
+// rollout of a task set against the task's answer (input.task), for
+// `clawmesh tasks add --reward`.
+func ScaffoldVerifier(dir, name string) error { return scaffold(dir, name, true) }
+
+func scaffold(dir, name string, verifier bool) error {
 	if !validName.MatchString(name) {
 		return fmt.Errorf("%w %q: use lower-case letters, digits, - and _", ErrBadName, name)
 	}
@@ -97,6 +104,11 @@ func Scaffold(dir, name string) error {
 		"testdata/.keep":  "",
 		"kit/README.md":   "A copy of the clawmesh reward plugin kit (wasm-rewards), written by `clawmesh reward new`.\nThe plugin's go.mod replaces the kit's module path with this directory, so it builds offline.\n",
 		"kit/ABI_VERSION": fmt.Sprintf("%d\n", rewards.ABIVersion),
+	}
+	if verifier {
+		files["main.go"] = fmt.Sprintf(verifierMain, name, name, KitModule)
+		files["main_test.go"] = fmt.Sprintf(verifierTest, KitModule)
+		files["README.md"] = fmt.Sprintf(verifierReadme, name, name, name)
 	}
 	err := fs.WalkDir(rewards.Source(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {

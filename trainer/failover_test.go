@@ -3,6 +3,7 @@ package trainer
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,22 +69,32 @@ func leaderKilledMidRound(t *testing.T, c testCluster) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	li, leader := leaderOf(t, c)
-	paused := make(chan uint64, 1)
-	leader.beforePublish = func(ctx context.Context, round uint64) {
-		select {
-		case paused <- round:
-		default:
+	// Whichever trainer leads when the first round is about to be
+	// published (leadership may move on a loaded machine) stops there
+	// until it is killed.
+	type pause struct {
+		trainer int
+		round   uint64
+	}
+	paused := make(chan pause, 1)
+	var once atomic.Bool
+	for i := range c.Len() {
+		c.Trainer(i).beforePublish = func(ctx context.Context, round uint64) {
+			if !once.CompareAndSwap(false, true) {
+				return
+			}
+			paused <- pause{i, round}
+			<-ctx.Done()
 		}
-		<-ctx.Done()
 	}
 	ids := shipN(t, c, 0, 9)
-	var round uint64
+	var p pause
 	select {
-	case round = <-paused:
+	case p = <-paused:
 	case <-time.After(clusterWait):
 		t.Fatal("the leader never got to publish")
 	}
+	li, leader, round := p.trainer, c.Trainer(p.trainer), p.round
 	if err := c.Kill(li); err != nil {
 		t.Logf("kill: %v", err)
 	}

@@ -52,13 +52,18 @@ var (
 	descBatches  = prometheus.NewDesc("clawmesh_trainer_batches", "Batches in the group's ledger, by status (pending, assigned, trained, refused).", []string{"status"}, nil)
 	descRefused  = prometheus.NewDesc("clawmesh_trainer_batches_refused_total", "Batches refused, by reason (stale: made by a version too many versions old; revoked; verify; ...).", []string{"reason"}, nil)
 	descStaleMax = prometheus.NewDesc("clawmesh_trainer_max_lag_versions", "How many versions old a batch's policy may be before it is refused as stale.", nil, nil)
+	descPrompts  = prometheus.NewDesc("clawmesh_trainer_task_prompts", "A task set's prompts in the ledger (one per prompt and epoch), by status (pending, assigned, trained).", []string{"set", "status"}, nil)
+	descPassAt1  = prometheus.NewDesc("clawmesh_trainer_task_pass_at_1", "The newest evaluated version's pass@1 on a task set's held-out split.", []string{"set"}, nil)
+	descTaskRwd  = prometheus.NewDesc("clawmesh_trainer_task_mean_reward", "The newest evaluated version's mean verifier reward on a task set's held-out split.", []string{"set"}, nil)
+	descEvalVer  = prometheus.NewDesc("clawmesh_trainer_task_evaluated_version", "The newest version evaluated on a task set's held-out split.", []string{"set"}, nil)
 )
 
 // statusCollector reads a trainer's Status once per scrape.
 type statusCollector struct{ t *Trainer }
 
 func (c statusCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLeader, descTerm, descApplied, descVoters, descRounds, descRound, descShares, descVersion, descVersions, descBatches, descRefused, descStaleMax} {
+	for _, d := range []*prometheus.Desc{descLeader, descTerm, descApplied, descVoters, descRounds, descRound, descShares, descVersion, descVersions, descBatches, descRefused, descStaleMax,
+		descPrompts, descPassAt1, descTaskRwd, descEvalVer} {
 		ch <- d
 	}
 }
@@ -107,4 +112,24 @@ func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(st.Refusals[r]), r)
 	}
 	g(descStaleMax, float64(st.Config.WithDefaults().MaxLag))
+	for _, ts := range c.t.TaskSets() {
+		set := shortHash(ts.Hash)
+		g(descPrompts, float64(ts.Pending), set, "pending")
+		g(descPrompts, float64(ts.Assigned), set, "assigned")
+		g(descPrompts, float64(ts.Done), set, "trained")
+		if n := len(ts.Evals); n > 0 {
+			e := ts.Evals[n-1]
+			g(descPassAt1, e.PassAt1, set)
+			g(descTaskRwd, e.MeanReward, set)
+			g(descEvalVer, float64(e.Version), set)
+		}
+	}
+}
+
+// shortHash is the first 16 hex digits of a hash, as metrics label sets.
+func shortHash(h string) string {
+	if len(h) > 16 {
+		return h[:16]
+	}
+	return h
 }

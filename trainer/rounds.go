@@ -355,6 +355,11 @@ func (t *Trainer) leadOnce(ctx context.Context) error {
 	if round != nil {
 		return t.closeRound(ctx, cfg, cur, round)
 	}
+	// Every version is scored on the task sets' held-out splits before the
+	// next round trains from it.
+	if err := t.evaluateCurrent(ctx, cfg); err != nil {
+		return fmt.Errorf("evaluating %s: %w", cur.Name(), err)
+	}
 	var start *group.Start
 	var ok bool
 	live := g.live()

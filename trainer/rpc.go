@@ -30,6 +30,8 @@ const (
 	opLeave     = "leave"     // remove the caller from the group
 	opConfigure = "configure" // change the group's configuration
 	opHold      = "hold"      // keep a bundle about to be committed (payload)
+	opTasks     = "tasks"     // add a task set (payload: group.TaskSet; its files fetched from the caller)
+	opTaskFile  = "task_file" // a task set's file or plugin, by hash (payload back)
 )
 
 // Error codes of a reply.
@@ -236,6 +238,8 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 		return t.store.Payload(ctx, req.Batch)
 	case opHold:
 		return nil, t.hold(req.Hash, payload)
+	case opTaskFile:
+		return t.serveTaskFile(req.Hash)
 	}
 	g := t.group
 	if g == nil || !g.inGroup() {
@@ -261,6 +265,8 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 		return nil, g.propose(ctx, &group.Entry{Configure: req.Config})
 	case opDelta:
 		return nil, g.takeDelta(from, req, payload)
+	case opTasks:
+		return nil, t.addTasks(ctx, from, payload)
 	}
 	return nil, fmt.Errorf("trainer: unknown operation %q", req.Op)
 }

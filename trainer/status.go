@@ -44,8 +44,10 @@ type Status struct {
 	// Versions counts the committed versions (version 0 included).
 	Versions int `json:"versions"`
 	// Batches counts the ledger's batches by status; Refusals the refused
-	// ones by reason.
+	// ones by reason. Prompts counts the task sets' prompts in the ledger
+	// (one line per prompt and epoch; never refused) by status.
 	Batches  BatchCounts     `json:"batches"`
+	Prompts  BatchCounts     `json:"prompts"`
 	Refusals map[string]int  `json:"refusals"`
 	Trainers []group.Trainer `json:"trainers"`
 }
@@ -119,7 +121,14 @@ func (t *Trainer) Status() Status {
 		if v, ok := s.Current(); ok {
 			st.Version = &VersionStatus{Version: v, Name: v.Name()}
 		}
-		st.Batches = BatchCounts{Pending: s.Counts[group.Pending], Assigned: s.Counts[group.Assigned], Trained: s.Counts[group.Trained], Refused: s.Counts[group.Refused]}
+		for h := range s.TaskSets {
+			p := s.Progress(h)
+			st.Prompts.Pending += p.Pending
+			st.Prompts.Assigned += p.Assigned
+			st.Prompts.Trained += p.Trained
+		}
+		st.Batches = BatchCounts{Pending: s.Counts[group.Pending] - st.Prompts.Pending, Assigned: s.Counts[group.Assigned] - st.Prompts.Assigned,
+			Trained: s.Counts[group.Trained] - st.Prompts.Trained, Refused: s.Counts[group.Refused]}
 		for k, v := range s.Refusals {
 			st.Refusals[k] = v
 		}
@@ -260,6 +269,7 @@ func (t *Trainer) handler(stop func()) http.Handler {
 		writeJSON(w, t.Status())
 	})
 	mux.Handle("GET /metrics", t.Metrics())
+	t.handleTasks(mux)
 	mux.HandleFunc("GET "+AdminPrefix+"ledger", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, t.Ledger())
 	})

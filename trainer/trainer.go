@@ -17,8 +17,13 @@
 // the deltas (trainer/adapter) into the next version, writes it as a PEFT
 // bundle under DATA/adapters/vN and commits it with the raft term and index
 // that fence it. Trainers fetch versions from each other over Protocol and
-// check them against the lineage. It serves the `clawmesh mesh ...` admin
-// API as a node does, and `clawmesh trainer status|leave|config`, on a
+// check them against the lineage. A task set (`clawmesh tasks add`, tasks.go)
+// adds its prompts to the ledger: a trainer whose share holds some samples
+// G rollouts of each from the round's version, scores them with the set's
+// verifier plugin and trains them with its batches (rollout.go); the leader
+// scores every version on the set's held-out split and records it in the
+// lineage. It serves the `clawmesh mesh ...` admin API as a node does, and
+// `clawmesh trainer status|leave|config` and `clawmesh tasks ...`, on a
 // loopback listener of its own.
 package trainer
 
@@ -156,6 +161,12 @@ type Trainer struct {
 	mu   sync.Mutex
 	addr net.Addr
 
+	// runtimes holds the task sets' runtimes (their verifiers);
+	// evalLater the evaluations that failed and when to try them again
+	// (the leader's loop only).
+	runtimes  taskRuntimes
+	evalLater map[string]time.Time
+
 	// metrics are made on first use (metricsOf).
 	metricsOnce sync.Once
 	metrics     *metrics
@@ -263,7 +274,7 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 		return nil, err
 	}
 	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
-		timing: cfg.Timing.withDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}}
+		timing: cfg.Timing.withDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	if t.verify == nil && !cfg.NoVerify {
 		t.checker, err = verify.New(verify.Config{CacheDir: filepath.Join(cfg.DataDir, PluginsDir), Fetch: t.fetchPlugin, Logger: t.log})
@@ -373,7 +384,7 @@ func (t *Trainer) Run(ctx context.Context) error {
 // engine, and closes the store.
 func (t *Trainer) Close() error {
 	t.cancel()
-	errs := []error{t.group.close(), t.work.w.close()}
+	errs := []error{t.group.close(), t.work.w.close(), t.runtimes.close()}
 	if t.checker != nil {
 		errs = append(errs, t.checker.Close(context.Background()))
 	}

@@ -193,8 +193,38 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 		steps   []*core.Step
 		ids     []core.BatchID
 		refused []group.Refusal
+		items   []rolloutItem
 	)
+	prompts := map[core.BatchID]*group.Batch{}
+	sets := map[string]group.TaskSet{}
+	t.group.view(func(s *group.State) {
+		for _, id := range r.Shares[t.self] {
+			if b := s.Batches[id]; b != nil && b.Task != "" {
+				prompts[id] = &group.Batch{Task: b.Task, Prompt: b.Prompt}
+				if ts := s.TaskSets[b.Task]; ts != nil {
+					sets[b.Task] = *ts
+				}
+			}
+		}
+	})
 	for _, id := range r.Shares[t.self] {
+		if p := prompts[id]; p != nil {
+			ts, ok := sets[p.Task]
+			if !ok {
+				return nil, nil, fmt.Errorf("trainer: task set %s not in the state", short(p.Task))
+			}
+			rt, err := t.taskRuntime(ctx, &ts)
+			if err != nil {
+				return nil, nil, err
+			}
+			task := rt.byID[p.Prompt]
+			if task == nil {
+				return nil, nil, fmt.Errorf("trainer: task %q not in set %s", p.Prompt, short(p.Task))
+			}
+			items = append(items, rolloutItem{id: id, task: task, rt: rt})
+			ids = append(ids, id)
+			continue
+		}
 		b, err := t.readBatch(ctx, id)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -209,7 +239,7 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 		steps = append(steps, b.Steps...)
 		ids = append(ids, id)
 	}
-	res, err := l.w.train(ctx, cfg, dir, base.Version, steps)
+	res, err := l.w.train(ctx, cfg, dir, base.Version, r.Number, steps, items)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -224,8 +254,13 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 		l.lastSpd = float64(res.samples) / res.seconds
 		l.mu.Unlock()
 	}
-	t.log.Info("share trained", "round", r.Number, "batches", len(ids), "samples", res.samples, "stale", res.report.Stale,
+	t.log.Info("share trained", "round", r.Number, "batches", len(ids)-len(items), "prompts", len(items), "samples", res.samples, "stale", res.report.Stale,
 		"loss", res.report.Loss, "seconds", res.seconds)
+	if len(items) > 0 {
+		ro := res.rollouts
+		t.log.Info("rollouts", "round", r.Number, "prompts", ro.Prompts, "samples", ro.Samples, "tokens", ro.Tokens,
+			"flat_groups", ro.Flat, "mean_reward", ro.MeanReward, "seconds", ro.Seconds, "train_seconds", res.trainSeconds)
+	}
 	return &request{Op: opDelta, Round: r.Number, Base: base.Version, Samples: res.samples, Seconds: res.seconds,
 		Batches: ids, Refused: refused}, payload, nil
 }

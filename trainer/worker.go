@@ -47,6 +47,8 @@ type worker struct {
 	cfg      group.Config
 	eng      engine.Engine
 	builder  *sample.Builder
+	tok      *tokenizer.Tokenizer
+	render   chat.Renderer
 	baseDir  string // --base DIR ("" for tiny)
 	engineID string
 	// device, gpus and python configure the torch engine.
@@ -160,6 +162,7 @@ func (w *worker) ready(ctx context.Context, cfg group.Config) error {
 	}
 	w.eng, w.cfg = eng, cfg
 	w.builder = sample.NewBuilder(tok, renderer, sample.Options{})
+	w.tok, w.render = tok, renderer
 	return nil
 }
 
@@ -209,11 +212,16 @@ type trained struct {
 	samples int
 	seconds float64
 	report  learn.Report
+	// rollouts reports the rollouts of the share's task prompts, and
+	// trainSeconds the training alone (seconds less the rollouts).
+	rollouts     rolloutStats
+	trainSeconds float64
 }
 
 // train trains K steps from the adapter in parentDir (version base) on
-// steps and returns the delta from it.
-func (w *worker) train(ctx context.Context, cfg group.Config, parentDir string, base uint64, steps []*core.Step) (*trained, error) {
+// steps and on the rollouts of items (sampled first, from the same
+// adapter, in round), and returns the delta from it.
+func (w *worker) train(ctx context.Context, cfg group.Config, parentDir string, base, round uint64, steps []*core.Step, items []rolloutItem) (*trained, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.ready(ctx, cfg); err != nil {
@@ -238,11 +246,22 @@ func (w *worker) train(ctx context.Context, cfg group.Config, parentDir string, 
 		return nil, err
 	}
 	start := time.Now()
+	var ro rolloutStats
+	if len(items) > 0 {
+		rs, st, err := w.rollouts(ctx, items, base, round)
+		if err != nil {
+			return nil, err
+		}
+		ro = st
+		steps = append(steps[:len(steps):len(steps)], rs...)
+	}
+	trainStart := time.Now()
 	rep, err := l.Train(ctx, steps)
 	if err != nil {
 		return nil, err
 	}
 	secs := time.Since(start).Seconds()
+	trainSecs := time.Since(trainStart).Seconds()
 	tmp, err := os.MkdirTemp(filepath.Dir(parentDir), ".child-")
 	if err != nil {
 		return nil, err
@@ -259,7 +278,7 @@ func (w *worker) train(ctx context.Context, cfg group.Config, parentDir string, 
 	if err != nil {
 		return nil, err
 	}
-	return &trained{delta: d, samples: rep.Used, seconds: secs, report: rep}, nil
+	return &trained{delta: d, samples: rep.Used, seconds: secs, report: rep, rollouts: ro, trainSeconds: trainSecs}, nil
 }
 
 func (w *worker) close() error {

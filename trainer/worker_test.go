@@ -32,7 +32,7 @@ func TestWorkerTrainsADelta(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := w.train(ctx, cfg, dir, 0, b.Steps)
+	res, err := w.train(ctx, cfg, dir, 0, 0, b.Steps, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestLeaderRefusesAForeignDelta(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := batch.Decode(p, batch.Limits{})
-	res, err := w.train(ctx, cfg, dir, 0, b.Steps)
+	res, err := w.train(ctx, cfg, dir, 0, 0, b.Steps, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestWorkerTorchEngine(t *testing.T) {
 			t.Fatal(err)
 		}
 		geneses = append(geneses, g)
-		res, err := w.train(ctx, cfg, dir, 0, b.Steps)
+		res, err := w.train(ctx, cfg, dir, 0, 0, b.Steps, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -40,6 +40,11 @@ const (
 	inLatency   = 120
 	inToolNames = 128
 	inConfig    = 136
+	// The task section, present when flags has flagTask.
+	inTaskID   = 144
+	inAnswer   = 152
+	inTaskMeta = 160
+	taskHeader = 168
 )
 
 // Offsets of a message record's fields.
@@ -66,6 +71,7 @@ const (
 // Flag bits.
 const (
 	flagNextState = 1 // input: next_state is present (else null)
+	flagTask      = 2 // input: the task section follows the header
 	flagIsError   = 1 // message: is_error
 	flagScore     = 1 // feedback and result: the score is present
 )
@@ -140,6 +146,7 @@ func (r *flatReader) arr(at, size uint32) (uint32, int) {
 // decode to reuse: the kit's export decodes every input into the same
 // Input, so that decoding makes no garbage for the guest's collector.
 type flatScratch struct {
+	task          Task
 	context, next []Message
 	toolCalls     []ToolCall
 	feedback      []Feedback
@@ -278,6 +285,20 @@ func decodeFlat(b []byte, in *Input, s *flatScratch) error {
 			e := off + uint32(i)*2*flatStr
 			m.Config[r.str(e)] = r.str(e + flatStr)
 		}
+	}
+	in.Task = nil
+	if flags&flagTask != 0 {
+		if len(b) < taskHeader {
+			return errors.New(ErrFlat.Error() + ": task section past the input's end")
+		}
+		s.task = Task{ID: r.str(inTaskID)}
+		if a := r.str(inAnswer); a != "" {
+			s.task.Answer = []byte(a)
+		}
+		if m := r.str(inTaskMeta); m != "" {
+			s.task.Meta = []byte(m)
+		}
+		in.Task = &s.task
 	}
 	return r.err()
 }

@@ -116,6 +116,32 @@ type Input struct {
 	NextState []Message  `json:"next_state"`
 	Feedback  []Feedback `json:"feedback,omitempty"`
 	Meta      Meta       `json:"meta"`
+	// Task is set when the step is a rollout of a task from a task set
+	// (the trainers' white-box offline mode): a verifier compares the
+	// action with Task.Answer. nil for a live step.
+	Task *Task `json:"task,omitempty"`
+}
+
+// Task is the task a rollout answers, as its task set gives it.
+type Task struct {
+	ID string `json:"id"`
+	// Answer and Meta are JSON values (nil when the task has none).
+	Answer json.RawMessage `json:"answer,omitempty"`
+	Meta   json.RawMessage `json:"meta,omitempty"`
+}
+
+// AnswerText is the answer as text: a JSON string's value, any other JSON
+// value's text (a number "42", an object as written), "" when there is no
+// task or no answer.
+func (in *Input) AnswerText() string {
+	if in.Task == nil || len(in.Task.Answer) == 0 {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(in.Task.Answer, &s) == nil {
+		return s
+	}
+	return string(in.Task.Answer)
 }
 
 // Result is a plugin's verdict.

@@ -20,7 +20,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
-const benchHelp = `Usage: clawmesh bench <gateway|pool|soak|engine|learn|scrub|mesh|trainers|weights> [flags]
+const benchHelp = `Usage: clawmesh bench <gateway|pool|soak|engine|learn|scrub|mesh|trainers|weights|rollouts> [flags]
 
 Measures clawmesh's parts on this machine, against a baseline measured in
 the same run. Everything runs locally (loopback, a temporary directory).
@@ -81,6 +81,14 @@ the same run. Everything runs locally (loopback, a temporary directory).
             <= 3 s with the default timing), and a round's overhead
             (start to commit) against its pure training time on the tiny
             model (goal <= 10%)
+  rollouts  training from a task set on the tiny model (native engine, the
+            trainer's own share code): rounds of G rollouts per prompt,
+            scored by a verifier plugin, then trained; prints rollout
+            tokens/s against the engine's raw sampling of the same prompts
+            in the same run, and the share of a round spent on rollouts
+            versus training (--tasks and --reward bench your own set; the
+            default set and verifier are built here and need the go
+            command)
 
 Examples:
   clawmesh bench gateway --rate 1000 --duration 10s
@@ -96,12 +104,13 @@ Examples:
   clawmesh bench mesh --idle 30s
   clawmesh bench trainers --kills 20
   clawmesh bench weights --size 64MiB --fetchers 8
+  clawmesh bench rollouts --group 8 --prompts 8 --rounds 4
 `
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchHelp)
-		return usageErr("which benchmark? gateway, pool, soak, engine, learn, scrub, mesh, trainers or weights")
+		return usageErr("which benchmark? gateway, pool, soak, engine, learn, scrub, mesh, trainers, weights or rollouts")
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlags("bench "+sub, benchHelp, stderr)
@@ -228,6 +237,28 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		o.Size = int(n)
 		return benchWeights(ctx, stdout, o, *versions, *asJSON)
+	case "rollouts":
+		var o trainer.RolloutBenchOptions
+		fs.IntVar(&o.Group, "group", 8, "G: rollouts per prompt")
+		fs.IntVar(&o.Prompts, "prompts", 8, "prompts per round")
+		fs.IntVar(&o.Rounds, "rounds", 4, "rounds (versions) to run")
+		fs.IntVar(&o.LocalSteps, "local-steps", 2, "optimizer steps per round")
+		maxTokens := fs.Int("max-tokens", 16, "a reply's token limit in the default task set")
+		tasksFile := fs.String("tasks", "", "a task set (JSONL) instead of the default one")
+		rewardFile := fs.String("reward", "", "the verifier plugin (.wasm) of --tasks (default: a character-set verifier built here)")
+		asJSON := fs.Bool("json", false, "print the figures as JSON: rounds [{version, samples, tokens, rollout_seconds, train_seconds, rollout_share, mean_reward, flat_groups, trained_samples, held_out_pass_at_1, held_out_mean_reward}], rollout_tokens, rollout_seconds, train_seconds, rollout_tokens_per_s, raw_tokens_per_s (the baseline), vs_raw, rollout_share")
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		switch {
+		case o.Group < 2 || o.Group > 64:
+			return usageErr("--group must be in [2, 64]")
+		case o.Prompts < 1 || o.Rounds < 1 || o.LocalSteps < 1 || *maxTokens < 1:
+			return usageErr("--prompts, --rounds, --local-steps and --max-tokens must be at least 1")
+		case (*tasksFile == "") != (*rewardFile == ""):
+			return usageErr("--tasks and --reward go together")
+		}
+		return benchRollouts(ctx, stdout, o, *tasksFile, *rewardFile, *maxTokens, *asJSON)
 	case "learn":
 		rounds := fs.Int("rounds", 8, "rounds of sample → score → train per recipe")
 		seed := fs.Uint64("seed", 3, "seed of the tiny model's random weights")

@@ -40,6 +40,7 @@ func init() {
 		{"invite", "print an invite token for another device or a trainer to join the mesh", runInvite},
 		{"join", "join a mesh with an invite token", runJoin},
 		{"trainer", "run a trainer peer in the trainers' raft group (status, leave, config)", runTrainer},
+		{"tasks", "train on a task set with a verifier plugin: add, ls, status (on a trainer)", runTasks},
 		{"weights", "the adapter versions the trainers publish: list them, fetch one, pin one (ls, get, use)", runWeights},
 		{"login", "print a single-use URL that lets a browser into a running node's admin pages", runLogin},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},

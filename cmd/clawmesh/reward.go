@@ -73,9 +73,16 @@ Writes NAME/go.mod, NAME/main.go (a plugin that rewards thanks), a test, and
 NAME/kit, a copy of the wasm-rewards kit that go.mod points at with a replace
 directive, so the plugin builds offline with only a Go toolchain (≥ 1.24).
 
-Example:
-  clawmesh reward new polite && clawmesh reward build ./polite`, stderr)
+With --verifier, main.go is a verifier for a task set instead: it reads the
+task's answer from its input (input.task) and scores a reply +1 when it
+matches (the same number, or the same text after trimming), else -1.
+
+Examples:
+  clawmesh reward new polite && clawmesh reward build ./polite
+  clawmesh reward new --verifier checker && clawmesh reward build ./checker
+  clawmesh tasks add math.jsonl --reward ./checker/checker.wasm --data DIR`, stderr)
 	dir := fs.String("dir", "", "directory to create (default ./NAME)")
+	verifier := fs.Bool("verifier", false, "scaffold a verifier: a plugin that scores a task's reply against its answer")
 	pos, err := parseAll(fs, args)
 	if err != nil {
 		return err
@@ -87,7 +94,11 @@ Example:
 	if d == "" {
 		d = pos[0]
 	}
-	if err := reward.Scaffold(d, pos[0]); err != nil {
+	scaffold := reward.Scaffold
+	if *verifier {
+		scaffold = reward.ScaffoldVerifier
+	}
+	if err := scaffold(d, pos[0]); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "created %s; next: clawmesh reward build %s\n", d, d)

@@ -235,6 +235,9 @@ func printTrainerStatus(w io.Writer, st trainer.Status) {
 	}
 	b := st.Batches
 	fmt.Fprintf(tw, "batches\t%d pending, %d assigned, %d trained, %d refused\n", b.Pending, b.Assigned, b.Trained, b.Refused)
+	if p := st.Prompts; p != (trainer.BatchCounts{}) {
+		fmt.Fprintf(tw, "task prompts\t%d pending, %d assigned, %d trained (clawmesh tasks status)\n", p.Pending, p.Assigned, p.Trained)
+	}
 	for reason, n := range st.Refusals {
 		fmt.Fprintf(tw, "  refused\t%d %s\n", n, reason)
 	}

@@ -29,6 +29,9 @@ type Entry struct {
 	Abort     *Abort        `json:"abort,omitempty"`
 	Revoke    *Revocation   `json:"revoke,omitempty"`
 	Speeds    []SpeedUpdate `json:"speeds,omitempty"`
+	// Tasks adds a task set; Eval records a version's evaluation on one.
+	Tasks *TaskSet `json:"tasks,omitempty"`
+	Eval  *Eval    `json:"eval,omitempty"`
 }
 
 // Genesis commits version 0: the adapter every trainer starts from.
@@ -135,7 +138,8 @@ func DecodeEntry(b []byte) (*Entry, error) {
 func (e *Entry) kinds() int {
 	n := 0
 	for _, set := range []bool{e.Configure != nil, e.Genesis != nil, len(e.Add) > 0, len(e.Refuse) > 0,
-		e.Register != nil, e.Leave != "", e.Start != nil, e.Publish != nil, e.Abort != nil, e.Revoke != nil, len(e.Speeds) > 0} {
+		e.Register != nil, e.Leave != "", e.Start != nil, e.Publish != nil, e.Abort != nil, e.Revoke != nil, len(e.Speeds) > 0,
+		e.Tasks != nil, e.Eval != nil} {
 		if set {
 			n++
 		}
@@ -173,6 +177,10 @@ func (s *State) Apply(e *Entry, term, index uint64) error {
 		return s.abort(*e.Abort)
 	case e.Revoke != nil:
 		return s.revoke(*e.Revoke)
+	case e.Tasks != nil:
+		return s.addTasks(*e.Tasks, e.At)
+	case e.Eval != nil:
+		return s.eval(*e.Eval)
 	case len(e.Speeds) > 0:
 		for _, u := range e.Speeds {
 			if t, ok := s.Trainers[u.Trainer]; ok && u.Speed > 0 && u.Speed < maxSpeed {

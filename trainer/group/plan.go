@@ -29,7 +29,11 @@ func (s *State) Stale() []Refusal {
 // live trainer trains each. It takes pending batches oldest first, at most
 // Quota steps from one device and RoundSteps in all (a batch larger than a
 // limit still goes alone, so nothing starves), and shares them among the
-// live registered trainers in proportion to their measured speed. ok=false
+// live registered trainers in proportion to their measured speed. Task
+// sets' prompts (ledger lines with Task set, Group steps each) mix in: each
+// set gives its oldest pending prompts, at most PerRound; while device
+// batches are pending too, the prompts take at most Ratio of RoundSteps and
+// the batches the rest. ok=false
 // when there is no round to run: a round is open, no version exists, no
 // batch is pending or no registered trainer is live. Plan is pure: the same
 // state and input give the same round.
@@ -50,11 +54,42 @@ func (s *State) Plan(now time.Time, leader mesh.PeerID, live []mesh.PeerID) (*St
 	slices.SortFunc(ts, func(a, b *Trainer) int { return cmp.Compare(a.ID, b.ID) })
 
 	c := s.Config.WithDefaults()
+	pending := s.sortedBatches(s.Counts[Pending], func(b *Batch) bool { return b.Status == Pending })
+	livePending := slices.ContainsFunc(pending, func(b *Batch) bool { return b.Task == "" && !StaleBatch(b, cur.Version, c.MaxLag) })
+
+	// Task prompts first: each set's oldest pending prompts, at most
+	// PerRound, and while live batches wait, at most the set's Ratio of
+	// the round's steps (one prompt at least).
+	var take []*Batch
+	taskSteps := 0
+	maxRatio := 0.0
+	for _, ts := range s.SortedTaskSets() {
+		n := ts.PerRound
+		if livePending {
+			n = min(n, max(1, int(ts.Ratio*float64(c.RoundSteps))/max(ts.Group, 1)))
+		}
+		for _, b := range pending {
+			if n == 0 {
+				break
+			}
+			if b.Task == ts.Hash {
+				take = append(take, b)
+				taskSteps += max(b.Steps, 1)
+				n--
+			}
+		}
+		if taskSteps > 0 {
+			maxRatio = max(maxRatio, ts.Ratio)
+		}
+	}
+	budget := c.RoundSteps
+	if taskSteps > 0 {
+		budget = max(1, int((1-maxRatio)*float64(c.RoundSteps)))
+	}
 	perDevice := map[mesh.PeerID]int{}
 	total := 0
-	var take []*Batch
-	for _, b := range s.sortedBatches(s.Counts[Pending], func(b *Batch) bool { return b.Status == Pending }) {
-		if StaleBatch(b, cur.Version, c.MaxLag) {
+	for _, b := range pending {
+		if b.Task != "" || StaleBatch(b, cur.Version, c.MaxLag) {
 			continue
 		}
 		// A batch over a limit goes alone; the comparisons are written so
@@ -63,13 +98,14 @@ func (s *State) Plan(now time.Time, leader mesh.PeerID, live []mesh.PeerID) (*St
 		if perDevice[b.From] > 0 && n > c.Quota-perDevice[b.From] {
 			continue
 		}
-		if total > 0 && n > c.RoundSteps-total {
+		if total > 0 && n > budget-total {
 			continue
 		}
 		perDevice[b.From] += n
 		total += n
 		take = append(take, b)
 	}
+	total += taskSteps
 	if len(take) == 0 {
 		return nil, false
 	}

@@ -1,11 +1,13 @@
 // Package group is the replicated state of the trainers' raft group and the
 // decisions taken over it, both pure: State.Apply applies one committed log
-// entry (the recipe and base model, the adapter lineage, the batch ledger,
-// the trainer registry, revocations mirrored from the mesh), and State.Plan
-// decides the next round from the state alone. Nothing here reads a clock,
-// touches a disk or a network: the leader's clock travels in each entry, so
-// every trainer applying the same log reaches the same state, and tests and
-// the simulator can drive it directly. FSM adapts a State to raft.
+// entry (the recipe and base model, the adapter lineage and its versions'
+// evaluations, the batch ledger, the task sets whose prompts the ledger
+// holds beside the batches, the trainer registry, revocations mirrored from
+// the mesh), and State.Plan decides the next round from the state alone.
+// Nothing here reads a clock, touches a disk or a network: the leader's
+// clock travels in each entry, so every trainer applying the same log
+// reaches the same state, and tests and the simulator can drive it
+// directly. FSM adapts a State to raft.
 package group
 
 import (
@@ -188,6 +190,12 @@ type Batch struct {
 	Reason string `json:"reason,omitempty"`
 	// Tries counts the rounds it was assigned to.
 	Tries int `json:"tries,omitempty"`
+	// Task, for a task set's prompt (not a device's batch), is the set's
+	// hash, Prompt the task's id and Epoch the pass over the set it
+	// belongs to (see TaskSet).
+	Task   string `json:"task,omitempty"`
+	Prompt string `json:"prompt,omitempty"`
+	Epoch  int    `json:"epoch,omitempty"`
 }
 
 // Trainer is one trainer's line in the registry.
@@ -233,6 +241,8 @@ type Version struct {
 	Publisher    mesh.PeerID    `json:"publisher,omitempty"`
 	Contributors []Contribution `json:"contributors,omitempty"`
 	At           time.Time      `json:"at"`
+	// Evals are its evaluations on the task sets' held-out splits.
+	Evals []Eval `json:"evals,omitempty"`
 }
 
 // Name is the version as adapters are named on devices: "v7".
@@ -266,6 +276,7 @@ type State struct {
 	Rounds     uint64                   `json:"rounds"`
 	Counts     map[Status]int           `json:"counts"`
 	Refusals   map[string]int           `json:"refusals,omitempty"`
+	TaskSets   map[string]*TaskSet      `json:"task_sets,omitempty"`
 	Term       uint64                   `json:"term"`
 	Index      uint64                   `json:"index"`
 }
@@ -278,6 +289,7 @@ func New() *State {
 		Revoked:  map[mesh.PeerID]string{},
 		Counts:   map[Status]int{},
 		Refusals: map[string]int{},
+		TaskSets: map[string]*TaskSet{},
 	}
 }
 

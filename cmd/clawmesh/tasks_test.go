@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// TestTasksCommands: a verifier scaffolded by `reward new --verifier` and
+// built by `reward build`, a task set added by `tasks add` to a running
+// trainer, then `tasks ls` and `tasks status` (text and --json) showing the
+// set, its progress and its versions' evaluations.
+func TestTasksCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a plugin and runs a trainer")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go toolchain")
+	}
+	dir := t.TempDir()
+	plugin := filepath.Join(dir, "checker")
+	if out, errOut, code := runCLI(t, "reward", "new", "--verifier", "checker", "--dir", plugin); code != 0 {
+		t.Fatalf("reward new: %s %s", out, errOut)
+	}
+	t.Setenv("GOPROXY", "off")
+	t.Setenv("GOFLAGS", "-mod=mod")
+	t.Setenv("GOWORK", "off")
+	if out, errOut, code := runCLI(t, "reward", "build", plugin); code != 0 {
+		t.Fatalf("reward build: %s %s", out, errOut)
+	}
+	wasm := filepath.Join(plugin, "checker.wasm")
+
+	var lines strings.Builder
+	for i := range 8 {
+		fmt.Fprintf(&lines, `{"id":"q%d","messages":[{"role":"user","content":"Say %d."}],"answer":%d,"meta":{"max_tokens":3}}`+"\n", i, i, i)
+	}
+	file := filepath.Join(dir, "numbers.jsonl")
+	if err := os.WriteFile(file, []byte(lines.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.jsonl")
+	os.WriteFile(bad, []byte(`{"id":"a","messages":[]}`+"\n"), 0o600)
+
+	ctx := context.Background()
+	c, err := trainer.NewCluster(ctx, trainer.ClusterOptions{Trainers: 1, Dir: filepath.Join(dir, "mesh"),
+		Timing: trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond},
+		Group:  group.Config{Deadline: 4 * time.Second, LocalSteps: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data := c.DataDir(0)
+	if err := c.WaitUntil(ctx, time.Minute, "version 0 and the admin API", func() bool {
+		_, err := trainer.ReadAddr(data)
+		return err == nil && len(c.Trainer(0).Lineage()) > 0
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, args := range [][]string{
+		{"tasks", "add", file, "--data", data},                                   // no --reward
+		{"tasks", "add", "--reward", wasm, "--data", data},                       // no file
+		{"tasks", "add", bad, "--reward", wasm, "--data", data},                  // a bad line
+		{"tasks", "add", file, "--reward", file, "--data", data},                 // not a plugin
+		{"tasks", "add", file, "--reward", wasm, "--group", "1", "--data", data}, // G < 2
+		{"tasks", "frob", "--data", data},
+	} {
+		if out, errOut, code := runCLI(t, args...); code == 0 || errOut == "" {
+			t.Errorf("%v: exit %d, %q %q", args, code, out, errOut)
+		}
+	}
+	out, errOut, code := runCLI(t, "tasks", "add", file, "--reward", wasm, "--group", "4", "--holdout", "0.25", "--per-round", "3", "--data", data)
+	if code != 0 || !strings.Contains(out, "numbers.jsonl added") {
+		t.Fatalf("tasks add: %d %q %q", code, out, errOut)
+	}
+	var sets []trainer.TaskSetStatus
+	if err := c.WaitUntil(ctx, time.Minute, "every prompt trained and evaluated", func() bool {
+		out, _, code := runCLI(t, "tasks", "status", "--json", "--data", data)
+		sets = nil
+		if code != 0 || json.Unmarshal([]byte(out), &sets) != nil || len(sets) != 1 {
+			return false
+		}
+		s := sets[0]
+		return s.Done == s.Items && len(s.Evals) >= 2 && s.Evals[len(s.Evals)-1].Version == uint64(len(c.Trainer(0).Lineage())-1)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s := sets[0]
+	if s.Name != "numbers.jsonl" || s.Group != 4 || s.Prompts+s.HeldOut != 8 || s.HeldOut == 0 || s.Items != s.Prompts || s.Evals[0].Version != 0 {
+		t.Fatalf("status %+v", s)
+	}
+	out, _, code = runCLI(t, "tasks", "ls", "--data", data)
+	if code != 0 || !strings.Contains(out, "numbers.jsonl") || !strings.Contains(out, "PASS@1") {
+		t.Fatalf("tasks ls: %q", out)
+	}
+	out, _, code = runCLI(t, "tasks", "status", "--data", data)
+	if code != 0 || !strings.Contains(out, "v0") || !strings.Contains(out, "MEAN REWARD") {
+		t.Fatalf("tasks status: %q", out)
+	}
+	// The lineage record carries the evaluations too.
+	lin := c.Trainer(0).Lineage()
+	if len(lin[0].Evals) != 1 || lin[0].Evals[0].Task != s.Hash {
+		t.Fatalf("v0's lineage record: %+v", lin[0])
+	}
+}
+
+func TestBenchRollouts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a plugin")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go toolchain")
+	}
+	t.Setenv("GOPROXY", "off")
+	t.Setenv("GOFLAGS", "-mod=mod")
+	t.Setenv("GOWORK", "off")
+	out, errOut, code := runCLI(t, "bench", "rollouts", "--group", "2", "--prompts", "2", "--rounds", "1", "--max-tokens", "4", "--json")
+	if code != 0 {
+		t.Fatalf("bench rollouts: %s %s", out, errOut)
+	}
+	var rep trainer.RolloutBenchReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rounds) != 1 || rep.Rounds[0].Samples != 4 || !(rep.RolloutTokensPerS > 0) || !(rep.RawTokensPerS > 0) || !(rep.RolloutShare > 0) {
+		t.Fatalf("report %+v", rep)
+	}
+	if _, errOut, code := runCLI(t, "bench", "rollouts", "--tasks", "x.jsonl"); code == 0 || !strings.Contains(errOut, "go together") {
+		t.Fatalf("--tasks alone: %d %s", code, errOut)
+	}
+}

@@ -1,0 +1,201 @@
+package group
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/clawmesh/clawmesh/mesh"
+)
+
+func taskSet(n, held int) *TaskSet {
+	ts := &TaskSet{Hash: hashN(900), Reward: hashN(901), Group: 4, PerRound: 3, Epochs: 2, Ratio: 0.25}
+	for i := range n {
+		ts.Train = append(ts.Train, fmt.Sprintf("p%02d", i))
+	}
+	for i := range held {
+		ts.HeldOut = append(ts.HeldOut, fmt.Sprintf("h%02d", i))
+	}
+	return ts
+}
+
+// roundTasks lists the task prompts of the open round, with their epochs.
+func roundTasks(s *State) []string {
+	var out []string
+	for _, ids := range s.Round.Shares {
+		for _, id := range ids {
+			if b := s.Batches[id]; b.Task != "" {
+				out = append(out, fmt.Sprintf("%s/%d", b.Prompt, b.Epoch))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestTaskSetConsumedOnce: a task set's prompts go through the rounds like
+// batches: each prompt of each epoch is trained into exactly one version,
+// a round that closes without some (aborted, or a contributor missing)
+// gives them back, and epoch 1 starts only when epoch 0 is taken.
+func TestTaskSetConsumedOnce(t *testing.T) {
+	f := newFixture(t)
+	f.must(&Entry{Configure: &Config{Quota: 64, RoundSteps: 128}})
+	f.must(&Entry{Genesis: &Genesis{Hash: hashN(0), Publisher: "t1"}})
+	f.must(&Entry{Register: &Trainer{ID: "t1", Speed: 1}})
+	f.must(&Entry{Register: &Trainer{ID: "t2", Speed: 1}})
+	ts := taskSet(5, 2)
+	f.must(&Entry{Tasks: ts})
+	f.must(&Entry{Tasks: ts}) // again: no change
+	other := *ts
+	other.Reward = hashN(902)
+	if err := f.apply(&Entry{Tasks: &other}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("the same set with another verifier: %v", err)
+	}
+	if p := f.s.Progress(ts.Hash); p.Total != 10 || p.Pending != 10 {
+		t.Fatalf("progress %+v", p)
+	}
+	trained := map[string]int{}
+	live := []mesh.PeerID{"t1", "t2"}
+	for round := 0; round < 20 && f.s.Progress(ts.Hash).Trained < 10; round++ {
+		start, ok := f.s.Plan(f.at(), "t1", live)
+		if !ok {
+			t.Fatalf("no round with %+v", f.s.Progress(ts.Hash))
+		}
+		f.must(&Entry{Start: start})
+		got := roundTasks(f.s)
+		if len(got) == 0 || len(got) > 3 {
+			t.Fatalf("round %d: %v (per round 3)", start.Round, got)
+		}
+		if start.Round == 2 {
+			// A failover: the round closes with nothing.
+			f.must(&Entry{Abort: &Abort{Round: start.Round, Reason: "leader lost"}})
+			continue
+		}
+		// Only t1's share is trained; t2's goes back.
+		cur, _ := f.s.Current()
+		share := f.s.Round.Shares["t1"]
+		cs := []Contribution{{Trainer: "t1", Batches: share, Samples: 4 * len(share)}}
+		if len(share) == 0 {
+			cs = []Contribution{{Trainer: "t2", Batches: f.s.Round.Shares["t2"], Samples: 1}}
+		}
+		f.must(&Entry{Publish: &Publish{Round: start.Round, Version: cur.Version + 1, Parent: cur.Version, Hash: hashN(int(cur.Version) + 1), Publisher: "t1", Contributors: cs}})
+		for _, c := range cs {
+			for _, id := range c.Batches {
+				b := f.s.Batches[id]
+				trained[fmt.Sprintf("%s/%d", b.Prompt, b.Epoch)]++
+				if b.Epoch == 1 {
+					// Every epoch-0 prompt was taken before any of epoch 1.
+					for _, o := range f.s.Batches {
+						if o.Task != "" && o.Epoch == 0 && o.Status == Pending {
+							t.Fatalf("%s/1 trained while %s/0 pending", b.Prompt, o.Prompt)
+						}
+					}
+				}
+			}
+		}
+		if err := checkInvariants(f.s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(trained) != 10 {
+		t.Fatalf("trained %d prompt-epochs: %v", len(trained), trained)
+	}
+	for k, n := range trained {
+		if n != 1 {
+			t.Fatalf("%s trained %d times", k, n)
+		}
+	}
+	if _, ok := f.s.Plan(f.at(), "t1", live); ok {
+		t.Fatal("a round with every prompt trained")
+	}
+	// Snapshots carry the sets.
+	if c := cloneState(t, f.s); c.TaskSets[ts.Hash] == nil || c.Progress(ts.Hash) != f.s.Progress(ts.Hash) {
+		t.Fatal("the task set did not survive a snapshot")
+	}
+}
+
+// TestTaskRatio: with device batches pending, the prompts take at most the
+// set's ratio of the round's steps, and the batches the rest.
+func TestTaskRatio(t *testing.T) {
+	f := ready(t) // batches of 4 steps, RoundSteps 128
+	var refs []BatchRef
+	for i := 7; i <= 60; i++ {
+		refs = append(refs, BatchRef{ID: bid(i), From: mesh.PeerID(fmt.Sprintf("d%d", i)), Steps: 4})
+	}
+	f.must(&Entry{Add: refs})
+	ts := taskSet(40, 2)
+	ts.PerRound, ts.Ratio, ts.Group = 100, 0.25, 8
+	f.must(&Entry{Tasks: ts})
+	start, ok := f.s.Plan(f.at(), "t1", []mesh.PeerID{"t1", "t2"})
+	if !ok {
+		t.Fatal("no round")
+	}
+	prompts, live := 0, 0
+	for _, ids := range start.Shares {
+		for _, id := range ids {
+			if f.s.Batches[id].Task != "" {
+				prompts++
+			} else {
+				live += f.s.Batches[id].Steps
+			}
+		}
+	}
+	// 0.25 × 128 = 32 steps = 4 prompts of 8; the batches get 96.
+	if prompts != 4 || live != 96 {
+		t.Fatalf("%d prompts, %d live steps", prompts, live)
+	}
+}
+
+func TestTaskEntriesRefused(t *testing.T) {
+	f := ready(t)
+	for name, ts := range map[string]TaskSet{
+		"bad hash":  {Hash: "x", Reward: hashN(1), Train: []string{"a"}},
+		"no reward": {Hash: hashN(1), Train: []string{"a"}},
+		"group 1":   {Hash: hashN(1), Reward: hashN(2), Group: 1, Train: []string{"a"}},
+		"no train":  {Hash: hashN(1), Reward: hashN(2)},
+		"dup id":    {Hash: hashN(1), Reward: hashN(2), Train: []string{"a"}, HeldOut: []string{"a"}},
+		"ratio 2":   {Hash: hashN(1), Reward: hashN(2), Ratio: 2, Train: []string{"a"}},
+		"holdout 1": {Hash: hashN(1), Reward: hashN(2), Holdout: 1, Train: []string{"a"}},
+		"too many":  {Hash: hashN(1), Reward: hashN(2), Epochs: MaxTaskItems, Train: []string{"a", "b"}},
+		"bad tools": {Hash: hashN(1), Reward: hashN(2), Tools: "zz", Train: []string{"a"}},
+	} {
+		before := stateJSON(t, f.s)
+		if err := f.apply(&Entry{Tasks: &ts}); err == nil {
+			t.Errorf("%s: applied", name)
+		}
+		if after := stateJSON(t, f.s); after != before {
+			t.Errorf("%s: a refused entry changed the state: %s", name, diff(before, after))
+		}
+	}
+	ts := taskSet(3, 2)
+	f.must(&Entry{Tasks: ts})
+	good := Eval{Version: 0, Task: ts.Hash, Prompts: 2, Passed: 1, PassAt1: 0.5, MeanReward: 0.1}
+	for name, ev := range map[string]Eval{
+		"no version": {Version: 9, Task: ts.Hash, Prompts: 2},
+		"no set":     {Version: 0, Task: hashN(5), Prompts: 2},
+		"count":      {Version: 0, Task: ts.Hash, Prompts: 3},
+		"passed":     {Version: 0, Task: ts.Hash, Prompts: 2, Passed: 3},
+		"reward":     {Version: 0, Task: ts.Hash, Prompts: 2, MeanReward: 2},
+	} {
+		if err := f.apply(&Entry{Eval: &ev}); err == nil {
+			t.Errorf("%s: applied", name)
+		}
+	}
+	if got := f.s.Unevaluated(); len(got) != 1 || got[0] != ts.Hash {
+		t.Fatalf("unevaluated %v", got)
+	}
+	f.must(&Entry{Eval: &good})
+	second := good
+	second.Passed, second.PassAt1 = 2, 1
+	f.must(&Entry{Eval: &second}) // the first stands
+	if evs := f.s.Versions[0].Evals; len(evs) != 1 || evs[0] != good {
+		t.Fatalf("evals %+v", evs)
+	}
+	if got := f.s.Unevaluated(); len(got) != 0 {
+		t.Fatalf("unevaluated %v", got)
+	}
+	if err := f.apply(&Entry{Tasks: ts, Eval: &good}); !errors.Is(err, ErrEntry) {
+		t.Fatalf("two commands: %v", err)
+	}
+}

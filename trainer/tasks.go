@@ -1,0 +1,437 @@
+package trainer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/adminapi"
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/reward"
+	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/tasks"
+)
+
+// TasksDir holds, in a trainer's data directory, the task sets' canonical
+// files and their plugins, each named by its SHA-256. The raft log carries
+// only the hashes and the metadata (group.TaskSet); the bytes travel
+// between trainers over Protocol (opTaskFile), fetched by hash and checked
+// against it, as adapter versions do.
+const TasksDir = "tasks"
+
+// maxTaskFile bounds a file fetched for a task set: a set's canonical file
+// is at most tasks.MaxSet, a plugin at most this.
+const maxTaskFile = 64 << 20
+
+// ErrTasks reports a task set a trainer refuses to add.
+var ErrTasks = errors.New("trainer: task set refused")
+
+// verifierName and toolsName name the plugins in a task set's runner.
+const (
+	verifierName = "verifier"
+	toolsName    = "tools"
+)
+
+// AddTasks is a task set as `clawmesh tasks add` hands it to a trainer.
+type AddTasks struct {
+	// Name is the task file's name, for people.
+	Name string `json:"name"`
+	// Tasks is the task file (JSONL), Reward the verifier plugin and Tools
+	// the optional tool simulator plugin (WASM modules).
+	Tasks  []byte `json:"tasks"`
+	Reward []byte `json:"reward"`
+	Tools  []byte `json:"tools,omitempty"`
+	// Group, Ratio, PerRound, Epochs and MaxTokens: see group.TaskSet
+	// (0: its defaults). Holdout is taken as it is: 0 holds nothing out.
+	Group     int     `json:"group,omitempty"`
+	Holdout   float64 `json:"holdout"`
+	Ratio     float64 `json:"ratio,omitempty"`
+	PerRound  int     `json:"per_round,omitempty"`
+	Epochs    int     `json:"epochs,omitempty"`
+	MaxTokens int     `json:"max_tokens,omitempty"`
+}
+
+// AddTasks checks a task set (its lines, that its plugins load), keeps its
+// files, and has the group's leader add it.
+func (t *Trainer) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, error) {
+	set, err := tasks.Parse(bytes.NewReader(a.Tasks))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTasks, err)
+	}
+	if len(a.Reward) == 0 {
+		return nil, fmt.Errorf("%w: no verifier plugin", ErrTasks)
+	}
+	if !(a.Holdout >= 0 && a.Holdout < 1) {
+		return nil, fmt.Errorf("%w: holdout %v outside [0, 1)", ErrTasks, a.Holdout)
+	}
+	ts := group.TaskSet{Hash: set.Hash, Name: filepath.Base(a.Name), Reward: tasks.Hash(a.Reward), Group: a.Group,
+		Holdout: a.Holdout, Ratio: a.Ratio, PerRound: a.PerRound, Epochs: a.Epochs, MaxTokens: a.MaxTokens}
+	if len(a.Tools) > 0 {
+		ts.Tools = tasks.Hash(a.Tools)
+	}
+	train, held := set.Split(a.Holdout)
+	for _, x := range train {
+		ts.Train = append(ts.Train, x.ID)
+	}
+	for _, x := range held {
+		ts.HeldOut = append(ts.HeldOut, x.ID)
+	}
+	if err := ts.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTasks, err)
+	}
+	for _, b := range [][]byte{set.Canonical, a.Reward, a.Tools} {
+		if len(b) > 0 {
+			if err := t.putTaskFile(b); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// The plugins must load here before the group learns of them.
+	if _, err := t.taskRuntime(ctx, &ts); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTasks, err)
+	}
+	// The set's ids may not fit a request line: they go as its payload.
+	payload, err := json.Marshal(&ts)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := t.toLeader(ctx, request{Op: opTasks}, payload); err != nil {
+		return nil, err
+	}
+	ts = ts.WithDefaults()
+	return &ts, nil
+}
+
+// addTasks is the leader's side of AddTasks: it fetches the set's files
+// from the trainer that asked (if it lacks them), checks the split against
+// its own reading of the file, and commits the set.
+func (t *Trainer) addTasks(ctx context.Context, from mesh.PeerID, payload []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	ts := new(group.TaskSet)
+	if err := dec.Decode(ts); err != nil {
+		return fmt.Errorf("%w: %v", ErrTasks, err)
+	}
+	if err := ts.Validate(); err != nil {
+		return err
+	}
+	rt, err := t.taskRuntimeFrom(ctx, ts, from)
+	if err != nil {
+		return err
+	}
+	train, held := rt.set.Split(ts.Holdout)
+	ids := func(xs []*tasks.Task) []string {
+		out := make([]string, len(xs))
+		for i, x := range xs {
+			out[i] = x.ID
+		}
+		return out
+	}
+	if !slices.Equal(ids(train), ts.Train) || !slices.Equal(ids(held), ts.HeldOut) {
+		return fmt.Errorf("%w: the split does not match the set's holdout", ErrTasks)
+	}
+	if err := t.group.propose(ctx, &group.Entry{Tasks: ts}); err != nil {
+		return err
+	}
+	t.log.Info("task set added", "set", short(ts.Hash), "name", ts.Name, "train", len(ts.Train), "held_out", len(ts.HeldOut))
+	return nil
+}
+
+func (t *Trainer) taskPath(hash string) string {
+	return filepath.Join(t.cfg.DataDir, TasksDir, hash)
+}
+
+// putTaskFile keeps b under its hash.
+func (t *Trainer) putTaskFile(b []byte) error {
+	p := t.taskPath(tasks.Hash(b))
+	if exists(p) {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.Write(p, b, 0o600)
+}
+
+// taskFile returns the file named hash, fetching it from the hint, the
+// leader or any trainer when this one lacks it.
+func (t *Trainer) taskFile(ctx context.Context, hash string, hint mesh.PeerID) ([]byte, error) {
+	if b, err := os.ReadFile(t.taskPath(hash)); err == nil && tasks.Hash(b) == hash {
+		return b, nil
+	}
+	var errs []error
+	seen := map[mesh.PeerID]bool{t.self: true, "": true}
+	for _, p := range append([]mesh.PeerID{hint, t.group.leader()}, t.group.trainerPeers()...) {
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		b, err := t.call(ctx, p, request{Op: opTaskFile, Hash: hash}, nil)
+		if err == nil && tasks.Hash(b) != hash {
+			err = fmt.Errorf("trainer: %s gave a file that is not %s", p, short(hash))
+		}
+		if err != nil {
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		if err := t.putTaskFile(b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("trainer: task file %s: %w", short(hash), errors.Join(append(errs, errors.New("no trainer could give it"))...))
+}
+
+// serveTaskFile answers opTaskFile.
+func (t *Trainer) serveTaskFile(hash string) ([]byte, error) {
+	if len(hash) != 64 {
+		return nil, &rpcError{Code: codeNotFound, Msg: "bad hash"}
+	}
+	b, err := os.ReadFile(t.taskPath(hash))
+	if err != nil || tasks.Hash(b) != hash || len(b) > maxTaskFile {
+		return nil, &rpcError{Code: codeNotFound, Msg: fmt.Sprintf("no task file %s here", short(hash))}
+	}
+	return b, nil
+}
+
+// taskRuntime is what a trainer needs to run a task set: its tasks by id
+// and a reward runner holding its verifier (and tool simulator).
+type taskRuntime struct {
+	ts     group.TaskSet
+	set    *tasks.Set
+	byID   map[string]*tasks.Task
+	runner *reward.Runner
+}
+
+// taskRuntimes caches the runtimes by set hash.
+type taskRuntimes struct {
+	mu sync.Mutex
+	m  map[string]*taskRuntime
+}
+
+func (t *Trainer) taskRuntime(ctx context.Context, ts *group.TaskSet) (*taskRuntime, error) {
+	return t.taskRuntimeFrom(ctx, ts, "")
+}
+
+func (t *Trainer) taskRuntimeFrom(ctx context.Context, ts *group.TaskSet, hint mesh.PeerID) (*taskRuntime, error) {
+	c := &t.runtimes
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rt := c.m[ts.Hash]; rt != nil && rt.ts.Reward == ts.Reward && rt.ts.Tools == ts.Tools {
+		return rt, nil
+	}
+	raw, err := t.taskFile(ctx, ts.Hash, hint)
+	if err != nil {
+		return nil, err
+	}
+	set, err := tasks.Parse(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	if set.Hash != ts.Hash {
+		return nil, fmt.Errorf("%w: the file of %s is not canonical", ErrTasks, short(ts.Hash))
+	}
+	plugins := []reward.PluginConfig{{Name: verifierName, Path: t.taskPath(ts.Reward), Enabled: true}}
+	if _, err := t.taskFile(ctx, ts.Reward, hint); err != nil {
+		return nil, err
+	}
+	if ts.Tools != "" {
+		if _, err := t.taskFile(ctx, ts.Tools, hint); err != nil {
+			return nil, err
+		}
+		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: t.taskPath(ts.Tools), Enabled: true})
+	}
+	runner, err := reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1, Logger: t.log})
+	if err != nil {
+		return nil, err
+	}
+	rt := &taskRuntime{ts: ts.WithDefaults(), set: set, byID: set.ByID(), runner: runner}
+	if c.m == nil {
+		c.m = map[string]*taskRuntime{}
+	}
+	if old := c.m[ts.Hash]; old != nil {
+		old.runner.Close(context.Background())
+	}
+	c.m[ts.Hash] = rt
+	return rt, nil
+}
+
+func (c *taskRuntimes) close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, rt := range c.m {
+		errs = append(errs, rt.runner.Close(context.Background()))
+	}
+	c.m = nil
+	return errors.Join(errs...)
+}
+
+func (t *Trainer) evaluate(ctx context.Context, cfg group.Config, dir string, ts *group.TaskSet) (group.Eval, error) {
+	rt, err := t.taskRuntime(ctx, ts)
+	if err != nil {
+		return group.Eval{}, err
+	}
+	return t.work.w.evaluate(ctx, cfg, dir, rt)
+}
+
+func evalKey(v uint64, set string) string { return fmt.Sprintf("%d/%s", v, set) }
+
+// evaluateCurrent scores the current version on the held-out split of
+// every task set it has no evaluation on yet, and records the results in
+// the lineage (the leader's loop, between rounds). A set it cannot score
+// now is tried again after Timing.VerifyRetry; the rounds go on.
+func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
+	var (
+		todo []*group.TaskSet
+		cur  group.Version
+	)
+	t.group.view(func(s *group.State) {
+		cur, _ = s.Current()
+		for _, h := range s.Unevaluated() {
+			if next, ok := t.evalLater[evalKey(cur.Version, h)]; ok && time.Now().Before(next) {
+				continue
+			}
+			ts := *s.TaskSets[h]
+			todo = append(todo, &ts)
+		}
+	})
+	if len(todo) == 0 {
+		return nil
+	}
+	dir, err := t.ensureVersion(ctx, cur)
+	if err != nil {
+		return err
+	}
+	for _, ts := range todo {
+		ev, err := t.evaluate(ctx, cfg, dir, ts)
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			// A set that cannot be scored now (its plugin not fetched, say)
+			// must not hold the rounds up: try again later.
+			t.evalLater[evalKey(cur.Version, ts.Hash)] = time.Now().Add(t.timing.VerifyRetry)
+			t.log.Warn("version not evaluated yet: trying again later", "version", cur.Name(), "set", short(ts.Hash), "err", err)
+			continue
+		}
+		ev.Version, ev.Task, ev.By = cur.Version, ts.Hash, string(t.self)
+		if err := t.group.propose(ctx, &group.Entry{Eval: &ev}); err != nil {
+			return err
+		}
+		t.log.Info("version evaluated", "version", cur.Name(), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
+	}
+	return nil
+}
+
+// TaskSetStatus is a task set as `clawmesh tasks ls|status --json` print
+// it (a stable format).
+type TaskSetStatus struct {
+	// Hash is the SHA-256 of the canonical task file; Name the file's
+	// name; Reward and Tools the plugins' SHA-256 ("" for no tools).
+	Hash   string `json:"hash"`
+	Name   string `json:"name"`
+	Reward string `json:"reward"`
+	Tools  string `json:"tools,omitempty"`
+	// Group is G, the rollouts per prompt; Holdout, Ratio, PerRound,
+	// Epochs and MaxTokens as `tasks add` set them (defaults applied).
+	Group     int     `json:"group"`
+	Holdout   float64 `json:"holdout"`
+	Ratio     float64 `json:"ratio"`
+	PerRound  int     `json:"per_round"`
+	Epochs    int     `json:"epochs"`
+	MaxTokens int     `json:"max_tokens"`
+	// Prompts is the training split's size, HeldOut the held-out one's.
+	Prompts int `json:"prompts"`
+	HeldOut int `json:"held_out"`
+	// Items = Prompts × Epochs ledger lines; Done of them are trained
+	// into a version, Assigned in the open round, Pending waiting.
+	Items    int `json:"items"`
+	Done     int `json:"done"`
+	Assigned int `json:"assigned"`
+	Pending  int `json:"pending"`
+	// Added is when the group committed the set (the leader's clock).
+	Added time.Time `json:"added"`
+	// Evals are the versions' evaluations on the held-out split, oldest
+	// version first: version, pass_at_1, mean_reward, prompts, passed.
+	Evals []group.Eval `json:"evals"`
+}
+
+// TaskSets lists the group's task sets with their progress and their
+// evaluations, oldest first.
+func (t *Trainer) TaskSets() []TaskSetStatus {
+	out := []TaskSetStatus{}
+	t.group.view(func(s *group.State) {
+		for _, ts := range s.SortedTaskSets() {
+			p := s.Progress(ts.Hash)
+			st := TaskSetStatus{Hash: ts.Hash, Name: ts.Name, Reward: ts.Reward, Tools: ts.Tools, Group: ts.Group,
+				Holdout: ts.Holdout, Ratio: ts.Ratio, PerRound: ts.PerRound, Epochs: ts.Epochs, MaxTokens: ts.MaxTokens,
+				Prompts: len(ts.Train), HeldOut: len(ts.HeldOut), Items: p.Total, Done: p.Trained, Assigned: p.Assigned,
+				Pending: p.Pending, Added: ts.Added, Evals: []group.Eval{}}
+			for _, v := range s.Versions {
+				for _, e := range v.Evals {
+					if e.Task == ts.Hash {
+						st.Evals = append(st.Evals, e)
+					}
+				}
+			}
+			out = append(out, st)
+		}
+	})
+	return out
+}
+
+// handleTasks adds the task routes to the admin API.
+func (t *Trainer) handleTasks(mux *http.ServeMux) {
+	mux.HandleFunc("GET "+AdminPrefix+"tasks", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, t.TaskSets())
+	})
+	mux.HandleFunc("POST "+AdminPrefix+"tasks", func(w http.ResponseWriter, r *http.Request) {
+		var a AddTasks
+		dec := json.NewDecoder(io.LimitReader(r.Body, 4*maxTaskFile))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&a); err != nil {
+			adminapi.WriteError(w, http.StatusBadRequest, err)
+			return
+		}
+		ts, err := t.AddTasks(r.Context(), a)
+		if err != nil {
+			code := http.StatusConflict
+			if errors.Is(err, ErrTasks) {
+				code = http.StatusBadRequest
+			}
+			adminapi.WriteError(w, code, err)
+			return
+		}
+		writeJSON(w, ts)
+	})
+}
+
+// AddTasks hands a task set to the trainer, which has the group add it.
+func (c *Client) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, error) {
+	var ts group.TaskSet
+	if err := c.do(ctx, http.MethodPost, "tasks", a, &ts); err != nil {
+		return nil, err
+	}
+	return &ts, nil
+}
+
+// TaskSets lists the group's task sets.
+func (c *Client) TaskSets(ctx context.Context) ([]TaskSetStatus, error) {
+	var out []TaskSetStatus
+	err := c.do(ctx, http.MethodGet, "tasks", nil, &out)
+	return out, err
+}

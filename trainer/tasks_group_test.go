@@ -1,0 +1,201 @@
+package trainer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// TestTaskSetTrainsThroughFailover: a 3-trainer group given a task set and
+// its verifier (added through a trainer that does not lead) trains on its
+// prompts round after round; the leader is killed as it is about to
+// publish the second round; the new leader completes the set. Every
+// prompt of every epoch is trained into exactly one version, none is
+// skipped, and the held-out pass@1 recorded in the lineage rises from
+// version 0's.
+func TestTaskSetTrainsThroughFailover(t *testing.T) {
+	ctx := context.Background()
+	plugin := charsetPlugin(t)
+	c := newTestCluster(t, 3)
+	if err := c.WaitUntil(ctx, clusterWait, "three registered trainers", func() bool {
+		i, ok := c.Leader()
+		return ok && len(c.Trainer(i).Status().Trainers) == 3
+	}); err != nil {
+		t.Fatal(err)
+	}
+	li, _ := leaderOf(t, c)
+	// Whichever trainer leads when round 2 is about to be published
+	// (leadership may move on a loaded machine) stops there until killed.
+	type pause struct {
+		trainer int
+		round   uint64
+	}
+	paused := make(chan pause, 1)
+	var once atomic.Bool
+	for i := range c.Len() {
+		c.Trainer(i).beforePublish = func(ctx context.Context, round uint64) {
+			if round < 2 || !once.CompareAndSwap(false, true) {
+				return
+			}
+			paused <- pause{i, round}
+			<-ctx.Done()
+		}
+	}
+	adder := c.Trainer((li + 1) % 3)
+	ts, err := adder.AddTasks(ctx, AddTasks{Name: "letters.jsonl", Tasks: letterTasks(24), Reward: plugin,
+		Group: 8, Holdout: 0.25, PerRound: 6, Epochs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts.HeldOut) == 0 || len(ts.Train) == 0 {
+		t.Fatalf("split %d/%d", len(ts.Train), len(ts.HeldOut))
+	}
+	// Live batches arrive while the set trains: rounds mix them.
+	batches := shipN(t, c, 0, 4)
+	var p pause
+	select {
+	case p = <-paused:
+	case <-time.After(clusterWait):
+		t.Fatal("the leader never got to publish round 2")
+	}
+	round, leader := p.round, c.Trainer(p.trainer)
+	if err := c.Kill(p.trainer); err != nil {
+		t.Logf("kill: %v", err)
+	}
+	total := len(ts.Train) * ts.Epochs
+	var tr *Trainer
+	if err := c.WaitUntil(ctx, clusterWait, "every prompt trained and the last version evaluated", func() bool {
+		i, ok := c.Leader()
+		if !ok {
+			return false
+		}
+		tr = c.Trainer(i)
+		var done bool
+		tr.group.view(func(s *group.State) {
+			p := s.Progress(ts.Hash)
+			cur, _ := s.Current()
+			done = p.Trained == total && s.Round == nil && len(cur.Evals) == 1 && s.Counts[group.Trained] == total+len(batches)
+		})
+		return done
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if st := tr.Status(); st.Prompts.Trained != total || st.Batches.Trained != len(batches) || st.Batches.Pending != 0 {
+		t.Fatalf("status counts batches %+v, prompts %+v", st.Batches, st.Prompts)
+	}
+	if sets := tr.TaskSets(); len(sets) != 1 || sets[0].Done != total || len(sets[0].Evals) != len(tr.Lineage()) {
+		t.Fatalf("task sets %+v", sets)
+	}
+	// Every prompt-epoch in exactly one version's contributions.
+	seen := map[core.BatchID]int{}
+	isBatch := map[core.BatchID]bool{}
+	for _, id := range batches {
+		isBatch[id] = true
+	}
+	mixed := false
+	lin := tr.Lineage()
+	for _, v := range lin {
+		if v.Publisher == leader.self && v.Round >= round && v.Version > 0 {
+			t.Fatalf("v%d was published by the killed leader", v.Version)
+		}
+		live, prompts := 0, 0
+		for _, c := range v.Contributors {
+			for _, id := range c.Batches {
+				seen[id]++
+				if isBatch[id] {
+					live++
+				} else {
+					prompts++
+				}
+			}
+		}
+		mixed = mixed || live > 0 && prompts > 0
+	}
+	for _, id := range batches {
+		if seen[id] != 1 {
+			t.Fatalf("batch %s trained %d times", id, seen[id])
+		}
+		delete(seen, id)
+	}
+	if !mixed {
+		t.Fatal("no round trained live batches and task prompts together")
+	}
+	for e := range ts.Epochs {
+		for _, p := range ts.Train {
+			if n := seen[group.TaskItemID(ts.Hash, p, e)]; n != 1 {
+				t.Fatalf("prompt %s epoch %d trained %d times", p, e, n)
+			}
+		}
+	}
+	if len(seen) != total {
+		t.Fatalf("%d ledger lines trained, want %d", len(seen), total)
+	}
+	first, last := lin[0].Evals, lin[len(lin)-1].Evals
+	if len(first) != 1 || len(last) != 1 {
+		t.Fatalf("evaluations: v0 %v, last %v", first, last)
+	}
+	for _, v := range lin {
+		t.Logf("v%d round %d: %+v", v.Version, v.Round, v.Evals)
+	}
+	if !(last[0].PassAt1 > first[0].PassAt1) {
+		t.Fatalf("held-out pass@1 went from %v to %v", first[0].PassAt1, last[0].PassAt1)
+	}
+}
+
+// TestAddLargeTaskSet: a set whose ids fill more than a request line
+// reaches the leader whole, and a set the leader cannot take (a plugin
+// that does not load, a bad split) is refused before the group hears of it.
+func TestAddLargeTaskSet(t *testing.T) {
+	ctx := context.Background()
+	plugin := charsetPlugin(t)
+	c := newTestCluster(t, 1)
+	tr := c.Trainer(0)
+	var b strings.Builder
+	for i := range 4000 {
+		fmt.Fprintf(&b, `{"id":"a-rather-long-task-id-%05d","messages":[{"role":"user","content":"x"}],"answer":"x"}`+"\n", i)
+	}
+	if _, err := tr.AddTasks(ctx, AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: []byte("not wasm"), Group: 2, Holdout: 0.1}); !errors.Is(err, ErrTasks) {
+		t.Fatalf("a plugin that does not load: %v", err)
+	}
+	if len(tr.TaskSets()) != 0 {
+		t.Fatal("a refused set reached the group")
+	}
+	ts, err := tr.AddTasks(ctx, AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: plugin, Group: 2, Holdout: 0.01, Epochs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets := tr.TaskSets()
+	if len(sets) != 1 || sets[0].Prompts+sets[0].HeldOut != 4000 || sets[0].Prompts != len(ts.Train) || sets[0].Items != len(ts.Train) {
+		t.Fatalf("sets %+v", sets)
+	}
+	// The metrics carry the set's prompts and its evaluation.
+	if err := c.WaitUntil(ctx, clusterWait, "v0 evaluated", func() bool { return len(tr.TaskSets()[0].Evals) > 0 }); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	tr.Metrics().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{`clawmesh_trainer_task_prompts{set="` + ts.Hash[:16] + `",status="pending"}`,
+		`clawmesh_trainer_task_pass_at_1{set="` + ts.Hash[:16] + `"}`, `clawmesh_trainer_task_evaluated_version{set="` + ts.Hash[:16] + `"}`} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("no %s in the metrics", want)
+		}
+	}
+	// The leader checks the split against its own reading of the file.
+	bad := *ts
+	bad.Train = bad.Train[1:]
+	payload, _ := json.Marshal(&bad)
+	if err := tr.addTasks(ctx, tr.self, payload); !errors.Is(err, ErrTasks) {
+		t.Fatalf("a split that does not match: %v", err)
+	}
+}
