@@ -3,7 +3,6 @@ package trainer
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/reward"
+	"github.com/clawmesh/clawmesh/trainer/chat"
 	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/tasks"
@@ -151,7 +151,7 @@ func splitToolCalls(text string, turn int) (string, []core.ToolCall) {
 			break
 		}
 		rest.WriteString(text[:i])
-		if c, ok := parseToolCall(text[i+len(open) : i+j]); ok {
+		if c, ok := chat.ParseToolCall(text[i+len(open) : i+j]); ok {
 			c.ID = fmt.Sprintf("call_%d_%d", turn, len(calls))
 			calls = append(calls, c)
 		}
@@ -159,27 +159,6 @@ func splitToolCalls(text string, turn int) (string, []core.ToolCall) {
 	}
 	rest.WriteString(text)
 	return strings.TrimSpace(rest.String()), calls
-}
-
-// parseToolCall parses the JSON inside <tool_call></tool_call>, the
-// arguments kept as the model wrote them.
-func parseToolCall(body string) (core.ToolCall, bool) {
-	var v struct {
-		Name      string          `json:"name"`
-		Arguments json.RawMessage `json:"arguments"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimSpace(body)), &v); err != nil || v.Name == "" {
-		return core.ToolCall{}, false
-	}
-	args := string(v.Arguments)
-	var s string
-	if json.Unmarshal(v.Arguments, &s) == nil {
-		args = s
-	}
-	if args == "" || args == "null" {
-		args = "{}"
-	}
-	return core.ToolCall{Type: "function", Name: v.Name, Arguments: args}, true
 }
 
 // callTool asks the set's tool simulator for the result of call, made in

@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -132,4 +133,27 @@ func splitReasoning(m core.Message) (content, reasoning string) {
 		reasoning = strings.TrimLeft(th[len(th)-1], "\n")
 	}
 	return content, reasoning
+}
+
+// ParseToolCall parses the JSON a Qwen3 model writes inside
+// <tool_call></tool_call>: the call's name and arguments, kept as the model
+// wrote them (a JSON string is unquoted; none is "{}"). The call's id is
+// left to the caller.
+func ParseToolCall(body string) (core.ToolCall, bool) {
+	var v struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(body)), &v); err != nil || v.Name == "" {
+		return core.ToolCall{}, false
+	}
+	args := string(v.Arguments)
+	var s string
+	if json.Unmarshal(v.Arguments, &s) == nil {
+		args = s
+	}
+	if args == "" || args == "null" {
+		args = "{}"
+	}
+	return core.ToolCall{Type: "function", Name: v.Name, Arguments: args}, true
 }

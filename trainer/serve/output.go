@@ -1,10 +1,10 @@
 package serve
 
 import (
-	"encoding/json"
 	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/trainer/chat"
 )
 
 // Tags of Qwen's output format, as the chat template writes them.
@@ -134,7 +134,7 @@ func (p *outParser) drain(final bool) []piece {
 			body := p.buf[:i]
 			p.buf = p.buf[i+len(toolCallClose):]
 			p.mode = modeContent
-			if tc, ok := parseToolCall(body); ok {
+			if tc, ok := chat.ParseToolCall(body); ok {
 				p.calls++
 				p.skipNL = true
 				emit(piece{Tool: &tc})
@@ -201,25 +201,4 @@ func holdBack(s, tag string) int {
 		}
 	}
 	return 0
-}
-
-// parseToolCall parses the JSON inside <tool_call></tool_call>. The
-// arguments are kept as the model wrote them (a JSON string is unquoted).
-func parseToolCall(body string) (core.ToolCall, bool) {
-	var v struct {
-		Name      string          `json:"name"`
-		Arguments json.RawMessage `json:"arguments"`
-	}
-	if err := json.Unmarshal([]byte(strings.TrimSpace(body)), &v); err != nil || v.Name == "" {
-		return core.ToolCall{}, false
-	}
-	args := string(v.Arguments)
-	var s string
-	if json.Unmarshal(v.Arguments, &s) == nil {
-		args = s
-	}
-	if args == "" || args == "null" {
-		args = "{}"
-	}
-	return core.ToolCall{Type: "function", Name: v.Name, Arguments: args}, true
 }
