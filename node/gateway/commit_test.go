@@ -198,6 +198,36 @@ func TestOtherClosuresOffReplyPath(t *testing.T) {
 	}
 }
 
+// evictWhileHeld starts a gateway on store that follows one session at a
+// time, holds the background write whose log line is held, and makes calls
+// calls of as many sessions, each evicting the one before it (steps s1,
+// s2, ...): s1's closure is the one held, the others queue behind it. It
+// returns the gateway and what lets the held write go (safe to call twice;
+// the test's end calls it too).
+func evictWhileHeld(t *testing.T, spy *spyStore, store Store, held string, calls int) (*env, func()) {
+	t.Helper()
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Store = store
+		c.NewID = seqIDs()
+		c.Sessions = session.Options{MaxSessions: 1}
+	})
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	spy.setGate(func(op string) {
+		if op == held {
+			<-gate
+		}
+	})
+	for i := range calls {
+		if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": fmt.Sprint("x", i)}); st != 200 {
+			t.Fatalf("call %d: %d %s", i, st, b)
+		}
+	}
+	return e, release
+}
+
 // TestOtherClosuresInChunks: closures that queue while the background
 // writer is held (an overloaded store) are written in commits of at most
 // laterChunk, not in one commit of everything that queued, and none is lost.
@@ -205,28 +235,9 @@ func TestOtherClosuresInChunks(t *testing.T) {
 	defer func(n int) { laterChunk = n }(laterChunk)
 	laterChunk = 2
 	spy := &spyStore{mem: newMemStore()}
-	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
-		c.Store = spy
-		c.NewID = seqIDs()
-		c.Sessions = session.Options{MaxSessions: 1}
-	})
-	release := make(chan struct{})
-	var once sync.Once
-	defer once.Do(func() { close(release) })
-	spy.setGate(func(op string) {
-		if op == "update s1" {
-			<-release
-		}
-	})
-	// Each call evicts the one before it: s1's closure is held, s2..s7's
-	// queue behind it.
 	const calls = 8
-	for i := range calls {
-		if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": fmt.Sprint("x", i)}); st != 200 {
-			t.Fatalf("call %d: %d %s", i, st, b)
-		}
-	}
-	once.Do(func() { close(release) })
+	e, release := evictWhileHeld(t, spy, spy, "update s1", calls)
+	release()
 	stopEnv(t, e)
 	chunked := false
 	for _, op := range spy.log() {
@@ -269,26 +280,9 @@ func (s unsyncedSpy) ApplyUnsynced(ctx context.Context, changes []pool.Change) e
 // every one lands.
 func TestOtherClosuresStepByStep(t *testing.T) {
 	spy := &spyStore{mem: newMemStore()}
-	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
-		c.Store = unsyncedSpy{spy}
-		c.NewID = seqIDs()
-		c.Sessions = session.Options{MaxSessions: 1}
-	})
-	release := make(chan struct{})
-	var once sync.Once
-	defer once.Do(func() { close(release) })
-	spy.setGate(func(op string) {
-		if op == "unsynced change s1" {
-			<-release
-		}
-	})
 	const calls = 8
-	for i := range calls {
-		if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": fmt.Sprint("x", i)}); st != 200 {
-			t.Fatalf("call %d: %d %s", i, st, b)
-		}
-	}
-	once.Do(func() { close(release) })
+	e, release := evictWhileHeld(t, spy, unsyncedSpy{spy}, "unsynced change s1", calls)
+	release()
 	stopEnv(t, e)
 	n := 0
 	for _, op := range spy.log() {
@@ -316,29 +310,12 @@ func TestOtherClosuresBounded(t *testing.T) {
 	defer func(n int) { laterMax = n }(laterMax)
 	laterMax = 3
 	spy := &spyStore{mem: newMemStore()}
-	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
-		c.Store = unsyncedSpy{spy}
-		c.NewID = seqIDs()
-		c.Sessions = session.Options{MaxSessions: 1}
-	})
-	release := make(chan struct{})
-	var once sync.Once
-	defer once.Do(func() { close(release) })
-	spy.setGate(func(op string) {
-		if op == "unsynced change s1" {
-			<-release
-		}
-	})
 	const calls = 8 // s1's closure held, s2..s4's wait, s5..s7's dropped
-	for i := range calls {
-		if st, _, b := post(t, e.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": fmt.Sprint("x", i)}); st != 200 {
-			t.Fatalf("call %d: %d %s", i, st, b)
-		}
-	}
+	e, release := evictWhileHeld(t, spy, unsyncedSpy{spy}, "unsynced change s1", calls)
 	if st := e.gw.Stats(); st.ClosuresWaiting != laterMax || st.ClosuresDropped != 3 {
 		t.Errorf("while held: %d closures waiting, %d dropped; want %d and 3", st.ClosuresWaiting, st.ClosuresDropped, laterMax)
 	}
-	once.Do(func() { close(release) })
+	release()
 	stopEnv(t, e)
 	for i := 1; i < calls; i++ {
 		want := core.StateClosed
