@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
@@ -273,4 +274,30 @@ func TestVersionHandedOverBeforeCommit(t *testing.T) {
 	case <-time.After(clusterWait):
 		t.Fatal("no version published")
 	}
+}
+
+// A batch that only a follower stored (its leader missed the announcement,
+// and the device, acknowledged by the follower, announces it no more) is
+// offered to the leader, which pulls it and trains it.
+func TestStrandedBatchOffered(t *testing.T) {
+	c := newTestCluster(t, 3)
+	ctx := context.Background()
+	li, leader := leaderOf(t, c)
+	fi := (li + 1) % c.Len()
+	payload, err := SyntheticBatch(99, 8, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := batch.ID(payload)
+	b, err := batch.Verify(payload, id, batch.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Trainer(fi).store.PutFrom(ctx, id, "", payload, b); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := leader.store.Has(ctx, id); ok {
+		t.Fatal("the leader has the batch before any offer")
+	}
+	waitTrained(t, c, []core.BatchID{id})
 }

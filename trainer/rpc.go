@@ -32,6 +32,7 @@ const (
 	opHold      = "hold"      // keep a bundle about to be committed (payload)
 	opTasks     = "tasks"     // add a task set (payload: group.TaskSet; its files fetched from the caller)
 	opTaskFile  = "task_file" // a task set's file or plugin, by hash (payload back)
+	opOffer     = "offer"     // a batch the caller stored that the ledger lacks (the leader pulls it)
 )
 
 // Error codes of a reply.
@@ -66,6 +67,8 @@ type request struct {
 	Refused []group.Refusal `json:"refused,omitempty"`
 	Trainer *group.Trainer  `json:"trainer,omitempty"`
 	Config  *group.Config   `json:"config,omitempty"`
+	// From is the device that announced Batch (offer).
+	From mesh.PeerID `json:"from,omitempty"`
 	// Fresh says the caller is in no group yet (join).
 	Fresh bool `json:"fresh,omitempty"`
 	// Size is the length of the payload that follows the line.
@@ -251,6 +254,8 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 	switch req.Op {
 	case opJoin:
 		return nil, g.addServer(from)
+	case opOffer:
+		return nil, t.takeOffer(ctx, from, req.Batch, req.From)
 	case opRegister:
 		if req.Trainer == nil || req.Trainer.ID != from {
 			return nil, errors.New("trainer: a trainer registers only itself")

@@ -10,8 +10,9 @@
 // batch ledger and the trainer registry. The first trainer bootstraps the
 // group, later ones join through its leader (up to group.MaxVoters voters,
 // then non-voters, promoted when a voter leaves or stops answering). The
-// leader runs rounds: it adds the stored batches to the ledger, refuses the
-// stale, shares the pending among the live trainers by speed; each trainer
+// leader runs rounds: it adds the stored batches to the ledger (a follower
+// offers it those it stored that the ledger lacks, which the leader then
+// pulls: it may have missed their announcement), refuses the stale, shares the pending among the live trainers by speed; each trainer
 // trains K steps from the current version on its share and hands its delta
 // to the leader (again to a new leader after a failover), which aggregates
 // the deltas (trainer/adapter) into the next version, writes it as a PEFT

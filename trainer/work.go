@@ -14,6 +14,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/store"
 )
 
 // workLoop trains this trainer's share of each round and hands the delta
@@ -29,6 +30,76 @@ type workLoop struct {
 	acked   map[uint64]mesh.PeerID // the leader that took a round's delta
 	lastSpd float64
 	swept   time.Time
+	offered time.Time // when stranded batches were last looked for
+}
+
+// A follower offers the leader a batch it stored that the ledger still
+// lacks offerAfter after it arrived, looking for such batches at most once
+// every offerEvery.
+const (
+	offerAfter = 5 * time.Second
+	offerEvery = 5 * time.Second
+)
+
+// offerStranded offers the leader the batches this follower stored that
+// the ledger still lacks some time after they arrived. A leader that
+// missed their announcement (it joined the topic late, after a restart)
+// would otherwise never add them: it adds the batches it stored itself,
+// and the device stops announcing a batch at the first trainer's
+// acknowledgement. The leader pulls an offered batch from this trainer.
+func (l *workLoop) offerStranded(ctx context.Context) {
+	t := l.t
+	leader := t.group.leader()
+	if leader == "" || leader == t.self || time.Since(l.offered) < offerEvery {
+		return
+	}
+	l.offered = time.Now()
+	es, err := t.store.List(ctx)
+	if err != nil {
+		return
+	}
+	var stranded []store.Entry
+	t.group.view(func(s *group.State) {
+		for _, e := range es {
+			if _, ok := s.Batches[e.ID]; !ok && time.Since(e.Received) >= offerAfter {
+				stranded = append(stranded, e)
+			}
+		}
+	})
+	for _, e := range stranded[:min(len(stranded), maxAdd)] {
+		if _, err := t.toLeader(ctx, request{Op: opOffer, Batch: e.ID, From: e.From}, nil); err != nil {
+			t.log.Debug("offering a batch to the leader", "batch", e.ID, "err", err)
+			continue
+		}
+		t.log.Info("batch the ledger lacked offered to the leader", "batch", e.ID, "leader", leader)
+	}
+}
+
+// takeOffer pulls batch id, announced by device, from trainer by, unless
+// the ledger or this leader's store has it already, and stores it: the
+// leader verifies and adds it as it does the batches it pulled itself.
+func (t *Trainer) takeOffer(ctx context.Context, by mesh.PeerID, id core.BatchID, device mesh.PeerID) error {
+	var known bool
+	t.group.view(func(s *group.State) { _, known = s.Batches[id] })
+	if known {
+		return nil
+	}
+	if ok, err := t.store.Has(ctx, id); err != nil || ok {
+		return err
+	}
+	payload, err := t.call(ctx, by, request{Op: opBatch, Batch: id}, nil)
+	if err != nil {
+		return err
+	}
+	b, err := batch.Verify(payload, id, t.cfg.Limits)
+	if err != nil {
+		return err
+	}
+	if err := t.store.PutFrom(ctx, id, device, payload, b); err != nil {
+		return err
+	}
+	t.log.Info("batch taken from a trainer's offer", "batch", id, "trainer", by, "from", device)
+	return nil
 }
 
 // heldFor is how long a bundle handed over but never committed (its
@@ -134,6 +205,7 @@ func (l *workLoop) once(ctx context.Context) error {
 	}
 	t.shareVersion(ctx)
 	l.sweepHeld()
+	l.offerStranded(ctx)
 	l.mu.Lock()
 	for k := range l.done {
 		if r == nil || k != r.Number {
