@@ -111,10 +111,34 @@ func report(r io.Reader, w io.Writer) (results, error) {
 				}
 				failedIn[e.Package] = true
 				res.fails = append(res.fails, failure{e.Package, e.Test, tail(shown)})
-			} else if !failedIn[e.Package] {
-				// The package failed with no failed test: its own output
-				// (a build error, a panic, a timeout) says why.
-				res.fails = append(res.fails, failure{e.Package, "", tail(shown)})
+			} else {
+				// Tests of the package that started and never ended were
+				// running when its binary died (killed, or an os.Exit):
+				// what they printed is all there is to say why.
+				var running []string
+				for r := range out {
+					if r.pkg == e.Package && r.test != "" {
+						running = append(running, r.test)
+					}
+				}
+				sort.Strings(running)
+				for _, name := range running {
+					var lines []string
+					for _, l := range out[key{e.Package, name}] {
+						if !strings.HasPrefix(l, "=== ") {
+							io.WriteString(w, l)
+							lines = append(lines, l)
+						}
+					}
+					res.fails = append(res.fails, failure{e.Package, name + " (running when the package failed)", tail(lines)})
+					delete(out, key{e.Package, name})
+				}
+				if !failedIn[e.Package] {
+					// The package failed with no failed test: its own
+					// output (a build error, a panic, a timeout, how the
+					// binary ended) says why.
+					res.fails = append(res.fails, failure{e.Package, "", tail(shown)})
+				}
 			}
 			delete(out, k)
 		case "skip":

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -59,6 +61,55 @@ func TestSkipsSilently(t *testing.T) { t.SkipNow() }`)
 		t.Errorf("the failures are not last:\n%s", got)
 	}
 	for _, bad := range []string{"quiet", "=== RUN", "TestPasses"} {
+		if strings.Contains(got, bad) {
+			t.Errorf("%q shown, as go test would not without -v:\n%s", bad, got)
+		}
+	}
+}
+
+// TestReportBinaryDied: a test binary that dies in the middle of a test
+// (here an os.Exit) ends no test; the summary names the test that was
+// running, with what it printed, and the package's own last words.
+func TestReportBinaryDied(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command on PATH")
+	}
+	dir := t.TempDir()
+	for name, s := range map[string]string{
+		"go.mod": "module example.com/d\n\ngo 1.26\n",
+		"d_test.go": `package d
+
+import (
+	"fmt"
+	"os"
+	"testing"
+)
+
+func TestFirst(t *testing.T) {}
+func TestDies(t *testing.T) { fmt.Println("what it was doing"); os.Exit(3) }
+`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("go", "test", "-json", "-count=1", "./...")
+	cmd.Dir = dir
+	cmd.Env = append(cmd.Environ(), "GOFLAGS=-mod=mod")
+	js, _ := cmd.Output() // fails: the binary exits
+	var out strings.Builder
+	res, err := report(strings.NewReader(string(js)), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	summary(&out, res)
+	got := out.String()
+	for _, want := range []string{"   example.com/d TestDies (running when the package failed)\n      | what it was doing\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %q in\n%s", want, got)
+		}
+	}
+	for _, bad := range []string{"TestFirst"} {
 		if strings.Contains(got, bad) {
 			t.Errorf("%q shown, as go test would not without -v:\n%s", bad, got)
 		}
