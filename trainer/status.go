@@ -198,8 +198,12 @@ func (t *Trainer) Leave(ctx context.Context) error {
 	if servers, _ := g.configuration(); len(servers) <= 1 {
 		return nil // the last trainer: the group stays on its disk
 	}
-	_, err := t.toLeader(ctx, request{Op: opLeave}, nil)
-	return err
+	t.left.Store(true)
+	if _, err := t.toLeader(ctx, request{Op: opLeave}, nil); err != nil {
+		t.left.Store(false)
+		return err
+	}
+	return nil
 }
 
 // Configure changes the group's configuration: the fields of c that are

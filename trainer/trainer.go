@@ -158,6 +158,10 @@ type Trainer struct {
 	// sharedVersion is the newest version in the weights service, so that
 	// the work loop reads its directory only when a newer one commits.
 	sharedVersion atomic.Uint64
+	// left is set once Leave has asked the leader to remove this trainer:
+	// it no longer registers itself (its work loop would otherwise find
+	// itself unregistered and register again).
+	left atomic.Bool
 
 	mu   sync.Mutex
 	addr net.Addr

@@ -190,7 +190,7 @@ func (l *workLoop) once(ctx context.Context) error {
 			cfg = s.Config
 		}
 	})
-	if !registered && versions && !t.group.isLeader() {
+	if !registered && versions && !t.group.isLeader() && !t.left.Load() {
 		if _, err := t.toLeader(ctx, request{Op: opRegister, Trainer: t.registration()}, nil); err != nil {
 			return fmt.Errorf("registering: %w", err)
 		}
