@@ -207,7 +207,9 @@ func (c *SimCluster) Kill(i int) error {
 	t := st.t
 	st.t = nil
 	err := c.Net.Crash(t.self)
-	t.group.raft.Shutdown()
+	// Raft's goroutines end before the stores close under them (raft
+	// panics on a log it cannot read).
+	err = errors.Join(err, t.group.raft.Shutdown().Error())
 	t.cancel()
 	<-st.done
 	st.peer.stop()
