@@ -12,17 +12,9 @@ import (
 // that passes, one that fails with output, a subtest skipped with a
 // reason, one skipped with none) and checks the view and the summary.
 func TestReport(t *testing.T) {
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go command on PATH")
-	}
-	dir := t.TempDir()
-	write := func(name, s string) {
-		if err := exec.Command("sh", "-c", "cat > "+dir+"/"+name+" <<'EOF'\n"+s+"\nEOF").Run(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("go.mod", "module example.com/m\n\ngo 1.26")
-	write("m_test.go", `package m
+	got := reportOn(t, map[string]string{
+		"go.mod": "module example.com/m\n\ngo 1.26\n",
+		"m_test.go": `package m
 
 import "testing"
 
@@ -34,18 +26,8 @@ func TestFailsInSub(t *testing.T) {
 func TestSkips(t *testing.T) {
 	t.Run("sub", func(t *testing.T) { t.Skip("wat2wasm is not installed") })
 }
-func TestSkipsSilently(t *testing.T) { t.SkipNow() }`)
-	cmd := exec.Command("go", "test", "-json", "-count=1", "./...")
-	cmd.Dir = dir
-	cmd.Env = append(cmd.Environ(), "GOFLAGS=-mod=mod")
-	js, _ := cmd.Output() // fails: a test fails
-	var out strings.Builder
-	res, err := report(strings.NewReader(string(js)), &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	summary(&out, res)
-	got := out.String()
+func TestSkipsSilently(t *testing.T) { t.SkipNow() }`,
+	})
 	for _, want := range []string{"what went wrong", "--- FAIL: TestFails", "FAIL\texample.com/m",
 		"== 2 tests were skipped:", "   example.com/m TestSkips/sub: wat2wasm is not installed", "   example.com/m TestSkipsSilently: (no reason given)",
 		"== 2 tests failed:\n   example.com/m TestFails\n      |     m_test.go:6: what went wrong\n",
@@ -71,11 +53,7 @@ func TestSkipsSilently(t *testing.T) { t.SkipNow() }`)
 // (here an os.Exit) ends no test; the summary names the test that was
 // running, with what it printed, and the package's own last words.
 func TestReportBinaryDied(t *testing.T) {
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go command on PATH")
-	}
-	dir := t.TempDir()
-	for name, s := range map[string]string{
+	got := reportOn(t, map[string]string{
 		"go.mod": "module example.com/d\n\ngo 1.26\n",
 		"d_test.go": `package d
 
@@ -88,22 +66,7 @@ import (
 func TestFirst(t *testing.T) {}
 func TestDies(t *testing.T) { fmt.Println("what it was doing"); os.Exit(3) }
 `,
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cmd := exec.Command("go", "test", "-json", "-count=1", "./...")
-	cmd.Dir = dir
-	cmd.Env = append(cmd.Environ(), "GOFLAGS=-mod=mod")
-	js, _ := cmd.Output() // fails: the binary exits
-	var out strings.Builder
-	res, err := report(strings.NewReader(string(js)), &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	summary(&out, res)
-	got := out.String()
+	})
 	for _, want := range []string{"   example.com/d TestDies (running when the package failed)\n      | what it was doing\n"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("no %q in\n%s", want, got)
@@ -114,4 +77,30 @@ func TestDies(t *testing.T) { fmt.Println("what it was doing"); os.Exit(3) }
 			t.Errorf("%q shown, as go test would not without -v:\n%s", bad, got)
 		}
 	}
+}
+
+// reportOn writes files (a module) into a directory, runs `go test -json`
+// there, and returns what the report and its summary print of it.
+func reportOn(t *testing.T, files map[string]string) string {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command on PATH")
+	}
+	dir := t.TempDir()
+	for name, s := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("go", "test", "-json", "-count=1", "./...")
+	cmd.Dir = dir
+	cmd.Env = append(cmd.Environ(), "GOFLAGS=-mod=mod")
+	js, _ := cmd.Output() // the tests written for the report fail
+	var out strings.Builder
+	res, err := report(strings.NewReader(string(js)), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	summary(&out, res)
+	return out.String()
 }
