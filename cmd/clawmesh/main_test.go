@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -367,4 +368,19 @@ func TestUserMessage(t *testing.T) {
 			t.Errorf("userMessage(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// buildBinary builds the clawmesh command, with the build tags given, into
+// a temporary directory and returns its path.
+func buildBinary(t *testing.T, tags ...string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "clawmesh")
+	args := []string{"build"}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	if out, err := exec.Command("go", append(args, "-o", bin, ".")...).CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
 }

@@ -143,10 +143,7 @@ func TestServiceUnderSystemd(t *testing.T) {
 	if os.Getenv("CLAWMESH_TEST_SYSTEMD_USER") == "" {
 		t.Skip("set CLAWMESH_TEST_SYSTEMD_USER=1 to let the test install and remove a unit in your own systemd user manager")
 	}
-	bin := filepath.Join(t.TempDir(), "clawmesh")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t)
 	data := t.TempDir()
 	up := scriptedUpstream(t, "hi")
 	listen := freeAddr(t)

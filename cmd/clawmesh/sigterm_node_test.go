@@ -29,11 +29,7 @@ func TestSigtermDrainsStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs it")
 	}
-	bin := filepath.Join(t.TempDir(), "clawmesh")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t)
 
 	hold := make(chan struct{})
 	up := fakeupstream.New(fakeupstream.Script{Chunks: 4, Hold: hold, Turns: []fakeupstream.Turn{{Text: "abcdefgh", HoldAfter: 2}}})

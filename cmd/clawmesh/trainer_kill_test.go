@@ -22,10 +22,7 @@ func TestTrainerKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs it")
 	}
-	bin := filepath.Join(t.TempDir(), "clawmesh")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t)
 	a := t.TempDir()
 	cli(t, "mesh", "init", "--data", a)
 	n := runMeshNode(t, a, "http://127.0.0.1:9/v1", share.Policy{})

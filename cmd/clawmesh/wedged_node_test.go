@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -27,10 +26,7 @@ func TestSigtermWedgedStore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs it")
 	}
-	bin := filepath.Join(t.TempDir(), "clawmesh")
-	if out, err := exec.Command("go", "build", "-tags", "faultinject", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildBinary(t, "faultinject")
 	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Still answered."}}})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
