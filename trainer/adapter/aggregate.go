@@ -126,8 +126,9 @@ func (r AggReport) LogValue() slog.Value {
 //
 // With ClippedMean a contributor's term in the mean has a norm of at most
 // its weight share times the bound, whatever it sent, and the bound, being
-// a lower median, stays between the norms of honest contributions while
-// more than half are honest. With one contribution the result is its
+// a lower median (of the non-zero norms: a zero delta carries no signal and
+// does not set the bound), stays between the norms of honest contributions
+// while more than half are honest. With one contribution the result is its
 // delta. With TrimmedMean and at most Trimmed bad contributions, every
 // coordinate of the result lies between the honest values there.
 func Aggregate(parts []Contribution, o AggOptions) (*Delta, AggReport, error) {
@@ -146,9 +147,19 @@ func Aggregate(parts []Contribution, o AggOptions) (*Delta, AggReport, error) {
 	// Clip bound.
 	bound := math.Inf(1)
 	if o.Method == ClippedMean {
-		sorted := slices.Clone(norms)
+		// A zero delta (a share with no learning signal in it) says
+		// nothing about the scale of the others: counted, it would make
+		// the lower median 0 and cancel the round.
+		var sorted []float64
+		for _, n := range norms {
+			if n > 0 {
+				sorted = append(sorted, n)
+			}
+		}
 		slices.Sort(sorted)
-		bound = sorted[(len(sorted)-1)/2]
+		if len(sorted) > 0 {
+			bound = sorted[(len(sorted)-1)/2]
+		}
 	}
 	if o.MaxNorm > 0 && o.MaxNorm < bound {
 		bound = o.MaxNorm

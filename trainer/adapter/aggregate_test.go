@@ -81,6 +81,12 @@ func TestAggregateByHand(t *testing.T) {
 			want:  []float64{0.75, 4.75}, bound: 5, clipped: []float64{5, 5},
 		},
 		{
+			name: "a zero delta does not set the bound",
+			// norms 0 and 5: bound 5, not 0; the zero share still weighs.
+			parts: []Contribution{part("a", 1, vec(0, 0)), part("b", 3, vec(3, 4))},
+			want:  []float64{9.0 / 4, 12.0 / 4}, bound: 5, clipped: []float64{0, 5},
+		},
+		{
 			name:  "MaxNorm caps the bound",
 			parts: []Contribution{part("a", 1, vec(3, 4)), part("b", 3, vec(0, 10))},
 			o:     AggOptions{MaxNorm: 2.5},
