@@ -182,15 +182,22 @@ func (w *worker) callTool(ctx context.Context, rt *taskRuntime, task *tasks.Task
 	return out
 }
 
-// rollouts samples G replies to every item from the adapter loaded in the
-// engine (version), scores them, and returns them as steps for the learner,
-// which normalises the rewards of each prompt's group (GRPO). A group whose
-// rewards are all equal is left out. The caller holds w.mu.
-func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, round uint64) ([]*core.Step, rolloutStats, error) {
+// episodeTag is a rollout step's GRPO group (its prompt's item) and the
+// episode, of that prompt's G, it is a turn of.
+type episodeTag struct{ group, episode string }
+
+// rollouts samples G episodes of every item from the adapter loaded in the
+// engine (version), scores them, and returns their turns as steps for the
+// learner, with each step's episode: the learner normalises the rewards of
+// each prompt's G episodes together (GRPO), each episode counting once and
+// all its turns sharing its advantage. A group whose rewards are all equal
+// is left out. The caller holds w.mu.
+func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, round uint64) ([]*core.Step, map[*core.Step]episodeTag, rolloutStats, error) {
 	var (
-		st  rolloutStats
-		out []*core.Step
-		sum float64
+		st   rolloutStats
+		out  []*core.Step
+		sum  float64
+		tags = map[*core.Step]episodeTag{}
 	)
 	start := time.Now()
 	scored := 0
@@ -204,7 +211,7 @@ func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, rou
 			id := fmt.Sprintf("task-%s-%s-r%d-%d", short(string(it.id)), it.task.ID, round, k)
 			ep, sc, n, err := w.episode(ctx, it.rt, it.task, version, 1, rolloutSeed(it.id, round, k), id)
 			if err != nil {
-				return nil, st, err
+				return nil, nil, st, err
 			}
 			st.Tokens += n
 			st.Samples++
@@ -217,6 +224,9 @@ func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, rou
 				first = sc.Value
 			} else if *sc.Value != *first {
 				flat = false
+			}
+			for _, t := range ep {
+				tags[t] = episodeTag{group: string(it.id), episode: strconv.Itoa(k)}
 			}
 			steps = append(steps, ep...)
 			episodes++
@@ -232,7 +242,7 @@ func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, rou
 		st.MeanReward = sum / float64(scored)
 	}
 	st.Seconds = time.Since(start).Seconds()
-	return out, st, nil
+	return out, tags, st, nil
 }
 
 // evaluate scores the version in dir on rt's held-out split: one greedy

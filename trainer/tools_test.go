@@ -117,6 +117,48 @@ func TestToolEpisode(t *testing.T) {
 	}
 }
 
+// TestRolloutEpisodes: a prompt's G episodes come back with every turn
+// tagged with the prompt's item and its episode, so the learner normalises
+// the episodes of one prompt together and gives each turn its episode's
+// advantage, however many turns the episode took.
+func TestRolloutEpisodes(t *testing.T) {
+	tok, err := tokenizer.Tiny(tokenizer.TinyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, _ := tok.TokenID("<|im_end|>")
+	line := `{"id":"sum","messages":[{"role":"user","content":"What is 2+3? Use the add tool."}],` +
+		`"tools":[{"name":"add","description":"a + b","parameters":{"type":"object"}}],"answer":"0123456789","meta":{"max_tokens":64,"max_turns":3}}`
+	set, err := tasks.Parse(strings.NewReader(line + "\n" + strings.Replace(line, `"sum"`, `"other"`, 1) + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := group.TaskSet{Hash: set.Hash, Reward: set.Hash, Tools: set.Hash, Group: 2}
+	rt := localRuntime(t, set, ts, charsetPlugin(t), testPlugin(t, "calc"))
+	call := tok.Encode("<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>")
+	// Episode 0: a tool call, then the right answer (two turns); episode
+	// 1: a wrong answer at once (one turn).
+	eng := &scriptedEngine{replies: [][]int{append(call, end), append(tok.Encode("5"), end), append(tok.Encode("x"), end)}}
+	w := &worker{eng: eng, tok: tok, render: chat.Qwen3()}
+	item := rolloutItem{id: "item-1", task: set.Tasks[0], rt: rt}
+	steps, tags, st, err := w.rollouts(context.Background(), []rolloutItem{item}, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) != 3 || st.Prompts != 1 || st.Samples != 2 || st.Flat != 0 {
+		t.Fatalf("%d steps, %+v", len(steps), st)
+	}
+	want := []episodeTag{{"item-1", "0"}, {"item-1", "0"}, {"item-1", "1"}}
+	for i, s := range steps {
+		if tags[s] != want[i] {
+			t.Fatalf("step %d (%s): tag %+v, want %+v", i, s.ID, tags[s], want[i])
+		}
+	}
+	if *steps[0].Reward.Value != *steps[1].Reward.Value || *steps[0].Reward.Value <= *steps[2].Reward.Value {
+		t.Fatalf("rewards %v %v %v", *steps[0].Reward.Value, *steps[1].Reward.Value, *steps[2].Reward.Value)
+	}
+}
+
 func TestSplitToolCalls(t *testing.T) {
 	text, calls := splitToolCalls("I will add.<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call> then <tool_call>not json</tool_call><tool_call>{\"name\":\"x\",\"arguments\":\"{}\"}</tool_call>", 2)
 	if text != "I will add. then" || len(calls) != 2 || calls[0].ID != "call_2_0" || calls[0].Arguments != `{"a": 1}` || calls[1].Name != "x" || calls[1].Arguments != "{}" {

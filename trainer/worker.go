@@ -234,6 +234,9 @@ func (w *worker) train(ctx context.Context, cfg group.Config, parentDir string, 
 	if err := w.eng.LoadAdapter(ctx, parentDir); err != nil {
 		return nil, err
 	}
+	// The episodes of the rollouts sampled below: tags on steps made here,
+	// never read from a device's steps.
+	var episodes map[*core.Step]episodeTag
 	l, err := learn.New(w.eng, w.builder, learn.Options{
 		Recipe:    cfg.RecipeOf(),
 		Engine:    engine.Recipe{LR: cfg.LR},
@@ -241,6 +244,10 @@ func (w *worker) train(ctx context.Context, cfg group.Config, parentDir string, 
 		Epochs:    cfg.LocalSteps,
 		Version:   base,
 		Logger:    w.log,
+		EpisodeOf: func(st *core.Step) (string, string, bool) {
+			t, ok := episodes[st]
+			return t.group, t.episode, ok
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -248,11 +255,11 @@ func (w *worker) train(ctx context.Context, cfg group.Config, parentDir string, 
 	start := time.Now()
 	var ro rolloutStats
 	if len(items) > 0 {
-		rs, st, err := w.rollouts(ctx, items, base, round)
+		rs, tags, st, err := w.rollouts(ctx, items, base, round)
 		if err != nil {
 			return nil, err
 		}
-		ro = st
+		ro, episodes = st, tags
 		steps = append(steps[:len(steps):len(steps)], rs...)
 	}
 	trainStart := time.Now()

@@ -67,6 +67,13 @@ type Options struct {
 	// Grouping says which samples form one GRPO group, normalised together
 	// (default GroupByContext: those that share a prompt).
 	Grouping Grouping
+	// EpisodeOf, when set, says which steps are turns of multi-turn
+	// episodes sampled together (a task's rollouts): ok=true puts the
+	// step's samples in GRPO group group (whatever Grouping says) as turns
+	// of episode episode, which counts once in the group and gives all its
+	// turns one advantage (loss.RLEpisodeAdvantages). It is an in-memory
+	// tag the caller sets on steps it made itself, never read from a step.
+	EpisodeOf func(st *core.Step) (group, episode string, ok bool)
 	// Teacher scores OPD responses under the hint-enhanced context, with
 	// its adapter (Logprobs with base=false). nil means the frozen base
 	// model of the trained engine (Logprobs with base=true), the default
@@ -268,6 +275,9 @@ func (r Report) LogValue() slog.Value {
 // item is one sample on its way to a TrainSample.
 type item struct {
 	s       sample.Sample
+	// group and episode, when episode is set, are the sample's GRPO group
+	// and episode (Options.EpisodeOf).
+	group, episode string
 	old     []float32 // len(Tokens); nil until completed
 	gaps    bool      // some response position lacks a recorded old log-prob
 	teacher []float32 // teacher log-probs aligned to Tokens (response only)
@@ -318,6 +328,11 @@ func (l *Learner) Train(ctx context.Context, steps []*core.Step) (Report, error)
 				continue
 			}
 			it := &item{s: s}
+			if o.EpisodeOf != nil {
+				if g, e, ok := o.EpisodeOf(st); ok && e != "" {
+					it.group, it.episode = "episode-group:"+g, e
+				}
+			}
 			if s.OldLogprobs != nil {
 				it.old = slices.Clone(s.OldLogprobs)
 				for t, m := range s.LossMask {
@@ -404,6 +419,7 @@ func (l *Learner) Train(ctx context.Context, steps []*core.Step) (Report, error)
 			Reward:    float64(s.Reward),
 			HasReward: s.HasReward && finite32(s.Reward),
 			Group:     groups[i],
+			Episode:   it.episode,
 			Mask:      s.LossMask,
 			OldLogp:   widen(it.old),
 			HasHint:   it.teacher != nil,
@@ -501,6 +517,10 @@ func (l *Learner) groups(items []*item) []string {
 	out := make([]string, len(items))
 	for i, it := range items {
 		out[i] = it.s.Group
+		if it.episode != "" {
+			out[i] = it.group
+			continue
+		}
 		if l.o.Grouping == GroupByContext {
 			var b strings.Builder
 			b.WriteString("ctx:")

@@ -359,6 +359,62 @@ func TestTrainRLAdvantages(t *testing.T) {
 	}
 }
 
+// TestTrainEpisodes: the turns of multi-turn episodes (different prompts:
+// the second turn's context holds the first reply and a tool result) form
+// one group per task prompt when EpisodeOf says so, and every turn of an
+// episode gets its episode's advantage. Without EpisodeOf the later turns
+// are alone and corrected only by the baseline.
+func TestTrainEpisodes(t *testing.T) {
+	for _, tagged := range []bool{true, false} {
+		fx := newFixture(t)
+		steps := []*core.Step{
+			// Episode 0: two turns, reward 1.
+			fx.step("e0t0", stepSpec{prompt: "task", reply: "call", reward: rew(1), record: 1}),
+			fx.step("e0t1", stepSpec{prompt: "task call result", reply: "yes", reward: rew(1), record: 1}),
+			// Episode 1: three turns, reward 0.
+			fx.step("e1t0", stepSpec{prompt: "task", reply: "look", reward: rew(0), record: 1}),
+			fx.step("e1t1", stepSpec{prompt: "task look seen", reply: "more", reward: rew(0), record: 1}),
+			fx.step("e1t2", stepSpec{prompt: "task look seen more again", reply: "no", reward: rew(0), record: 1}),
+		}
+		tags := map[*core.Step][2]string{}
+		for _, st := range steps {
+			tags[st] = [2]string{"prompt-1", string(st.ID[:2])}
+		}
+		o := Options{}
+		if tagged {
+			o.EpisodeOf = func(st *core.Step) (string, string, bool) {
+				t, ok := tags[st]
+				return t[0], t[1], ok
+			}
+		}
+		l, err := New(fx.eng, fx.b, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Train(context.Background(), steps); err != nil {
+			t.Fatal(err)
+		}
+		// Tagged: two episodes, rewards 1 and 0: ±1 for every turn (per
+		// turn, 2 against 3, it would be ±1.22 and ∓0.82). Untagged: the
+		// first turns share a prompt (±1); the later turns are alone: r − 0.
+		want := []float32{1, 1, -1, -1, -1}
+		if !tagged {
+			want = []float32{1, 1, -1, 0, 0}
+		}
+		for i, s := range fx.eng.batches[0] {
+			for pos, m := range s.LossMask {
+				if m && math.Abs(float64(s.Advantages[pos]-want[i])) > 1e-5 {
+					t.Fatalf("tagged=%v: turn %d: advantage %v, want %v", tagged, i, s.Advantages[pos], want[i])
+				}
+			}
+		}
+		bl := l.Baseline()
+		if n := bl.Count(); tagged && n != 2 || !tagged && n != 5 {
+			t.Fatalf("tagged=%v: the baseline saw %d rewards", tagged, n)
+		}
+	}
+}
+
 func TestTrainEpochsAndMiniBatches(t *testing.T) {
 	fx := newFixture(t)
 	l, err := New(fx.eng, fx.b, Options{Epochs: 2, MiniBatch: 2, Version: 3})

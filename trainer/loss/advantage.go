@@ -157,40 +157,87 @@ func (b *Baseline) UnmarshalJSON(data []byte) error {
 // its samples (the baseline's next state does, through the moving average).
 // A NaN or ±Inf reward gets advantage 0 and is neither grouped nor observed.
 func RLAdvantages(rewards []float64, groups []string, b *Baseline) []float64 {
+	return RLEpisodeAdvantages(rewards, groups, nil, b)
+}
+
+// RLEpisodeAdvantages is RLAdvantages where samples may be turns of
+// multi-turn episodes: the samples of one group that share a non-empty
+// episode name are one episode, whose reward is the mean of its turns'.
+// A group's members are its episodes (a sample with no episode name is an
+// episode of its own): the episodes' rewards are normalised as
+// RLAdvantages normalises samples' (each episode counts once, however many
+// turns it took), every turn gets its episode's advantage, and b observes
+// each episode's reward once. A group of one episode, or an episode with no
+// group, gets its reward − b.Value(). With no episode names it is
+// RLAdvantages.
+func RLEpisodeAdvantages(rewards []float64, groups, episodes []string, b *Baseline) []float64 {
 	out := make([]float64, len(rewards))
-	group := func(i int) string {
-		if i < len(groups) {
-			return groups[i]
+	name := func(xs []string, i int) string {
+		if i < len(xs) {
+			return xs[i]
 		}
 		return ""
 	}
-	members := map[string][]int{}
+	// Episodes: the finite samples that share a group and an episode name;
+	// every other finite sample is an episode alone.
+	type key struct{ group, episode string }
+	var eps [][]int
+	index := map[key]int{}
 	for i, r := range rewards {
-		if g := group(i); g != "" && finite(r) {
-			members[g] = append(members[g], i)
+		if !finite(r) {
+			continue
+		}
+		k := key{name(groups, i), name(episodes, i)}
+		if k.episode == "" {
+			eps = append(eps, []int{i})
+			continue
+		}
+		e, ok := index[k]
+		if !ok {
+			e = len(eps)
+			index[k] = e
+			eps = append(eps, nil)
+		}
+		eps[e] = append(eps[e], i)
+	}
+	epReward := make([]float64, len(eps))
+	for e, idx := range eps {
+		var mean float64
+		for k, i := range idx {
+			mean += (rewards[i] - mean) / float64(k+1) // running mean: no overflow
+		}
+		epReward[e] = mean
+	}
+	members := map[string][]int{}
+	for e, idx := range eps {
+		if g := name(groups, idx[0]); g != "" {
+			members[g] = append(members[g], e)
 		}
 	}
 	var base float64
 	if b != nil {
 		base = b.Value()
 	}
-	for i, r := range rewards {
-		if !finite(r) {
-			continue
-		}
-		if g := group(i); g != "" && len(members[g]) >= 2 {
+	epAdv := make([]float64, len(eps))
+	for e, idx := range eps {
+		if g := name(groups, idx[0]); g != "" && len(members[g]) >= 2 {
 			continue // normalised below
 		}
-		out[i] = r - base
+		epAdv[e] = epReward[e] - base
 	}
-	for _, idx := range members {
-		if len(idx) < 2 {
+	for _, es := range members {
+		if len(es) < 2 {
 			continue
 		}
-		normalise(rewards, idx, out)
+		normalise(epReward, es, epAdv)
+	}
+	for e, idx := range eps {
+		for _, i := range idx {
+			out[i] = epAdv[e]
+		}
 	}
 	if b != nil {
-		for _, r := range rewards {
+		for _, r := range epReward {
 			b.Observe(r)
 		}
 	}

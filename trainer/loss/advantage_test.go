@@ -182,6 +182,45 @@ func TestRLAdvantages(t *testing.T) {
 	}
 }
 
+// TestRLEpisodeAdvantages: the turns of one episode share its advantage,
+// and an episode counts once in its group however many turns it took.
+func TestRLEpisodeAdvantages(t *testing.T) {
+	s := 1 / (1 + groupEps) // a ±1 pair of episodes
+	// Episode a (three turns, reward 1) against episode b (one turn, −1):
+	// per episode a pair, ±s for every turn. Counted per turn it would be
+	// a group of four with mean 0.5, and a's turns would get less.
+	got := RLEpisodeAdvantages([]float64{1, 1, 1, -1}, []string{"p", "p", "p", "p"}, []string{"a", "a", "a", "b"}, nil)
+	if want := []float64{s, s, s, -s}; !slices.EqualFunc(got, want, func(x, y float64) bool { return near(x, y, 1e-12) }) {
+		t.Errorf("per episode: %v, want %v", got, want)
+	}
+	perTurn := RLAdvantages([]float64{1, 1, 1, -1}, []string{"p", "p", "p", "p"}, nil)
+	if near(perTurn[0], s, 1e-3) {
+		t.Errorf("per turn gave the per-episode advantages %v: the case does not tell them apart", perTurn)
+	}
+	// The same episode name in two groups is two episodes; an episode
+	// alone in its group, and a sample with no episode name, use the
+	// baseline; the baseline observes each episode once.
+	var b Baseline
+	b.Observe(0.5)
+	got = RLEpisodeAdvantages(
+		[]float64{1, 1, -1, 0, 0, 0.25},
+		[]string{"x", "x", "x", "y", "y", ""},
+		[]string{"e1", "e1", "e2", "e1", "e1", ""}, &b)
+	if want := []float64{s, s, -s, -0.5, -0.5, -0.25}; !slices.EqualFunc(got, want, func(x, y float64) bool { return near(x, y, 1e-12) }) {
+		t.Errorf("mixed: %v, want %v", got, want)
+	}
+	if b.Count() != 1+4 {
+		t.Errorf("the baseline observed %d rewards, want 5 (one before, one per episode)", b.Count())
+	}
+	// A turn's reward may differ within its episode: the episode's is
+	// their mean.
+	got = RLEpisodeAdvantages([]float64{1, 0, -0.5}, []string{"g", "g", "g"}, []string{"a", "a", "b"}, nil)
+	h := 0.5 / (0.5 + groupEps) // episodes 0.5 and −0.5
+	if want := []float64{h, h, -h}; !slices.EqualFunc(got, want, func(x, y float64) bool { return near(x, y, 1e-12) }) {
+		t.Errorf("mean of turns: %v, want %v", got, want)
+	}
+}
+
 // TestRLAdvantagesBaselineUpdate: the batch is corrected by the baseline as
 // it stood before the batch, then every finite reward is observed; the order
 // of the samples in the batch does not matter.

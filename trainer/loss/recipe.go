@@ -81,6 +81,11 @@ type SampleSignal struct {
 	// Group names samples that answer the same prompt (n > 1 choices);
 	// empty for a sample alone.
 	Group string
+	// Episode names, within Group, the multi-turn episode the sample is a
+	// turn of: an episode counts once in its group's normalisation and its
+	// turns share one advantage (see RLEpisodeAdvantages). Empty: the
+	// sample is an episode of its own.
+	Episode string
 	// Mask selects the response tokens that are trained on; it sets the
 	// length of the sample's advantages.
 	Mask []bool
@@ -110,8 +115,8 @@ type Stats struct {
 // Advantages turns a batch into per-token advantages for recipe, one slice
 // per sample with len(in[i].Mask) entries, ready for Seq.Adv.
 //
-//   - RecipeRL: RLAdvantages over the samples with HasReward (grouped by Group,
-//     baseline b), broadcast over each Mask.
+//   - RecipeRL: RLEpisodeAdvantages over the samples with HasReward (grouped
+//     by Group and Episode, baseline b), broadcast over each Mask.
 //   - RecipeOPD: OPDAdvantages(TeacherLogp, OldLogp, Mask, opdBound) for the
 //     samples with HasHint.
 //   - RecipeCombined: Combined(rl, opd, Mask, w) where a sample contributes the
@@ -133,16 +138,17 @@ func Advantages(recipe Recipe, in []SampleSignal, b *Baseline, w Weights, opdBou
 	hasRL := make([]bool, len(in))
 	if useRL {
 		var rewards []float64
-		var groups []string
+		var groups, episodes []string
 		var idx []int
 		for i := range in {
 			if in[i].HasReward {
 				rewards = append(rewards, in[i].Reward)
 				groups = append(groups, in[i].Group)
+				episodes = append(episodes, in[i].Episode)
 				idx = append(idx, i)
 			}
 		}
-		for k, a := range RLAdvantages(rewards, groups, b) {
+		for k, a := range RLEpisodeAdvantages(rewards, groups, episodes, b) {
 			rl[idx[k]], hasRL[idx[k]] = a, true
 		}
 	}
