@@ -274,14 +274,14 @@ func (r Report) LogValue() slog.Value {
 
 // item is one sample on its way to a TrainSample.
 type item struct {
-	s       sample.Sample
+	s sample.Sample
 	// group and episode, when episode is set, are the sample's GRPO group
 	// and episode (Options.EpisodeOf).
 	group, episode string
-	old     []float32 // len(Tokens); nil until completed
-	gaps    bool      // some response position lacks a recorded old log-prob
-	teacher []float32 // teacher log-probs aligned to Tokens (response only)
-	ref     []float32
+	old            []float32 // len(Tokens); nil until completed
+	gaps           bool      // some response position lacks a recorded old log-prob
+	teacher        []float32 // teacher log-probs aligned to Tokens (response only)
+	ref            []float32
 }
 
 // Train turns steps into optimizer steps for the recipe and reports what it
