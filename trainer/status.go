@@ -250,6 +250,12 @@ func mergeConfig(cur, c group.Config) group.Config {
 	if c.Deadline != 0 {
 		out.Deadline = c.Deadline
 	}
+	if c.MinRoundSteps != 0 {
+		out.MinRoundSteps = c.MinRoundSteps
+	}
+	if c.RoundWait != 0 {
+		out.RoundWait = c.RoundWait
+	}
 	if c.Aggregate != "" {
 		out.Aggregate = c.Aggregate
 	}

@@ -106,6 +106,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	plot := fs.String("plot", "", "write a plot of the score per round to this PNG file (default clawmesh-demo.png; - for none)")
 	seed := fs.Uint64("seed", 1, "seed of the users' choices and of the sampling")
 	rounds := fs.Int("rounds", 0, "versions trained per recipe (default 8, 4 with --quick)")
+	logs := fs.String("logs", "", "write each node's and trainer's log (debug level) to a file in this directory: RECIPE-node1.log, RECIPE-trainer1.log, ...")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -143,13 +144,18 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		rep.Users = append(rep.Users, demoUser{Name: u.Name, Node: i + 1, Preference: u.Pref.Name, Style: u.Style.String()})
 		fmt.Fprintf(progress, "user %-6s on node %d: likes replies that %s; shows it by %s\n", u.Name, i+1, u.Pref.Name, u.Style)
 	}
+	if *logs != "" {
+		if err := os.MkdirAll(*logs, 0o755); err != nil {
+			return fmt.Errorf("--logs: %w", err)
+		}
+	}
 	cache, err := os.MkdirTemp("", "clawmesh-demo-cache-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(cache)
 	for _, r := range recipes {
-		run, err := demoRecipe(ctx, demoOptions{Recipe: r, Rounds: *rounds, Seed: *seed, Users: users, Failover: true, Cache: cache}, progress)
+		run, err := demoRecipe(ctx, demoOptions{Recipe: r, Rounds: *rounds, Seed: *seed, Users: users, Failover: true, Cache: cache, Logs: *logs}, progress)
 		if err != nil {
 			return fmt.Errorf("recipe %s: %w", r, err)
 		}

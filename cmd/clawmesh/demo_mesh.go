@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -45,6 +46,9 @@ type demoOptions struct {
 	// Samples is how many replies per held-back prompt the score is
 	// measured on (default 32).
 	Samples int
+	// Logs, when set, is a directory where each node and trainer writes
+	// its log at debug level (RECIPE-node1.log, RECIPE-trainer1.log, ...).
+	Logs string
 }
 
 // demoMesh is the running mesh of one recipe's run.
@@ -219,6 +223,18 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 // three trainers, adding what stops them to stops.
 func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]func(), say func(string, ...any)) (*demoMesh, error) {
 	m := &demoMesh{}
+	logger := func(name string) (*slog.Logger, error) {
+		if o.Logs == "" {
+			return nil, nil
+		}
+		f, err := os.Create(filepath.Join(o.Logs, o.Recipe+"-"+name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		// Closed last, after what writes to it has stopped.
+		*stops = slices.Insert(*stops, 0, func() { f.Close() })
+		return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug})), nil
+	}
 	quiet := func(args ...string) (string, error) {
 		var out, errs bytes.Buffer
 		if code := run(ctx, args, &out, &errs); code != 0 {
@@ -270,7 +286,11 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 				return nil, err
 			}
 		}
-		n, err := node.New(ctx, node.Config{DataDir: dir, Upstream: model + "/v1", UpstreamKind: "clawmesh", Share: share.Policy{Mode: share.ModeAll},
+		lg, err := logger(fmt.Sprint("node", i+1))
+		if err != nil {
+			return nil, err
+		}
+		n, err := node.New(ctx, node.Config{DataDir: dir, Logger: lg, Upstream: model + "/v1", UpstreamKind: "clawmesh", Share: share.Policy{Mode: share.ModeAll},
 			ShareInterval: 200 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
 			Mesh: &node.MeshConfig{Listen: loopbackListen, Bootstrap: bootstrap,
 				Ship:    mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
@@ -297,6 +317,13 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		}
 	}
 
+	// A round waits for all the steps of the users' round (two calls a
+	// session), so that how the steps trickle in does not decide how they
+	// are cut into rounds.
+	perRound := 0
+	for _, u := range o.Users {
+		perRound += 2 * o.Sessions * len(u.Prompts)
+	}
 	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, VerifyRetry: 2 * time.Second}
 	for i := range 3 {
 		d := filepath.Join(root, fmt.Sprint("trainer", i+1))
@@ -313,9 +340,13 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 				return nil, err
 			}
 		}
+		lg, err := logger(fmt.Sprint("trainer", i+1))
+		if err != nil {
+			return nil, err
+		}
 		tctx, tcancel := context.WithCancel(ctx)
-		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackListen, Bootstrap: m.nodes[0].Peer().Host.Addrs(), Timing: timing,
-			Group:   group.Config{Recipe: groupRecipe(o.Recipe), Deadline: 5 * time.Second, LocalSteps: 2},
+		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Logger: lg, Listen: loopbackListen, Bootstrap: m.nodes[0].Peer().Host.Addrs(), Timing: timing,
+			Group:   group.Config{Recipe: groupRecipe(o.Recipe), Deadline: 5 * time.Second, LocalSteps: 2, MinRoundSteps: perRound, RoundWait: time.Minute},
 			Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
 		if err != nil {
 			tcancel()

@@ -142,6 +142,8 @@ func bindGroupFlags(fs interface {
 	fs.IntVar(&c.MaxLag, "max-lag", 0, fmt.Sprintf("steps made by an adapter more than this many versions old are refused as stale (default %d)", group.DefaultMaxLag))
 	fs.IntVar(&c.Quota, "quota", 0, fmt.Sprintf("most steps one device may put in a round (default %d)", group.DefaultQuota))
 	fs.IntVar(&c.RoundSteps, "round-steps", 0, fmt.Sprintf("most steps in a round (default %d)", group.DefaultRoundSteps))
+	fs.IntVar(&c.MinRoundSteps, "min-round-steps", 0, "steps of device batches a round waits for before it starts (default 1: start as soon as anything is pending)")
+	fs.DurationVar(&c.RoundWait, "round-wait", 0, fmt.Sprintf("longest a pending batch waits for --min-round-steps before a round starts anyway (default %s)", group.DefaultRoundWait))
 	fs.DurationVar(&c.Deadline, "round-deadline", 0, fmt.Sprintf("how long the leader waits for a round's deltas before leaving stragglers out (default %s)", group.DefaultDeadline))
 	fs.StringVar(&c.Aggregate, "aggregate", "", "how deltas combine: mean (sample-weighted, each norm-clipped to the round's lower median) or trimmed (coordinate-wise trimmed mean) (default mean)")
 	fs.Float64Var(&c.MaxNorm, "max-norm", 0, "cap on every delta's norm (default: none beyond the round's median)")
@@ -205,8 +207,8 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 	if asJSON {
 		return printJSON(stdout, cur)
 	}
-	fmt.Fprintf(stdout, "recipe %s, base %s (seed %d), %d local steps at lr %g, max lag %d, quota %d, %d steps a round, deadline %s, aggregate %s\n",
-		cur.Recipe, cur.Base, cur.Seed, cur.LocalSteps, cur.LR, cur.MaxLag, cur.Quota, cur.RoundSteps, cur.Deadline, cur.Aggregate)
+	fmt.Fprintf(stdout, "recipe %s, base %s (seed %d), %d local steps at lr %g, max lag %d, quota %d, %d steps a round (waits up to %s for %d), deadline %s, aggregate %s\n",
+		cur.Recipe, cur.Base, cur.Seed, cur.LocalSteps, cur.LR, cur.MaxLag, cur.Quota, cur.RoundSteps, cur.RoundWait, cur.MinRoundSteps, cur.Deadline, cur.Aggregate)
 	return nil
 }
 

@@ -35,7 +35,9 @@ func (s *State) Stale() []Refusal {
 // batches are pending too, the prompts take at most Ratio of RoundSteps and
 // the batches the rest. ok=false
 // when there is no round to run: a round is open, no version exists, no
-// batch is pending or no registered trainer is live. Plan is pure: the same
+// batch is pending, no registered trainer is live, or (with no task prompt
+// ready) fewer than MinRoundSteps steps are pending and the oldest pending
+// batch was added less than RoundWait before now. Plan is pure: the same
 // state and input give the same round.
 func (s *State) Plan(now time.Time, leader mesh.PeerID, live []mesh.PeerID) (*Start, bool) {
 	cur, ok := s.Current()
@@ -104,6 +106,25 @@ func (s *State) Plan(now time.Time, leader mesh.PeerID, live []mesh.PeerID) (*St
 		perDevice[b.From] += n
 		total += n
 		take = append(take, b)
+	}
+	if taskSteps == 0 && c.MinRoundSteps > 1 {
+		// Gather: wait for MinRoundSteps, or until the oldest pending
+		// batch has waited RoundWait.
+		steps, oldest := 0, time.Time{}
+		for _, b := range pending {
+			if b.Task == "" && !StaleBatch(b, cur.Version, c.MaxLag) {
+				steps += min(max(b.Steps, 1), c.MinRoundSteps)
+				if oldest.IsZero() || b.Added.Before(oldest) {
+					oldest = b.Added
+				}
+			}
+			if steps >= c.MinRoundSteps {
+				break
+			}
+		}
+		if steps < c.MinRoundSteps && now.Sub(oldest) < c.RoundWait {
+			return nil, false
+		}
 	}
 	total += taskSteps
 	if len(take) == 0 {

@@ -214,6 +214,47 @@ func TestPlanRoundSteps(t *testing.T) {
 	}
 }
 
+// TestPlanGathers: with MinRoundSteps, a round waits until that many steps
+// are pending or the oldest pending batch has waited RoundWait; task
+// prompts do not wait.
+func TestPlanGathers(t *testing.T) {
+	cfg := Config{MinRoundSteps: 30, RoundWait: 20 * time.Second}
+	// Three batches of 7 steps, added a second apart after the genesis.
+	f := planState(t, cfg, 0, map[mesh.PeerID]float64{"a": 1}, unitBatches(3, 3, 7))
+	oldest := f.s.Batches[unitIDs(1)[0]].Added
+	live := []mesh.PeerID{"a"}
+	if st, ok := f.s.Plan(oldest.Add(19*time.Second), "a", live); ok {
+		t.Fatalf("a round of 21 steps started before the wait was over: %+v", st)
+	}
+	st, ok := f.s.Plan(oldest.Add(20*time.Second), "a", live)
+	if !ok {
+		t.Fatal("no round once the oldest batch had waited RoundWait")
+	}
+	if _, total := shareSteps(t, f.s, st, live); total != 21 {
+		t.Errorf("planned %d steps, want all 21", total)
+	}
+	// Enough steps start a round at once.
+	f.must(&Entry{Add: []BatchRef{{ID: bid(50), From: "d9", Steps: 9}}})
+	st, ok = f.s.Plan(oldest, "a", live)
+	if !ok {
+		t.Fatal("no round with 30 steps pending")
+	}
+	if _, total := shareSteps(t, f.s, st, live); total != 30 {
+		t.Errorf("planned %d steps, want 30", total)
+	}
+	// The default starts a round on anything.
+	f = planState(t, Config{}, 0, map[mesh.PeerID]float64{"a": 1}, unitBatches(1, 1, 1))
+	if _, ok := f.s.Plan(t0, "a", live); !ok {
+		t.Fatal("the default config waited")
+	}
+	if err := (Config{MinRoundSteps: -1}).Validate(); err == nil {
+		t.Error("a negative MinRoundSteps validated")
+	}
+	if err := (Config{RoundWait: -time.Second}).Validate(); err == nil {
+		t.Error("a negative RoundWait validated")
+	}
+}
+
 func TestPlanHugeSteps(t *testing.T) {
 	// Step counts near the int limit must not overflow the quota sums.
 	refs := []BatchRef{{ID: bid(0), From: "d1", Steps: math.MaxInt}, {ID: bid(1), From: "d1", Steps: 1}, {ID: bid(2), From: "d2", Steps: 1}, {ID: bid(3), From: "d2", Steps: math.MaxInt}}

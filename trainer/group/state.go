@@ -50,6 +50,9 @@ const (
 	DefaultQuota      = 256
 	DefaultRoundSteps = 1024
 	DefaultDeadline   = 2 * time.Minute
+	// DefaultRoundWait is how long pending batches wait for
+	// MinRoundSteps before a round starts anyway.
+	DefaultRoundWait = time.Minute
 	DefaultLR         = 1e-2
 	DefaultTrim       = 0.2
 	// MaxVoters bounds the group's voters; further trainers are non-voters.
@@ -87,6 +90,14 @@ type Config struct {
 	// steps of a round.
 	Quota      int `json:"quota"`
 	RoundSteps int `json:"round_steps"`
+	// MinRoundSteps is how many steps of device batches must be pending
+	// before a round starts, unless the oldest has waited RoundWait (or a
+	// task set's prompts are ready): a round on a trickle of small batches
+	// takes as many optimizer steps on a handful of samples as a full one
+	// does on many, and publishes a version every device fetches. Default
+	// 1: a round starts as soon as anything is pending.
+	MinRoundSteps int           `json:"min_round_steps,omitempty"`
+	RoundWait     time.Duration `json:"round_wait_ns,omitempty"`
 	// Deadline is how long the leader waits for a round's deltas before it
 	// leaves the stragglers out.
 	Deadline time.Duration `json:"deadline_ns"`
@@ -124,6 +135,12 @@ func (c Config) WithDefaults() Config {
 	if c.RoundSteps == 0 {
 		c.RoundSteps = DefaultRoundSteps
 	}
+	if c.MinRoundSteps == 0 {
+		c.MinRoundSteps = 1
+	}
+	if c.RoundWait == 0 {
+		c.RoundWait = DefaultRoundWait
+	}
 	if c.Deadline == 0 {
 		c.Deadline = DefaultDeadline
 	}
@@ -144,7 +161,7 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case d.MaxLag < 0, d.LocalSteps < 1, d.LocalSteps > 10000, !(d.LR > 0) || d.LR > 1,
-		d.Quota < 1, d.RoundSteps < 1, d.Deadline < time.Second,
+		d.Quota < 1, d.RoundSteps < 1, d.Deadline < time.Second, d.MinRoundSteps < 1, d.RoundWait < 0,
 		d.Aggregate != AggMean && d.Aggregate != AggTrimmed,
 		!(d.MaxNorm >= 0) || math.IsInf(d.MaxNorm, 1), !(d.Trim >= 0 && d.Trim < 0.5):
 		return fmt.Errorf("%w: %+v", ErrConfig, c)
