@@ -708,6 +708,7 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 	if err != nil {
 		return err
 	}
+	evals := t.evaluateChild(ctx, cfg, dir, cur.Version+1)
 	if err := t.handOver(ctx, dir, cur.Version+1, hash); err != nil {
 		return err
 	}
@@ -716,7 +717,7 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 	}
 	err = t.group.propose(ctx, &group.Entry{Publish: &group.Publish{
 		Round: r.Number, Version: cur.Version + 1, Parent: cur.Version, Hash: hash, Publisher: t.self,
-		Contributors: contributors, Refused: refused}})
+		Contributors: contributors, Refused: refused, Evals: evals}})
 	if err != nil {
 		t.fenced.Add(1)
 		return fmt.Errorf("trainer: publishing v%d: %w", cur.Version+1, err)

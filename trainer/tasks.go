@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -335,6 +336,37 @@ func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
 		t.log.Info("version evaluated", "version", cur.Name(), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
 	}
 	return nil
+}
+
+// evaluateChild scores the version about to be published (its bundle in
+// dir) on the held-out split of every task set, so that the version is
+// committed with its evaluations and its manifest carries them to the
+// devices. A set it cannot score now is left to evaluateCurrent, after the
+// version is committed.
+func (t *Trainer) evaluateChild(ctx context.Context, cfg group.Config, dir string, version uint64) []group.Eval {
+	var todo []*group.TaskSet
+	t.group.view(func(s *group.State) {
+		for _, ts := range s.SortedTaskSets() {
+			if len(ts.HeldOut) > 0 {
+				c := *ts
+				todo = append(todo, &c)
+			}
+		}
+	})
+	var out []group.Eval
+	for _, ts := range todo {
+		ev, err := t.evaluate(ctx, cfg, dir, ts)
+		if err != nil {
+			if ctx.Err() == nil {
+				t.log.Warn("new version not evaluated before publishing: it will be after", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "err", err)
+			}
+			continue
+		}
+		ev.Version, ev.Task, ev.By = version, ts.Hash, string(t.self)
+		out = append(out, ev)
+		t.log.Info("version evaluated", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
+	}
+	return out
 }
 
 // TaskSetStatus is a task set as `clawmesh tasks ls|status --json` print

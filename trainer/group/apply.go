@@ -81,6 +81,10 @@ type Publish struct {
 	// verification, or could not be read); the round's other batches that
 	// no contributor trained go back to pending.
 	Refused []Refusal `json:"refused,omitempty"`
+	// Evals are the new version's evaluations on task sets' held-out
+	// splits, made by the publisher before it proposed the version, so the
+	// version is committed with them (and its manifest carries them).
+	Evals []Eval `json:"evals,omitempty"`
 }
 
 // Abort closes the open round with no new version: its batches go back to
@@ -372,6 +376,17 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 	case len(p.Contributors) == 0:
 		return fmt.Errorf("%w: a version with no contributor", ErrEntry)
 	}
+	for i, ev := range p.Evals {
+		if ev.Version != p.Version {
+			return fmt.Errorf("%w: evaluation of v%d published with v%d", ErrEntry, ev.Version, p.Version)
+		}
+		if slices.ContainsFunc(p.Evals[:i], func(o Eval) bool { return o.Task == ev.Task }) {
+			return fmt.Errorf("%w: two evaluations on one task set", ErrEntry)
+		}
+		if err := s.checkEval(ev); err != nil {
+			return err
+		}
+	}
 	owner := map[core.BatchID]mesh.PeerID{}
 	for t, ids := range r.Shares {
 		for _, id := range ids {
@@ -423,7 +438,7 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 		cs[i].Batches = slices.Clone(cs[i].Batches)
 	}
 	s.Versions = append(s.Versions, Version{Version: p.Version, Hash: p.Hash, Parent: p.Parent, Term: term, Index: index,
-		Round: r.Number, Started: r.Started, Publisher: p.Publisher, Contributors: cs, At: e.At})
+		Round: r.Number, Started: r.Started, Publisher: p.Publisher, Contributors: cs, At: e.At, Evals: slices.Clone(p.Evals)})
 	s.Round = nil
 	return nil
 }

@@ -163,16 +163,11 @@ func (s *State) addTasks(ts TaskSet, at time.Time) error {
 }
 
 func (s *State) eval(ev Eval) error {
-	_, ok := s.Version(ev.Version)
-	ts := s.TaskSets[ev.Task]
-	switch {
-	case !ok:
+	if _, ok := s.Version(ev.Version); !ok {
 		return fmt.Errorf("%w: evaluation of v%d, not committed", ErrVersion, ev.Version)
-	case ts == nil:
-		return fmt.Errorf("%w: evaluation on an unknown task set", ErrEntry)
-	case ev.Prompts != len(ts.HeldOut) || ev.Passed < 0 || ev.Passed > ev.Prompts ||
-		!finite(ev.PassAt1) || !finite(ev.MeanReward) || math.Abs(ev.MeanReward) > 1 || ev.PassAt1 < 0 || ev.PassAt1 > 1:
-		return fmt.Errorf("%w: evaluation %+v", ErrEntry, ev)
+	}
+	if err := s.checkEval(ev); err != nil {
+		return err
 	}
 	evs := &s.Versions[ev.Version].Evals
 	for i := range *evs {
@@ -181,6 +176,19 @@ func (s *State) eval(ev Eval) error {
 		}
 	}
 	*evs = append(*evs, ev)
+	return nil
+}
+
+// checkEval checks an evaluation against its task set.
+func (s *State) checkEval(ev Eval) error {
+	ts := s.TaskSets[ev.Task]
+	switch {
+	case ts == nil:
+		return fmt.Errorf("%w: evaluation on an unknown task set", ErrEntry)
+	case ev.Prompts != len(ts.HeldOut) || ev.Passed < 0 || ev.Passed > ev.Prompts ||
+		!finite(ev.PassAt1) || !finite(ev.MeanReward) || math.Abs(ev.MeanReward) > 1 || ev.PassAt1 < 0 || ev.PassAt1 > 1:
+		return fmt.Errorf("%w: evaluation %+v", ErrEntry, ev)
+	}
 	return nil
 }
 

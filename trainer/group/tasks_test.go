@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 )
 
@@ -197,5 +198,41 @@ func TestTaskEntriesRefused(t *testing.T) {
 	}
 	if err := f.apply(&Entry{Tasks: ts, Eval: &good}); !errors.Is(err, ErrEntry) {
 		t.Fatalf("two commands: %v", err)
+	}
+}
+
+// TestPublishWithEvals: a version published with its evaluations is
+// committed with them (no evaluation is then owed); a publication whose
+// evaluations do not fit is refused whole.
+func TestPublishWithEvals(t *testing.T) {
+	f := open(t)
+	ts := taskSet(3, 2)
+	f.must(&Entry{Tasks: ts})
+	pub := func(evs ...Eval) *Entry {
+		return &Entry{Publish: &Publish{Round: 1, Version: 1, Hash: hashN(1),
+			Contributors: []Contribution{{Trainer: "t1", Batches: []core.BatchID{bid(1)}}}, Evals: evs}}
+	}
+	good := Eval{Version: 1, Task: ts.Hash, Prompts: 2, Passed: 2, PassAt1: 1, MeanReward: 0.5, By: "t1"}
+	for name, evs := range map[string][]Eval{
+		"other version": {{Version: 0, Task: ts.Hash, Prompts: 2}},
+		"unknown set":   {{Version: 1, Task: hashN(5), Prompts: 2}},
+		"count":         {{Version: 1, Task: ts.Hash, Prompts: 1}},
+		"twice":         {good, good},
+	} {
+		before := stateJSON(t, f.s)
+		if err := f.apply(pub(evs...)); !errors.Is(err, ErrEntry) {
+			t.Errorf("%s: %v", name, err)
+		}
+		if after := stateJSON(t, f.s); after != before {
+			t.Errorf("%s: a refused publication changed the state: %s", name, diff(before, after))
+		}
+	}
+	f.must(pub(good))
+	cur, _ := f.s.Current()
+	if cur.Version != 1 || len(cur.Evals) != 1 || cur.Evals[0] != good {
+		t.Fatalf("v1 committed with evals %+v", cur.Evals)
+	}
+	if got := f.s.Unevaluated(); len(got) != 0 {
+		t.Fatalf("v1 still owes evaluations on %v", got)
 	}
 }
