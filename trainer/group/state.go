@@ -53,8 +53,8 @@ const (
 	// DefaultRoundWait is how long pending batches wait for
 	// MinRoundSteps before a round starts anyway.
 	DefaultRoundWait = time.Minute
-	DefaultLR         = 1e-2
-	DefaultTrim       = 0.2
+	DefaultLR        = 1e-2
+	DefaultTrim      = 0.2
 	// MaxVoters bounds the group's voters; further trainers are non-voters.
 	MaxVoters = 5
 )
