@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/dashboard"
 	"github.com/clawmesh/clawmesh/pool"
 )
@@ -96,7 +97,7 @@ func (n *Node) dashboardData(ctx context.Context) (*dashboard.Data, error) {
 			if m.Parent > 0 {
 				parent = "v" + strconv.FormatUint(m.Parent, 10)
 			}
-			d.Lineage = append(d.Lineage, dashboard.Version{Number: m.Version, Name: m.Name(), Parent: parent, Term: m.Term, Index: m.Index, Created: m.Created, Bytes: m.Size})
+			d.Lineage = append(d.Lineage, dashboard.Version{Number: m.Version, Name: m.Name(), Parent: parent, Term: m.Term, Index: m.Index, Created: m.Created, Bytes: m.Size, Evals: adapters.EvalsOf(m)})
 		}
 		slices.SortFunc(d.Lineage, func(a, b dashboard.Version) int { return cmp.Compare(b.Number, a.Number) })
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -22,7 +23,9 @@ DIR/adapters/vN and hot-swaps it into its model server, with no request
 lost. These commands ask the node running on DIR.
 
   clawmesh weights ls [--json]        versions known: downloading (with
-                                      progress), held, installed, serving
+                                      progress), held, installed, serving;
+                                      held-out pass@1 where the trainers
+                                      evaluated a version on a task set
   clawmesh weights get VERSION        fetch and install a version now (v3)
   clawmesh weights use VERSION        pin a version (v3), or base for the
                                       base model; use latest to follow the
@@ -37,7 +40,7 @@ func runWeights(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var s settings
 	fs := newFlags("weights "+sub, weightsHelp, stderr)
 	s.bindClient(fs)
-	asJSON := fs.Bool("json", false, "print the node's weights status as JSON (a stable format: pin, serving, latest, driver, versions, error)")
+	asJSON := fs.Bool("json", false, "print the node's weights status as JSON (a stable format: pin, serving, latest, driver, versions with their evals, error)")
 	switch sub {
 	case "-h", "--help", "help":
 		fs.SetOutput(stdout)
@@ -167,9 +170,16 @@ func printWeights(w io.Writer, st adapters.Status) {
 		fmt.Fprintln(w, "\nno version announced yet: the trainers publish one after their first round")
 		return
 	}
+	// The held-out column shows only where a version was evaluated on a
+	// task set (a mesh without task sets has none).
+	evals := slices.ContainsFunc(st.Versions, func(v adapters.Version) bool { return len(v.Evals) > 0 })
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VERSION\tSTATE\tSIZE\tBUNDLE\tTERM\tINDEX")
+	head := "VERSION\tSTATE\tSIZE\tBUNDLE\tTERM\tINDEX"
+	if evals {
+		head += "\tHELD-OUT PASS@1"
+	}
+	fmt.Fprintln(tw, head)
 	for _, v := range st.Versions {
 		state := v.State
 		if v.State == "downloading" {
@@ -178,7 +188,11 @@ func printWeights(w io.Writer, st adapters.Status) {
 		if v.Failed != "" {
 			state += " (not served: " + v.Failed + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.1f MiB\t%s\t%d\t%d\n", v.Version, state, float64(v.Bytes)/(1<<20), v.Bundle[:12], v.Term, v.Index)
+		fmt.Fprintf(tw, "%s\t%s\t%.1f MiB\t%s\t%d\t%d", v.Version, state, float64(v.Bytes)/(1<<20), v.Bundle[:12], v.Term, v.Index)
+		if evals {
+			fmt.Fprintf(tw, "\t%s", adapters.FormatEvals(v.Evals))
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 }

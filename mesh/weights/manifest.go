@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/member"
@@ -20,9 +21,20 @@ const ChunkSize = 1 << 20
 // at a high rank stays well below it).
 const MaxBundle = 4 << 30
 
+// A manifest without evaluations is encoded as "CMWM1" (what devices read
+// before manifests carried any); one with evaluations as "CMWM2", which adds
+// the evals section before the signer.
 const (
-	manifestMagic = "CMWM1"
-	maxManifest   = 64 + 3*255 + MaxBundle/ChunkSize*sha256.Size + 4096 + 2*member.MaxEncodedSize
+	manifestMagic     = "CMWM1"
+	manifestMagicEval = "CMWM2"
+	// MaxEvals bounds a manifest's evaluations, MaxEvalPrompts an
+	// evaluation's held-out prompts, and maxEvalTask its task's name (a
+	// SHA-256 in hex is 64 bytes).
+	MaxEvals       = 64
+	MaxEvalPrompts = 1 << 20
+	maxEvalTask    = 64
+	maxEvalSize    = 1 + maxEvalTask + 2*binary.MaxVarintLen64 + 8
+	maxManifest    = 64 + 3*255 + MaxBundle/ChunkSize*sha256.Size + 4096 + 2*member.MaxEncodedSize + 1 + MaxEvals*maxEvalSize
 )
 
 var (
@@ -56,9 +68,46 @@ type Manifest struct {
 	Term, Index uint64
 	// Created is when the manifest was signed (whole seconds).
 	Created time.Time
+	// Evals are the version's evaluations at signing (none: not evaluated, or no task set).
+	Evals []Eval
 	// Signer is the signing trainer's certificate (member.Certificate).
 	Signer []byte
 	Sig    []byte // Ed25519 over everything above
+}
+
+// Eval is the version's evaluation on one task set's held-out split, as the
+// trainers committed it: Passed of Prompts held-out prompts passed (pass@1 =
+// Passed/Prompts), and the verifier's mean reward over them.
+type Eval struct {
+	Task       string // the task set's SHA-256, hex
+	Prompts    int
+	Passed     int
+	MeanReward float64
+}
+
+// PassAt1 is the share of the held-out prompts passed (0 with none).
+func (e Eval) PassAt1() float64 {
+	if e.Prompts <= 0 {
+		return 0
+	}
+	return float64(e.Passed) / float64(e.Prompts)
+}
+
+// check says why e cannot travel in a manifest: a task name over 64
+// bytes, prompts out of [0, MaxEvalPrompts], more passed than prompts, or
+// a mean reward that is not a number in [-1, 1].
+func (e Eval) check() error {
+	switch {
+	case len(e.Task) > maxEvalTask:
+		return fmt.Errorf("an evaluation's task of %d bytes", len(e.Task))
+	case e.Prompts < 0 || e.Prompts > MaxEvalPrompts:
+		return fmt.Errorf("an evaluation of %d prompts", e.Prompts)
+	case e.Passed < 0 || e.Passed > e.Prompts:
+		return fmt.Errorf("an evaluation with %d of %d prompts passed", e.Passed, e.Prompts)
+	case math.IsNaN(e.MeanReward) || e.MeanReward < -1 || e.MeanReward > 1:
+		return fmt.Errorf("an evaluation with mean reward %v", e.MeanReward)
+	}
+	return nil
 }
 
 // Name is the version's name: "v7".
@@ -87,10 +136,19 @@ func (m *Manifest) Chunk(i int) (off int64, n int) {
 }
 
 // Sign signs m with key, the private key of the trainer that cert
-// certifies.
+// certifies. It refuses (ErrManifest) evaluations that devices would not
+// parse: more than MaxEvals, or one out of bounds.
 func (m *Manifest) Sign(key ed25519.PrivateKey, cert *member.Certificate, now time.Time) error {
 	if !bytes.Equal(key.Public().(ed25519.PublicKey), cert.SubjectKey()) {
 		return fmt.Errorf("%w: the key is not the certificate's", ErrSignature)
+	}
+	if len(m.Evals) > MaxEvals {
+		return fmt.Errorf("%w: %d evaluations", ErrManifest, len(m.Evals))
+	}
+	for _, e := range m.Evals {
+		if err := e.check(); err != nil {
+			return fmt.Errorf("%w: %w", ErrManifest, err)
+		}
 	}
 	m.Created = time.Unix(now.Unix(), 0).UTC()
 	m.Signer = cert.Marshal()
@@ -148,7 +206,11 @@ func (m *Manifest) Marshal() []byte {
 }
 
 func (m *Manifest) body(b []byte) []byte {
-	b = append(b, manifestMagic...)
+	if len(m.Evals) == 0 {
+		b = append(b, manifestMagic...)
+	} else {
+		b = append(b, manifestMagicEval...)
+	}
 	b = appendString(b, m.MeshID)
 	b = binary.AppendUvarint(b, m.Version)
 	b = binary.AppendUvarint(b, m.Parent)
@@ -164,17 +226,28 @@ func (m *Manifest) body(b []byte) []byte {
 	b = binary.AppendUvarint(b, m.Term)
 	b = binary.AppendUvarint(b, m.Index)
 	b = binary.AppendUvarint(b, uint64(m.Created.Unix()))
+	if len(m.Evals) > 0 {
+		b = binary.AppendUvarint(b, uint64(len(m.Evals)))
+		for _, e := range m.Evals {
+			b = appendString(b, e.Task)
+			b = binary.AppendUvarint(b, uint64(e.Prompts))
+			b = binary.AppendUvarint(b, uint64(e.Passed))
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.MeanReward))
+		}
+	}
 	return appendBytes(b, m.Signer)
 }
 
-// ParseManifest decodes a manifest and checks that it is self-consistent
-// (sizes and chunk count agree); Verify checks who signed it.
+// ParseManifest decodes a manifest ("CMWM1", or "CMWM2" with evaluations)
+// and checks that it is self-consistent (sizes and chunk count agree,
+// evaluations within bounds); Verify checks who signed it.
 func ParseManifest(b []byte) (*Manifest, error) {
 	if len(b) > maxManifest {
 		return nil, fmt.Errorf("%w: %d bytes", ErrManifest, len(b))
 	}
 	d := decoder{b: b}
-	if string(d.take(len(manifestMagic))) != manifestMagic {
+	magic := string(d.take(len(manifestMagic)))
+	if magic != manifestMagic && magic != manifestMagicEval {
 		return nil, fmt.Errorf("%w: not a manifest", ErrManifest)
 	}
 	m := &Manifest{}
@@ -204,6 +277,9 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		d.fail("time")
 	}
 	m.Created = time.Unix(int64(created), 0).UTC()
+	if magic == manifestMagicEval {
+		m.Evals = d.evals()
+	}
 	m.Signer = d.bytes(2 * member.MaxEncodedSize)
 	m.Sig = d.bytes(ed25519.SignatureSize)
 	if d.err == nil && len(m.Sig) != ed25519.SignatureSize {
@@ -273,3 +349,35 @@ func (d *decoder) bytes(max int) []byte {
 }
 
 func (d *decoder) string(max int) string { return string(d.bytes(max)) }
+
+// evals reads the evals section: at least one evaluation (a manifest
+// without any is "CMWM1"), at most MaxEvals, each within Eval's bounds.
+func (d *decoder) evals() []Eval {
+	n := d.uvarint()
+	if d.err == nil && (n == 0 || n > MaxEvals) {
+		d.fail("%d evaluations", n)
+	}
+	if d.err != nil {
+		return nil
+	}
+	evs := make([]Eval, 0, n)
+	for range n {
+		task := d.string(maxEvalTask)
+		prompts, passed := d.uvarint(), d.uvarint()
+		bits := d.take(8)
+		if d.err != nil {
+			return nil
+		}
+		if prompts > MaxEvalPrompts || passed > prompts {
+			d.fail("an evaluation with %d of %d prompts passed", passed, prompts)
+			return nil
+		}
+		e := Eval{Task: task, Prompts: int(prompts), Passed: int(passed), MeanReward: math.Float64frombits(binary.LittleEndian.Uint64(bits))}
+		if err := e.check(); err != nil {
+			d.fail("%v", err)
+			return nil
+		}
+		evs = append(evs, e)
+	}
+	return evs
+}

@@ -52,11 +52,21 @@ func (h *held) hold(t *testing.T, dir string, v uint64) *weights.Manifest {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m := signed(t, b, v, nil)
+	if err := h.dir.Add(m, b); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// signed is bundle b's manifest as version v with evaluations evals.
+func signed(t *testing.T, b []byte, v uint64, evals []weights.Eval) *weights.Manifest {
+	t.Helper()
 	m, err := weights.NewManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Version, m.Term, m.Index = v, 1, 10*v
+	m.Version, m.Term, m.Index, m.Evals = v, 1, 10*v, evals
 	// Signed, as every manifest kept is (the follower does not check it:
 	// the weights service did).
 	_, admin, _ := ed25519.GenerateKey(rand.Reader)
@@ -68,9 +78,6 @@ func (h *held) hold(t *testing.T, dir string, v uint64) *weights.Manifest {
 		t.Fatal(err)
 	}
 	if err := m.Sign(key, cert, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.dir.Add(m, b); err != nil {
 		t.Fatal(err)
 	}
 	return m

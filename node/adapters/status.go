@@ -1,8 +1,12 @@
 package adapters
 
 import (
+	"fmt"
 	"os"
 	"sort"
+	"strings"
+
+	"github.com/clawmesh/clawmesh/mesh/weights"
 )
 
 // Status is what `clawmesh weights ls --json` prints: a stable contract.
@@ -35,6 +39,44 @@ type Version struct {
 	Index      uint64 `json:"index"`
 	// Failed says why the model server would not serve it.
 	Failed string `json:"failed,omitempty"`
+	// Evals are the version's evaluations on the task sets' held-out
+	// splits, from its signed manifest (none: not evaluated, or no task
+	// set).
+	Evals []Eval `json:"evals,omitempty"`
+}
+
+// Eval is a version's evaluation on one task set's held-out split, as the
+// trainers signed it in the version's manifest.
+type Eval struct {
+	Task       string  `json:"task"` // the task set's SHA-256, hex
+	Prompts    int     `json:"prompts"`
+	Passed     int     `json:"passed"`
+	PassAt1    float64 `json:"pass_at_1"` // Passed / Prompts
+	MeanReward float64 `json:"mean_reward"`
+}
+
+// FormatEvals is how `weights ls` and the dashboard show a version's
+// evaluations: "0.75 (3/4)" for one task set; with several, each prefixed
+// by its set's first 8 hex characters and joined with ", ". "" for none.
+func FormatEvals(evs []Eval) string {
+	parts := make([]string, len(evs))
+	for i, e := range evs {
+		parts[i] = fmt.Sprintf("%.2f (%d/%d)", e.PassAt1, e.Passed, e.Prompts)
+		if len(evs) > 1 {
+			parts[i] = e.Task[:min(8, len(e.Task))] + " " + parts[i]
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// EvalsOf returns m's evaluations as Status shows them (nil when it has
+// none).
+func EvalsOf(m *weights.Manifest) []Eval {
+	var out []Eval
+	for _, e := range m.Evals {
+		out = append(out, Eval{Task: e.Task, Prompts: e.Prompts, Passed: e.Passed, PassAt1: e.PassAt1(), MeanReward: e.MeanReward})
+	}
+	return out
 }
 
 // Status reports the versions known and which one serves.
@@ -54,16 +96,13 @@ func (f *Follower) Status() Status {
 		st.Driver = f.cfg.Driver.Kind()
 	}
 	seen := map[string]bool{}
-	add := func(m interface {
-		Name() string
-		BundleID() string
-	}, size, term, index uint64, held bool) {
+	add := func(m *weights.Manifest, held bool) {
 		name := m.Name()
 		if seen[name] {
 			return
 		}
 		seen[name] = true
-		v := Version{Version: name, Bytes: size, Bundle: m.BundleID(), Term: term, Index: index, State: "known", Failed: failed[name]}
+		v := Version{Version: name, Bytes: m.Size, Bundle: m.BundleID(), Term: m.Term, Index: m.Index, State: "known", Failed: failed[name], Evals: EvalsOf(m)}
 		switch n, downloading := progress[v.Bundle]; {
 		case name == st.Serving:
 			v.State = "serving"
@@ -79,10 +118,10 @@ func (f *Follower) Status() Status {
 	if m := f.cfg.Weights.Latest(); m != nil {
 		st.Latest = m.Name()
 		_, err := f.cfg.Weights.Dir().Manifest(m.BundleID())
-		add(m, m.Size, m.Term, m.Index, err == nil && exists(f.cfg.Weights.Dir().BundlePath(m.BundleID())))
+		add(m, err == nil && exists(f.cfg.Weights.Dir().BundlePath(m.BundleID())))
 	}
 	for _, m := range f.cfg.Weights.Dir().Held() {
-		add(m, m.Size, m.Term, m.Index, true)
+		add(m, true)
 	}
 	sort.Slice(st.Versions, func(i, j int) bool {
 		a, _ := ParseVersion(st.Versions[i].Version)

@@ -4,7 +4,8 @@
 // left the device (with a link to preview the next one, scrubbed), the
 // adapter versions the trainers published and when each first answered a
 // call here, the mesh's peers, and the trainers' progress as far as a node
-// can know it: the versions' lineage from their signed manifests.
+// can know it: the versions' lineage from their signed manifests, with
+// each version's held-out pass@1 on the mesh's task sets.
 //
 // The page is one server-rendered HTML document (html/template, embedded):
 // no script, no build step, nothing fetched from elsewhere, so it works
@@ -79,6 +80,9 @@ type Version struct {
 	Index   uint64
 	Created time.Time // when the trainers' leader signed it
 	Bytes   uint64
+	// Evals are its held-out evaluations on the task sets, as signed in
+	// its manifest (none: not evaluated, or no task set).
+	Evals []adapters.Eval
 }
 
 // Source gathers the page's figures.
@@ -95,6 +99,7 @@ var page = template.Must(template.New("page").Funcs(template.FuncMap{
 		return st.ByState[x]
 	},
 	"bytes": humanBytes,
+	"evals": adapters.FormatEvals,
 	"utc":   func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 	"int64": func(u uint64) int64 { return int64(u) },
 }).Parse(pageHTML))

@@ -77,9 +77,16 @@ func TestRenderEscapes(t *testing.T) {
 }
 
 // TestRenderMeshNode renders what a node in a mesh shows: the version
-// serving, the lineage, the peers, when each version first served.
+// serving, the lineage with each version's held-out pass@1, the peers,
+// when each version first served.
 func TestRenderMeshNode(t *testing.T) {
 	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	lineage := []Version{
+		{Number: 3, Name: "v3", Parent: "v2", Term: 3, Index: 52, Created: now.Add(-30 * time.Minute), Evals: []adapters.Eval{
+			{Task: "0123456789abcdef", Prompts: 4, Passed: 4, PassAt1: 1, MeanReward: 1}, {Task: "fedcba9876543210", Prompts: 10, Passed: 1, PassAt1: 0.1}}},
+		{Number: 2, Name: "v2", Parent: "v1", Term: 3, Index: 41, Created: now.Add(-90 * time.Minute), Evals: []adapters.Eval{{Task: "0123456789abcdef", Prompts: 4, Passed: 3, PassAt1: 0.75, MeanReward: 0.5}}},
+		{Number: 1, Name: "v1", Parent: "base", Term: 2, Index: 20},
+	}
 	d := &Data{Now: now, Since: now.Add(-24 * time.Hour),
 		Stats:       pool.Stats{Steps: 5, ByState: map[core.State]int{core.StateShipped: 4, core.StateOpen: 1}},
 		Rewards:     []Reward{{At: now.Add(-2 * time.Hour), Value: -0.5}, {At: now.Add(-time.Hour), Value: 0.75, Adapter: "v2"}},
@@ -87,7 +94,7 @@ func TestRenderMeshNode(t *testing.T) {
 		Mesh:        &peer.Status{MeshID: "mesh-1", PeerID: "12D3KooWnode", Role: "node", Connected: 3},
 		Peers:       []peer.PeerInfo{{PeerID: "12D3KooWtrainerA", Role: "trainer", Since: now.Add(-time.Hour)}},
 		Weights:     &adapters.Status{Serving: "v2", Latest: "v2", Versions: []adapters.Version{{Version: "v2", State: "serving", Term: 3, Index: 41}, {Version: "v1", State: "installed", Term: 2, Index: 20}}},
-		Lineage:     []Version{{Number: 2, Name: "v2", Parent: "v1", Term: 3, Index: 41, Created: now.Add(-90 * time.Minute)}, {Number: 1, Name: "v1", Parent: "base", Term: 2, Index: 20}},
+		Lineage:     lineage,
 		FirstServed: map[string]time.Time{"v2": now.Add(-time.Hour), "base": now.Add(-3 * time.Hour)},
 		ServedSteps: map[string]int{"v2": 1, "base": 4},
 	}
@@ -100,6 +107,11 @@ func TestRenderMeshNode(t *testing.T) {
 		`id="serving">v2<`, `id="peers-connected">3<`, `id="peers-admitted">1<`, `<td>v2</td><td>v1</td><td>3 / 41</td>`,
 		`<td>v1</td><td>base</td>`, `href="/clawmesh/v1/mesh/batches/b2"`, `id="batches-shipped">1<`, `id="mean-reward">&#43;0.12<`,
 		`<td>v2</td><td>2026-11-25 11:00:00Z</td><td>1</td>`,
+		`<th>held-out pass@1</th></tr>`,
+		// pass@1 per version: one task set, several, none.
+		`<td>v2</td><td>v1</td><td>3 / 41</td><td>2026-11-25 10:30:00Z</td><td>0.75 (3/4)</td></tr>`,
+		`<td>v3</td><td>v2</td><td>3 / 52</td><td>2026-11-25 11:30:00Z</td><td>01234567 1.00 (4/4), fedcba98 0.10 (1/10)</td></tr>`,
+		`<td>v1</td><td>base</td><td>2 / 20</td><td>0001-01-01 00:00:00Z</td><td></td></tr>`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("page lacks %s", want)
