@@ -144,7 +144,7 @@ func (c *Cluster) Start(ctx context.Context, i int) error {
 		}
 	}
 	t, err := New(ctx, Config{DataDir: ct.dir, Listen: benchListen, Bootstrap: boot, Timing: c.opts.Timing, Group: c.opts.Group,
-		Verify: c.opts.Verify, NoVerify: c.opts.Verify == nil,
+		Verify: c.opts.Verify, NoVerify: c.opts.Verify == nil, Weights: "127.0.0.1:0",
 		Logger: c.opts.Logger.With("trainer", i)})
 	if err != nil {
 		return err

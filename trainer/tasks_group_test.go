@@ -150,6 +150,18 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	if !(last[0].PassAt1 > first[0].PassAt1) {
 		t.Fatalf("held-out pass@1 went from %v to %v", first[0].PassAt1, last[0].PassAt1)
 	}
+	// The manifest the devices get carries the version's evaluation.
+	cur := lin[len(lin)-1]
+	if err := c.WaitUntil(ctx, clusterWait, "the newest version's manifest", func() bool {
+		m := tr.weights.Latest()
+		return m != nil && m.Version == cur.Version
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := tr.weights.Latest()
+	if ev := cur.Evals[0]; len(m.Evals) != 1 || m.Evals[0].Task != ev.Task || m.Evals[0].Prompts != ev.Prompts || m.Evals[0].Passed != ev.Passed || m.Evals[0].MeanReward != ev.MeanReward {
+		t.Fatalf("v%d's manifest carries %+v, its lineage %+v", cur.Version, m.Evals, cur.Evals)
+	}
 }
 
 // TestAddLargeTaskSet: a set whose ids fill more than a request line

@@ -48,7 +48,19 @@ func (t *Trainer) shareVersion(ctx context.Context) {
 		}
 		m.MeshID, m.Version, m.Parent, m.Base, m.AdapterHash = t.mesh.MeshID(), cur.Version, cur.Parent, base, cur.Hash
 		m.Term, m.Index = cur.Term, cur.Index
-		if err := m.Sign(t.key, t.mesh.Cert(), time.Now()); err != nil {
+		// The version's held-out evaluations travel with it to the devices.
+		for _, ev := range cur.Evals {
+			m.Evals = append(m.Evals, weights.Eval{Task: ev.Task, Prompts: ev.Prompts, Passed: ev.Passed, MeanReward: ev.MeanReward})
+		}
+		err := m.Sign(t.key, t.mesh.Cert(), time.Now())
+		if err != nil && len(m.Evals) > 0 {
+			// Evaluations a device would refuse must not keep the
+			// version from the devices.
+			t.log.Warn("a version's evaluations left out of its manifest", "version", cur.Name(), "err", err)
+			m.Evals = nil
+			err = m.Sign(t.key, t.mesh.Cert(), time.Now())
+		}
+		if err != nil {
 			t.log.Warn("signing a version's manifest", "version", cur.Name(), "err", err)
 			return
 		}
