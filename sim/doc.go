@@ -14,8 +14,10 @@
 // a PCG stream seeded by the run's seed and named by purpose (links, graph,
 // NAT, gossip loss, fetch back-off, raft timeouts, batches, learning
 // noise, churn, faults), so that a draw added for one purpose leaves the
-// others as they were. Output never depends on map order. The same
-// Options give the same Report, byte for byte once encoded.
+// others as they were; which connections hole punching makes direct is a
+// hash of the seed and the pair, drawn from no stream. Output never
+// depends on map order. The same Options give the same Report, byte for
+// byte once encoded.
 //
 // # What is the real code
 //
@@ -59,10 +61,19 @@
 //     chunk transfers no time (their rate is not loss-bound at these
 //     rates).
 //   - NAT and relays: a share of the devices (default 40%) is behind NAT.
-//     Two NAT devices reach each other only through the receiver's
-//     relay, a public device that adds its latency twice and whose uplink
-//     the transfer also reserves; hole punching is not modelled (a
-//     relayed link stays relayed), which is the pessimistic case.
+//     A NAT device reaches a public one directly (it dials out). Two NAT
+//     devices start through the receiver's relay, a public device that
+//     adds its latency twice and whose uplink the transfer also reserves;
+//     hole punching (libp2p's DCUtR with AutoNAT, which mesh/p2p enables)
+//     then makes a share HolePunch of those connections direct (default
+//     70%), with a direct link's latency and bandwidth; the others stay
+//     relayed for good. Which pairs are punched is decided per unordered
+//     pair by a hash of the seed and the two ids. Connections are made
+//     at the start, long before the first version, so the punch's round
+//     trip through the relay costs no transfer any time; relayed bytes
+//     count the relayed pairs only. No hole punching (a negative
+//     HolePunch; `--hole-punch 0`) is the pessimistic model, every
+//     NAT-to-NAT connection relayed.
 //   - Peer graph: every node dials Degree (default 8) random peers and is
 //     dialled by others, about 10 connections each, as libp2p's
 //     connection manager keeps a bounded set.
@@ -128,7 +139,7 @@
 // rest, and healed two intervals later; on healing, nodes reconnect and
 // exchange their newest manifests and revocation lists. Relays: the
 // baseline over NAT shares of 0, 40% and 70% with 2 relays or the
-// default number. Poison: the baseline with Malicious of the devices
+// default number, at the run's HolePunch. Poison: the baseline with Malicious of the devices
 // misbehaving (in turn: flipped rewards and forged scores, both shipped
 // 16 times as often; oversized and malformed batches) and
 // MaliciousTrainers trainers returning huge deltas, run under each set
@@ -139,7 +150,12 @@
 // A version's reach q is the time from its publication until a share q of
 // the devices live at publication hold it or a newer version; a device
 // that leaves for good, or sleeps through the end of the run, before it
-// has the version is not counted. The bound
+// has the version is not counted. Its awake reach q is the same over the
+// devices that stayed awake from the publication until they held the
+// version (or to the end of the run): a device that fell asleep or left
+// before it had the version cannot be reached by any protocol until it
+// wakes, and under churn those are the last percent. A partitioned device
+// is awake, so under a partition the two measures are the same. The bound
 // is the log-tree bound for whole-bundle store-and-forward: reaching k
 // devices takes ceil(log2(k+1)) hops, a hop being the bundle over the
 // median device link (the smaller of the median uplink and downlink)

@@ -142,12 +142,41 @@ func (w *world) live(n *node) bool {
 }
 
 // relayOf is the relay a connection from a to b goes through, or -1 for a
-// direct one: two NAT nodes meet at the receiver's relay.
+// direct one: two NAT nodes meet at the receiver's relay unless hole
+// punching made their connection direct.
 func (w *world) relayOf(a, b *node) int {
-	if a.nat && b.nat {
+	if a.nat && b.nat && !w.punched(a, b) {
 		return b.relay
 	}
 	return -1
+}
+
+// punched reports whether hole punching turns a connection between a and b
+// direct, a share HolePunch of the pairs. The draw is a hash of the seed
+// and the unordered pair, not a stream's, so that it shifts no other
+// purpose's draws and does not depend on which pair asks first.
+func (w *world) punched(a, b *node) bool {
+	if w.o.HolePunch <= 0 {
+		return false
+	}
+	lo, hi := uint64(min(a.id, b.id)), uint64(max(a.id, b.id))
+	x := mix64(mix64(w.o.Seed^holePunchSalt) ^ lo<<32 ^ hi)
+	return float64(x>>11)/(1<<53) < w.o.HolePunch
+}
+
+// holePunchSalt keeps the hole punching hash apart from any other use of
+// the seed.
+const holePunchSalt = 0x686f6c652d70756e // "hole-pun"
+
+// mix64 is SplitMix64's finaliser: every input bit moves about half of the
+// output bits.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
 }
 
 // reach reports whether a can send to b now: both live, on the same side of

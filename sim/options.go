@@ -30,6 +30,7 @@ const (
 	DefaultVersions   = 5
 	DefaultBundleMiB  = 16
 	DefaultNATShare   = 0.4
+	DefaultHolePunch  = 0.7
 	DefaultDegree     = 8
 	DefaultRoundEvery = 3 * time.Minute
 	DefaultMalicious  = 0.1
@@ -54,6 +55,11 @@ type Options struct {
 	// number of relay nodes (default one per 50 devices, at least 2).
 	NATShare float64
 	Relays   int
+	// HolePunch is the share of connections between two NAT devices that
+	// hole punching (libp2p's DCUtR) turns direct; the others stay relayed
+	// (default 0.7; negative means none, every such connection relayed).
+	// Which pairs are punched is drawn per pair from the seed.
+	HolePunch float64
 	// Degree is how many peers each node dials (default 8, or Nodes−1 if
 	// fewer); with the peers that dial it a node keeps about twice as
 	// many.
@@ -74,8 +80,8 @@ type Options struct {
 }
 
 // WithDefaults returns o with zero fields set to their defaults. A
-// negative NATShare, Malicious or MaliciousTrainers (none) stays negative,
-// so that applying it twice changes nothing.
+// negative NATShare, HolePunch, Malicious or MaliciousTrainers (none)
+// stays negative, so that applying it twice changes nothing.
 func (o Options) WithDefaults() Options {
 	if o.Scenario == "" {
 		o.Scenario = Baseline
@@ -97,6 +103,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.NATShare == 0 {
 		o.NATShare = DefaultNATShare
+	}
+	if o.HolePunch == 0 {
+		o.HolePunch = DefaultHolePunch
 	}
 	if o.Relays == 0 {
 		o.Relays = max(2, o.Nodes/50)
@@ -138,6 +147,8 @@ func (o Options) Validate() error {
 		return bad("bundle of %d MiB outside [1, 1024]", d.BundleMiB)
 	case !(d.NATShare < 1) || math.IsNaN(d.NATShare):
 		return bad("NAT share %v outside [0, 1)", o.NATShare)
+	case d.HolePunch > 1 || math.IsNaN(d.HolePunch):
+		return bad("hole punching share %v outside [0, 1]", o.HolePunch)
 	case d.Relays < 1 || d.Relays > d.Nodes/2:
 		return bad("relays %d outside [1, nodes/2]", d.Relays)
 	case d.Degree < 1 || d.Degree >= d.Nodes:

@@ -46,10 +46,13 @@ type Report struct {
 
 // Summary is the options the run used, after defaults.
 type Summary struct {
-	Versions    int     `json:"versions"`
-	BundleMiB   int     `json:"bundle_mib"`
-	NATShare    float64 `json:"nat_share"`
-	Relays      int     `json:"relays"`
+	Versions  int     `json:"versions"`
+	BundleMiB int     `json:"bundle_mib"`
+	NATShare  float64 `json:"nat_share"`
+	Relays    int     `json:"relays"`
+	// HolePunch: the share of NAT-to-NAT connections hole punching
+	// turned direct (0: none).
+	HolePunch   float64 `json:"hole_punch"`
 	Degree      int     `json:"degree"`
 	RoundEveryS float64 `json:"round_every_s"`
 	DurationS   float64 `json:"duration_s"`
@@ -66,6 +69,11 @@ type NetSummary struct {
 	NAT            int     `json:"nat"`
 	Relays         int     `json:"relays"`
 	MeanDegree     float64 `json:"mean_degree"`
+	// NATPairs: connections in the peer graph between two NAT devices;
+	// Punched: those of them hole punching made direct (the others go
+	// through the receiver's relay).
+	NATPairs int `json:"nat_pairs"`
+	Punched  int `json:"punched_pairs"`
 }
 
 // VersionReport is one version's spread.
@@ -88,14 +96,30 @@ type VersionReport struct {
 	// Ratio99 is Reach99 / Bound99.
 	Ratio99 float64 `json:"ratio99"`
 	Score   float64 `json:"score"`
+	// AwakeLive: of Live, the devices that stayed awake from the
+	// publication until they held the version (or to the end of the run):
+	// those no protocol could have missed. AwakeReach50..AwakeReach99 are
+	// the reach times over them, AwakeBound99 the bound for their number,
+	// AwakeRatio99 AwakeReach99 / AwakeBound99.
+	AwakeLive    int     `json:"awake_live"`
+	AwakeReach50 float64 `json:"awake_reach50_s"`
+	AwakeReach95 float64 `json:"awake_reach95_s"`
+	AwakeReach99 float64 `json:"awake_reach99_s"`
+	AwakeBound99 float64 `json:"awake_bound99_s"`
+	AwakeRatio99 float64 `json:"awake_ratio99"`
 }
 
 // Propagation summarises the versions: the worst and median Reach99 /
-// Bound99, and whether every version reached 99% within 2× the bound.
+// Bound99, and whether every version reached 99% within 2× the bound; the
+// Awake fields the same over the devices that stayed awake until they held
+// the version (VersionReport.AwakeRatio99).
 type Propagation struct {
-	MedianRatio99 float64 `json:"median_ratio99"`
-	MaxRatio99    float64 `json:"max_ratio99"`
-	Within2x      bool    `json:"within_2x"`
+	MedianRatio99      float64 `json:"median_ratio99"`
+	MaxRatio99         float64 `json:"max_ratio99"`
+	Within2x           bool    `json:"within_2x"`
+	AwakeMedianRatio99 float64 `json:"awake_median_ratio99"`
+	AwakeMaxRatio99    float64 `json:"awake_max_ratio99"`
+	AwakeWithin2x      bool    `json:"awake_within_2x"`
 }
 
 // GossipReport: version offers and the revocation flooded over the mesh.
@@ -185,6 +209,7 @@ type PoisonRun struct {
 type SweepRow struct {
 	NATShare      float64 `json:"nat_share"`
 	Relays        int     `json:"relays"`
+	HolePunch     float64 `json:"hole_punch"`
 	MedianReach99 float64 `json:"median_reach99_s"`
 	MedianRatio99 float64 `json:"median_ratio99"`
 	RelayedMiB    float64 `json:"relayed_mib"`
@@ -202,7 +227,7 @@ func round3(x float64) float64 {
 func (w *world) report() *Report {
 	o := w.o
 	r := &Report{Seed: o.Seed, Scenario: o.Scenario, Nodes: o.Nodes, Trainers: o.Trainers,
-		Options: Summary{Versions: o.Versions, BundleMiB: o.BundleMiB, NATShare: max(0, o.NATShare), Relays: len(w.relays), Degree: o.Degree,
+		Options: Summary{Versions: o.Versions, BundleMiB: o.BundleMiB, NATShare: max(0, o.NATShare), Relays: len(w.relays), HolePunch: max(0, o.HolePunch), Degree: o.Degree,
 			RoundEveryS: o.RoundEvery.Seconds(), DurationS: o.Duration.Seconds(), Defences: w.def.Name},
 		VirtualSeconds: round3(seconds(w.now)), Events: w.events, Failovers: w.failovers}
 	if o.Scenario == Poison {
@@ -213,26 +238,57 @@ func (w *world) report() *Report {
 	}
 	// Network.
 	var downs, ups, rtts []float64
-	nat, deg := 0, 0
+	nat, deg, natPairs, punched := 0, 0, 0, 0
 	for i := range o.Nodes {
 		n := w.nodes[i]
 		downs, ups, rtts = append(downs, n.down/mbit), append(ups, n.up/mbit), append(rtts, 2*n.lat.Seconds()*1000)
 		if n.nat {
 			nat++
+			for _, j := range n.nbrs {
+				if m := w.nodes[j]; j > i && m.nat {
+					natPairs++
+					if w.punched(n, m) {
+						punched++
+					}
+				}
+			}
 		}
 		deg += len(n.nbrs)
 	}
 	r.Network = NetSummary{MedianDownMbit: round3(median(downs)), MedianUpMbit: round3(median(ups)), MedianRTTms: round3(median(rtts)),
-		NAT: nat, Relays: len(w.relays), MeanDegree: round3(float64(deg) / float64(o.Nodes))}
+		NAT: nat, Relays: len(w.relays), MeanDegree: round3(float64(deg) / float64(o.Nodes)), NATPairs: natPairs, Punched: punched}
 	// Versions and the bound.
 	hop := w.hopTime()
-	var ratios []float64
+	// at is the time until a share q of n devices held a version, given
+	// the sorted times of those that did; bound is the log-tree bound.
+	at := func(times []float64, n int, q float64) float64 {
+		need := int(math.Ceil(q * float64(n)))
+		if need == 0 {
+			return 0
+		}
+		if need > len(times) {
+			return -1
+		}
+		return round3(times[need-1])
+	}
+	bound := func(n int, q float64) float64 {
+		k := math.Ceil(q * float64(n))
+		return round3(math.Ceil(math.Log2(k+1)) * hop)
+	}
+	ratioOf := func(reach, bound float64) float64 {
+		if reach >= 0 && bound > 0 {
+			return round3(reach / bound)
+		}
+		return -1
+	}
+	var ratios, awakeRatios []float64
 	for k, ver := range w.lineage {
 		v := ver.Version
 		vr := VersionReport{Version: v, Term: ver.Term, Index: ver.Index, Published: round3(seconds(w.pubAt[v])), Score: round3(w.scores[k])}
 		// The devices live at publication that stayed: not gone for good,
-		// and not asleep at the end without the version.
-		var times []float64
+		// and not asleep at the end without the version. Of those, the
+		// awake ones did not sleep or leave before they held it.
+		var times, awake []float64
 		for i := range o.Nodes {
 			t := w.reached[v][i]
 			if !w.liveAtPub[v][i] || w.isVictim(i) || w.nodes[i].left && t < 0 || w.nodes[i].asleep && t < 0 {
@@ -242,28 +298,27 @@ func (w *world) report() *Report {
 			if t >= 0 {
 				times = append(times, seconds(t-w.pubAt[v]))
 			}
+			if w.slept(i, w.pubAt[v], t) {
+				continue
+			}
+			vr.AwakeLive++
+			if t >= 0 {
+				awake = append(awake, seconds(t-w.pubAt[v]))
+			}
 		}
 		slices.Sort(times)
-		at := func(q float64) float64 {
-			need := int(math.Ceil(q * float64(vr.Live)))
-			if need == 0 {
-				return 0
-			}
-			if need > len(times) {
-				return -1
-			}
-			return round3(times[need-1])
-		}
-		bound := func(q float64) float64 {
-			k := math.Ceil(q * float64(vr.Live))
-			return round3(math.Ceil(math.Log2(k+1)) * hop)
-		}
-		vr.Reach50, vr.Reach95, vr.Reach99 = at(0.5), at(0.95), at(0.99)
-		vr.Bound50, vr.Bound95, vr.Bound99 = bound(0.5), bound(0.95), bound(0.99)
-		vr.Ratio99 = -1
-		if vr.Reach99 >= 0 && vr.Bound99 > 0 {
-			vr.Ratio99 = round3(vr.Reach99 / vr.Bound99)
+		slices.Sort(awake)
+		vr.Reach50, vr.Reach95, vr.Reach99 = at(times, vr.Live, 0.5), at(times, vr.Live, 0.95), at(times, vr.Live, 0.99)
+		vr.Bound50, vr.Bound95, vr.Bound99 = bound(vr.Live, 0.5), bound(vr.Live, 0.95), bound(vr.Live, 0.99)
+		vr.Ratio99 = ratioOf(vr.Reach99, vr.Bound99)
+		if vr.Ratio99 >= 0 {
 			ratios = append(ratios, vr.Ratio99)
+		}
+		vr.AwakeReach50, vr.AwakeReach95, vr.AwakeReach99 = at(awake, vr.AwakeLive, 0.5), at(awake, vr.AwakeLive, 0.95), at(awake, vr.AwakeLive, 0.99)
+		vr.AwakeBound99 = bound(vr.AwakeLive, 0.99)
+		vr.AwakeRatio99 = ratioOf(vr.AwakeReach99, vr.AwakeBound99)
+		if vr.AwakeRatio99 >= 0 {
+			awakeRatios = append(awakeRatios, vr.AwakeRatio99)
 		}
 		r.Versions = append(r.Versions, vr)
 		r.Learning = append(r.Learning, vr.Score)
@@ -271,17 +326,8 @@ func (w *world) report() *Report {
 	if r.Learning == nil {
 		r.Learning = []float64{}
 	}
-	r.Propagation.Within2x = len(ratios) == len(r.Versions) && len(ratios) > 0
-	for _, x := range ratios {
-		r.Propagation.MaxRatio99 = math.Max(r.Propagation.MaxRatio99, x)
-		if x > 2 {
-			r.Propagation.Within2x = false
-		}
-	}
-	r.Propagation.MedianRatio99 = round3(median(slices.Clone(ratios)))
-	if len(ratios) < len(r.Versions) {
-		r.Propagation.MaxRatio99 = -1
-	}
+	r.Propagation.MedianRatio99, r.Propagation.MaxRatio99, r.Propagation.Within2x = summarise(ratios, len(r.Versions))
+	r.Propagation.AwakeMedianRatio99, r.Propagation.AwakeMaxRatio99, r.Propagation.AwakeWithin2x = summarise(awakeRatios, len(r.Versions))
 	// Gossip.
 	var live, got, copies, lost int
 	for _, m := range w.msgs {
@@ -383,6 +429,34 @@ func (w *world) report() *Report {
 	return r
 }
 
+// summarise returns the median and the worst of the versions' ratios (-1
+// if some of the n versions have none) and whether all n are within 2×.
+func summarise(ratios []float64, n int) (med, worst float64, within2x bool) {
+	within2x = len(ratios) == n && n > 0
+	for _, x := range ratios {
+		worst = math.Max(worst, x)
+		if x > 2 {
+			within2x = false
+		}
+	}
+	med = round3(median(slices.Clone(ratios)))
+	if len(ratios) < n {
+		worst = -1
+	}
+	return med, worst, within2x
+}
+
+// slept reports whether device i fell asleep or left in [from, until), or
+// from from on if until is negative (it never held the version).
+func (w *world) slept(i int, from, until time.Duration) bool {
+	for _, s := range w.peers[i].sleeps {
+		if s >= from && (until < 0 || s < until) {
+			return true
+		}
+	}
+	return false
+}
+
 // hopTime is one hop of the log-tree bound: a whole bundle over the median
 // device link (the smaller of the median uplink and the median downlink)
 // plus the median one-way latency between two devices.
@@ -403,15 +477,19 @@ func (r *Report) WriteTable(out io.Writer) error {
 	f("seed %d, scenario %s: %d devices, %d trainers, %d MiB bundles\n", r.Seed, r.Scenario, r.Nodes, r.Trainers, r.Options.BundleMiB)
 	f("network: median down %.0f Mbit/s, up %.1f Mbit/s, RTT %.0f ms; %d behind NAT via %d relays; mean degree %.1f\n",
 		r.Network.MedianDownMbit, r.Network.MedianUpMbit, r.Network.MedianRTTms, r.Network.NAT, r.Network.Relays, r.Network.MeanDegree)
+	f("hole punching: %.0f%% of NAT-to-NAT connections; %d of %d in the peer graph direct, %d relayed\n",
+		100*r.Options.HolePunch, r.Network.Punched, r.Network.NATPairs, r.Network.NATPairs-r.Network.Punched)
 	f("\nadapter versions reaching the live devices (seconds after publication; bound: log-tree at median links)\n")
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "version\tterm\tindex\tpublished\tlive\t50%\t95%\t99%\tbound 99%\t99%/bound\tscore\t")
+	fmt.Fprintln(tw, "version\tterm\tindex\tpublished\tlive\t50%\t95%\t99%\tbound 99%\t99%/bound\tstayed up\ttheir 99%\ttheir 99%/bound\tscore\t")
 	for _, v := range r.Versions {
-		fmt.Fprintf(tw, "v%d\t%d\t%d\t%.1f\t%d\t%s\t%s\t%s\t%.1f\t%s\t%.3f\t\n", v.Version, v.Term, v.Index, v.Published, v.Live,
-			secs(v.Reach50), secs(v.Reach95), secs(v.Reach99), v.Bound99, ratio(v.Ratio99), v.Score)
+		fmt.Fprintf(tw, "v%d\t%d\t%d\t%.1f\t%d\t%s\t%s\t%s\t%.1f\t%s\t%d\t%s\t%s\t%.3f\t\n", v.Version, v.Term, v.Index, v.Published, v.Live,
+			secs(v.Reach50), secs(v.Reach95), secs(v.Reach99), v.Bound99, ratio(v.Ratio99), v.AwakeLive, secs(v.AwakeReach99), ratio(v.AwakeRatio99), v.Score)
 	}
 	tw.Flush()
 	f("99%% within 2x the bound: %v (median %.2fx, worst %s)\n", r.Propagation.Within2x, r.Propagation.MedianRatio99, ratio(r.Propagation.MaxRatio99))
+	f("99%% of those that stayed up until they held it, within 2x the bound: %v (median %.2fx, worst %s)\n",
+		r.Propagation.AwakeWithin2x, r.Propagation.AwakeMedianRatio99, ratio(r.Propagation.AwakeMaxRatio99))
 	f("\ngossip: %d messages, delivery ratio %.4f, %.2f copies per node per message, %d lost on links\n",
 		r.Gossip.Messages, r.Gossip.DeliveryRatio, r.Gossip.CopiesPerNode, r.Gossip.Lost)
 	f("staleness: %.2f%% of live device-time on an older adapter, %.1f s per device per version\n", 100*r.Staleness.Share, r.Staleness.MeanPerVersion)
@@ -452,9 +530,9 @@ func (r *Report) WriteTable(out io.Writer) error {
 	if len(r.Sweep) > 0 {
 		f("\nNAT and relays\n")
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "NAT share\trelays\tmedian 99%\tmedian 99%/bound\trelayed MiB\tconverged\t")
+		fmt.Fprintln(tw, "NAT share\trelays\thole punching\tmedian 99%\tmedian 99%/bound\trelayed MiB\tconverged\t")
 		for _, s := range r.Sweep {
-			fmt.Fprintf(tw, "%.0f%%\t%d\t%s\t%s\t%.0f\t%v\t\n", 100*s.NATShare, s.Relays, secs(s.MedianReach99), ratio(s.MedianRatio99), s.RelayedMiB, s.Converged)
+			fmt.Fprintf(tw, "%.0f%%\t%d\t%.0f%%\t%s\t%s\t%.0f\t%v\t\n", 100*s.NATShare, s.Relays, 100*s.HolePunch, secs(s.MedianReach99), ratio(s.MedianRatio99), s.RelayedMiB, s.Converged)
 		}
 		tw.Flush()
 	}

@@ -54,7 +54,7 @@ func Run(o Options) (*Report, error) {
 					reach = append(reach, v.Reach99)
 				}
 			}
-			r.Sweep = append(r.Sweep, SweepRow{NATShare: max(0, sw.o.NATShare), Relays: len(sw.relays), MedianReach99: round3(median(reach)),
+			r.Sweep = append(r.Sweep, SweepRow{NATShare: max(0, sw.o.NATShare), Relays: len(sw.relays), HolePunch: sr.Options.HolePunch, MedianReach99: round3(median(reach)),
 				MedianRatio99: sr.Propagation.MedianRatio99, RelayedMiB: sr.Bytes.RelayedMiB, Converged: sr.Invariants.OK})
 		}
 	}

@@ -363,6 +363,7 @@ func (w *world) setAwake(i int, awake bool) {
 	n, p := w.nodes[i], w.peers[i]
 	n.asleep = !awake
 	if !awake {
+		p.sleeps = append(p.sleeps, w.now)
 		if p.staleSince >= 0 {
 			p.stale += w.now - p.staleSince
 			p.staleSince = -1

@@ -3,7 +3,10 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -55,6 +58,11 @@ func TestSameSeedSameBytes(t *testing.T) {
 	}
 	if !strings.HasPrefix(string(ta), "seed 7,") {
 		t.Errorf("the table does not start with its seed: %q", ta[:min(len(ta), 40)])
+	}
+	for _, field := range []string{`"hole_punch":0.7`, `"punched_pairs":`, `"awake_reach99_s":`, `"awake_within_2x":`} {
+		if !bytes.Contains(ja, []byte(field)) {
+			t.Errorf("the JSON has no %s", field)
+		}
 	}
 	o.Seed = 8
 	c, err := Run(o)
@@ -109,6 +117,16 @@ func TestInvariantsOverSeeds(t *testing.T) {
 			if sc == Churn && len(r.Failovers) == 0 {
 				t.Errorf("%s: the leader was killed and no failover is reported", name)
 			}
+			// With no device asleep, the devices that stayed up are all of
+			// them (a partition cuts devices off, it does not put them to
+			// sleep).
+			if sc != Churn {
+				for _, v := range r.Versions {
+					if v.AwakeLive != v.Live || v.AwakeReach99 != v.Reach99 || v.AwakeRatio99 != v.Ratio99 {
+						t.Errorf("%s: v%d: %d live, 99%% in %v s; stayed up %d, in %v s", name, v.Version, v.Live, v.Reach99, v.AwakeLive, v.AwakeReach99)
+					}
+				}
+			}
 		}
 	}
 }
@@ -146,6 +164,127 @@ func TestInvariantChecksFail(t *testing.T) {
 	}
 	if !conv || !rev {
 		t.Errorf("violations %q: want the convergence and the revocation ones", r.Invariants.Violations)
+	}
+}
+
+// Under churn, the reach over the devices that stayed up leaves out those
+// that slept before they had a version, which no protocol could reach: its
+// 99% comes no later than the figure over every device live at
+// publication, and that figure is left as it was.
+func TestAwakeReachChurn(t *testing.T) {
+	excluded := 0
+	for seed := range seeds(t, 3) {
+		o := Options{Nodes: 150, Seed: uint64(seed + 11), Versions: 3, Scenario: Churn}
+		w, err := newWorld(o, DefAll)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.run()
+		r := w.report()
+		for _, v := range r.Versions {
+			name := fmt.Sprintf("seed %d v%d", o.Seed, v.Version)
+			if v.AwakeLive > v.Live || v.AwakeLive == 0 {
+				t.Errorf("%s: %d stayed up of %d live", name, v.AwakeLive, v.Live)
+			}
+			excluded += v.Live - v.AwakeLive
+			if v.AwakeReach99 < 0 || v.Reach99 >= 0 && v.AwakeReach99 > v.Reach99 {
+				t.Errorf("%s: 99%% of those that stayed up in %v s, 99%% of the live ones in %v s", name, v.AwakeReach99, v.Reach99)
+			}
+			if !(v.AwakeReach50 <= v.AwakeReach95 && v.AwakeReach95 <= v.AwakeReach99) {
+				t.Errorf("%s: stayed up: %v/%v/%v", name, v.AwakeReach50, v.AwakeReach95, v.AwakeReach99)
+			}
+			// The old figure, recomputed from the run: the 99th percentile
+			// over the live devices (those that left or sleep at the end
+			// without the version are not counted).
+			var times []float64
+			live := 0
+			for i := range o.Nodes {
+				at := w.reached[v.Version][i]
+				if !w.liveAtPub[v.Version][i] || w.isVictim(i) || (w.nodes[i].left || w.nodes[i].asleep) && at < 0 {
+					continue
+				}
+				live++
+				if at >= 0 {
+					times = append(times, seconds(at-w.pubAt[v.Version]))
+				}
+			}
+			slices.Sort(times)
+			need := int(math.Ceil(0.99 * float64(live)))
+			want := -1.0
+			if need <= len(times) {
+				want = round3(times[need-1])
+			}
+			if live != v.Live || want != v.Reach99 {
+				t.Errorf("%s: %d live, 99%% in %v s; recomputed %d, %v s", name, v.Live, v.Reach99, live, want)
+			}
+		}
+		if r.Propagation.AwakeMedianRatio99 > r.Propagation.MedianRatio99 {
+			t.Errorf("seed %d: median ratio %v over those that stayed up, %v over all", o.Seed, r.Propagation.AwakeMedianRatio99, r.Propagation.MedianRatio99)
+		}
+	}
+	if excluded == 0 {
+		t.Error("no device slept before it had a version: the churn scenario did not exercise the measure")
+	}
+}
+
+// Hole punching 0 is the old model, every NAT-to-NAT connection through a
+// relay; 1 leaves none relayed; the draw changes nothing else of the
+// network.
+func TestHolePunch(t *testing.T) {
+	run := func(hp float64) (*world, *Report) {
+		w, err := newWorld(Options{Nodes: 150, Seed: 4, Versions: 2, HolePunch: hp}, DefAll)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.run()
+		r := w.report()
+		if !r.Invariants.OK {
+			t.Errorf("hole punching %v: %v", hp, r.Invariants.Violations)
+		}
+		return w, r
+	}
+	w0, none := run(-1)
+	w1, all := run(1)
+	_, def := run(0)
+	if none.Options.HolePunch != 0 || all.Options.HolePunch != 1 || def.Options.HolePunch != DefaultHolePunch {
+		t.Errorf("hole punching reported as %v, %v, %v", none.Options.HolePunch, all.Options.HolePunch, def.Options.HolePunch)
+	}
+	if none.Network.NATPairs == 0 || none.Network.Punched != 0 || none.Bytes.RelayedMiB == 0 {
+		t.Errorf("no hole punching: %d NAT pairs, %d punched, %v MiB relayed", none.Network.NATPairs, none.Network.Punched, none.Bytes.RelayedMiB)
+	}
+	if all.Network.Punched != all.Network.NATPairs || all.Bytes.RelayedMiB != 0 {
+		t.Errorf("all punched: %d of %d NAT pairs punched, %v MiB relayed", all.Network.Punched, all.Network.NATPairs, all.Bytes.RelayedMiB)
+	}
+	if share := float64(def.Network.Punched) / float64(def.Network.NATPairs); share < 0.55 || share > 0.85 {
+		t.Errorf("default: %d of %d NAT pairs punched (%.2f), want about %v", def.Network.Punched, def.Network.NATPairs, share, DefaultHolePunch)
+	}
+	if def.Bytes.RelayedMiB <= 0 || def.Bytes.RelayedMiB >= none.Bytes.RelayedMiB {
+		t.Errorf("relayed: %v MiB with the default hole punching, %v MiB with none", def.Bytes.RelayedMiB, none.Bytes.RelayedMiB)
+	}
+	a, b := none.Network, all.Network
+	a.Punched, b.Punched = 0, 0
+	if a != b {
+		t.Errorf("hole punching changed the drawn network: %+v, %+v", none.Network, all.Network)
+	}
+	// Per pair: both directions agree; a NAT pair is relayed exactly when
+	// it is not punched, through the receiver's relay.
+	for _, w := range []*world{w0, w1} {
+		for i := range w.o.Nodes {
+			a := w.nodes[i]
+			for _, j := range a.nbrs {
+				b := w.nodes[j]
+				if w.punched(a, b) != w.punched(b, a) {
+					t.Fatalf("hole punching %v: %s-%s punched one way only", w.o.HolePunch, a.pid, b.pid)
+				}
+				want := -1
+				if a.nat && b.nat && w.o.HolePunch < 0 {
+					want = b.relay
+				}
+				if got := w.relayOf(a, b); got != want {
+					t.Fatalf("hole punching %v: %s to %s through %d, want %d", w.o.HolePunch, a.pid, b.pid, got, want)
+				}
+			}
+		}
 	}
 }
 
@@ -189,7 +328,7 @@ func TestRelaysSweep(t *testing.T) {
 		t.Errorf("no NAT: %+v", r.Sweep[0])
 	}
 	for _, s := range r.Sweep {
-		if !s.Converged || s.MedianReach99 <= 0 {
+		if !s.Converged || s.MedianReach99 <= 0 || s.HolePunch != DefaultHolePunch {
 			t.Errorf("%+v", s)
 		}
 		if s.NATShare > 0 && s.RelayedMiB == 0 {
@@ -201,7 +340,7 @@ func TestRelaysSweep(t *testing.T) {
 func TestOptionsValidate(t *testing.T) {
 	for _, o := range []Options{
 		{Scenario: "storm"}, {Nodes: 2}, {Trainers: 10}, {NATShare: 1.5}, {Malicious: 0.6},
-		{Duration: 1}, {Nodes: 10, Relays: 6}, {Trainers: 2, MaliciousTrainers: 1},
+		{Duration: 1}, {Nodes: 10, Relays: 6}, {Trainers: 2, MaliciousTrainers: 1}, {HolePunch: 1.01}, {HolePunch: math.NaN()},
 	} {
 		if err := o.Validate(); err == nil {
 			t.Errorf("%+v: no error", o)
@@ -211,7 +350,7 @@ func TestOptionsValidate(t *testing.T) {
 		t.Errorf("the defaults: %v", err)
 	}
 	// Defaults applied twice change nothing: "none" stays none.
-	for _, o := range []Options{{}, {Scenario: Poison, NATShare: -1, Malicious: -1, MaliciousTrainers: -1}, {Nodes: 5, Trainers: 5, Scenario: Poison}} {
+	for _, o := range []Options{{}, {Scenario: Poison, NATShare: -1, HolePunch: -1, Malicious: -1, MaliciousTrainers: -1}, {Nodes: 5, Trainers: 5, Scenario: Poison}} {
 		if d := o.WithDefaults(); d != d.WithDefaults() {
 			t.Errorf("%+v: defaults %+v, twice %+v", o, d, d.WithDefaults())
 		}

@@ -53,6 +53,8 @@ type peer struct {
 	// counting) and how much before that.
 	liveSince time.Duration
 	liveTime  time.Duration
+	// sleeps: when a device fell asleep or left, in order.
+	sleeps []time.Duration
 
 	bytesUp int64 // chunk bytes sent
 }

@@ -14,12 +14,13 @@ import (
 	"github.com/clawmesh/clawmesh/sim"
 )
 
-const simHelp = `Usage: clawmesh sim [--nodes N] [--trainers N] [--seed N] [--scenario NAME] [--json] [--plot DIR]
+const simHelp = `Usage: clawmesh sim [--nodes N] [--trainers N] [--seed N] [--scenario NAME] [--hole-punch S] [--json] [--plot DIR]
 
 Simulates the mesh at scale in one process, in virtual time: devices on
-home-network links (some behind NAT, reached through relays), the trainers'
-raft group running rounds, adapter versions spreading back by gossip offers
-and chunked fetches re-served from device to device. The protocol's real
+home-network links (some behind NAT, reached through relays unless hole
+punching makes the connection direct), the trainers' raft group running
+rounds, adapter versions spreading back by gossip offers and chunked
+fetches re-served from device to device. The protocol's real
 code runs where it is cheap enough (certificates and revocations, manifest
 signing, verification and fencing, the trainers' replicated state machine,
 aggregation); links, raft's timing and training are modelled (see the sim
@@ -37,7 +38,7 @@ Scenarios (--scenario):
   partition  the network is cut in two, the leader on the smaller side with
              30% of the devices, and healed two rounds later
   relays     the baseline again over NAT shares 0/40/70% and 2 or the
-             default number of relays
+             default number of relays, at the run's --hole-punch share
   poison     --malicious of the devices misbehave (flipped rewards and forged
              scores, sent 16 times as often; oversized and malformed
              batches), one trainer returns a huge delta; the learning curve
@@ -47,6 +48,12 @@ Scenarios (--scenario):
 Figures:
   50%/95%/99%   seconds from a version's publication until that share of the
                 devices live then (and still in the mesh) held it or a newer one
+  stayed up     the same over the devices that stayed awake from the
+                publication until they held it (or to the end): under churn
+                the others slept before they could get it
+  hole punching --hole-punch: the share of connections between two NAT
+                devices that hole punching (DCUtR) turns direct, drawn per
+                pair from the seed; the others stay relayed (0: all relayed)
   bound         the log-tree bound: ceil(log2(k+1)) hops to reach k devices,
                 a hop being the whole bundle over the median device link plus
                 the median latency
@@ -73,6 +80,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&o.BundleMiB, "bundle-mib", sim.DefaultBundleMiB, "adapter bundle size in MiB")
 	fs.Float64Var(&o.NATShare, "nat", sim.DefaultNATShare, "fraction of devices behind NAT")
 	fs.IntVar(&o.Relays, "relays", 0, "relay nodes (default: one per 50 devices, at least 2)")
+	fs.Float64Var(&o.HolePunch, "hole-punch", sim.DefaultHolePunch, "share of NAT-to-NAT connections hole punching makes direct, 0-1 (0: all relayed)")
 	fs.DurationVar(&o.Duration, "duration", 0, "virtual time limit of a run (default: versions+5 round intervals)")
 	fs.DurationVar(&o.RoundEvery, "round-every", sim.DefaultRoundEvery, "least virtual time between two rounds")
 	asJSON := fs.Bool("json", false, "print the report as JSON (fields: see README.md)")
@@ -96,6 +104,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErr("--bundle-mib %d: at least 1", o.BundleMiB)
 	case o.Versions < 0:
 		return usageErr("--versions %d: at least 1", o.Versions)
+	case !(o.HolePunch >= 0 && o.HolePunch <= 1):
+		return usageErr("--hole-punch %v: a share in [0, 1]", o.HolePunch)
 	}
 	switch {
 	case *malTrainers == 0:
@@ -110,6 +120,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if o.Malicious == 0 {
 		o.Malicious = -1
+	}
+	if o.HolePunch == 0 {
+		o.HolePunch = -1 // --hole-punch 0: every NAT-to-NAT connection relayed
 	}
 	if err := o.Validate(); err != nil {
 		return usageErr("%v", strings.TrimPrefix(err.Error(), sim.ErrOptions.Error()+": "))

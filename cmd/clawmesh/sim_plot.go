@@ -21,7 +21,8 @@ var simColors = []color.Color{
 }
 
 // plotSim draws the run's figures into dir: the propagation of each
-// version against its bound, and for the poison scenario the learning
+// version (over the devices live at its publication, and over those that
+// stayed up until they held it) against its bound, and for the poison scenario the learning
 // curves. It returns the files written.
 func plotSim(r *sim.Report, dir string) ([]string, error) {
 	var out []string
@@ -37,6 +38,7 @@ func plotSim(r *sim.Report, dir string) ([]string, error) {
 		{"50%", func(v sim.VersionReport) float64 { return v.Reach50 }},
 		{"95%", func(v sim.VersionReport) float64 { return v.Reach95 }},
 		{"99%", func(v sim.VersionReport) float64 { return v.Reach99 }},
+		{"99% of those that stayed up", func(v sim.VersionReport) float64 { return v.AwakeReach99 }},
 		{"bound 99%", func(v sim.VersionReport) float64 { return v.Bound99 }},
 		{"2x bound 99%", func(v sim.VersionReport) float64 { return 2 * v.Bound99 }},
 	}
@@ -57,7 +59,7 @@ func plotSim(r *sim.Report, dir string) ([]string, error) {
 		c := simColors[i%len(simColors)]
 		line.Color, points.Color = c, c
 		points.Shape = draw.CircleGlyph{}
-		if i >= 3 {
+		if i >= 4 {
 			line.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
 		}
 		p.Add(line, points)

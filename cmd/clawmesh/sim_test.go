@@ -21,9 +21,17 @@ func TestSimJSONAndTable(t *testing.T) {
 	var r struct {
 		Seed     uint64 `json:"seed"`
 		Scenario string `json:"scenario"`
+		Options  struct {
+			HolePunch float64 `json:"hole_punch"`
+		} `json:"options"`
+		Network struct {
+			NATPairs int `json:"nat_pairs"`
+			Punched  int `json:"punched_pairs"`
+		} `json:"network"`
 		Versions []struct {
-			Version uint64  `json:"version"`
-			Reach99 float64 `json:"reach99_s"`
+			Version      uint64  `json:"version"`
+			Reach99      float64 `json:"reach99_s"`
+			AwakeReach99 float64 `json:"awake_reach99_s"`
 		} `json:"versions"`
 		Invariants struct {
 			OK bool `json:"ok"`
@@ -34,6 +42,22 @@ func TestSimJSONAndTable(t *testing.T) {
 	}
 	if r.Seed != 5 || r.Scenario != "baseline" || len(r.Versions) != 2 || !r.Invariants.OK || r.Versions[1].Reach99 <= 0 {
 		t.Errorf("report: %+v", r)
+	}
+	if r.Options.HolePunch != 0.7 || r.Network.Punched == 0 || r.Versions[1].AwakeReach99 != r.Versions[1].Reach99 {
+		t.Errorf("hole punching %v, %d of %d NAT pairs punched; v2 reached 99%% in %v s, of those that stayed up in %v s",
+			r.Options.HolePunch, r.Network.Punched, r.Network.NATPairs, r.Versions[1].Reach99, r.Versions[1].AwakeReach99)
+	}
+	// --hole-punch 0: every NAT-to-NAT connection relayed.
+	c, errs, code := runCLI(t, append(args, "--json", "--hole-punch", "0")...)
+	if code != 0 {
+		t.Fatalf("--hole-punch 0: code %d: %s", code, errs)
+	}
+	r.Network.Punched = -1
+	if err := json.Unmarshal([]byte(c), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Options.HolePunch != 0 || r.Network.Punched != 0 || r.Network.NATPairs == 0 {
+		t.Errorf("--hole-punch 0: hole punching %v, %d of %d NAT pairs punched", r.Options.HolePunch, r.Network.Punched, r.Network.NATPairs)
 	}
 	table, errs, code := runCLI(t, args...)
 	if code != 0 || !strings.HasPrefix(table, "seed 5, scenario baseline") || !strings.Contains(table, "invariants: all held") {
@@ -64,6 +88,8 @@ func TestSimBadInput(t *testing.T) {
 		{"sim", "--nodes", "2"},
 		{"sim", "--trainers", "0"},
 		{"sim", "--malicious", "0.7"},
+		{"sim", "--hole-punch", "1.5"},
+		{"sim", "--hole-punch", "-0.2"},
 		{"sim", "extra"},
 	} {
 		_, errs, code := runCLI(t, args...)
@@ -72,7 +98,7 @@ func TestSimBadInput(t *testing.T) {
 		}
 	}
 	out, errs, code := runCLI(t, "sim", "--help")
-	if out += errs; code != 0 || !strings.Contains(out, "partition") || !strings.Contains(out, "log-tree bound") || !strings.Contains(out, "--json") {
+	if out += errs; code != 0 || !strings.Contains(out, "partition") || !strings.Contains(out, "log-tree bound") || !strings.Contains(out, "--json") || !strings.Contains(out, "--hole-punch") {
 		t.Errorf("sim --help: code %d\n%s", code, out)
 	}
 }
