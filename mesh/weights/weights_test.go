@@ -409,7 +409,9 @@ func TestFetchLeavesStalledSource(t *testing.T) {
 	stalled, _ := serve(t, &holding{m: m, b: b, stall: stall}, me.id)
 	good, _ := serve(t, &holding{m: m, b: b}, me.id)
 	t.Cleanup(func() { close(stall) }) // before the servers close
-	f := newFetcher(t, me, FetcherConfig{StallTimeout: 300 * time.Millisecond, PerRequest: 1})
+	// Long enough that the good source, on a loaded machine, never looks
+	// stalled (300 ms was not: both sources were left).
+	f := newFetcher(t, me, FetcherConfig{StallTimeout: 2 * time.Second, PerRequest: 1})
 	path := filepath.Join(t.TempDir(), "b")
 	var mu sync.Mutex
 	var left map[mesh.PeerID]string
