@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,22 +12,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
-// TestTasksCommands: a verifier scaffolded by `reward new --verifier` and
-// built by `reward build`, a task set added by `tasks add` to a running
-// trainer, then `tasks ls` and `tasks status` (text and --json) showing the
-// set, its progress and its versions' evaluations.
-func TestTasksCommands(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds a plugin and runs a trainer")
-	}
+// buildChecker scaffolds a verifier with `reward new --verifier` in dir,
+// builds it with `reward build`, and returns the module's path.
+func buildChecker(t *testing.T, dir string) string {
+	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go toolchain")
 	}
-	dir := t.TempDir()
 	plugin := filepath.Join(dir, "checker")
 	if out, errOut, code := runCLI(t, "reward", "new", "--verifier", "checker", "--dir", plugin); code != 0 {
 		t.Fatalf("reward new: %s %s", out, errOut)
@@ -37,8 +34,13 @@ func TestTasksCommands(t *testing.T) {
 	if out, errOut, code := runCLI(t, "reward", "build", plugin); code != 0 {
 		t.Fatalf("reward build: %s %s", out, errOut)
 	}
-	wasm := filepath.Join(plugin, "checker.wasm")
+	return filepath.Join(plugin, "checker.wasm")
+}
 
+// numberTasks writes a task set of 8 prompts ("Say 3.", answer 3) to
+// dir/numbers.jsonl.
+func numberTasks(t *testing.T, dir string) string {
+	t.Helper()
 	var lines strings.Builder
 	for i := range 8 {
 		fmt.Fprintf(&lines, `{"id":"q%d","messages":[{"role":"user","content":"Say %d."}],"answer":%d,"meta":{"max_tokens":3}}`+"\n", i, i, i)
@@ -47,6 +49,20 @@ func TestTasksCommands(t *testing.T) {
 	if err := os.WriteFile(file, []byte(lines.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return file
+}
+
+// TestTasksCommands: a verifier scaffolded by `reward new --verifier` and
+// built by `reward build`, a task set added by `tasks add` to a running
+// trainer, then `tasks ls` and `tasks status` (text and --json) showing the
+// set, its progress and its versions' evaluations.
+func TestTasksCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a plugin and runs a trainer")
+	}
+	dir := t.TempDir()
+	wasm := buildChecker(t, dir)
+	file := numberTasks(t, dir)
 	bad := filepath.Join(dir, "bad.jsonl")
 	os.WriteFile(bad, []byte(`{"id":"a","messages":[]}`+"\n"), 0o600)
 
@@ -136,5 +152,77 @@ func TestBenchRollouts(t *testing.T) {
 	}
 	if _, errOut, code := runCLI(t, "bench", "rollouts", "--tasks", "x.jsonl"); code == 0 || !strings.Contains(errOut, "go together") {
 		t.Fatalf("--tasks alone: %d %s", code, errOut)
+	}
+}
+
+// TestTaskEvalsReachTheDevice: a trainer given a task set evaluates each
+// new version on the held-out split before it publishes it; the version's
+// signed manifest carries the evaluation to a device of the mesh, whose
+// `weights ls` (text and --json) shows it.
+func TestTaskEvalsReachTheDevice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a plugin, runs a model server, a node and a trainer")
+	}
+	dir := t.TempDir()
+	wasm := buildChecker(t, dir)
+	file := numberTasks(t, dir)
+	ctx := context.Background()
+	modelAddr := freeAddr(t)
+	sctx, scancel := context.WithCancel(ctx)
+	serveDone := make(chan int, 1)
+	go func() {
+		serveDone <- run(sctx, []string{"serve", "--tiny", "--listen", modelAddr, "--log", "error"}, io.Discard, io.Discard)
+	}()
+	t.Cleanup(func() { scancel(); <-serveDone })
+	waitHTTP(t, "http://"+modelAddr+"/v1/models")
+
+	a := filepath.Join(dir, "device")
+	cli(t, "mesh", "init", "--data", a)
+	na := runWeightsNode(t, a, "http://"+modelAddr+"/v1", "clawmesh", nil)
+	d := filepath.Join(dir, "trainer")
+	cli(t, "join", strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a)), "--data", d, "--p2p-listen", loopbackP2P[1])
+	tctx, tcancel := context.WithCancel(ctx)
+	tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackP2P, Bootstrap: na.Peer().Host.Addrs(),
+		Timing: trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond},
+		Group:  group.Config{Deadline: 5 * time.Second, LocalSteps: 1}, Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
+	if err != nil {
+		tcancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { tr.Run(tctx); close(done) }()
+	t.Cleanup(func() { tcancel(); <-done; tr.Close() })
+	waitLong(t, time.Minute, "version 0", func() bool { return len(tr.Lineage()) > 0 })
+
+	if out, errOut, code := runCLI(t, "tasks", "add", file, "--reward", wasm, "--group", "4", "--holdout", "0.25", "--per-round", "3", "--data", d); code != 0 {
+		t.Fatalf("tasks add: %d %q %q", code, out, errOut)
+	}
+	var v adapters.Version
+	waitLong(t, 4*time.Minute, "a version with its evaluation on the device", func() bool {
+		var ls adapters.Status
+		if json.Unmarshal([]byte(cli(t, "weights", "ls", "--json", "--data", a)), &ls) != nil {
+			return false
+		}
+		for _, x := range ls.Versions {
+			if len(x.Evals) > 0 && (x.State == "serving" || x.State == "installed") {
+				v = x
+				return true
+			}
+		}
+		return false
+	})
+	var committed *group.Eval
+	for _, lv := range tr.Lineage() {
+		if fmt.Sprint("v", lv.Version) == v.Version && len(lv.Evals) == 1 {
+			committed = &lv.Evals[0]
+		}
+	}
+	ev := v.Evals[0]
+	if committed == nil || len(v.Evals) != 1 || ev.Task != committed.Task || ev.Prompts != committed.Prompts || ev.Passed != committed.Passed ||
+		ev.Prompts < 1 || ev.PassAt1 != committed.PassAt1 || ev.MeanReward != committed.MeanReward {
+		t.Fatalf("%s on the device: %+v; in the lineage: %+v", v.Version, v.Evals, committed)
+	}
+	if out := cli(t, "weights", "ls", "--data", a); !strings.Contains(out, "HELD-OUT PASS@1") || !strings.Contains(out, fmt.Sprintf("(%d/%d)", ev.Passed, ev.Prompts)) {
+		t.Errorf("weights ls does not show the evaluation:\n%s", out)
 	}
 }
