@@ -67,6 +67,14 @@ func TestRealStackLeaderKilled(t *testing.T) {
 		}
 		return tr
 	}
+	// Every trainer a voter before the leader goes: a group of two that
+	// loses one cannot elect.
+	if err := c.WaitUntil(ctx, wait, "group of three voters", func() bool {
+		i, ok := c.Leader()
+		return ok && len(c.Trainer(i).Status().Voters) == 3
+	}); err != nil {
+		t.Fatal(err)
+	}
 	li, _ := leader()
 	ship(0, 3)
 	trained()

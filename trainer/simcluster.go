@@ -28,6 +28,7 @@ type SimCluster struct {
 	Dir  string
 	Net  *memnet.Network
 	opts ClusterOptions
+	sim  SimOptions
 
 	node     *simPeer
 	out      *benchOutbox
@@ -56,6 +57,10 @@ type simTrainer struct {
 type SimOptions struct {
 	Seed            uint64
 	Latency, Jitter time.Duration
+	// NoAdmin starts the trainers with no admin API (Config.Admin
+	// AdminOff), so that the cluster opens no real socket and can run in a
+	// testing/synctest bubble, in virtual time.
+	NoAdmin bool
 }
 
 // NewSimCluster makes the mesh on a simulated network and starts every
@@ -73,7 +78,7 @@ func NewSimCluster(ctx context.Context, o ClusterOptions, so SimOptions) (_ *Sim
 			return nil, err
 		}
 	}
-	c := &SimCluster{Dir: dir, opts: o, out: newBenchOutbox(),
+	c := &SimCluster{Dir: dir, opts: o, sim: so, out: newBenchOutbox(),
 		Net: memnet.NewNetwork(memnet.Options{Seed: so.Seed, Latency: so.Latency, Jitter: so.Jitter, Logger: o.Logger.With("component", "memnet")})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	defer func() {
@@ -184,7 +189,11 @@ func (c *SimCluster) Start(ctx context.Context, i int) error {
 	if err != nil {
 		return err
 	}
-	t, err := NewOn(Config{DataDir: st.dir, Timing: c.opts.Timing, Group: c.opts.Group, Verify: c.opts.Verify, NoVerify: c.opts.Verify == nil,
+	admin := ""
+	if c.sim.NoAdmin {
+		admin = AdminOff
+	}
+	t, err := NewOn(Config{DataDir: st.dir, Admin: admin, Timing: c.opts.Timing, Group: c.opts.Group, Verify: c.opts.Verify, NoVerify: c.opts.Verify == nil,
 		Logger: c.opts.Logger.With("trainer", i)}, p.host, p.mesh)
 	if err != nil {
 		p.stop()

@@ -84,6 +84,8 @@ type Config struct {
 	MDNS, NAT         bool
 	// Admin is the admin API's address; default 127.0.0.1:0 (a free
 	// port), written to DataDir/trainer.addr while the trainer runs.
+	// "off" serves no admin API, neither over TCP nor on the admin socket
+	// (a trainer on a simulated network that must open no real socket).
 	Admin string
 	// Limits bound the batches accepted (mesh/batch defaults).
 	Limits batch.Limits
@@ -322,24 +324,31 @@ func (t *Trainer) Addr() net.Addr {
 	return t.addr
 }
 
+// AdminOff as Config.Admin serves no admin API.
+const AdminOff = "off"
+
 // Run serves the admin API and collects batches until ctx is done.
 func (t *Trainer) Run(ctx context.Context) error {
 	token, err := adminapi.LoadOrCreateToken(t.cfg.DataDir)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", t.cfg.Admin)
-	if err != nil {
-		return fmt.Errorf("trainer: admin listener: %w", err)
+	var ln net.Listener
+	adminAddr := "off"
+	if t.cfg.Admin != AdminOff {
+		if ln, err = net.Listen("tcp", t.cfg.Admin); err != nil {
+			return fmt.Errorf("trainer: admin listener: %w", err)
+		}
+		t.mu.Lock()
+		t.addr = ln.Addr()
+		t.mu.Unlock()
+		adminAddr = ln.Addr().String()
+		addrPath := filepath.Join(t.cfg.DataDir, AddrFile)
+		if err := adminapi.WriteAddr(t.cfg.DataDir, AddrFile, adminAddr); err != nil {
+			t.log.Warn("cannot write the address file", "err", err)
+		}
+		defer os.Remove(addrPath)
 	}
-	t.mu.Lock()
-	t.addr = ln.Addr()
-	t.mu.Unlock()
-	addrPath := filepath.Join(t.cfg.DataDir, AddrFile)
-	if err := adminapi.WriteAddr(t.cfg.DataDir, AddrFile, ln.Addr().String()); err != nil {
-		t.log.Warn("cannot write the address file", "err", err)
-	}
-	defer os.Remove(addrPath)
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	context.AfterFunc(ctx, t.cancel)
@@ -351,11 +360,13 @@ func (t *Trainer) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); fn() }()
 	}
-	goRun(func() { srv.Serve(ln) })
-	if sock, err := adminapi.ServeSocket(ctx, t.cfg.DataDir, t.handler(stop)); err != nil {
-		t.log.Warn("no admin socket: commands reach the trainer over TCP with DATA/admin.token", "err", err)
-	} else {
-		goRun(func() { <-sock })
+	if ln != nil {
+		goRun(func() { srv.Serve(ln) })
+		if sock, err := adminapi.ServeSocket(ctx, t.cfg.DataDir, t.handler(stop)); err != nil {
+			t.log.Warn("no admin socket: commands reach the trainer over TCP with DATA/admin.token", "err", err)
+		} else {
+			goRun(func() { <-sock })
+		}
 	}
 	if t.peer != nil {
 		goRun(func() { t.peer.Run(ctx) })
@@ -376,7 +387,7 @@ func (t *Trainer) Run(ctx context.Context) error {
 		goRun(func() { t.lead(ctx) })
 		goRun(func() { t.work.run(ctx) })
 	})
-	t.log.Info("trainer running", "peer", t.self, "mesh", t.mesh.MeshID(), "admin", ln.Addr().String(), "p2p", strings.Join(t.host.Addrs(), " "))
+	t.log.Info("trainer running", "peer", t.self, "mesh", t.mesh.MeshID(), "admin", adminAddr, "p2p", strings.Join(t.host.Addrs(), " "))
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	srv.Shutdown(sctx)
