@@ -44,20 +44,29 @@ func waitHTTP(t *testing.T, url string) {
 	t.Fatalf("%s never answered", url)
 }
 
+// serveTiny runs `clawmesh serve --tiny` (with extra flags) on loopback
+// until the test ends, and returns its address once it answers.
+func serveTiny(t *testing.T, serveArgs ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := freeAddr(t)
+	done := make(chan int, 1)
+	go func() {
+		args := append([]string{"serve", "--tiny", "--listen", addr, "--log", "error"}, serveArgs...)
+		done <- run(ctx, args, io.Discard, io.Discard)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitHTTP(t, "http://"+addr+"/v1/models")
+	return addr
+}
+
 // serveAndNode runs `clawmesh serve --tiny` (with extra flags) and a node in
 // front of it (upstream kind clawmesh, no scoring) until the test ends, and
 // returns the model server's and the gateway's addresses.
 func serveAndNode(t *testing.T, serveArgs ...string) (modelAddr, gwAddr string) {
 	t.Helper()
+	modelAddr = serveTiny(t, serveArgs...)
 	ctx, cancel := context.WithCancel(context.Background())
-	modelAddr = freeAddr(t)
-	serveDone := make(chan int, 1)
-	go func() {
-		args := append([]string{"serve", "--tiny", "--listen", modelAddr, "--log", "error"}, serveArgs...)
-		serveDone <- run(ctx, args, io.Discard, io.Discard)
-	}()
-	t.Cleanup(func() { cancel(); <-serveDone })
-	waitHTTP(t, "http://"+modelAddr+"/v1/models")
 
 	data := t.TempDir()
 	gwAddr = freeAddr(t)

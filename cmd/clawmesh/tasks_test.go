@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -167,14 +166,7 @@ func TestTaskEvalsReachTheDevice(t *testing.T) {
 	wasm := buildChecker(t, dir)
 	file := numberTasks(t, dir)
 	ctx := context.Background()
-	modelAddr := freeAddr(t)
-	sctx, scancel := context.WithCancel(ctx)
-	serveDone := make(chan int, 1)
-	go func() {
-		serveDone <- run(sctx, []string{"serve", "--tiny", "--listen", modelAddr, "--log", "error"}, io.Discard, io.Discard)
-	}()
-	t.Cleanup(func() { scancel(); <-serveDone })
-	waitHTTP(t, "http://"+modelAddr+"/v1/models")
+	modelAddr := serveTiny(t)
 
 	a := filepath.Join(dir, "device")
 	cli(t, "mesh", "init", "--data", a)

@@ -37,14 +37,7 @@ func TestWeightsComeBack(t *testing.T) {
 		t.Skip("runs a model server, two nodes and three trainers")
 	}
 	ctx := context.Background()
-	modelAddr := freeAddr(t)
-	sctx, scancel := context.WithCancel(ctx)
-	serveDone := make(chan int, 1)
-	go func() {
-		serveDone <- run(sctx, []string{"serve", "--tiny", "--listen", modelAddr, "--log", "error"}, io.Discard, io.Discard)
-	}()
-	t.Cleanup(func() { scancel(); <-serveDone })
-	waitHTTP(t, "http://"+modelAddr+"/v1/models")
+	modelAddr := serveTiny(t)
 
 	a := t.TempDir()
 	cli(t, "mesh", "init", "--data", a)
