@@ -42,21 +42,30 @@ func (e *scriptedEngine) Generate(ctx context.Context, prompt []int, o engine.Ge
 // in the next turn's prompt, each model turn is a step with its exact
 // token ids and log-probs, and the verifier's verdict on the final answer
 // is every turn's reward.
-func TestToolEpisode(t *testing.T) {
+// toolSet is a set of two tasks that declare an add tool, answered by the
+// calculator plugin, checked by the charset verifier; call is a reply that
+// calls add(2, 3), end the end-of-turn token.
+func toolSet(t *testing.T) (tok *tokenizer.Tokenizer, end int, set *tasks.Set, rt *taskRuntime, call []int) {
+	t.Helper()
 	tok, err := tokenizer.Tiny(tokenizer.TinyOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	end, _ := tok.TokenID("<|im_end|>")
+	end, _ = tok.TokenID("<|im_end|>")
 	line := `{"id":"sum","messages":[{"role":"user","content":"What is 2+3? Use the add tool."}],` +
 		`"tools":[{"name":"add","description":"a + b","parameters":{"type":"object"}}],"answer":"0123456789","meta":{"max_tokens":64,"max_turns":3}}`
-	set, err := tasks.Parse(strings.NewReader(line + "\n" + strings.Replace(line, `"sum"`, `"other"`, 1) + "\n"))
+	set, err = tasks.Parse(strings.NewReader(line + "\n" + strings.Replace(line, `"sum"`, `"other"`, 1) + "\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ts := group.TaskSet{Hash: set.Hash, Reward: set.Hash, Tools: set.Hash, Group: 2}
-	rt := localRuntime(t, set, ts, charsetPlugin(t), testPlugin(t, "calc"))
-	call := tok.Encode("<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>")
+	rt = localRuntime(t, set, ts, charsetPlugin(t), testPlugin(t, "calc"))
+	call = tok.Encode("<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>")
+	return tok, end, set, rt, call
+}
+
+func TestToolEpisode(t *testing.T) {
+	tok, end, set, rt, call := toolSet(t)
 	answer := tok.Encode("5")
 	eng := &scriptedEngine{replies: [][]int{append(call, end), append(answer, end)}}
 	w := &worker{eng: eng, tok: tok, render: chat.Qwen3()}
@@ -122,20 +131,7 @@ func TestToolEpisode(t *testing.T) {
 // the episodes of one prompt together and gives each turn its episode's
 // advantage, however many turns the episode took.
 func TestRolloutEpisodes(t *testing.T) {
-	tok, err := tokenizer.Tiny(tokenizer.TinyOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	end, _ := tok.TokenID("<|im_end|>")
-	line := `{"id":"sum","messages":[{"role":"user","content":"What is 2+3? Use the add tool."}],` +
-		`"tools":[{"name":"add","description":"a + b","parameters":{"type":"object"}}],"answer":"0123456789","meta":{"max_tokens":64,"max_turns":3}}`
-	set, err := tasks.Parse(strings.NewReader(line + "\n" + strings.Replace(line, `"sum"`, `"other"`, 1) + "\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := group.TaskSet{Hash: set.Hash, Reward: set.Hash, Tools: set.Hash, Group: 2}
-	rt := localRuntime(t, set, ts, charsetPlugin(t), testPlugin(t, "calc"))
-	call := tok.Encode("<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>")
+	tok, end, set, rt, call := toolSet(t)
 	// Episode 0: a tool call, then the right answer (two turns); episode
 	// 1: a wrong answer at once (one turn).
 	eng := &scriptedEngine{replies: [][]int{append(call, end), append(tok.Encode("5"), end), append(tok.Encode("x"), end)}}
