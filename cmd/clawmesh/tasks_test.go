@@ -165,25 +165,15 @@ func TestTaskEvalsReachTheDevice(t *testing.T) {
 	dir := t.TempDir()
 	wasm := buildChecker(t, dir)
 	file := numberTasks(t, dir)
-	ctx := context.Background()
 	modelAddr := serveTiny(t)
 
 	a := filepath.Join(dir, "device")
 	cli(t, "mesh", "init", "--data", a)
 	na := runWeightsNode(t, a, "http://"+modelAddr+"/v1", "clawmesh", nil)
 	d := filepath.Join(dir, "trainer")
-	cli(t, "join", strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a)), "--data", d, "--p2p-listen", loopbackP2P[1])
-	tctx, tcancel := context.WithCancel(ctx)
-	tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackP2P, Bootstrap: na.Peer().Host.Addrs(),
+	tr := joinTrainer(t, a, d, trainer.Config{Bootstrap: na.Peer().Host.Addrs(),
 		Timing: trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond},
 		Group:  group.Config{Deadline: 5 * time.Second, LocalSteps: 1}, Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
-	if err != nil {
-		tcancel()
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { tr.Run(tctx); close(done) }()
-	t.Cleanup(func() { tcancel(); <-done; tr.Close() })
 	waitLong(t, time.Minute, "version 0", func() bool { return len(tr.Lineage()) > 0 })
 
 	if out, errOut, code := runCLI(t, "tasks", "add", file, "--reward", wasm, "--group", "4", "--holdout", "0.25", "--per-round", "3", "--data", d); code != 0 {

@@ -31,18 +31,8 @@ func TestTrainersOnNodeBatches(t *testing.T) {
 	var trs []*trainer.Trainer
 	for range 3 {
 		d := t.TempDir()
-		cli(t, "join", strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a)), "--data", d, "--p2p-listen", loopbackP2P[1])
-		tctx, tcancel := context.WithCancel(context.Background())
-		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackP2P, Bootstrap: n.Peer().Host.Addrs(), Timing: timing,
-			Group: group.Config{Deadline: 5 * time.Second, LocalSteps: 1}})
-		if err != nil {
-			tcancel()
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { tr.Run(tctx); close(done) }()
-		t.Cleanup(func() { tcancel(); <-done; tr.Close() })
-		trs = append(trs, tr)
+		trs = append(trs, joinTrainer(t, a, d, trainer.Config{Bootstrap: n.Peer().Host.Addrs(), Timing: timing,
+			Group: group.Config{Deadline: 5 * time.Second, LocalSteps: 1}}))
 	}
 
 	const sessions = 5
@@ -105,4 +95,23 @@ func waitLong(t *testing.T, d time.Duration, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("waited %s for %s", d, what)
+}
+
+// joinTrainer joins data directory d to the mesh of the device in a as a
+// trainer, and runs a trainer there (cfg with d and loopback listeners)
+// until the test ends.
+func joinTrainer(t *testing.T, a, d string, cfg trainer.Config) *trainer.Trainer {
+	t.Helper()
+	cli(t, "join", strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a)), "--data", d, "--p2p-listen", loopbackP2P[1])
+	cfg.DataDir, cfg.Listen = d, loopbackP2P
+	ctx, cancel := context.WithCancel(context.Background())
+	tr, err := trainer.New(ctx, cfg)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { tr.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; tr.Close() })
+	return tr
 }

@@ -52,17 +52,8 @@ func TestWeightsComeBack(t *testing.T) {
 	for range 3 {
 		d := t.TempDir()
 		trainerDirs = append(trainerDirs, d)
-		cli(t, "join", strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a)), "--data", d, "--p2p-listen", loopbackP2P[1])
-		tctx, tcancel := context.WithCancel(ctx)
-		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Listen: loopbackP2P, Bootstrap: na.Peer().Host.Addrs(), Timing: timing,
+		joinTrainer(t, a, d, trainer.Config{Bootstrap: na.Peer().Host.Addrs(), Timing: timing,
 			Group: group.Config{Deadline: 5 * time.Second, LocalSteps: 1}, Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
-		if err != nil {
-			tcancel()
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { tr.Run(tctx); close(done) }()
-		t.Cleanup(func() { tcancel(); <-done; tr.Close() })
 	}
 
 	for i := range 3 {
