@@ -83,8 +83,10 @@
 //     thousand devices' announcements would dominate the run): they
 //     reach each trainer the device can reach after twice their latency.
 //   - Weights: a node that accepts a newer manifest fetches its chunks,
-//     4 at a time, each from the holder that can start soonest among the
-//     trainers that hold it and the neighbours that said they hold it; a
+//     4 at a time, each from the holder that would deliver it soonest
+//     (its uplink free, and on a relayed path the relay's, then the path's
+//     rate and latency) among the trainers that hold it and the
+//     neighbours that said they hold it; a
 //     holder queues at most 2 uploads and turns further requests away,
 //     and a fetcher with nothing in flight backs off (250 ms doubling to
 //     2 s). A node that completes a version re-serves it and tells its
