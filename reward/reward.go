@@ -327,22 +327,20 @@ func (r *Runner) Score(ctx context.Context, step *core.Step) core.Reward {
 // ScorePlugin runs one plugin of the current set on the step, whether it is
 // enabled or not, and says how long it took.
 func (r *Runner) ScorePlugin(ctx context.Context, name string, step *core.Step) (core.Score, time.Duration) {
-	s, err := r.acquire()
-	if err != nil {
-		return core.Score{Plugin: name, Reason: ErrClosed.Error()}, 0
-	}
-	defer s.release()
-	p := s.all[name]
-	if p == nil {
-		return core.Score{Plugin: name, Reason: fmt.Sprintf("%v %q", ErrUnknownPlugin, name)}, 0
-	}
-	return r.scoreWith(ctx, p, newInput(step))
+	return r.scoreNamed(ctx, name, newInput(step))
 }
 
 // ScoreTask runs one plugin of the current set, a verifier, on a rollout
 // of a task: its input carries the task (input.task), which is how the
 // verifier knows the answer. It says how long the call took.
 func (r *Runner) ScoreTask(ctx context.Context, name string, step *core.Step, task Task) (core.Score, time.Duration) {
+	in := newInput(step)
+	in.task = &task
+	return r.scoreNamed(ctx, name, in)
+}
+
+// scoreNamed runs the current set's plugin name on in.
+func (r *Runner) scoreNamed(ctx context.Context, name string, in *input) (core.Score, time.Duration) {
 	s, err := r.acquire()
 	if err != nil {
 		return core.Score{Plugin: name, Reason: ErrClosed.Error()}, 0
@@ -352,8 +350,6 @@ func (r *Runner) ScoreTask(ctx context.Context, name string, step *core.Step, ta
 	if p == nil {
 		return core.Score{Plugin: name, Reason: fmt.Sprintf("%v %q", ErrUnknownPlugin, name)}, 0
 	}
-	in := newInput(step)
-	in.task = &task
 	return r.scoreWith(ctx, p, in)
 }
 
