@@ -143,18 +143,7 @@ func TestScaffoldVerifier(t *testing.T) {
 	if err := ScaffoldVerifier(dir, "checker"); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("GOPROXY", "off")
-	t.Setenv("GOFLAGS", "-mod=mod")
-	t.Setenv("GOWORK", "off")
-	out, err := Build(context.Background(), dir, "", io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "test", "./...")
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go test in the scaffold: %v\n%s", err, b)
-	}
+	out := buildScaffold(t, dir)
 	r := newTestRunner(t, Options{Plugins: []PluginConfig{{Path: out, Enabled: true}}})
 	for _, c := range []struct {
 		answer, reply string

@@ -10,6 +10,26 @@ import (
 	"testing"
 )
 
+// buildScaffold builds the scaffolded plugin in dir with the module proxy
+// switched off, runs the scaffold's own test natively, and returns the
+// module's path.
+func buildScaffold(t *testing.T, dir string) string {
+	t.Helper()
+	t.Setenv("GOPROXY", "off")
+	t.Setenv("GOFLAGS", "-mod=mod")
+	t.Setenv("GOWORK", "off")
+	out, err := Build(context.Background(), dir, "", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "test", "./...")
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go test in the scaffold: %v\n%s", err, b)
+	}
+	return out
+}
+
 // TestScaffoldBuildsOffline scaffolds a plugin outside this module, builds it
 // with the module proxy switched off, and scores with it.
 func TestScaffoldBuildsOffline(t *testing.T) {
@@ -29,21 +49,9 @@ func TestScaffoldBuildsOffline(t *testing.T) {
 	if err := Scaffold(t.TempDir(), "Bad Name"); !errors.Is(err, ErrBadName) {
 		t.Fatalf("bad name: %v", err)
 	}
-	t.Setenv("GOPROXY", "off")
-	t.Setenv("GOFLAGS", "-mod=mod")
-	t.Setenv("GOWORK", "off")
-	out, err := Build(context.Background(), dir, "", io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := buildScaffold(t, dir)
 	if out != filepath.Join(dir, "polite.wasm") {
 		t.Fatalf("built %s", out)
-	}
-	// The scaffold's own test passes natively.
-	cmd := exec.Command("go", "test", "./...")
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go test in the scaffold: %v\n%s", err, b)
 	}
 	r := newTestRunner(t, Options{Plugins: []PluginConfig{{Path: out, Enabled: true}}})
 	step := stepSaying("hi")
