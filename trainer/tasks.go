@@ -281,12 +281,20 @@ func (c *taskRuntimes) close() error {
 	return errors.Join(errs...)
 }
 
-func (t *Trainer) evaluate(ctx context.Context, cfg group.Config, dir string, ts *group.TaskSet) (group.Eval, error) {
+// evaluate scores version, its bundle in dir, on ts's held-out split, as
+// this trainer's evaluation.
+func (t *Trainer) evaluate(ctx context.Context, cfg group.Config, dir string, version uint64, ts *group.TaskSet) (group.Eval, error) {
 	rt, err := t.taskRuntime(ctx, ts)
 	if err != nil {
 		return group.Eval{}, err
 	}
-	return t.work.w.evaluate(ctx, cfg, dir, rt)
+	ev, err := t.work.w.evaluate(ctx, cfg, dir, rt)
+	if err != nil {
+		return group.Eval{}, err
+	}
+	ev.Version, ev.Task, ev.By = version, ts.Hash, string(t.self)
+	t.log.Info("version evaluated", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
+	return ev, nil
 }
 
 func evalKey(v uint64, set string) string { return fmt.Sprintf("%d/%s", v, set) }
@@ -318,7 +326,7 @@ func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
 		return err
 	}
 	for _, ts := range todo {
-		ev, err := t.evaluate(ctx, cfg, dir, ts)
+		ev, err := t.evaluate(ctx, cfg, dir, cur.Version, ts)
 		if err != nil {
 			if ctx.Err() != nil {
 				return err
@@ -329,11 +337,9 @@ func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
 			t.log.Warn("version not evaluated yet: trying again later", "version", cur.Name(), "set", short(ts.Hash), "err", err)
 			continue
 		}
-		ev.Version, ev.Task, ev.By = cur.Version, ts.Hash, string(t.self)
 		if err := t.group.propose(ctx, &group.Entry{Eval: &ev}); err != nil {
 			return err
 		}
-		t.log.Info("version evaluated", "version", cur.Name(), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
 	}
 	return nil
 }
@@ -355,16 +361,14 @@ func (t *Trainer) evaluateChild(ctx context.Context, cfg group.Config, dir strin
 	})
 	var out []group.Eval
 	for _, ts := range todo {
-		ev, err := t.evaluate(ctx, cfg, dir, ts)
+		ev, err := t.evaluate(ctx, cfg, dir, version, ts)
 		if err != nil {
 			if ctx.Err() == nil {
 				t.log.Warn("new version not evaluated before publishing: it will be after", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "err", err)
 			}
 			continue
 		}
-		ev.Version, ev.Task, ev.By = version, ts.Hash, string(t.self)
 		out = append(out, ev)
-		t.log.Info("version evaluated", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
 	}
 	return out
 }
