@@ -24,6 +24,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/loss"
+	"github.com/clawmesh/clawmesh/trainer/safetensors"
 )
 
 // Sentinel errors. Closed engines and bad inputs report the shared
@@ -654,6 +655,19 @@ func (e *Engine) MergeAdapter() (engine.Engine, error) {
 	o := e.opt
 	o.Name += "+merged"
 	return newEngine(e.w.merge(e.ad), o)
+}
+
+// SaveModel writes e's frozen base model (not its adapter) to dir as a
+// Hugging Face model directory, config.json and model.safetensors in
+// float32, that Open loads back. With MergeAdapter it turns a trained
+// adapter into a base model of its own.
+func (e *Engine) SaveModel(dir string) error {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.closed {
+		return engine.ErrClosed
+	}
+	return e.w.save(dir, safetensors.F32)
 }
 
 // Close implements engine.Engine; later calls report engine.ErrClosed.
