@@ -425,6 +425,9 @@ type TeachOptions struct {
 	AnchorTokens int
 	// Seed draws the anchor replies.
 	Seed uint64
+	// KLCoef weighs the penalty that holds the replies without the hint
+	// (default 1).
+	KLCoef float64
 }
 
 func (o TeachOptions) withDefaults() TeachOptions {
@@ -439,6 +442,9 @@ func (o TeachOptions) withDefaults() TeachOptions {
 	}
 	if o.AnchorTokens == 0 {
 		o.AnchorTokens = 6
+	}
+	if o.KLCoef == 0 {
+		o.KLCoef = 1
 	}
 	return o
 }
@@ -510,7 +516,7 @@ func TeachHint(ctx context.Context, eng engine.Engine, b *sample.Builder, prompt
 	if lesson.HintedBefore, lesson.UnhintedBefore, err = means(); err != nil {
 		return fail(err)
 	}
-	rc := engine.Recipe{LR: o.LR, Loss: loss.Config{KLCoef: 1}}
+	rc := engine.Recipe{LR: o.LR, Loss: loss.Config{KLCoef: o.KLCoef}}
 	batch := slices.Concat(hinted, held)
 	for range o.Steps {
 		if _, err := eng.TrainStep(ctx, batch, rc); err != nil {
