@@ -130,6 +130,33 @@ func Users() []User {
 	}
 }
 
+// WordHints are the directives the users' complaints carry, as the
+// built-in hint plugin extracts them: every way they ask for a reply that
+// starts with a word.
+var WordHints = []string{
+	"you should start the reply with a word",
+	"No, you should start with a word, not symbols.",
+	"Next time, start the reply with a word.",
+	"Don't open with punctuation, start with a word.",
+	"Please make sure to start with a word.",
+}
+
+// TeachPrompts are prompts no user asks, on which the demo's base model is
+// taught to follow the users' directive when a hint says it: an
+// instruction-following base model, as a real deployment has, but one
+// that does not know any user's preference.
+var TeachPrompts = []string{
+	"Good morning!", "Can you check this?", "What is the plan?", "Help me write an email.",
+	"Explain recursion.", "Is it going to rain?", "Where should we eat?", "Count to five.",
+	"Say something nice.", "What's new?", "Open the file.", "List three colours.",
+	"Who wrote this code?", "When does the shop open?", "Start the server.", "Delete the old logs.",
+	"How do I exit vim?", "Is this safe to eat?", "Book a table for two.", "What does this error mean?",
+	"Find my last email.", "Turn off the lights.", "Draw a cat.", "Recommend a film.",
+	"Check the tests.", "Update the docs.", "Why did it crash?", "How big is the sun?",
+	"Call mum.", "Set an alarm for seven.", "What is two plus two?", "Clean up the repo.",
+	"Where is the station?", "Read me the news.", "Order more coffee.", "Is the build green?",
+}
+
 // Accepted is the share of replies that u accepts (0 when there are none).
 func (u User) Accepted(replies []string) float64 {
 	if len(replies) == 0 {

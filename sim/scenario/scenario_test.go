@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -90,5 +91,40 @@ func TestScore(t *testing.T) {
 	}
 	if s := Score(nil, nil); s != 0 {
 		t.Errorf("no users: %v", s)
+	}
+}
+
+// TestWordHints checks that every complaint with a directive carries one of
+// WordHints word for word (what the demo's base model is taught to read),
+// and that the teaching prompts are none a user asks.
+func TestWordHints(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	seen := map[string]bool{}
+	for _, u := range Users() {
+		for range 200 {
+			bad := u.React("Q?", "  ...", rng)
+			if bad.Next == "Q?" {
+				continue // a bare re-ask
+			}
+			found := false
+			for _, h := range WordHints {
+				if strings.Contains(bad.Next, h) {
+					found, seen[h] = true, true
+				}
+			}
+			if !found {
+				t.Errorf("%s's complaint %q carries none of WordHints", u.Name, bad.Next)
+			}
+		}
+		for _, p := range TeachPrompts {
+			if slices.Contains(u.Prompts, p) || slices.Contains(u.HeldBack, p) {
+				t.Errorf("teaching prompt %q is one %s asks", p, u.Name)
+			}
+		}
+	}
+	for _, h := range WordHints {
+		if !seen[h] {
+			t.Errorf("no complaint carries %q", h)
+		}
 	}
 }
