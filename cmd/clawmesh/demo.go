@@ -2,16 +2,23 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/sim/scenario"
+	"github.com/clawmesh/clawmesh/trainer/chat"
+	"github.com/clawmesh/clawmesh/trainer/engine/native"
+	"github.com/clawmesh/clawmesh/trainer/learn"
 	"github.com/clawmesh/clawmesh/trainer/loss"
+	"github.com/clawmesh/clawmesh/trainer/sample"
 )
 
 const demoHelp = `Usage: clawmesh demo [--quick] [--recipe binary|opd|combined|all] [--json FILE] [--plot FILE.png] [--seed N]
@@ -50,6 +57,25 @@ type demoReport struct {
 	Users   []demoUser `json:"users"`
 	Runs    []demoRun  `json:"runs"`
 	Seconds float64    `json:"seconds"`
+	// Base is how the base model every recipe starts from was made.
+	Base *demoBase `json:"base,omitempty"`
+}
+
+// demoBase describes the demo's base model: the tiny model taught to
+// follow the users' directive when a hint in its context says it.
+type demoBase struct {
+	Name string `json:"name"`
+	// The share of sampled replies to the teaching prompts that start with
+	// a word, with a hint in the context and without, before and after
+	// the teaching.
+	HintedBefore float64 `json:"hinted_before"`
+	HintedAfter  float64 `json:"hinted_after"`
+	PlainBefore  float64 `json:"plain_before"`
+	PlainAfter   float64 `json:"plain_after"`
+	Seconds      float64 `json:"seconds"`
+	// Cached is set when the model was made by an earlier demo on this
+	// machine (the figures are that demo's).
+	Cached bool `json:"cached,omitempty"`
 }
 
 // demoUser describes one simulated user.
@@ -154,8 +180,28 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer os.RemoveAll(cache)
+	if err := os.Mkdir(filepath.Join(cache, "wazero"), 0o700); err != nil {
+		return err
+	}
+	modelCache, err := os.UserCacheDir()
+	if err == nil {
+		modelCache = filepath.Join(modelCache, "clawmesh", "demo")
+	} else {
+		modelCache = ""
+	}
+	base, b, err := demoBaseModel(ctx, modelCache, cache, func(f string, a ...any) { fmt.Fprintf(progress, f+"\n", a...) })
+	if err != nil {
+		return fmt.Errorf("making the base model: %w", err)
+	}
+	rep.Base = b
+	how := fmt.Sprintf("taught in %.0f s", b.Seconds)
+	if b.Cached {
+		how = "kept from an earlier demo in " + base
+	}
+	fmt.Fprintf(progress, "base model %s (%s): replies that start with a word %.2f -> %.2f with the hint, %.2f -> %.2f without\n",
+		demoModel, how, b.HintedBefore, b.HintedAfter, b.PlainBefore, b.PlainAfter)
 	for _, r := range recipes {
-		run, err := demoRecipe(ctx, demoOptions{Recipe: r, Rounds: *rounds, Seed: *seed, Users: users, Failover: true, Cache: cache, Logs: *logs}, progress)
+		run, err := demoRecipe(ctx, demoOptions{Recipe: r, Rounds: *rounds, Seed: *seed, Users: users, Failover: true, Cache: filepath.Join(cache, "wazero"), Base: base, Logs: *logs}, progress)
 		if err != nil {
 			return fmt.Errorf("recipe %s: %w", r, err)
 		}
@@ -182,6 +228,94 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	return nil
+}
+
+// demoModel is the name of the demo's base model.
+const demoModel = "tiny-directives"
+
+// demoTeach is how the demo's base model is taught.
+var demoTeach = learn.TeachOptions{Steps: 24, Anchors: 4, AnchorTokens: 6, Seed: 1, KLCoef: 8}
+
+// demoBaseModel returns the directory of the demo's base model (a model
+// directory that `clawmesh serve --model` and `clawmesh trainer --base`
+// load): the tiny model taught, on prompts no user asks, to start its reply
+// with a word when a hint in its context asks for it
+// (learn.TeachDirective), the adapter merged into its weights. Without a
+// hint it behaves much as the tiny model does, so the users' preferences
+// are still to learn; with one, OPD's teacher (the base under the hinted
+// context) has something to teach, as an instruction-following model's
+// would.
+//
+// The model is kept under cache (the user's cache directory), named by a
+// hash of everything that makes it, so that only a machine's first demo
+// pays for the teaching; tmp is where it goes when there is no cache.
+func demoBaseModel(ctx context.Context, cache, tmp string, say func(string, ...any)) (string, *demoBase, error) {
+	key := sha256.New()
+	fmt.Fprintf(key, "%s|%+v|%q|%q|%d", demoModel, demoTeach, scenario.TeachPrompts, scenario.WordHints, runtime.NumCPU())
+	dir := filepath.Join(tmp, demoModel)
+	if cache != "" {
+		dir = filepath.Join(cache, fmt.Sprintf("%s-%x", demoModel, key.Sum(nil)[:6]))
+		var b demoBase
+		if data, err := os.ReadFile(filepath.Join(dir, "lesson.json")); err == nil && json.Unmarshal(data, &b) == nil {
+			if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err == nil {
+				b.Cached = true
+				return dir, &b, nil
+			}
+		}
+	}
+	say("teaching the tiny model to follow a hint that asks for a reply starting with a word (once per machine) ...")
+	start := time.Now()
+	eng, tok, _, err := newTiny(1, native.Options{Name: demoModel, Seed: 1})
+	if err != nil {
+		return "", nil, err
+	}
+	defer eng.Close()
+	pupil, err := eng.Fork()
+	if err != nil {
+		return "", nil, err
+	}
+	defer pupil.Close()
+	b := sample.NewBuilder(tok, chat.Qwen3(), sample.Options{})
+	lesson, err := learn.TeachDirective(ctx, pupil, tok, b, scenario.TeachPrompts,
+		learn.Directive{Hints: scenario.WordHints, Follows: scenario.StartsASCIILetter.Accepts}, demoTeach)
+	if err != nil {
+		return "", nil, err
+	}
+	merged, err := pupil.(*native.Engine).MergeAdapter()
+	if err != nil {
+		return "", nil, err
+	}
+	defer merged.Close()
+	base := &demoBase{Name: demoModel, HintedBefore: lesson.HintedBefore, HintedAfter: lesson.HintedAfter,
+		PlainBefore: lesson.PlainBefore, PlainAfter: lesson.PlainAfter, Seconds: time.Since(start).Seconds()}
+	// Written whole beside its place, then renamed into it: a demo stopped
+	// half way leaves no half model to reuse.
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", nil, err
+	}
+	part, err := os.MkdirTemp(filepath.Dir(dir), demoModel+".part-")
+	if err != nil {
+		return "", nil, err
+	}
+	defer os.RemoveAll(part)
+	if err := merged.(*native.Engine).SaveModel(part); err != nil {
+		return "", nil, err
+	}
+	if err := tok.Save(filepath.Join(part, "tokenizer.json")); err != nil {
+		return "", nil, err
+	}
+	data, _ := json.MarshalIndent(base, "", "  ")
+	if err := os.WriteFile(filepath.Join(part, "lesson.json"), data, 0o644); err != nil {
+		return "", nil, err
+	}
+	if err := os.Chmod(part, 0o755); err != nil {
+		return "", nil, err
+	}
+	os.RemoveAll(dir)
+	if err := os.Rename(part, dir); err != nil {
+		return "", nil, err
+	}
+	return dir, base, nil
 }
 
 // demoRecipes parses --recipe.

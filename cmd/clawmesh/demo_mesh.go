@@ -46,6 +46,8 @@ type demoOptions struct {
 	// Samples is how many replies per held-back prompt the score is
 	// measured on (default 32).
 	Samples int
+	// Base is the base model's directory (demoBaseModel).
+	Base string
 	// Logs, when set, is a directory where each node and trainer writes
 	// its log at debug level (RECIPE-node1.log, RECIPE-trainer1.log, ...).
 	Logs string
@@ -251,7 +253,7 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		ln.Close()
 		done := make(chan int, 1)
 		go func() {
-			done <- run(ctx, []string{"serve", "--tiny", "--listen", addr, "--log", "error"}, io.Discard, io.Discard)
+			done <- run(ctx, []string{"serve", "--model", o.Base, "--listen", addr, "--log", "error"}, io.Discard, io.Discard)
 		}()
 		*stops = append(*stops, func() { <-done })
 		m.models = append(m.models, "http://"+addr)
@@ -262,7 +264,7 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		}
 	}
 
-	say("3 model servers up (the tiny model)")
+	say("3 model servers up (%s)", demoModel)
 	first := filepath.Join(root, "node1")
 	if _, err := quiet("mesh", "init", "--data", first); err != nil {
 		return nil, err
@@ -345,7 +347,7 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 			return nil, err
 		}
 		tctx, tcancel := context.WithCancel(ctx)
-		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Logger: lg, Listen: loopbackListen, Bootstrap: m.nodes[0].Peer().Host.Addrs(), Timing: timing,
+		tr, err := trainer.New(tctx, trainer.Config{DataDir: d, Logger: lg, Base: o.Base, Listen: loopbackListen, Bootstrap: m.nodes[0].Peer().Host.Addrs(), Timing: timing,
 			Group:   group.Config{Recipe: groupRecipe(o.Recipe), Deadline: 5 * time.Second, LocalSteps: 2, MinRoundSteps: perRound, RoundWait: time.Minute},
 			Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
 		if err != nil {
@@ -485,7 +487,7 @@ func demoSettle(ctx context.Context, m *demoMesh, last uint64, status func() tra
 
 // demoChat sends one chat call to a node and returns the reply's text.
 func demoChat(ctx context.Context, gw, session string, msgs []map[string]string, done bool, seed uint64) (string, error) {
-	body, _ := json.Marshal(map[string]any{"model": "tiny", "max_tokens": 6, "temperature": 1, "seed": seed, "messages": msgs})
+	body, _ := json.Marshal(map[string]any{"model": demoModel, "max_tokens": 6, "temperature": 1, "seed": seed, "messages": msgs})
 	req, err := http.NewRequestWithContext(ctx, "POST", gw+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return "", err
@@ -527,7 +529,7 @@ func demoFeedback(ctx context.Context, gw, session string, score float64) error 
 // seed so that every version is measured on the same draws, and returns
 // them with the adapter version that served them.
 func demoSample(ctx context.Context, model, prompt string, n int, seed uint64) ([]string, string, error) {
-	body, _ := json.Marshal(map[string]any{"model": "tiny", "max_tokens": 4, "temperature": 1, "n": n, "seed": seed,
+	body, _ := json.Marshal(map[string]any{"model": demoModel, "max_tokens": 4, "temperature": 1, "n": n, "seed": seed,
 		"messages": []map[string]string{{"role": "user", "content": prompt}}})
 	req, err := http.NewRequestWithContext(ctx, "POST", model+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
