@@ -460,3 +460,34 @@ func TestDataParallel(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDevice: the worker reports its device and measures a matmul rate on
+// request (the reference bench uses for MFU on a GPU); a closed engine
+// refuses.
+func TestDevice(t *testing.T) {
+	py := needTorch(t)
+	te, err := OpenTiny(ctx, tinyCfg, 3, Options{Python: py})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := te.Device(ctx, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Device != "cpu" || d.DType != "float32" || d.MatmulFLOPS != 0 || d.PeakMemory != 0 || d.Name != "" {
+		t.Errorf("device without a measure: %+v", d)
+	}
+	d, err = te.Device(ctx, 128, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(d.MatmulFLOPS > 0) {
+		t.Errorf("device with a 128³ product: %+v", d)
+	}
+	if err := te.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := te.Device(ctx, 0, false); !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("closed: %v", err)
+	}
+}
