@@ -47,9 +47,9 @@ Engines: native (pure Go, CPU, small models; needs nothing else) or torch
 (a PyTorch worker the trainer starts and watches: CPU or CUDA, bf16 on the
 GPU; --gpus N > 1 launches it with torchrun and trains data-parallel). The
 torch engine needs Python 3 with PyTorch: Debian or Ubuntu, CPU: apt-get
-install python3-torch; otherwise pip install torch (the CUDA build from
-pytorch.org for a GPU); CLAWMESH_PYTHON names the interpreter. Both
-engines train the same batch to the same adapter.
+install python3-torch libopenblas0-pthread; otherwise pip install torch
+(the CUDA build from pytorch.org for a GPU); CLAWMESH_PYTHON names the
+interpreter. Both engines train the same batch to the same adapter.
 
   clawmesh trainer --engine torch --base ~/models/Qwen3-4B --device cuda --data DIR
 

@@ -357,8 +357,9 @@ func TestUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Probe(ctx, wrapper)
-	if !errors.Is(err, ErrUnavailable) {
-		t.Errorf("Probe of a Python without torch: %v", err)
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "No module named 'torch'") ||
+		!strings.Contains(err.Error(), "apt-get install python3-torch libopenblas0-pthread") {
+		t.Errorf("Probe of a Python without torch (the import's own error, and how to get it): %v", err)
 	}
 	_, err = OpenTiny(ctx, tinyCfg, 1, Options{Python: wrapper})
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "--engine native") {
