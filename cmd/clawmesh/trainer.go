@@ -47,9 +47,9 @@ Engines: native (pure Go, CPU, small models; needs nothing else) or torch
 (a PyTorch worker the trainer starts and watches: CPU or CUDA, bf16 on the
 GPU; --gpus N > 1 launches it with torchrun and trains data-parallel). The
 torch engine needs Python 3 with PyTorch: Debian or Ubuntu, CPU: apt-get
-install python3-torch; otherwise pip install torch (the CUDA build from
-pytorch.org for a GPU); CLAWMESH_PYTHON names the interpreter. Both
-engines train the same batch to the same adapter.
+install python3-torch libopenblas0-pthread; otherwise pip install torch
+(the CUDA build from pytorch.org for a GPU); CLAWMESH_PYTHON names the
+interpreter. Both engines train the same batch to the same adapter.
 
   clawmesh trainer --engine torch --base ~/models/Qwen3-4B --device cuda --data DIR
 
@@ -105,8 +105,17 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *joinWait <= 0 {
 		return usageErr("--join-wait must be positive")
 	}
-	if *gpus < 1 {
+	switch {
+	case *engine != trainer.EngineNative && *engine != trainer.EngineTorch:
+		return usageErr("--engine %q: native or torch", *engine)
+	case *device != trainer.DeviceCPU && *device != trainer.DeviceCUDA:
+		return usageErr("--device %q: cpu or cuda", *device)
+	case *engine == trainer.EngineNative && *device == trainer.DeviceCUDA:
+		return usageErr("the native engine runs on the CPU; --device cuda needs --engine torch")
+	case *gpus < 1:
 		return usageErr("--gpus must be at least 1")
+	case *gpus > 1 && *device != trainer.DeviceCUDA:
+		return usageErr("--gpus %d: several GPUs need --engine torch --device cuda", *gpus)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,

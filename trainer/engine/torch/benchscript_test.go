@@ -55,3 +55,20 @@ func mustAbs(t *testing.T, p string) string {
 	}
 	return a
 }
+
+// TestBenchPrintDevice: on CUDA the result names the GPU, its measured
+// matmul rate, the train step's MFU against it and the peak memory.
+func TestBenchPrintDevice(t *testing.T) {
+	r := BenchResult{Model: "m", Params: 6e8, Seqs: 8, SeqLen: 1024, FLOPsPerStep: 1e13,
+		Subject: EngineFigures{Engine: "torch", Device: DeviceCUDA, TrainTokensPerSec: 20000, TrainFLOPS: 2.5e14},
+		Device:  &DeviceStats{Device: "cuda:0", DType: "bfloat16", Name: "NVIDIA H100", PeakMemory: 3 << 30, TotalMemory: 80 << 30, MatmulFLOPS: 7.5e14},
+		MFU:     1.0 / 3}
+	var b bytes.Buffer
+	r.Print(&b)
+	for _, want := range []string{"torch  cuda  train   20000.0 tok/s", "NVIDIA H100 (cuda:0): bfloat16 matmul 750.0 TFLOP/s",
+		"train MFU 33.3%", "peak memory 3.00 GiB of 80.0"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no %q in\n%s", want, b.String())
+		}
+	}
+}

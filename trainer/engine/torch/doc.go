@@ -24,7 +24,8 @@
 // Both engines start from the same adapter for the same seed (the native
 // engine's fresh adapter is written and loaded), and the tests check that
 // they give the same log-probs, loss, gradients and adapter after the same
-// steps on the shared test vectors (trainer/engine/native/testdata/vectors),
-// and that the two implementations of the loss agree. worker/clawmesh_torch/
+// steps on the shared test vectors (trainer/engine/native/testdata/vectors;
+// on a GPU with CLAWMESH_TORCH_DEVICE=cuda), and that the two
+// implementations of the loss agree. worker/clawmesh_torch/
 // bench.py is the GPU check and benchmark against transformers + peft.
 package torch

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/engine/native"
@@ -156,8 +157,9 @@ func TestDiesMidRequest(t *testing.T) {
 	cmpTensors(t, "adapter", export(t, te), export(t, ref), 0)
 }
 
-// TestOutOfMemory: a step that does not fit answers engine.ErrOutOfMemory,
-// changes nothing, and the same batch in smaller micro-batches trains.
+// TestOutOfMemory: a step that does not fit (the allocator fails: the test
+// hook asks it for 2^60 bytes) answers engine.ErrOutOfMemory, changes
+// nothing, and the same batch in smaller micro-batches trains.
 func TestOutOfMemory(t *testing.T) {
 	py := needTorch(t)
 	o := Options{Python: py, Seed: 5}
@@ -172,6 +174,10 @@ func TestOutOfMemory(t *testing.T) {
 	_, err = te.TrainStep(ctx, b, engine.Recipe{})
 	if !errors.Is(err, engine.ErrOutOfMemory) {
 		t.Fatalf("TrainStep: %v, want ErrOutOfMemory", err)
+	}
+	// The hook makes the allocator itself fail: the error is torch's own.
+	if !strings.Contains(err.Error(), "can't allocate memory") {
+		t.Errorf("not the CPU allocator's error: %v", err)
 	}
 	cmpTensors(t, "adapter after the failed step", export(t, te), before, 0)
 	st, err := te.TrainStep(ctx, b, engine.Recipe{MicroBatch: 2})
@@ -351,8 +357,9 @@ func TestUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Probe(ctx, wrapper)
-	if !errors.Is(err, ErrUnavailable) {
-		t.Errorf("Probe of a Python without torch: %v", err)
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "No module named 'torch'") ||
+		!strings.Contains(err.Error(), "apt-get install python3-torch libopenblas0-pthread") {
+		t.Errorf("Probe of a Python without torch (the import's own error, and how to get it): %v", err)
 	}
 	_, err = OpenTiny(ctx, tinyCfg, 1, Options{Python: wrapper})
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "--engine native") {
@@ -458,5 +465,77 @@ func TestDataParallel(t *testing.T) {
 	cmpLogprobs(t, "log-probs", l2, l1, relTol)
 	if _, _, err := two.Generate(ctx, []int{1, 2, 3}, engine.GenOptions{MaxTokens: 3}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDevice: the worker reports its device and measures a matmul rate on
+// request (the reference bench uses for MFU on a GPU); a closed engine
+// refuses.
+func TestDevice(t *testing.T) {
+	py := needTorch(t)
+	te, err := OpenTiny(ctx, tinyCfg, 3, Options{Python: py})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := te.Device(ctx, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Device != "cpu" || d.DType != "float32" || d.MatmulFLOPS != 0 || d.PeakMemory != 0 || d.Name != "" {
+		t.Errorf("device without a measure: %+v", d)
+	}
+	d, err = te.Device(ctx, 128, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(d.MatmulFLOPS > 0) {
+		t.Errorf("device with a 128³ product: %+v", d)
+	}
+	if err := te.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := te.Device(ctx, 0, false); !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("closed: %v", err)
+	}
+}
+
+// TestDataParallelOutOfMemory: under torchrun, a step that runs out of
+// memory on one rank only (rank 0 holds samples 0 and 2, rank 1 sample 1),
+// either one, answers engine.ErrOutOfMemory instead of leaving the other
+// rank waiting in a collective, changes nothing, and smaller micro-batches
+// train.
+func TestDataParallelOutOfMemory(t *testing.T) {
+	py := needTorch(t)
+	if testing.Short() {
+		t.Skip("starts torchrun with two workers")
+	}
+	o := Options{Python: py, Seed: 5, Procs: 2, Threads: 1}
+	o.simulateOOMTokens = 24
+	te, err := OpenTiny(ctx, tinyCfg, 3, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer te.Close()
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	b := batchOf(rand.New(rand.NewPCG(8, 8)), 3, 16)
+	before := export(t, te)
+	if _, err := te.TrainStep(tctx, b, engine.Recipe{}); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Fatalf("TrainStep: %v, want ErrOutOfMemory", err)
+	}
+	cmpTensors(t, "adapter after the failed step", export(t, te), before, 0)
+	// Rank 1 alone out of memory: one long sample, rank 0's two short.
+	r := rand.New(rand.NewPCG(9, 8))
+	b1 := batchOf(r, 3, 8)
+	b1[1] = batchOf(r, 1, 30)[0]
+	if _, err := te.TrainStep(tctx, b1, engine.Recipe{}); !errors.Is(err, engine.ErrOutOfMemory) {
+		t.Fatalf("TrainStep, rank 1 out of memory: %v, want ErrOutOfMemory", err)
+	}
+	cmpTensors(t, "adapter after the failed step on rank 1", export(t, te), before, 0)
+	if st, err := te.TrainStep(tctx, b, engine.Recipe{MicroBatch: 1}); err != nil || st.Tokens == 0 {
+		t.Fatalf("micro-batch 1: %+v %v", st, err)
+	}
+	if te.Restarts() != 0 {
+		t.Fatalf("the workers restarted %d times", te.Restarts())
 	}
 }

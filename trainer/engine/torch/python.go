@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // The worker's Python sources, written next to the engine's state when it
@@ -52,7 +53,7 @@ type Env struct {
 }
 
 // HowToInstall says how to get PyTorch, for error messages.
-const HowToInstall = "install PyTorch for Python 3 (Debian or Ubuntu, CPU: apt-get install python3-torch; " +
+const HowToInstall = "install PyTorch for Python 3 (Debian or Ubuntu, CPU: apt-get install python3-torch libopenblas0-pthread; " +
 	"otherwise pip install torch, with the CUDA build from pytorch.org for a GPU) or set CLAWMESH_PYTHON " +
 	"to a Python that has it; --engine native needs no PyTorch"
 
@@ -100,7 +101,11 @@ func Probe(ctx context.Context, python string) (Env, error) {
 			if ctx.Err() != nil {
 				return Env{}, ctx.Err()
 			}
-			tried = append(tried, c+" (cannot import torch)")
+			why := "cannot import torch"
+			if l := strings.TrimSpace(string(lastLine(errb.Bytes()))); l != "" {
+				why += ": " + truncate(l, 200)
+			}
+			tried = append(tried, c+" ("+why+")")
 			continue
 		}
 		var env Env
@@ -112,6 +117,17 @@ func Probe(ctx context.Context, python string) (Env, error) {
 		return env, nil
 	}
 	return Env{}, fmt.Errorf("%w: tried %s; %s", ErrUnavailable, strings.Join(tried, ", "), HowToInstall)
+}
+
+// truncate cuts s to at most n bytes, at a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 func lastLine(b []byte) []byte {

@@ -1,6 +1,7 @@
 package torch
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -164,11 +165,23 @@ func richBatch(ne *native.Engine, v vectors) []engine.TrainSample {
 	}
 }
 
+// vectorsOptions runs the torch engine of TestVectors on the device
+// CLAWMESH_TORCH_DEVICE names (cpu when unset; cuda on a GPU machine, in
+// float32, so that the same tolerances hold there).
+func vectorsOptions(t *testing.T, py string) Options {
+	o := Options{Python: py, Device: os.Getenv("CLAWMESH_TORCH_DEVICE")}
+	if o.Device == DeviceCUDA {
+		o.DType = "float32"
+	}
+	t.Logf("torch engine on %s", cmp.Or(o.Device, DeviceCPU))
+	return o
+}
+
 func TestVectors(t *testing.T) {
 	py := needTorch(t)
 	v := readVectors(t)
 	model, adapter := filepath.Join(vectorsDir, "model"), filepath.Join(vectorsDir, "adapter")
-	te, err := Open(ctx, model, Options{Python: py})
+	te, err := Open(ctx, model, vectorsOptions(t, py))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,14 +22,10 @@ class BadInput(ValueError):
     pass
 
 
-class SimulatedOOM(RuntimeError):
-    """Raised when simulate_oom_tokens is set and a micro-batch exceeds it
-    (tests of the out-of-memory path on machines without a GPU)."""
-
-
 def is_oom(e):
-    if isinstance(e, SimulatedOOM):
-        return True
+    """Whether e is the device's allocator failing: CUDA's OutOfMemoryError
+    (a RuntimeError saying "out of memory" before torch 1.13) or the CPU
+    allocator's "can't allocate memory"."""
     cls = getattr(torch.cuda, "OutOfMemoryError", None)
     if cls is not None and isinstance(e, cls):
         return True
@@ -174,9 +170,15 @@ class Engine:
         return [i for i in range(n) if i % self.dist.world == self.dist.rank]
 
     def _oom_check(self, seqs):
+        """The test hook simulate_oom_tokens (tests of the out-of-memory path
+        on machines without a GPU): a micro-batch of more padded tokens asks
+        the device's allocator for more than any device has (2^60 bytes), so
+        that the allocator's own error, CUDA's or the CPU's, takes the path a
+        real one takes."""
         if self.oom_tokens and len(seqs) * max(len(s) for s in seqs) > self.oom_tokens:
-            raise SimulatedOOM("CUDA out of memory (simulated: %d sequences of up to %d tokens exceed %d)"
-                               % (len(seqs), max(len(s) for s in seqs), self.oom_tokens))
+            self.log("warn", "simulated out of memory", sequences=len(seqs), longest=max(len(s) for s in seqs),
+                     limit=self.oom_tokens)
+            torch.empty(1 << 60, dtype=torch.uint8, device=self.device)
 
     # --- log-probs -------------------------------------------------------
 

@@ -20,6 +20,9 @@ from .safetensors_io import tensor_bytes
 
 MAGIC = b"CMTW"
 MAX_FRAME = 1 << 30
+MAX_META = 16 << 20
+MAX_TENSORS = 1 << 16
+MAX_NDIM = 8
 HEADER = struct.Struct("<4sHBBIII")
 
 # Ops. Requests from the Go side, replies and events from the worker.
@@ -66,9 +69,16 @@ def read(sock):
     if ver != PROTOCOL_VERSION:
         raise ProtocolError("protocol version %d, this worker speaks %d" % (ver, PROTOCOL_VERSION))
     off = HEADER.size
-    if off + mlen > n:
-        raise ProtocolError("meta beyond the frame")
-    meta = json.loads(bytes(body[off : off + mlen]).decode("utf-8")) if mlen else {}
+    if mlen > MAX_META or off + mlen > n or nt > MAX_TENSORS:
+        raise ProtocolError("meta of %d bytes, %d tensors in a frame of %d" % (mlen, nt, n))
+    meta = {}
+    if mlen:
+        try:
+            meta = json.loads(bytes(body[off : off + mlen]).decode("utf-8"))
+        except ValueError as e:
+            raise ProtocolError("meta: %s" % e)
+        if not isinstance(meta, dict):
+            raise ProtocolError("meta is not a JSON object")
     off += mlen
     tensors = []
     for _ in range(nt):
@@ -76,8 +86,8 @@ def read(sock):
             raise ProtocolError("tensor header beyond the frame")
         code, ndim, _r = struct.unpack_from("<BBH", body, off)
         off += 4
-        if code not in _DT or off + 4 * ndim > n:
-            raise ProtocolError("bad tensor header")
+        if code not in _DT or ndim > MAX_NDIM or off + 4 * ndim > n:
+            raise ProtocolError("tensor of dtype %d with %d dimensions" % (code, ndim))
         dims = list(struct.unpack_from("<%dI" % ndim, body, off))
         off += 4 * ndim
         dt, size = _DT[code]
