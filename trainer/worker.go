@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -91,16 +93,87 @@ func checkEngine(ctx context.Context, name, device string, gpus int) (python str
 }
 
 // BaseID names a base model as the group's configuration records it:
-// "tiny", or a model directory's name with the SHA-256 of its weights.
+// "tiny", or a model directory's name with the SHA-256 of its weights: of
+// model.safetensors, or, for weights split in shards as larger models are
+// published (model.safetensors.index.json), of the list of the shards'
+// names and SHA-256s in name order. A directory's hash is computed once per
+// process while its files keep their sizes and modification times.
 func BaseID(base string) (name, hash string, err error) {
 	if base == "" || base == group.DefaultBase {
 		return group.DefaultBase, "", nil
 	}
-	h, err := fileHash(filepath.Join(base, "model.safetensors"))
+	h, err := weightsHash(base)
 	if err != nil {
 		return "", "", fmt.Errorf("trainer: base model %s: %w", base, err)
 	}
 	return filepath.Base(filepath.Clean(base)), h, nil
+}
+
+// weightsHashes remembers weightsHash's results by the weights' files,
+// sizes and modification times.
+var weightsHashes sync.Map // string → string
+
+func weightsHash(dir string) (string, error) {
+	files := []string{"model.safetensors"}
+	single := true
+	if _, err := os.Stat(filepath.Join(dir, files[0])); errors.Is(err, fs.ErrNotExist) {
+		data, ierr := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json"))
+		if errors.Is(ierr, fs.ErrNotExist) {
+			return "", fmt.Errorf("no model.safetensors, nor model.safetensors.index.json for sharded weights")
+		}
+		if ierr != nil {
+			return "", ierr
+		}
+		var index struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(data, &index); err != nil {
+			return "", fmt.Errorf("model.safetensors.index.json: %w", err)
+		}
+		files = files[:0]
+		for _, f := range index.WeightMap {
+			if f != filepath.Base(f) || f == "." || f == ".." {
+				return "", fmt.Errorf("model.safetensors.index.json names a shard outside the directory: %q", f)
+			}
+			if !slices.Contains(files, f) {
+				files = append(files, f)
+			}
+		}
+		if len(files) == 0 {
+			return "", fmt.Errorf("model.safetensors.index.json lists no shard")
+		}
+		slices.Sort(files)
+		single = false
+	} else if err != nil {
+		return "", err
+	}
+	var key strings.Builder
+	for _, f := range files {
+		fi, err := os.Stat(filepath.Join(dir, f))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&key, "%s\x00%d\x00%d\n", filepath.Join(dir, f), fi.Size(), fi.ModTime().UnixNano())
+	}
+	if h, ok := weightsHashes.Load(key.String()); ok {
+		return h.(string), nil
+	}
+	var list strings.Builder
+	var h string
+	for _, f := range files {
+		fh, err := fileHash(filepath.Join(dir, f))
+		if err != nil {
+			return "", err
+		}
+		h = fh
+		fmt.Fprintf(&list, "%s %s\n", fh, f)
+	}
+	if !single {
+		sum := sha256.Sum256([]byte(list.String()))
+		h = hex.EncodeToString(sum[:])
+	}
+	weightsHashes.Store(key.String(), h)
+	return h, nil
 }
 
 // ready makes the engine for cfg if it is not made yet. It refuses a
