@@ -43,6 +43,13 @@ Recipes: binary (Binary RL on the users' rewards), opd (on-policy
 distillation from the hints in their corrections), combined (both); all runs
 the three one after another and prints them side by side.
 
+The base model is the tiny model taught, on prompts no user asks, to start
+its reply with a word when a hint in its context asks for it: it stands in
+for an instruction-following model, so that OPD's teacher (the base model
+reading the user's correction) has something to teach. Without a hint it
+behaves as the tiny model does. The first demo on a machine teaches it (under
+a minute on 2 cores) and keeps it in the user's cache directory.
+
 Examples:
   clawmesh demo                         # all three recipes, a few minutes
   clawmesh demo --quick                 # fewer rounds, the combined recipe

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,6 +21,9 @@ func TestDemoQuick(t *testing.T) {
 		t.Skip("runs three model servers, three nodes and three trainers")
 	}
 	dir := t.TempDir()
+	// The base model is taught afresh, as on a newcomer's machine, and
+	// kept here.
+	t.Setenv("XDG_CACHE_HOME", filepath.Join(dir, "cache"))
 	out, png := filepath.Join(dir, "out.json"), filepath.Join(dir, "score.png")
 	logs := filepath.Join(dir, "logs")
 	stdout, stderr, code := runCLI(t, "demo", "--quick", "--json", out, "--plot", png, "--seed", "7", "--logs", logs)
@@ -60,17 +64,19 @@ func TestDemoQuick(t *testing.T) {
 	if len(run.Rounds) != 5 || run.Rounds[0].Version != "base" {
 		t.Fatalf("rounds: %+v", run.Rounds)
 	}
+	// The base model follows the users' directive when a hint says it, and
+	// without one starts its replies with a word about as often as the
+	// tiny model it was taught from.
+	if b := rep.Base; b == nil || b.Cached || b.HintedAfter < 0.8 || b.HintedBefore > 0.5 || math.Abs(b.PlainAfter-b.PlainBefore) > 0.2 {
+		t.Errorf("base model: %+v", rep.Base)
+	}
 	// 3 users × 2 held-back prompts × 32 replies: a share moves by about
-	// 0.035 from noise alone, so a rise of 0.2 is learning, not noise. The
-	// combined recipe usually reaches 1.0 by round 2 to 4, but a round of
-	// 48 rewarded replies can also set it back, even from 0.98 to 0.18
-	// (the tiny base that OPD's teacher is does not read the hints; see
-	// docs/benchmarks.md), so the check is that it rose clearly by round 4.
+	// 0.035 from noise alone, so a rise of 0.2 is learning, not noise.
 	best := 0.0
 	for _, r := range run.Rounds[1:] {
 		best = max(best, r.Score)
 	}
-	if best < run.Before+0.2 {
+	if best < run.Before+0.3 || run.After < run.Before+0.2 {
 		t.Errorf("the score did not rise clearly: %.3f -> best %.3f, last %.3f (%+v)", run.Before, best, run.After, run.Rounds)
 	}
 	prev := uint64(0)
@@ -98,6 +104,19 @@ func TestDemoQuick(t *testing.T) {
 	p, err := os.ReadFile(png)
 	if err != nil || !bytes.HasPrefix(p, []byte("\x89PNG\r\n\x1a\n")) || len(p) < 5000 {
 		t.Errorf("the plot: %d bytes, %v", len(p), err)
+	}
+
+	// A second demo on this machine takes the base model from the cache.
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, cached, err := demoBaseModel(t.Context(), filepath.Join(cache, "clawmesh", "demo"), t.TempDir(), func(string, ...any) { t.Error("the base model was taught again") })
+	if err != nil || !cached.Cached || cached.HintedAfter != rep.Base.HintedAfter {
+		t.Fatalf("the cached base model: %s, %+v, %v", base, cached, err)
+	}
+	if _, err := os.Stat(filepath.Join(base, "model.safetensors")); err != nil {
+		t.Fatal(err)
 	}
 }
 
