@@ -42,6 +42,13 @@ type DirectiveLesson struct {
 // context where the model had them. o.Anchors is how many replies per
 // prompt, o.AnchorTokens bounds them, and o.Seed draws them.
 //
+// The lesson wants many prompts: on the tiny model, 36 prompts × 4 replies
+// over 24 steps with a KL weight of 8 teach it to follow the hint on
+// prompts it was not taught on, while with 6 prompts × 8 replies the hinted
+// replies collapsed to none following d. Raising only the followers, or
+// advantages centred or normalised per prompt, taught far less in the same
+// steps.
+//
 // A tiny random model does not follow instructions; one taught this way
 // stands in for an instruction-following base model, whose OPD teacher
 // (the base under the hinted context) then has something to say.

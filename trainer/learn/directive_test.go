@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	simscenario "github.com/clawmesh/clawmesh/sim/scenario"
 	"github.com/clawmesh/clawmesh/trainer/chat"
 	"github.com/clawmesh/clawmesh/trainer/sample"
 )
@@ -15,16 +16,17 @@ func startsWithLetter(s string) bool {
 }
 
 // TestTeachDirective teaches the tiny model to start its reply with a word
-// when a hint asks for it, and checks that it then does so on prompts it
-// was not taught on, while without a hint it behaves much as before.
+// when a hint asks for it, as the demo teaches its base model, and checks
+// that it then does so on prompts it was not taught on, while without a
+// hint it behaves much as before.
 func TestTeachDirective(t *testing.T) {
 	ctx := context.Background()
 	eng, tok := tinyEngine(t, 1)
 	b := sample.NewBuilder(tok, chat.Qwen3(), sample.Options{})
-	d := Directive{Hints: []string{"you should start the reply with a word", "Next time, start the reply with a word."}, Follows: startsWithLetter}
-	taught := []string{"Good morning!", "Can you check this?", "What is the plan?", "Explain recursion.", "Count to five.", "Open the file."}
-	other := []string{"What time is it?", "Tell me a joke.", "Summarise this log.", "Write a haiku."}
-	o := TeachOptions{Steps: 16, Anchors: 8, AnchorTokens: 6, Seed: 1, KLCoef: 8}
+	d := Directive{Hints: simscenario.WordHints, Follows: startsWithLetter}
+	taught := simscenario.TeachPrompts
+	other := []string{"What time is it?", "Tell me a joke.", "Summarise this log.", "Write a haiku.", "Where are my keys?", "Suggest a book."}
+	o := TeachOptions{Steps: 24, Anchors: 4, AnchorTokens: 6, Seed: 1, KLCoef: 8}
 
 	pupil, err := eng.Fork()
 	if err != nil {
