@@ -262,9 +262,18 @@ func TestRewardTestJudge(t *testing.T) {
 // abstains on every step.
 func TestRewardTestRefusesANonPlugin(t *testing.T) {
 	steps := filepath.Join("..", "..", "reward", "testdata", "steps.jsonl")
-	for _, bad := range []string{"main.go", filepath.Join("..", "..", "reward", "testdata", "hostile")} {
+	// A WebAssembly module that exports its memory and nothing else.
+	noExports := filepath.Join(t.TempDir(), "bare.wasm")
+	if err := os.WriteFile(noExports, []byte("\x00asm\x01\x00\x00\x00\x05\x03\x01\x00\x01\x07\x0a\x01\x06memory\x02\x00"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for bad, why := range map[string]string{
+		"main.go": "not a WebAssembly module",
+		filepath.Join("..", "..", "reward", "testdata", "hostile"): "cannot be loaded",
+		noExports: "missing export clawmesh_alloc",
+	} {
 		_, errs, code := runCLI(t, "reward", "test", bad, "--steps", steps)
-		if code == 0 || !strings.Contains(errs, "cannot be loaded") {
+		if code == 0 || !strings.Contains(errs, "cannot be loaded") || !strings.Contains(errs, why) || strings.Contains(errs, "meter:") {
 			t.Errorf("reward test %s: code %d, %s", bad, code, errs)
 		}
 	}
