@@ -64,6 +64,12 @@ and the node records again by itself once the disk works (or after
 'clawmesh pool repair'). Below --min-free free space the node pauses
 recording before the disk is full.
 
+A call the LLM server refused (4xx, 5xx) or could not be reached for is
+recorded as failed: counted by 'clawmesh pool stats', listed by 'clawmesh
+pool ls --state failed', never scored, batched or shipped, and of its long
+texts (a prompt refused as too long) only the first 16 KiB are kept. A call
+whose body is over --max-body is refused with 413 and not recorded.
+
 Memory stays bounded under load: the gateway follows at most --max-sessions
 conversations at once, the pool's caches and the reward plugins' instances
 have fixed budgets, and --memory-limit (default 512MiB) makes the Go runtime

@@ -39,7 +39,9 @@ Reads and feeds the DataPool, the record of every LLM call a node made.
                                               rounded to the hour, under the [share] policy
 
 Steps move open → closed → scored → batched → shipped; scored steps the
-sharing policy keeps on the device move to held instead.
+sharing policy keeps on the device move to held instead. A call the LLM
+server refused or could not be reached for is failed: kept for a look
+(--state failed), never scored, batched or shipped.
 
 The JSONL schema (clawmesh.step/v1) is described in docs/step-schema.md.
 
