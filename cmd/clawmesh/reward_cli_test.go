@@ -278,3 +278,20 @@ func TestRewardTestRefusesANonPlugin(t *testing.T) {
 		}
 	}
 }
+
+// reward new into a directory that holds something says so, once, and
+// leaves it as it was.
+func TestRewardNewRefusesAFullDirectory(t *testing.T) {
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(keep, []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := runCLI(t, "reward", "new", "polite", "--dir", dir)
+	if code != 1 || errs != "clawmesh reward: "+dir+" already exists and is not empty: name a new directory (--dir), or empty it\n" {
+		t.Errorf("reward new into a full directory: code %d, %q", code, errs)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("the directory now holds %d entries", len(entries))
+	}
+}
