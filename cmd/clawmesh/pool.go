@@ -421,7 +421,7 @@ func showStep(w io.Writer, s *core.Step) {
 		fmt.Fprintf(w, "  %-9s %s\n", m.Role, oneLine(actionText(m), 100))
 	}
 	for _, c := range s.Response.Choices {
-		fmt.Fprintf(w, "\naction (choice %d, finish %s, %d tokens recorded, fidelity %s):\n", c.Index, orDash(c.FinishReason), len(c.Tokens), orDash(string(c.Fidelity)))
+		fmt.Fprintf(w, "\naction (choice %d, finish %s, %s recorded, fidelity %s):\n", c.Index, orDash(c.FinishReason), plural(len(c.Tokens), "token", "tokens"), orDash(string(c.Fidelity)))
 		if c.Message.Reasoning != "" {
 			fmt.Fprintf(w, "  reasoning %s\n", oneLine(c.Message.Reasoning, 200))
 		}
@@ -502,7 +502,7 @@ func printStats(w io.Writer, st pool.Stats) {
 		return fmt.Sprintf("%.1fx", float64(ref)/float64(stored))
 	}
 	fmt.Fprintf(w, "messages  %d referenced, %d stored (shared %s)\n", st.MessagesReferenced, st.MessagesStored, ratio(st.MessagesReferenced, st.MessagesStored))
-	fmt.Fprintf(w, "tools     %d lists referenced, %d stored (shared %s)\n", st.ToolListsReferenced, st.ToolListsStored, ratio(st.ToolListsReferenced, st.ToolListsStored))
+	fmt.Fprintf(w, "tools     %s referenced, %d stored (shared %s)\n", plural(st.ToolListsReferenced, "list", "lists"), st.ToolListsStored, ratio(st.ToolListsReferenced, st.ToolListsStored))
 	fmt.Fprintf(w, "bytes     %d of step data (%d in step records, %d in shared blobs), %d on disk\n", st.Bytes, st.StepBytes, st.BlobBytes, st.DiskBytes)
 	fmt.Fprintf(w, "outbox    %s, %d shipped\n", plural(st.Batches, "batch", "batches"), st.BatchesShipped)
 	if len(st.ByAdapter) > 0 {
@@ -540,10 +540,11 @@ func repairPool(ctx context.Context, data string, asJSON bool, stdout io.Writer)
 	if asJSON {
 		return printJSON(stdout, rep)
 	}
-	fmt.Fprintf(stdout, "salvaged %d steps into a fresh pool in %s\n", rep.Steps, dir)
-	fmt.Fprintf(stdout, "read %d keys from the tables and %d WAL records; %d WAL records did not check out\n", rep.Tables, rep.WALRecords, rep.BadWALRecords)
+	fmt.Fprintf(stdout, "salvaged %s into a fresh pool in %s\n", plural(rep.Steps, "step", "steps"), dir)
+	fmt.Fprintf(stdout, "read %s from the tables and %s; %s\n", plural(rep.Tables, "key", "keys"), plural(rep.WALRecords, "WAL record", "WAL records"),
+		plural(rep.BadWALRecords, "WAL record did not check out", "WAL records did not check out"))
 	if rep.Unreadable > 0 {
-		fmt.Fprintf(stdout, "%d steps could not be read whole and were left out\n", rep.Unreadable)
+		fmt.Fprintf(stdout, "%s\n", plural(rep.Unreadable, "step could not be read whole and was left out", "steps could not be read whole and were left out"))
 	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(stdout, "could not read: %s\n", p)

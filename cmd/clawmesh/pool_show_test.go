@@ -44,7 +44,8 @@ func TestPoolShowScoredStep(t *testing.T) {
 			{Role: core.RoleUser, Content: "What is the capital of Australia?"},
 		}},
 		Response: core.Response{Status: 200, Choices: []core.Choice{{Message: core.Message{
-			Role: core.RoleAssistant, Content: "The capital of Australia is Sydney."}, FinishReason: "stop"}}},
+			Role: core.RoleAssistant, Content: "The capital of Australia is Sydney."}, FinishReason: "stop",
+			Tokens: []core.TokenLogprob{{Token: "The", ID: 785, Logprob: -0.1}}}}},
 		NextState: &core.NextState{Messages: []core.Message{{Role: core.RoleUser, Content: "No, that's wrong. " + hint}}},
 		Reward:    &core.Reward{Value: fptr(-0.3), Hint: hint, Scores: scores, At: time.Date(2025, 6, 2, 9, 14, 5, 0, time.UTC)},
 		Timings:   core.Timings{Start: time.Date(2025, 6, 2, 9, 14, 3, 0, time.UTC), Total: 850 * time.Millisecond},
@@ -103,6 +104,9 @@ func TestPoolShowScoredStep(t *testing.T) {
 			if sc.Hint != "" && !strings.Contains(l, "hint: "+sc.Hint) {
 				t.Errorf("%s: %s: line %q lacks the hint %q", how, sc.Plugin, l, sc.Hint)
 			}
+		}
+		if !strings.Contains(out, "finish stop, 1 token recorded,") {
+			t.Errorf("%s: the action's header does not say \"1 token recorded\":\n%s", how, out)
 		}
 		if !strings.Contains(out, "step     "+id) || !strings.Contains(out, "state    scored") {
 			t.Errorf("%s: header:\n%s", how, out)
