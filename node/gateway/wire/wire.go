@@ -80,22 +80,22 @@ var (
 )
 
 // badRequest is a client's error. An error among args is said as the
-// client reads it (clientText): the JSON member and the type it wants, not
+// client reads it (ClientText): the JSON member and the type it wants, not
 // the Go types that decoding it met.
 func badRequest(format string, args ...any) error {
 	for i, a := range args {
 		if err, ok := a.(error); ok {
-			args[i] = clientText(err)
+			args[i] = ClientText(err)
 		}
 	}
 	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
 }
 
-// clientText is err as a client reads it: a JSON value of the wrong type is
+// ClientText is err as a client reads it: a JSON value of the wrong type is
 // "messages: want an array, got a string" rather than encoding/json's
 // "cannot unmarshal string into Go struct field chatRequest.messages of
 // type []wire.chatMessage".
-func clientText(err error) string {
+func ClientText(err error) string {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
