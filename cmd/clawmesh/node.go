@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/setup"
+	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/reward"
 )
 
@@ -235,7 +237,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		PluginMemoryLimit: uint64(s.PluginMemoryMiB) << 20,
 		JudgeTimeout:      s.JudgeTimeout,
 	})
-	if err != nil {
+	if errors.Is(err, pool.ErrLocked) {
+		return fmt.Errorf("another clawmesh process (a node, or a pool command) is using the pool in %s: stop it first, or give this node another --data", s.Data)
+	} else if err != nil {
 		return err
 	}
 	// SIGHUP re-reads the config file's plugins and swaps them in.

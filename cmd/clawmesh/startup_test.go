@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/pool"
 )
 
 // TestStopDuringStartup stops `clawmesh node` (as SIGTERM does: main's
@@ -33,5 +35,21 @@ func TestStopDuringStartup(t *testing.T) {
 		if strings.Contains(l, bad) {
 			t.Errorf("the log says %q:\n%s", bad, l)
 		}
+	}
+}
+
+// TestNodeOnAPoolInUse: a second process on the same data directory is
+// told that another one uses it, and what to do, not pebble's lock error.
+func TestNodeOnAPoolInUse(t *testing.T) {
+	data := t.TempDir()
+	p, err := pool.Open(filepath.Join(data, "pool"), pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	_, errs, code := runCLI(t, "node", "--data", data, "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9/v1", "--no-mdns")
+	want := "clawmesh node: another clawmesh process (a node, or a pool command) is using the pool in " + data + ": stop it first, or give this node another --data\n"
+	if code != 1 || !strings.HasSuffix(errs, want) || strings.Contains(errs, "locked") {
+		t.Errorf("code %d, %q; want %q", code, errs, want)
 	}
 }
