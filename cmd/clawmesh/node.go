@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -203,6 +204,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		log.Info("no upstream configured: using the local model server that answers", "server", f.Name, "upstream", f.URL,
 			"kind", s.UpstreamKind, "models", len(f.Models), "fix", "upstream in "+nodeConfigPath(s))
 	}
+	if _, _, err := net.SplitHostPort(s.Listen); s.Listen != "" && err != nil {
+		return usageErr("--listen %q: want HOST:PORT, such as 127.0.0.1:8400", s.Listen)
+	}
 	if s.Listen != "" && !isLoopback(s.Listen) && s.Token == "" {
 		log.Warn("gateway listens beyond loopback with no --token: anyone who can reach it can use your LLM through it", "listen", s.Listen)
 	}
@@ -237,10 +241,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		PluginMemoryLimit: uint64(s.PluginMemoryMiB) << 20,
 		JudgeTimeout:      s.JudgeTimeout,
 	})
-	if errors.Is(err, pool.ErrLocked) {
-		return fmt.Errorf("another clawmesh process (a node, or a pool command) is using the pool in %s: stop it first, or give this node another --data", s.Data)
-	} else if err != nil {
-		return err
+	if err != nil {
+		return nodeStartError(err, s.Data)
 	}
 	// SIGHUP re-reads the config file's plugins and swaps them in.
 	hup := make(chan os.Signal, 1)
@@ -269,7 +271,25 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if runErr == nil {
 		fmt.Fprintln(stderr, "clawmesh node: stopped")
 	}
-	return runErr
+	return nodeStartError(runErr, s.Data)
+}
+
+// nodeStartError is why a node could not start, as its user reads it: a
+// setting the node refused is a usage error; a pool or an address another
+// process holds says so, and what to do.
+func nodeStartError(err error, data string) error {
+	var op *net.OpError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, node.ErrConfig):
+		return usageErr("%s", strings.TrimPrefix(userMessage(err.Error()), "bad config: "))
+	case errors.Is(err, pool.ErrLocked):
+		return fmt.Errorf("another clawmesh process (a node, or a pool command) is using the pool in %s: stop it first, or give this node another --data", data)
+	case errors.Is(err, syscall.EADDRINUSE) && errors.As(err, &op) && op.Addr != nil:
+		return fmt.Errorf("the gateway address %s is in use by another process (another node?): stop it, or pick another --listen", op.Addr)
+	}
+	return err
 }
 
 // poolFS is the filesystem the node's pool is on: the disk (nil), unless

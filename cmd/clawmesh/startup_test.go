@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -51,5 +52,29 @@ func TestNodeOnAPoolInUse(t *testing.T) {
 	want := "clawmesh node: another clawmesh process (a node, or a pool command) is using the pool in " + data + ": stop it first, or give this node another --data\n"
 	if code != 1 || !strings.HasSuffix(errs, want) || strings.Contains(errs, "locked") {
 		t.Errorf("code %d, %q; want %q", code, errs, want)
+	}
+}
+
+// TestNodeStartErrors: settings the node refuses are usage errors naming
+// the setting, and an address another process holds says so.
+func TestNodeStartErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--upstream", "127.0.0.1:11434"}, 2, "clawmesh node: upstream \"127.0.0.1:11434\" must be an http:// or https:// URL\nRun 'clawmesh node --help' for usage.\n"},
+		{[]string{"--upstream", "http://127.0.0.1:9/v1", "--listen", "nonsense"}, 2, "clawmesh node: --listen \"nonsense\": want HOST:PORT, such as 127.0.0.1:8400\nRun 'clawmesh node --help' for usage.\n"},
+		{[]string{"--upstream", "http://127.0.0.1:9/v1", "--listen", ln.Addr().String()}, 1, "clawmesh node: the gateway address " + ln.Addr().String() + " is in use by another process (another node?): stop it, or pick another --listen\n"},
+	} {
+		_, errs, code := runCLI(t, append([]string{"node", "--data", t.TempDir(), "--no-mdns", "--no-scoring"}, c.args...)...)
+		if code != c.code || !strings.HasSuffix(errs, c.want) || strings.Contains(errs, "bad config") || strings.Contains(errs, "listen: listen") {
+			t.Errorf("node %q: code %d, %q; want %d, %q", c.args, code, errs, c.code, c.want)
+		}
 	}
 }
