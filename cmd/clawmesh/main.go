@@ -86,6 +86,16 @@ func usageErr(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
 }
 
+// flagError is a bad flag of the command cmd ("clawmesh pool ls"), whose
+// --help lists that command's flags.
+type flagError struct {
+	cmd string
+	err error
+}
+
+func (e *flagError) Error() string { return e.err.Error() }
+func (e *flagError) Unwrap() error { return e.err }
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -113,7 +123,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, flag.ErrHelp):
 			return 0
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "clawmesh %s: %s\nRun 'clawmesh %s --help' for usage.\n", c.name, userMessage(strings.TrimPrefix(err.Error(), errUsage.Error()+": ")), c.name)
+			help := "clawmesh " + c.name
+			var fe *flagError
+			if errors.As(err, &fe) {
+				help = fe.cmd
+			}
+			fmt.Fprintf(stderr, "clawmesh %s: %s\nRun '%s --help' for usage.\n", c.name, userMessage(strings.TrimPrefix(err.Error(), errUsage.Error()+": ")), help)
 			return 2
 		default:
 			fmt.Fprintf(stderr, "clawmesh %s: %s\n", c.name, userMessage(err.Error()))
@@ -189,7 +204,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 				fs.Usage()
 				return err
 			}
-			return fmt.Errorf("%w: %v", errUsage, err)
+			return &flagError{cmd: strings.TrimSpace(fs.Name()), err: fmt.Errorf("%w: %v", errUsage, err)}
 		}
 		rest := fs.Args()
 		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {

@@ -157,6 +157,21 @@ func TestUsage(t *testing.T) {
 	if code != 2 || errs != "clawmesh node: flag provided but not defined: -bogus\nRun 'clawmesh node --help' for usage.\n" {
 		t.Errorf("unknown flag: code %d, %q", code, errs)
 	}
+	// A subcommand's bad flag points to that subcommand's help, which lists
+	// its flags.
+	_, errs, code = runCLI(t, "pool", "ls", "--bogus")
+	if code != 2 || errs != "clawmesh pool: flag provided but not defined: -bogus\nRun 'clawmesh pool ls --help' for usage.\n" {
+		t.Errorf("unknown flag of pool ls: code %d, %q", code, errs)
+	}
+	// An unknown subcommand, or a flag where one goes: the error, what the
+	// subcommands are, and where help is; not the whole help.
+	for _, group := range []string{"pool", "mesh", "bench"} {
+		_, errs, code = runCLI(t, group, "--bogus")
+		if lines := strings.Split(strings.TrimSpace(errs), "\n"); code != 2 || len(lines) != 2 ||
+			!strings.Contains(lines[0], `"--bogus": want `) || lines[1] != "Run 'clawmesh "+group+" --help' for usage." {
+			t.Errorf("%s --bogus: code %d, %q", group, code, errs)
+		}
+	}
 	// A data directory that is a file is a bad --data, not a config error.
 	file := filepath.Join(t.TempDir(), "file")
 	os.WriteFile(file, nil, 0o600)

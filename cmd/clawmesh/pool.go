@@ -146,8 +146,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.IntVar(&f.Limit, "limit", 5, "show at most this many of the batch's steps (0: all)")
 		fs.BoolVar(&asJSON, "json", false, "print the preview as JSON")
 	default:
-		fmt.Fprint(stderr, poolHelp)
-		return usageErr("unknown pool command %q", sub)
+		return usageErr("unknown pool command %q: want stats, ls, show, export, import, preview or repair", sub)
 	}
 	if err := parse(fs, args); err != nil {
 		return err
