@@ -222,7 +222,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(tw, "STEP\tSESSION\tTIME\tSTATE\tTURN\tREWARD\tACTION")
 		for _, st := range steps {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.SessionID, st.Timings.Start.Local().Format("01-02 15:04:05"),
-				st.State, st.Turn, rewardText(st.Reward), oneLine(actionText(st.Action()), 60))
+				st.State, st.Turn, rewardText(st.Reward), oneLine(lsAction(st), 60))
 		}
 		return tw.Flush()
 	case "show":
@@ -396,6 +396,25 @@ func oneLine(s string, max int) string {
 		return string(r[:max-1]) + "…"
 	}
 	return s
+}
+
+// lsAction is what pool ls shows of a step's action: the reply, or for a
+// failed call with none, the upstream's status and error.
+func lsAction(s *core.Step) string {
+	if t := actionText(s.Action()); t != "" || len(s.Response.Error) == 0 {
+		return t
+	}
+	var e struct {
+		Message string `json:"message"`
+	}
+	msg := string(s.Response.Error)
+	if json.Unmarshal(s.Response.Error, &e) == nil && e.Message != "" {
+		msg = e.Message
+	}
+	if s.Response.Status == 0 {
+		return "(upstream error: " + msg + ")"
+	}
+	return fmt.Sprintf("(upstream error %d: %s)", s.Response.Status, msg)
 }
 
 func showStep(w io.Writer, s *core.Step) {

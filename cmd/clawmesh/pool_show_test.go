@@ -154,3 +154,40 @@ func TestPoolShowScoredStep(t *testing.T) {
 		t.Errorf("pool ls: %q", ls)
 	}
 }
+
+// TestPoolLsFailedStep: pool ls --state failed lists a call the upstream
+// refused with the status and the upstream's message where its reply would
+// be, and pool stats counts it.
+func TestPoolLsFailedStep(t *testing.T) {
+	data := t.TempDir()
+	p, err := pool.Open(filepath.Join(data, "pool"), pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2025, 6, 2, 9, 14, 3, 0, time.UTC)
+	for _, s := range []*core.Step{
+		{ID: "failed-1", SessionID: "s1", Turn: core.TurnMain, API: core.APIChat, State: core.StateFailed, Source: "gateway",
+			Request:  core.Request{Messages: []core.Message{{Role: core.RoleUser, Content: "a very long prompt"}}},
+			Response: core.Response{Status: 400, Error: json.RawMessage(`{"message":"prompt is too long","type":"invalid_request_error"}`)},
+			Timings:  core.Timings{Start: at}},
+		{ID: "good-1", SessionID: "s2", Turn: core.TurnMain, API: core.APIChat, State: core.StateClosed, Source: "gateway",
+			Request:  core.Request{Messages: []core.Message{{Role: core.RoleUser, Content: "hi"}}},
+			Response: core.Response{Status: 200, Choices: []core.Choice{{Message: core.Message{Role: core.RoleAssistant, Content: "hello"}}}},
+			Timings:  core.Timings{Start: at.Add(time.Second)}},
+	} {
+		if err := p.Put(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out := cli(t, "pool", "ls", "--state", "failed", "--data", data)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[1], "failed-1 ") || !strings.HasSuffix(lines[1], "(upstream error 400: prompt is too long)") {
+		t.Errorf("pool ls --state failed:\n%s", out)
+	}
+	if out := cli(t, "pool", "stats", "--data", data); !strings.Contains(out, "failed 1 closed 1") {
+		t.Errorf("pool stats:\n%s", out)
+	}
+}
