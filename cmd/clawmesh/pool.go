@@ -412,9 +412,9 @@ func lsAction(s *core.Step) string {
 		msg = e.Message
 	}
 	if s.Response.Status == 0 {
-		return "(upstream error: " + msg + ")"
+		return "(error: " + msg + ")"
 	}
-	return fmt.Sprintf("(upstream error %d: %s)", s.Response.Status, msg)
+	return fmt.Sprintf("(error %d: %s)", s.Response.Status, msg)
 }
 
 func showStep(w io.Writer, s *core.Step) {

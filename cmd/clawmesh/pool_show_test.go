@@ -184,7 +184,7 @@ func TestPoolLsFailedStep(t *testing.T) {
 	}
 	out := cli(t, "pool", "ls", "--state", "failed", "--data", data)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 2 || !strings.HasPrefix(lines[1], "failed-1 ") || !strings.HasSuffix(lines[1], "(upstream error 400: prompt is too long)") {
+	if len(lines) != 2 || !strings.HasPrefix(lines[1], "failed-1 ") || !strings.HasSuffix(lines[1], "(error 400: prompt is too long)") {
 		t.Errorf("pool ls --state failed:\n%s", out)
 	}
 	if out := cli(t, "pool", "stats", "--data", data); !strings.Contains(out, "failed 1 closed 1") {
