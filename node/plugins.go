@@ -125,7 +125,14 @@ func (n *Node) closePlugins(ctx context.Context) error {
 		return nil
 	}
 	n.plugins.stop()
-	<-n.plugins.ready
+	select {
+	case <-n.plugins.ready:
+	default:
+		// A plugin's compilation cannot be cut short: say why stopping
+		// waits (a second or two; longer on a loaded machine).
+		n.log.Info("stopping once the reward plugin being compiled is done")
+		<-n.plugins.ready
+	}
 	if n.plugins.r != nil {
 		return n.plugins.r.Close(ctx)
 	}

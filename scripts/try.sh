@@ -17,7 +17,7 @@ keep=
 case "${1:-}" in
   --keep) keep=1 ;;
   "") ;;
-  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "scripts/try.sh: unknown argument $1 (--keep leaves the data directory)" >&2; exit 2 ;;
 esac
 

@@ -358,8 +358,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "  %d writers vs 1: %.1fx the steps/s\n", many.Writers, many.StepsPerSec/one.StepsPerSec)
 		return nil
 	}
-	fmt.Fprint(stderr, benchHelp)
-	return usageErr("unknown benchmark %q", sub)
+	return usageErr("unknown benchmark %q: want gateway, pool, soak, engine, learn, scrub, mesh, trainers, weights or rollouts", sub)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -176,6 +177,8 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 	}
 	if fi, err := os.Stat(expandHome(data)); err == nil && !fi.IsDir() {
 		return fmt.Errorf("%w: --data %s is a file: the data directory must be a directory (or not exist yet)", errUsage, data)
+	} else if errors.Is(err, syscall.ENOTDIR) {
+		return fmt.Errorf("%w: --data %s is inside a file, not a directory: the data directory must be a directory (or not exist yet)", errUsage, data)
 	}
 	path, explicit := s.Config, s.Config != ""
 	if !explicit {

@@ -86,6 +86,16 @@ func usageErr(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
 }
 
+// flagError is a bad flag of the command cmd ("clawmesh pool ls"), whose
+// --help lists that command's flags.
+type flagError struct {
+	cmd string
+	err error
+}
+
+func (e *flagError) Error() string { return e.err.Error() }
+func (e *flagError) Unwrap() error { return e.err }
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -113,15 +123,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, flag.ErrHelp):
 			return 0
 		case errors.Is(err, errUsage):
-			fmt.Fprintf(stderr, "clawmesh %s: %s\nRun 'clawmesh %s --help' for usage.\n", c.name, userMessage(strings.TrimPrefix(err.Error(), errUsage.Error()+": ")), c.name)
+			help := "clawmesh " + c.name
+			var fe *flagError
+			if errors.As(err, &fe) {
+				help = fe.cmd
+			}
+			fmt.Fprintf(stderr, "clawmesh %s: %s\nRun '%s --help' for usage.\n", c.name, userMessage(strings.TrimPrefix(err.Error(), errUsage.Error()+": ")), help)
 			return 2
 		default:
 			fmt.Fprintf(stderr, "clawmesh %s: %s\n", c.name, userMessage(err.Error()))
 			return 1
 		}
 	}
-	fmt.Fprintf(stderr, "clawmesh: unknown command %q\n\n", args[0])
-	usage(stderr)
+	// As for a bad flag: the error and where help is, not the whole help.
+	if strings.HasPrefix(args[0], "-") {
+		fmt.Fprintf(stderr, "clawmesh: unknown flag %s: flags come after the command\n", args[0])
+	} else {
+		fmt.Fprintf(stderr, "clawmesh: unknown command %q\n", args[0])
+	}
+	fmt.Fprintln(stderr, "Run 'clawmesh --help' for the commands.")
 	return 2
 }
 
@@ -132,14 +152,19 @@ var internalPrefixes = map[string]bool{
 	"node": true, "pool": true, "reward": true, "wire": true, "share": true, "mesh": true, "setup": true,
 	"trainer": true, "gateway": true, "session": true, "scrub": true, "store": true, "peer": true,
 	"member": true, "batch": true, "weights": true, "adminapi": true, "engine": true, "serve": true,
+	"core": true, "meter": true, "group": true, "p2p": true, "raftstore": true, "raftnet": true,
+	"adapter": true, "adapters": true, "learn": true, "tokenizer": true, "torch": true, "native": true,
+	"swap": true, "safetensors": true, "httpguard": true, "sse": true, "tasks": true, "sample": true,
 }
 
 // userMessage is an error's message as a user reads it: without the
-// packages' prefixes, and without a part said twice in a row.
+// packages' prefixes, and without a part said twice in a row. A last part
+// is kept whatever it says: it is no prefix.
 func userMessage(msg string) string {
 	var out []string
-	for _, part := range strings.Split(msg, ": ") {
-		if internalPrefixes[part] || len(out) > 0 && out[len(out)-1] == part {
+	parts := strings.Split(msg, ": ")
+	for i, part := range parts {
+		if internalPrefixes[part] && i < len(parts)-1 || len(out) > 0 && out[len(out)-1] == part {
 			continue
 		}
 		out = append(out, part)
@@ -179,7 +204,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 				fs.Usage()
 				return err
 			}
-			return fmt.Errorf("%w: %v", errUsage, err)
+			return &flagError{cmd: strings.TrimSpace(fs.Name()), err: fmt.Errorf("%w: %v", errUsage, err)}
 		}
 		rest := fs.Args()
 		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {

@@ -135,9 +135,15 @@ func TestUsage(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "node") || !strings.Contains(out, "pool") {
 		t.Errorf("--help: code %d, %q", code, out)
 	}
+	// An unknown command or flag: the error and where help is, not the
+	// whole help.
 	_, errs, code := runCLI(t, "frobnicate")
-	if code != 2 || !strings.Contains(errs, "unknown command") {
+	if code != 2 || errs != "clawmesh: unknown command \"frobnicate\"\nRun 'clawmesh --help' for the commands.\n" {
 		t.Errorf("unknown command: code %d, %q", code, errs)
+	}
+	_, errs, code = runCLI(t, "--data", "x")
+	if code != 2 || errs != "clawmesh: unknown flag --data: flags come after the command\nRun 'clawmesh --help' for the commands.\n" {
+		t.Errorf("a flag before the command: code %d, %q", code, errs)
 	}
 	old := localServers
 	localServers = nil // no model server to find
@@ -151,6 +157,21 @@ func TestUsage(t *testing.T) {
 	if code != 2 || errs != "clawmesh node: flag provided but not defined: -bogus\nRun 'clawmesh node --help' for usage.\n" {
 		t.Errorf("unknown flag: code %d, %q", code, errs)
 	}
+	// A subcommand's bad flag points to that subcommand's help, which lists
+	// its flags.
+	_, errs, code = runCLI(t, "pool", "ls", "--bogus")
+	if code != 2 || errs != "clawmesh pool: flag provided but not defined: -bogus\nRun 'clawmesh pool ls --help' for usage.\n" {
+		t.Errorf("unknown flag of pool ls: code %d, %q", code, errs)
+	}
+	// An unknown subcommand, or a flag where one goes: the error, what the
+	// subcommands are, and where help is; not the whole help.
+	for _, group := range []string{"pool", "mesh", "bench"} {
+		_, errs, code = runCLI(t, group, "--bogus")
+		if lines := strings.Split(strings.TrimSpace(errs), "\n"); code != 2 || len(lines) != 2 ||
+			!strings.Contains(lines[0], `"--bogus": want `) || lines[1] != "Run 'clawmesh "+group+" --help' for usage." {
+			t.Errorf("%s --bogus: code %d, %q", group, code, errs)
+		}
+	}
 	// A data directory that is a file is a bad --data, not a config error.
 	file := filepath.Join(t.TempDir(), "file")
 	os.WriteFile(file, nil, 0o600)
@@ -158,6 +179,11 @@ func TestUsage(t *testing.T) {
 		_, errs, code = runCLI(t, append(cmd, "--data", file)...)
 		if code != 2 || !strings.Contains(errs, "--data "+file+" is a file") || strings.Contains(errs, "config") {
 			t.Errorf("%s with --data a file: code %d, %q", cmd[0], code, errs)
+		}
+		under := filepath.Join(file, "data")
+		_, errs, code = runCLI(t, append(cmd, "--data", under)...)
+		if code != 2 || !strings.Contains(errs, "--data "+under+" is inside a file") || strings.Contains(errs, "config") {
+			t.Errorf("%s with --data under a file: code %d, %q", cmd[0], code, errs)
 		}
 	}
 	_, errs, code = runCLI(t, "pool", "ls", "--state", "bogus", "--data", t.TempDir())
@@ -363,6 +389,10 @@ func TestUserMessage(t *testing.T) {
 		"wire: bad request: messages is required":                                                        "bad request: messages is required",
 		"config /a/config.toml: unknown key \"x\"":                                                       "config /a/config.toml: unknown key \"x\"",
 		"node: reward plugins: reward: plugin cannot be loaded: \"p\": read: open /x/pool: no such file": "reward plugins: plugin cannot be loaded: \"p\": read: open /x/pool: no such file",
+		"--state: core: unknown state \"bogus\"":                                                         "--state: unknown state \"bogus\"",
+		"reward: plugin cannot be loaded: \"x.go\": compile: meter: cannot instrument module: not WASM":  "plugin cannot be loaded: \"x.go\": compile: cannot instrument module: not WASM",
+		"tasks: bad task: line 3":                                                                        "bad task: line 3",
+		"unknown store: pool":                                                                            "unknown store: pool",
 	} {
 		if got := userMessage(in); got != want {
 			t.Errorf("userMessage(%q) = %q, want %q", in, got, want)

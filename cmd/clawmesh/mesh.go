@@ -71,8 +71,7 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case "revoke":
 		fs.StringVar(&reason, "reason", "", "why, kept with the revocation")
 	default:
-		fmt.Fprint(stderr, meshHelp)
-		return usageErr("unknown mesh command %q", sub)
+		return usageErr("unknown mesh command %q: want init, status, peers, batches, batch or revoke", sub)
 	}
 	if err := parse(fs, args); err != nil {
 		return err

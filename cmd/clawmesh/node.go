@@ -3,9 +3,11 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/setup"
+	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/reward"
 )
 
@@ -63,6 +66,12 @@ pauses recording (calls are still answered), 'clawmesh pool stats' says why,
 and the node records again by itself once the disk works (or after
 'clawmesh pool repair'). Below --min-free free space the node pauses
 recording before the disk is full.
+
+A call the LLM server refused (4xx, 5xx) or could not be reached for is
+recorded as failed: counted by 'clawmesh pool stats', listed by 'clawmesh
+pool ls --state failed', never scored, batched or shipped, and of its long
+texts (a prompt refused as too long) only the first 16 KiB are kept. A call
+whose body is over --max-body is refused with 413 and not recorded.
 
 Memory stays bounded under load: the gateway follows at most --max-sessions
 conversations at once, the pool's caches and the reward plugins' instances
@@ -195,6 +204,9 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		log.Info("no upstream configured: using the local model server that answers", "server", f.Name, "upstream", f.URL,
 			"kind", s.UpstreamKind, "models", len(f.Models), "fix", "upstream in "+nodeConfigPath(s))
 	}
+	if _, _, err := net.SplitHostPort(s.Listen); s.Listen != "" && err != nil {
+		return usageErr("--listen %q: want HOST:PORT, such as 127.0.0.1:8400", s.Listen)
+	}
 	if s.Listen != "" && !isLoopback(s.Listen) && s.Token == "" {
 		log.Warn("gateway listens beyond loopback with no --token: anyone who can reach it can use your LLM through it", "listen", s.Listen)
 	}
@@ -230,7 +242,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		JudgeTimeout:      s.JudgeTimeout,
 	})
 	if err != nil {
-		return err
+		return nodeStartError(err, s.Data)
 	}
 	// SIGHUP re-reads the config file's plugins and swaps them in.
 	hup := make(chan os.Signal, 1)
@@ -259,7 +271,25 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if runErr == nil {
 		fmt.Fprintln(stderr, "clawmesh node: stopped")
 	}
-	return runErr
+	return nodeStartError(runErr, s.Data)
+}
+
+// nodeStartError is why a node could not start, as its user reads it: a
+// setting the node refused is a usage error; a pool or an address another
+// process holds says so, and what to do.
+func nodeStartError(err error, data string) error {
+	var op *net.OpError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, node.ErrConfig):
+		return usageErr("%s", strings.TrimPrefix(userMessage(err.Error()), "bad config: "))
+	case errors.Is(err, pool.ErrLocked):
+		return fmt.Errorf("another clawmesh process (a node, or a pool command) is using the pool in %s: stop it first, or give this node another --data", data)
+	case errors.Is(err, syscall.EADDRINUSE) && errors.As(err, &op) && op.Addr != nil:
+		return fmt.Errorf("the gateway address %s is in use by another process (another node?): stop it, or pick another --listen", op.Addr)
+	}
+	return err
 }
 
 // poolFS is the filesystem the node's pool is on: the disk (nil), unless

@@ -39,7 +39,9 @@ Reads and feeds the DataPool, the record of every LLM call a node made.
                                               rounded to the hour, under the [share] policy
 
 Steps move open → closed → scored → batched → shipped; scored steps the
-sharing policy keeps on the device move to held instead.
+sharing policy keeps on the device move to held instead. A call the LLM
+server refused or could not be reached for is failed: kept for a look
+(--state failed), never scored, batched or shipped.
 
 The JSONL schema (clawmesh.step/v1) is described in docs/step-schema.md.
 
@@ -144,8 +146,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.IntVar(&f.Limit, "limit", 5, "show at most this many of the batch's steps (0: all)")
 		fs.BoolVar(&asJSON, "json", false, "print the preview as JSON")
 	default:
-		fmt.Fprint(stderr, poolHelp)
-		return usageErr("unknown pool command %q", sub)
+		return usageErr("unknown pool command %q: want stats, ls, show, export, import, preview or repair", sub)
 	}
 	if err := parse(fs, args); err != nil {
 		return err
@@ -221,7 +222,7 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(tw, "STEP\tSESSION\tTIME\tSTATE\tTURN\tREWARD\tACTION")
 		for _, st := range steps {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", st.ID, st.SessionID, st.Timings.Start.Local().Format("01-02 15:04:05"),
-				st.State, st.Turn, rewardText(st.Reward), oneLine(actionText(st.Action()), 60))
+				st.State, st.Turn, rewardText(st.Reward), oneLine(lsAction(st), 60))
 		}
 		return tw.Flush()
 	case "show":
@@ -397,6 +398,25 @@ func oneLine(s string, max int) string {
 	return s
 }
 
+// lsAction is what pool ls shows of a step's action: the reply, or for a
+// failed call with none, the upstream's status and error.
+func lsAction(s *core.Step) string {
+	if t := actionText(s.Action()); t != "" || len(s.Response.Error) == 0 {
+		return t
+	}
+	var e struct {
+		Message string `json:"message"`
+	}
+	msg := string(s.Response.Error)
+	if json.Unmarshal(s.Response.Error, &e) == nil && e.Message != "" {
+		msg = e.Message
+	}
+	if s.Response.Status == 0 {
+		return "(error: " + msg + ")"
+	}
+	return fmt.Sprintf("(error %d: %s)", s.Response.Status, msg)
+}
+
 func showStep(w io.Writer, s *core.Step) {
 	fmt.Fprintf(w, "step     %s\nsession  %s  chain %s  parent %s\n", s.ID, s.SessionID, s.ChainID, orDash(string(s.ParentID)))
 	fmt.Fprintf(w, "state    %s  turn %s  api %s  source %s\n", s.State, s.Turn, s.API, orDash(s.Source))
@@ -419,7 +439,7 @@ func showStep(w io.Writer, s *core.Step) {
 		fmt.Fprintf(w, "  %-9s %s\n", m.Role, oneLine(actionText(m), 100))
 	}
 	for _, c := range s.Response.Choices {
-		fmt.Fprintf(w, "\naction (choice %d, finish %s, %d tokens recorded, fidelity %s):\n", c.Index, orDash(c.FinishReason), len(c.Tokens), orDash(string(c.Fidelity)))
+		fmt.Fprintf(w, "\naction (choice %d, finish %s, %s recorded, fidelity %s):\n", c.Index, orDash(c.FinishReason), plural(len(c.Tokens), "token", "tokens"), orDash(string(c.Fidelity)))
 		if c.Message.Reasoning != "" {
 			fmt.Fprintf(w, "  reasoning %s\n", oneLine(c.Message.Reasoning, 200))
 		}
@@ -500,7 +520,7 @@ func printStats(w io.Writer, st pool.Stats) {
 		return fmt.Sprintf("%.1fx", float64(ref)/float64(stored))
 	}
 	fmt.Fprintf(w, "messages  %d referenced, %d stored (shared %s)\n", st.MessagesReferenced, st.MessagesStored, ratio(st.MessagesReferenced, st.MessagesStored))
-	fmt.Fprintf(w, "tools     %d lists referenced, %d stored (shared %s)\n", st.ToolListsReferenced, st.ToolListsStored, ratio(st.ToolListsReferenced, st.ToolListsStored))
+	fmt.Fprintf(w, "tools     %s referenced, %d stored (shared %s)\n", plural(st.ToolListsReferenced, "list", "lists"), st.ToolListsStored, ratio(st.ToolListsReferenced, st.ToolListsStored))
 	fmt.Fprintf(w, "bytes     %d of step data (%d in step records, %d in shared blobs), %d on disk\n", st.Bytes, st.StepBytes, st.BlobBytes, st.DiskBytes)
 	fmt.Fprintf(w, "outbox    %s, %d shipped\n", plural(st.Batches, "batch", "batches"), st.BatchesShipped)
 	if len(st.ByAdapter) > 0 {
@@ -538,10 +558,11 @@ func repairPool(ctx context.Context, data string, asJSON bool, stdout io.Writer)
 	if asJSON {
 		return printJSON(stdout, rep)
 	}
-	fmt.Fprintf(stdout, "salvaged %d steps into a fresh pool in %s\n", rep.Steps, dir)
-	fmt.Fprintf(stdout, "read %d keys from the tables and %d WAL records; %d WAL records did not check out\n", rep.Tables, rep.WALRecords, rep.BadWALRecords)
+	fmt.Fprintf(stdout, "salvaged %s into a fresh pool in %s\n", plural(rep.Steps, "step", "steps"), dir)
+	fmt.Fprintf(stdout, "read %s from the tables and %s; %s\n", plural(rep.Tables, "key", "keys"), plural(rep.WALRecords, "WAL record", "WAL records"),
+		plural(rep.BadWALRecords, "WAL record did not check out", "WAL records did not check out"))
 	if rep.Unreadable > 0 {
-		fmt.Fprintf(stdout, "%d steps could not be read whole and were left out\n", rep.Unreadable)
+		fmt.Fprintf(stdout, "%s\n", plural(rep.Unreadable, "step could not be read whole and was left out", "steps could not be read whole and were left out"))
 	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(stdout, "could not read: %s\n", p)

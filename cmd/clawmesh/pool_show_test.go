@@ -44,7 +44,8 @@ func TestPoolShowScoredStep(t *testing.T) {
 			{Role: core.RoleUser, Content: "What is the capital of Australia?"},
 		}},
 		Response: core.Response{Status: 200, Choices: []core.Choice{{Message: core.Message{
-			Role: core.RoleAssistant, Content: "The capital of Australia is Sydney."}, FinishReason: "stop"}}},
+			Role: core.RoleAssistant, Content: "The capital of Australia is Sydney."}, FinishReason: "stop",
+			Tokens: []core.TokenLogprob{{Token: "The", ID: 785, Logprob: -0.1}}}}},
 		NextState: &core.NextState{Messages: []core.Message{{Role: core.RoleUser, Content: "No, that's wrong. " + hint}}},
 		Reward:    &core.Reward{Value: fptr(-0.3), Hint: hint, Scores: scores, At: time.Date(2025, 6, 2, 9, 14, 5, 0, time.UTC)},
 		Timings:   core.Timings{Start: time.Date(2025, 6, 2, 9, 14, 3, 0, time.UTC), Total: 850 * time.Millisecond},
@@ -104,6 +105,9 @@ func TestPoolShowScoredStep(t *testing.T) {
 				t.Errorf("%s: %s: line %q lacks the hint %q", how, sc.Plugin, l, sc.Hint)
 			}
 		}
+		if !strings.Contains(out, "finish stop, 1 token recorded,") {
+			t.Errorf("%s: the action's header does not say \"1 token recorded\":\n%s", how, out)
+		}
 		if !strings.Contains(out, "step     "+id) || !strings.Contains(out, "state    scored") {
 			t.Errorf("%s: header:\n%s", how, out)
 		}
@@ -148,5 +152,42 @@ func TestPoolShowScoredStep(t *testing.T) {
 	ls, _, code := runCLI(t, "pool", "ls", "--data", data)
 	if code != 0 || !strings.Contains(ls, id) || !strings.Contains(ls, "-0.30") {
 		t.Errorf("pool ls: %q", ls)
+	}
+}
+
+// TestPoolLsFailedStep: pool ls --state failed lists a call the upstream
+// refused with the status and the upstream's message where its reply would
+// be, and pool stats counts it.
+func TestPoolLsFailedStep(t *testing.T) {
+	data := t.TempDir()
+	p, err := pool.Open(filepath.Join(data, "pool"), pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2025, 6, 2, 9, 14, 3, 0, time.UTC)
+	for _, s := range []*core.Step{
+		{ID: "failed-1", SessionID: "s1", Turn: core.TurnMain, API: core.APIChat, State: core.StateFailed, Source: "gateway",
+			Request:  core.Request{Messages: []core.Message{{Role: core.RoleUser, Content: "a very long prompt"}}},
+			Response: core.Response{Status: 400, Error: json.RawMessage(`{"message":"prompt is too long","type":"invalid_request_error"}`)},
+			Timings:  core.Timings{Start: at}},
+		{ID: "good-1", SessionID: "s2", Turn: core.TurnMain, API: core.APIChat, State: core.StateClosed, Source: "gateway",
+			Request:  core.Request{Messages: []core.Message{{Role: core.RoleUser, Content: "hi"}}},
+			Response: core.Response{Status: 200, Choices: []core.Choice{{Message: core.Message{Role: core.RoleAssistant, Content: "hello"}}}},
+			Timings:  core.Timings{Start: at.Add(time.Second)}},
+	} {
+		if err := p.Put(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out := cli(t, "pool", "ls", "--state", "failed", "--data", data)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[1], "failed-1 ") || !strings.HasSuffix(lines[1], "(error 400: prompt is too long)") {
+		t.Errorf("pool ls --state failed:\n%s", out)
+	}
+	if out := cli(t, "pool", "stats", "--data", data); !strings.Contains(out, "failed 1 closed 1") {
+		t.Errorf("pool stats:\n%s", out)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -98,7 +99,9 @@ Examples:
 	if *verifier {
 		scaffold = reward.ScaffoldVerifier
 	}
-	if err := scaffold(d, pos[0]); err != nil {
+	if err := scaffold(d, pos[0]); errors.Is(err, reward.ErrExists) {
+		return fmt.Errorf("%s already exists and is not empty: name a new directory (--dir), or empty it", d)
+	} else if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "created %s; next: clawmesh reward build %s\n", d, d)

@@ -262,10 +262,36 @@ func TestRewardTestJudge(t *testing.T) {
 // abstains on every step.
 func TestRewardTestRefusesANonPlugin(t *testing.T) {
 	steps := filepath.Join("..", "..", "reward", "testdata", "steps.jsonl")
-	for _, bad := range []string{"main.go", filepath.Join("..", "..", "reward", "testdata", "hostile")} {
+	// A WebAssembly module that exports its memory and nothing else.
+	noExports := filepath.Join(t.TempDir(), "bare.wasm")
+	if err := os.WriteFile(noExports, []byte("\x00asm\x01\x00\x00\x00\x05\x03\x01\x00\x01\x07\x0a\x01\x06memory\x02\x00"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for bad, why := range map[string]string{
+		"main.go": "not a WebAssembly module",
+		filepath.Join("..", "..", "reward", "testdata", "hostile"): "cannot be loaded",
+		noExports: "missing export clawmesh_alloc",
+	} {
 		_, errs, code := runCLI(t, "reward", "test", bad, "--steps", steps)
-		if code == 0 || !strings.Contains(errs, "cannot be loaded") {
+		if code == 0 || !strings.Contains(errs, "cannot be loaded") || !strings.Contains(errs, why) || strings.Contains(errs, "meter:") {
 			t.Errorf("reward test %s: code %d, %s", bad, code, errs)
 		}
+	}
+}
+
+// reward new into a directory that holds something says so, once, and
+// leaves it as it was.
+func TestRewardNewRefusesAFullDirectory(t *testing.T) {
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(keep, []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := runCLI(t, "reward", "new", "polite", "--dir", dir)
+	if code != 1 || errs != "clawmesh reward: "+dir+" already exists and is not empty: name a new directory (--dir), or empty it\n" {
+		t.Errorf("reward new into a full directory: code %d, %q", code, errs)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("the directory now holds %d entries", len(entries))
 	}
 }

@@ -133,8 +133,8 @@ func runTasks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "task set %s added (sha256 %s): %d prompts to train on, %d held out, %d rollouts each\n",
-			ts.Name, shortHash(ts.Hash), len(ts.Train), len(ts.HeldOut), ts.Group)
+		fmt.Fprintf(stdout, "task set %s added (sha256 %s): %s to train on, %d held out, %s each\n",
+			ts.Name, shortHash(ts.Hash), plural(len(ts.Train), "prompt", "prompts"), len(ts.HeldOut), plural(ts.Group, "rollout", "rollouts"))
 		return nil
 	}
 	sets, err := c.TaskSets(ctx)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/pool"
 )
 
@@ -28,7 +29,10 @@ var errSessionMismatch = errors.New("gateway: step belongs to another session")
 func ParseFeedback(b []byte) (FeedbackRequest, error) {
 	var f FeedbackRequest
 	if err := json.Unmarshal(b, &f); err != nil {
-		return f, err
+		if !json.Valid(b) {
+			return f, errors.New("body is not valid JSON")
+		}
+		return f, errors.New(wire.ClientText(err))
 	}
 	if f.SessionID == "" && f.StepID == "" {
 		return f, errors.New("session_id or step_id is required")

@@ -39,3 +39,23 @@ func TestFeedbackBodyErrors(t *testing.T) {
 		t.Errorf("feedback with a broken chunked body: %d, want 400", resp.StatusCode)
 	}
 }
+
+// TestParseFeedbackErrorText: a feedback body the client got wrong is told
+// by its JSON member and what it should be, not by Go's type names.
+func TestParseFeedbackErrorText(t *testing.T) {
+	for body, want := range map[string]string{
+		`{bad`:                               "body is not valid JSON",
+		`{"session_id":"s","score":"good"}`:  "score: want a number, got a string",
+		`{"session_id":["s"],"score":1}`:     "session_id: want a string, got an array",
+		`{"session_id":"s"}`:                 "score or text is required",
+		`{"session_id":"s","score":2}`:       "score must be in [-1, 1]",
+		`{"score":1,"text":"thanks"}`:        "session_id or step_id is required",
+		`{"step_id":"x","text":{"a":"b"}}`:   "text: want a string, got an object",
+		`{"step_id":"x","score":true}`:       "score: want a number, got a boolean",
+		`{"step_id":"x","score":1,"text":1}`: "text: want a string, got a number",
+	} {
+		if _, err := ParseFeedback([]byte(body)); err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %q", body, err, want)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -267,6 +268,53 @@ func TestUpstreamDown(t *testing.T) {
 	steps := e.mem.all(t)
 	if len(steps) != 2 || steps[0].Response.Status != 502 || steps[0].Response.Error == nil || steps[0].State != core.StateFailed {
 		t.Errorf("recorded %d steps: %+v", len(steps), steps)
+	}
+}
+
+// TestFailedCallKeepsLittle: a prompt the upstream refuses as too long
+// reaches the upstream whole, but its step, failed, keeps only the start of
+// each long text, saying how much was left out; a call that succeeds keeps
+// all of it.
+func TestFailedCallKeepsLittle(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{
+		{Status: 400, ErrorBody: `{"error":{"message":"maximum context length exceeded","type":"invalid_request_error"}}`},
+		{Text: "ok"},
+	}}, nil)
+	long := strings.Repeat("é word ", 300_000) // 2.4 MB, two-byte characters among one-byte ones
+	body := func(q string) string {
+		b, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]any{
+			{"role": "system", "content": "be brief"},
+			{"role": "user", "content": q},
+			{"role": "assistant", "content": "", "tool_calls": []map[string]any{{"id": "c1", "type": "function", "function": map[string]string{"name": "f", "arguments": q}}}},
+			{"role": "tool", "tool_call_id": "c1", "content": "done"},
+		}})
+		return string(b)
+	}
+	if st, _, b := post(t, e.url+"/v1/chat/completions", body(long), nil); st != 400 {
+		t.Fatalf("the refused call: %d %s", st, b)
+	}
+	if st, _, b := post(t, e.url+"/v1/chat/completions", body(long+"again"), nil); st != 200 {
+		t.Fatalf("the good call: %d %s", st, b)
+	}
+	if reqs := e.up.Requests(); len(reqs) != 2 || len(reqs[0].Body) < 2*len(long) {
+		t.Fatalf("the upstream got %d requests; the first of %d bytes, want the whole prompt", len(reqs), len(reqs[0].Body))
+	}
+	steps := e.mem.all(t)
+	if len(steps) != 2 || steps[0].State != core.StateFailed || steps[1].State == core.StateFailed {
+		t.Fatalf("%d steps: want the failed one, then the good one", len(steps))
+	}
+	failed, good := steps[0].Request.Messages, steps[1].Request.Messages
+	if len(failed) != 4 || failed[0].Content != "be brief" || failed[3].Content != "done" {
+		t.Fatalf("the failed step's short messages changed: %+v", failed)
+	}
+	for _, text := range []string{failed[1].Content, failed[2].ToolCalls[0].Arguments} {
+		if len(text) > failedKeep+100 || !strings.HasPrefix(long, strings.SplitN(text, "…", 2)[0]) ||
+			!utf8.ValidString(text) || !strings.Contains(text, "more bytes not kept: the call failed]") {
+			t.Errorf("the failed step kept %d bytes: %.80q ... %q", len(text), text, text[max(0, len(text)-60):])
+		}
+	}
+	if good[1].Content != long+"again" || good[2].ToolCalls[0].Arguments != long+"again" {
+		t.Errorf("the good call's step lost text: %d bytes of %d", len(good[1].Content), len(long)+5)
 	}
 }
 

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node/gateway/sse"
@@ -323,8 +325,8 @@ func (g *Gateway) stream(w http.ResponseWriter, r *http.Request, req *wire.Reque
 // step it continues) in the same durable write; then the tracker learns the
 // reply (ok) or forgets the call (failed, cut or abandoned: nothing will
 // continue them). A call the upstream refused, could not be reached for or
-// cut is stored failed, out of training; one the client abandoned is stored
-// closed. A step that ends its chain
+// cut is stored failed, out of training, with only the start of its long
+// texts (keptOfFailed); one the client abandoned is stored closed. A step that ends its chain
 // (done) is stored closed at once. Closures of other steps that completing
 // the call brings are written in the background. Store failures are logged
 // and counted, never returned: recording must not break the agent.
@@ -334,6 +336,7 @@ func (g *Gateway) commit(ctx context.Context, step *core.Step, ok, done bool, ch
 	switch {
 	case failed(step):
 		step.State = core.StateFailed
+		step.Request.Messages = keptOfFailed(step.Request.Messages)
 	case !ok || done:
 		step.State = core.StateClosed
 	}
@@ -420,6 +423,57 @@ func failed(step *core.Step) bool {
 		return false
 	}
 	return step.Response.Error != nil || step.Response.Status >= 400
+}
+
+// failedKeep is how much of each text (a message's content or reasoning, a
+// tool call's arguments) and of each non-text part a failed step keeps: a
+// prompt the upstream refused as too long must not stay in the pool at its
+// full size, where nothing will train on it; what is kept still shows what
+// the call was.
+const failedKeep = 16 << 10
+
+// keptOfFailed is what a failed step keeps of its request's messages: each
+// text cut to failedKeep bytes, saying how much was left out, and each
+// non-text part larger than that dropped (its type stays). msgs itself is
+// not changed: the session tracker may hold it.
+func keptOfFailed(msgs []core.Message) []core.Message {
+	out := make([]core.Message, len(msgs))
+	for i, m := range msgs {
+		k := m
+		k.Content = cutText(m.Content)
+		k.Reasoning = cutText(m.Reasoning)
+		if len(m.Parts) > 0 {
+			k.Parts = make([]core.Part, len(m.Parts))
+			for j, p := range m.Parts {
+				if len(p.Raw) > failedKeep {
+					p.Raw = nil
+				}
+				k.Parts[j] = p
+			}
+		}
+		if len(m.ToolCalls) > 0 {
+			k.ToolCalls = make([]core.ToolCall, len(m.ToolCalls))
+			for j, c := range m.ToolCalls {
+				c.Arguments = cutText(c.Arguments)
+				k.ToolCalls[j] = c
+			}
+		}
+		out[i] = k
+	}
+	return out
+}
+
+// cutText is s cut to failedKeep bytes on a character boundary, with a
+// note of how many bytes were left out.
+func cutText(s string) string {
+	if len(s) <= failedKeep {
+		return s
+	}
+	n := failedKeep
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s… [%d more bytes not kept: the call failed]", s[:n], len(s)-n)
 }
 
 // anthropicErrorEvent is the error event of Anthropic's streaming API

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -42,6 +43,9 @@ func ParseRequest(api core.APIKind, body []byte) (*Request, error) {
 	if err != nil {
 		if !json.Valid(body) {
 			return nil, badRequest("body is not valid JSON")
+		}
+		if !errors.Is(err, ErrBadRequest) {
+			err = badRequest("%v", err)
 		}
 		return nil, err
 	}

@@ -146,6 +146,40 @@ func TestParseRequestErrors(t *testing.T) {
 	}
 }
 
+// TestParseRequestErrorText: what a client reads of a body it got wrong
+// names the JSON member and what it should be, never the Go types that
+// decoding it met.
+func TestParseRequestErrorText(t *testing.T) {
+	for _, c := range []struct {
+		api        core.APIKind
+		body, want string
+	}{
+		{core.APIChat, `{"messages":"x"}`, "messages: want an array, got a string"},
+		{core.APIChat, `{"messages":[{"role":"user","content":"x"}],"n":1.5}`, "n: want an integer, got the number 1.5"},
+		{core.APIChat, `{"messages":[{"role":"user","content":"x"}],"stream":"yes"}`, "stream: want true or false, got a string"},
+		{core.APIChat, `{"messages":[{"role":"user","content":"x"}],"tools":[1]}`, "tools[0]: want an object, got a number"},
+		{core.APIChat, `{"messages":[{"role":"user","content":"x"}`, "body is not valid JSON"},
+		{core.APIMessages, `{"messages":{}}`, "messages: want an array, got an object"},
+		{core.APIMessages, `{"messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`, "messages[0]: text: want a string, got a number"},
+		{core.APIMessages, `{"messages":[{"role":"user","content":["x"]}]}`, "messages[0]: want an object, got a string"},
+		{core.APIResponses, `{"input":[5]}`, "input: want an object, got a number"},
+	} {
+		_, err := ParseRequest(c.api, []byte(c.body))
+		if !errors.Is(err, ErrBadRequest) {
+			t.Errorf("%s %s: err = %v, want ErrBadRequest", c.api, c.body, err)
+			continue
+		}
+		if got := strings.TrimPrefix(err.Error(), ErrBadRequest.Error()+": "); got != c.want {
+			t.Errorf("%s %s: %q, want %q", c.api, c.body, got, c.want)
+		}
+		for _, internal := range []string{"Go ", "wire.", "unmarshal", "struct"} {
+			if strings.Contains(err.Error(), internal) {
+				t.Errorf("%s %s: %q says %q", c.api, c.body, err, internal)
+			}
+		}
+	}
+}
+
 func TestParseMessagesRequest(t *testing.T) {
 	body := `{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,
  "system":[{"type":"text","text":"You are helpful.","cache_control":{"type":"ephemeral"}},{"type":"text","text":" Be brief."}],

@@ -30,6 +30,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -78,8 +79,86 @@ var (
 	ErrBadResponse = errors.New("wire: bad upstream response")
 )
 
+// badRequest is a client's error. An error among args is said as the
+// client reads it (ClientText): the JSON member and the type it wants, not
+// the Go types that decoding it met.
 func badRequest(format string, args ...any) error {
+	for i, a := range args {
+		if err, ok := a.(error); ok {
+			args[i] = ClientText(err)
+		}
+	}
 	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
+}
+
+// ClientText is err as a client reads it: a JSON value of the wrong type is
+// "messages: want an array, got a string" rather than encoding/json's
+// "cannot unmarshal string into Go struct field chatRequest.messages of
+// type []wire.chatMessage".
+func ClientText(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		msg := "want " + jsonKind(te.Type) + ", got " + jsonValue(te.Value)
+		// encoding/json names an embedded struct in the path; the
+		// client's JSON has no such member.
+		if f := strings.TrimPrefix(te.Field, "hints."); f != "" {
+			msg = f + ": " + msg
+		}
+		return msg
+	case errors.As(err, &se):
+		return "not valid JSON"
+	}
+	return strings.TrimPrefix(err.Error(), ErrBadRequest.Error()+": ")
+}
+
+// jsonKind names the JSON value a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another value"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "a string"
+		}
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return "another value"
+}
+
+// jsonValue names the JSON value encoding/json met ("string", "number
+// 1.5", "array").
+func jsonValue(v string) string {
+	kind, rest, _ := strings.Cut(v, " ")
+	switch kind {
+	case "string", "number", "bool":
+		if kind == "bool" {
+			kind = "boolean"
+		}
+		if rest != "" {
+			return "the " + kind + " " + rest
+		}
+		return "a " + kind
+	case "array", "object":
+		return "an " + kind
+	}
+	return v
 }
 
 func badResponse(format string, args ...any) error {
