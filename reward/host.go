@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 	"github.com/tetratelabs/wazero/sys"
 
@@ -276,7 +278,10 @@ func (h *host) load(ctx context.Context, c PluginConfig, poolSize int) *plugin {
 			return p
 		}
 	}
-	code, err := h.rt.CompileModule(ctx, bin)
+	// More than one worker is also what makes wazero's compiler stop when
+	// ctx ends: a node stopped during its first start does not wait for
+	// the compilation.
+	code, err := h.rt.CompileModule(experimental.WithCompilationWorkers(ctx, max(runtime.GOMAXPROCS(0), 2)), bin)
 	if err != nil {
 		p.broken = "compile: " + firstLine(err.Error())
 		return p
