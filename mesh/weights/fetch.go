@@ -205,9 +205,10 @@ type Progress struct {
 // chunk of the partial file whose hash checks out. A source that sends a
 // bad chunk is asked for it no more, and left after MaxStrikes bad chunks;
 // a source silent for StallTimeout is left; its chunks go to the others.
-// Once every chunk is in, the whole bundle's hash is checked and the file
-// is synced and renamed to path. progress, if not nil, is called after
-// every chunk.
+// Once every chunk is in, the file is synced and renamed to path (the
+// whole bundle's hash is left to whoever reads it whole: the installer).
+// If path is there already, its whole hash is checked instead. progress,
+// if not nil, is called after every chunk, one call at a time.
 func (f *Fetcher) Fetch(ctx context.Context, m *Manifest, sources []Source, path string, progress func(Progress)) error {
 	if _, err := os.Stat(path); err == nil {
 		return checkFile(path, m)
@@ -331,6 +332,7 @@ type fetchState struct {
 	file     *os.File
 	f        *Fetcher
 	progress func(Progress)
+	pmu      sync.Mutex // held while progress is called
 
 	mu       sync.Mutex
 	pending  []int // chunks nobody is fetching, in order
@@ -512,17 +514,25 @@ func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []
 			return k, -1, nil
 		}
 		startWriteback(fs.file, off, n)
-		fs.mu.Lock()
-		fs.inflight--
-		fs.p.Bytes += int64(n)
-		p := fs.p
-		p.Left = maps(fs.left)
-		fs.mu.Unlock()
-		if fs.progress != nil {
-			fs.progress(p)
-		}
+		fs.report(n)
 	}
 	return len(got), -1, nil
+}
+
+// report counts a chunk of n bytes in and calls progress, one call at a
+// time and in order, so that it sees the bytes only grow.
+func (fs *fetchState) report(n int) {
+	fs.pmu.Lock()
+	defer fs.pmu.Unlock()
+	fs.mu.Lock()
+	fs.inflight--
+	fs.p.Bytes += int64(n)
+	p := fs.p
+	p.Left = maps(fs.left)
+	fs.mu.Unlock()
+	if fs.progress != nil {
+		fs.progress(p)
+	}
 }
 
 func maps(m map[mesh.PeerID]string) map[mesh.PeerID]string {
