@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/quic-go/quic-go"
 
@@ -235,6 +236,16 @@ func (f *Fetcher) Fetch(ctx context.Context, m *Manifest, sources []Source, path
 		bad: map[int]map[mesh.PeerID]bool{}, live: map[mesh.PeerID]bool{}, order: map[mesh.PeerID]int{}, left: map[mesh.PeerID]string{},
 		changed: make(chan struct{})}
 	fs.p.Total = int64(m.Size)
+	// Whole chunks go to disk past the page cache where the file system
+	// allows it: copying each chunk into the cache costs more CPU than
+	// hashing it (most of all in a VM, where fresh cache pages are slow
+	// to touch), and the fetch is CPU-bound on a fast link. The last,
+	// partial chunk, and every chunk where direct writes fail, go through
+	// the cache; the final fsync makes both durable.
+	if d := openDirect(part); d != nil {
+		fs.direct = d
+		defer d.Close()
+	}
 	buf := make([]byte, m.ChunkSize)
 	for i := range m.Chunks {
 		off, n := m.Chunk(i)
@@ -330,6 +341,7 @@ func checkReader(r io.Reader, m *Manifest) error {
 type fetchState struct {
 	m        *Manifest
 	file     *os.File
+	direct   *os.File // file opened for direct writes, or nil
 	f        *Fetcher
 	progress func(Progress)
 	pmu      sync.Mutex // held while progress is called
@@ -467,13 +479,14 @@ func (fs *fetchState) settle(p mesh.PeerID, rest []int, badChunk int, leave erro
 
 // work fetches chunks from one source until none are left for it.
 func (fs *fetchState) work(ctx context.Context, src Source) {
-	buf := make([]byte, fs.m.ChunkSize)
+	buf := alignedBuffer(int(fs.m.ChunkSize))
+	direct := fs.direct != nil
 	for {
 		got := fs.take(ctx, src.Peer)
 		if got == nil {
 			return
 		}
-		done, bad, err := fs.request(ctx, src, got, buf)
+		done, bad, err := fs.request(ctx, src, got, buf, &direct)
 		if ctx.Err() != nil {
 			fs.settle(src.Peer, got[done:], -1, nil) // not the source's fault
 			return
@@ -485,7 +498,7 @@ func (fs *fetchState) work(ctx context.Context, src Source) {
 // request fetches got from src. It returns how many chunks (a prefix of
 // got) it wrote, the index of a chunk that failed its hash (or -1), and
 // an error that should make the fetch leave the source.
-func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []byte) (done, bad int, err error) {
+func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []byte, direct *bool) (done, bad int, err error) {
 	st, r, err := fs.f.open(ctx, src, request{Op: opChunks, Bundle: fs.m.Bundle, First: uint32(got[0]), Count: uint32(len(got))})
 	if err != nil {
 		return 0, -1, err
@@ -505,7 +518,7 @@ func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []
 		if sha256.Sum256(buf[:n]) != fs.m.Chunks[i] {
 			return k, i, nil
 		}
-		if _, err := fs.file.WriteAt(buf[:n], off); err != nil {
+		if err := fs.write(buf[:n], off, direct); err != nil {
 			fs.mu.Lock()
 			if fs.err == nil {
 				fs.err = fmt.Errorf("weights: writing %s: %w", fs.file.Name(), err)
@@ -513,7 +526,6 @@ func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []
 			fs.mu.Unlock()
 			return k, -1, nil
 		}
-		startWriteback(fs.file, off, n)
 		fs.report(n)
 	}
 	return len(got), -1, nil
@@ -533,6 +545,38 @@ func (fs *fetchState) report(n int) {
 	if fs.progress != nil {
 		fs.progress(p)
 	}
+}
+
+// write writes a verified chunk at off: directly if *direct and the
+// chunk is a whole number of blocks, else through the page cache,
+// starting its writeback. A direct write that fails turns *direct off
+// and goes through the cache instead.
+func (fs *fetchState) write(b []byte, off int64, direct *bool) error {
+	if *direct && len(b)%directAlign == 0 && off%directAlign == 0 {
+		if _, err := fs.direct.WriteAt(b, off); err == nil {
+			return nil
+		}
+		*direct = false
+	}
+	if _, err := fs.file.WriteAt(b, off); err != nil {
+		return err
+	}
+	startWriteback(fs.file, off, len(b))
+	return nil
+}
+
+// directAlign is the alignment of direct writes: their memory, offset and
+// length (a page, a multiple of any block size).
+const directAlign = 4096
+
+// alignedBuffer returns n bytes whose start is aligned for direct writes.
+func alignedBuffer(n int) []byte {
+	b := make([]byte, n+directAlign)
+	skip := 0
+	if a := int(uintptr(unsafe.Pointer(&b[0])) % directAlign); a != 0 {
+		skip = directAlign - a
+	}
+	return b[skip : skip+n : skip+n]
 }
 
 func maps(m map[mesh.PeerID]string) map[mesh.PeerID]string {
