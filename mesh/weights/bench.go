@@ -109,6 +109,27 @@ func (c countingReader) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
+// Bytes passes on the reader's in-memory bytes, if it has them.
+func (c countingReader) Bytes(off int64, n int) ([]byte, bool) {
+	m, ok := c.r.(inMemory)
+	if !ok {
+		return nil, false
+	}
+	b, ok := m.Bytes(off, n)
+	if ok {
+		c.n.Add(int64(n))
+	}
+	return b, ok
+}
+
+// Close closes the reader, if it is an io.Closer.
+func (c countingReader) Close() error {
+	if cl, ok := c.r.(io.Closer); ok {
+		return cl.Close()
+	}
+	return nil
+}
+
 func benchKey() (ed25519.PrivateKey, mesh.PeerID, error) {
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
