@@ -237,11 +237,11 @@ func (f *Fetcher) Fetch(ctx context.Context, m *Manifest, sources []Source, path
 		changed: make(chan struct{})}
 	fs.p.Total = int64(m.Size)
 	// Whole chunks go to disk past the page cache where the file system
-	// allows it: copying each chunk into the cache costs more CPU than
-	// hashing it (most of all in a VM, where fresh cache pages are slow
-	// to touch), and the fetch is CPU-bound on a fast link. The last,
-	// partial chunk, and every chunk where direct writes fail, go through
-	// the cache; the final fsync makes both durable.
+	// allows it: copying each chunk into fresh cache pages cost more CPU
+	// than hashing it where it was measured (a VM, docs/benchmarks.md),
+	// and the fetch is CPU-bound on a fast link. The last, partial chunk,
+	// and every chunk where direct writes fail, go through the cache; the
+	// final fsync makes both durable.
 	if d := openDirect(part); d != nil {
 		fs.direct = d
 		defer d.Close()
