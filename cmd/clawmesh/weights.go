@@ -69,6 +69,12 @@ func runWeights(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		return usageErr("weights %s takes one version (v3%s)", sub, map[bool]string{true: ", base or latest"}[sub == "use"])
 	}
+	// A version name is checked before the node is looked for.
+	if v := fs.Arg(0); sub == "get" || (sub == "use" && v != adapters.Base && v != "latest") {
+		if _, err := adapters.ParseVersion(v); err != nil {
+			return usageErr("%v", err)
+		}
+	}
 	c, err := runningNode(&s)
 	if err != nil {
 		return err

@@ -47,3 +47,26 @@ func TestPrintWeights(t *testing.T) {
 		t.Fatalf("without evaluations the table changed:\n%s", buf.String())
 	}
 }
+
+// TestWeightsArgs: a bad version name is a usage error (exit 2) that names
+// the forms taken, whether or not a node runs on the data directory.
+func TestWeightsArgs(t *testing.T) {
+	data := t.TempDir()
+	for _, args := range [][]string{
+		{"weights", "get", "v0x"}, {"weights", "get", "base"}, {"weights", "get", "v0"},
+		{"weights", "use", "3"}, {"weights", "use", "newest"},
+		{"weights", "get"}, {"weights", "use", "v1", "v2"}, {"weights", "ls", "v1"}, {"weights", "pin", "v1"}, {"weights"},
+	} {
+		_, errs, code := runCLI(t, append(args, "--data", data)...)
+		if code != 2 || !strings.Contains(errs, "--help") {
+			t.Errorf("%q: exit %d, %s", args, code, errs)
+		}
+	}
+	// Good names get as far as looking for the node.
+	for _, args := range [][]string{{"weights", "get", "v3"}, {"weights", "use", "base"}, {"weights", "use", "latest"}, {"weights", "use", "v12"}, {"weights", "ls"}} {
+		_, errs, code := runCLI(t, append(args, "--data", data)...)
+		if code != 1 || !strings.Contains(errs, "no node runs") {
+			t.Errorf("%q: exit %d, %s", args, code, errs)
+		}
+	}
+}

@@ -58,9 +58,10 @@ type FanOut struct {
 type BenchReport struct {
 	Bytes int64 `json:"bytes"`
 	// Ours fetches a bundle through the protocol (hashing and verifying
-	// every chunk, writing to disk, the final hash, fsync, rename); Bare
-	// streams the same bytes over one quic-go stream with the same TLS and
-	// windows, to memory; TLS copies them over TLS on TCP.
+	// every chunk, writing to disk, fsync, rename); Bare streams the same
+	// bytes over one quic-go stream with the same TLS and windows, to
+	// memory; TLS copies them over TLS on TCP. Each is the best of three
+	// rounds in which the three take turns.
 	Ours   Rate     `json:"ours"`
 	Bare   Rate     `json:"bare_quic"`
 	TLS    Rate     `json:"tls_tcp"`
@@ -107,6 +108,27 @@ func (c countingReader) ReadAt(p []byte, off int64) (int, error) {
 	n, err := c.r.ReadAt(p, off)
 	c.n.Add(int64(n))
 	return n, err
+}
+
+// Bytes passes on the reader's in-memory bytes, if it has them.
+func (c countingReader) Bytes(off int64, n int) ([]byte, bool) {
+	m, ok := c.r.(inMemory)
+	if !ok {
+		return nil, false
+	}
+	b, ok := m.Bytes(off, n)
+	if ok {
+		c.n.Add(int64(n))
+	}
+	return b, ok
+}
+
+// Close closes the reader, if it is an io.Closer.
+func (c countingReader) Close() error {
+	if cl, ok := c.r.(io.Closer); ok {
+		return cl.Close()
+	}
+	return nil
 }
 
 func benchKey() (ed25519.PrivateKey, mesh.PeerID, error) {
@@ -174,7 +196,24 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	tsrc := Source{Peer: tid, Addrs: []string{srv.Addr().String()}}
 	r := &BenchReport{Bytes: int64(len(b))}
 
-	// Ours, best of three.
+	// Ours, bare quic-go and TLS take turns, three rounds, and each keeps
+	// its best: on a shared machine, the load changes from one second to
+	// the next, and turns give each the same share of it.
+	bare, err := newBareQUIC(tkey, b)
+	if err != nil {
+		return nil, err
+	}
+	defer bare.close()
+	tcp, err := newTLSCopy(b)
+	if err != nil {
+		return nil, err
+	}
+	defer tcp.close()
+	best := func(to *Rate, rr Rate, i int) {
+		if i == 0 || rr.MBps > to.MBps {
+			*to = rr
+		}
+	}
 	for i := range 3 {
 		key, _, _ := benchKey()
 		f, err := NewFetcher(FetcherConfig{Key: key})
@@ -190,15 +229,16 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		if err != nil {
 			return nil, err
 		}
-		if rr := rate(r.Bytes, wall, c); i == 0 || rr.MBps > r.Ours.MBps {
-			r.Ours = rr
+		best(&r.Ours, rate(r.Bytes, wall, c), i)
+		rr, err := bare.run(ctx)
+		if err != nil {
+			return nil, err
 		}
-	}
-	if r.Bare, err = benchBareQUIC(ctx, tkey, b); err != nil {
-		return nil, err
-	}
-	if r.TLS, err = benchTLS(b); err != nil {
-		return nil, err
+		best(&r.Bare, rr, i)
+		if rr, err = tcp.run(); err != nil {
+			return nil, err
+		}
+		best(&r.TLS, rr, i)
 	}
 	r.Ratio = r.Ours.MBps / r.Bare.MBps
 
@@ -212,19 +252,25 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	return r, nil
 }
 
-// benchBareQUIC streams b over one quic-go stream, best of three.
-func benchBareQUIC(ctx context.Context, key ed25519.PrivateKey, b []byte) (Rate, error) {
+// bareQUIC serves b over one quic-go stream to each connection, with the
+// same TLS identities and windows as the weight service.
+type bareQUIC struct {
+	id *identity
+	ln *quic.Listener
+	n  int
+}
+
+func newBareQUIC(key ed25519.PrivateKey, b []byte) (*bareQUIC, error) {
 	id, err := newIdentity(key)
 	if err != nil {
-		return Rate{}, err
+		return nil, err
 	}
 	tc, _ := id.config("")
 	tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return id.config("") }
 	ln, err := quic.ListenAddr("127.0.0.1:0", tc, quicConfig())
 	if err != nil {
-		return Rate{}, err
+		return nil, err
 	}
-	defer ln.Close()
 	go func() {
 		for {
 			c, err := ln.Accept(context.Background())
@@ -243,52 +289,58 @@ func benchBareQUIC(ctx context.Context, key ed25519.PrivateKey, b []byte) (Rate,
 			}()
 		}
 	}()
-	var best Rate
-	for i := range 3 {
-		ckey, _, _ := benchKey()
-		cid, err := newIdentity(ckey)
-		if err != nil {
-			return Rate{}, err
-		}
-		cc, err := cid.config(id.id)
-		if err != nil {
-			return Rate{}, err
-		}
-		c0, t0 := cpu(), time.Now()
-		conn, err := quic.DialAddr(ctx, ln.Addr().String(), cc, quicConfig())
-		if err != nil {
-			return Rate{}, err
-		}
-		st, err := conn.OpenStreamSync(ctx)
-		if err != nil {
-			return Rate{}, err
-		}
-		st.Write([]byte{1})
-		n, err := io.Copy(io.Discard, st)
-		wall, c := time.Since(t0), cpu()-c0
-		conn.CloseWithError(0, "")
-		if err != nil || n != int64(len(b)) {
-			return Rate{}, fmt.Errorf("bare quic: %d bytes: %v", n, err)
-		}
-		if rr := rate(n, wall, c); i == 0 || rr.MBps > best.MBps {
-			best = rr
-		}
-	}
-	return best, nil
+	return &bareQUIC{id: id, ln: ln, n: len(b)}, nil
 }
 
-// benchTLS copies b over TLS 1.3 on TCP, best of three.
-func benchTLS(b []byte) (Rate, error) {
+func (q *bareQUIC) close() { q.ln.Close() }
+
+// run dials, reads the bytes to memory and measures it.
+func (q *bareQUIC) run(ctx context.Context) (Rate, error) {
+	ckey, _, _ := benchKey()
+	cid, err := newIdentity(ckey)
+	if err != nil {
+		return Rate{}, err
+	}
+	cc, err := cid.config(q.id.id)
+	if err != nil {
+		return Rate{}, err
+	}
+	c0, t0 := cpu(), time.Now()
+	conn, err := quic.DialAddr(ctx, q.ln.Addr().String(), cc, quicConfig())
+	if err != nil {
+		return Rate{}, err
+	}
+	defer conn.CloseWithError(0, "")
+	st, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return Rate{}, err
+	}
+	st.Write([]byte{1})
+	n, err := io.Copy(io.Discard, st)
+	wall, c := time.Since(t0), cpu()-c0
+	if err != nil || n != int64(q.n) {
+		return Rate{}, fmt.Errorf("bare quic: %d bytes: %v", n, err)
+	}
+	return rate(n, wall, c), nil
+}
+
+// tlsCopy serves b over TLS 1.3 on TCP to each connection.
+type tlsCopy struct {
+	id *identity
+	ln net.Listener
+	n  int
+}
+
+func newTLSCopy(b []byte) (*tlsCopy, error) {
 	key, _, _ := benchKey()
 	id, err := newIdentity(key)
 	if err != nil {
-		return Rate{}, err
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return Rate{}, err
+		return nil, err
 	}
-	defer ln.Close()
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -304,31 +356,35 @@ func benchTLS(b []byte) (Rate, error) {
 			}()
 		}
 	}()
-	var best Rate
-	for i := range 3 {
-		ckey, _, _ := benchKey()
-		cid, _ := newIdentity(ckey)
-		cc, err := cid.config(id.id)
-		if err != nil {
-			return Rate{}, err
-		}
-		cc.NextProtos = nil
-		c0, t0 := cpu(), time.Now()
-		conn, err := tls.Dial("tcp", ln.Addr().String(), cc)
-		if err != nil {
-			return Rate{}, err
-		}
-		n, err := io.Copy(io.Discard, conn)
-		wall, c := time.Since(t0), cpu()-c0
-		conn.Close()
-		if n != int64(len(b)) {
-			return Rate{}, fmt.Errorf("tls: %d bytes: %v", n, err)
-		}
-		if rr := rate(n, wall, c); i == 0 || rr.MBps > best.MBps {
-			best = rr
-		}
+	return &tlsCopy{id: id, ln: ln, n: len(b)}, nil
+}
+
+func (t *tlsCopy) close() { t.ln.Close() }
+
+// run dials, reads the bytes to memory and measures it.
+func (t *tlsCopy) run() (Rate, error) {
+	ckey, _, _ := benchKey()
+	cid, err := newIdentity(ckey)
+	if err != nil {
+		return Rate{}, err
 	}
-	return best, nil
+	cc, err := cid.config(t.id.id)
+	if err != nil {
+		return Rate{}, err
+	}
+	cc.NextProtos = nil
+	c0, t0 := cpu(), time.Now()
+	conn, err := tls.Dial("tcp", t.ln.Addr().String(), cc)
+	if err != nil {
+		return Rate{}, err
+	}
+	defer conn.Close()
+	n, err := io.Copy(io.Discard, conn)
+	wall, c := time.Since(t0), cpu()-c0
+	if n != int64(t.n) {
+		return Rate{}, fmt.Errorf("tls: %d bytes: %v", n, err)
+	}
+	return rate(n, wall, c), nil
 }
 
 // benchFanOut fetches m to n fetchers, first all from the trainer, then

@@ -24,8 +24,79 @@ import (
 type Dir struct {
 	path string
 
-	mu    sync.Mutex
-	files map[[sha256.Size]byte]*os.File // open for serving
+	mu   sync.Mutex
+	open map[[sha256.Size]byte]*openBundle // open for serving
+}
+
+// openBundle is a held bundle open for serving: its file, and the file
+// mapped into memory where the system allows, so that the server copies
+// a chunk once, into its packets, instead of reading it into a buffer
+// first for every fetcher. It stays open while the Dir keeps it and while
+// a reader of it is not closed. Held bundles are never written in place
+// (a bundle is renamed into place whole), so the mapping cannot shrink
+// under the server; a disk error under a mapped page would stop the
+// process where ReadAt returns it, a risk taken for bundles that are read
+// from the page cache nearly always.
+type openBundle struct {
+	f    *os.File
+	data []byte // the mapped file; nil where it is not mapped
+	refs int    // guarded by Dir.mu: 1 while the Dir keeps it, +1 per open reader
+}
+
+// release drops a reference, closing the bundle after the last. The
+// caller holds Dir.mu.
+func (b *openBundle) release() {
+	if b.refs--; b.refs > 0 {
+		return
+	}
+	if b.data != nil {
+		unmap(b.data)
+		b.data = nil
+	}
+	b.f.Close()
+}
+
+// bundleReader is what Dir.Open hands a server: a reader of one open
+// bundle, which must be closed.
+type bundleReader struct {
+	d      *Dir
+	b      *openBundle
+	closed bool
+}
+
+// ReadAt implements io.ReaderAt.
+func (r *bundleReader) ReadAt(p []byte, off int64) (int, error) {
+	if r.b.data == nil {
+		return r.b.f.ReadAt(p, off)
+	}
+	if off < 0 || off > int64(len(r.b.data)) {
+		return 0, fmt.Errorf("weights: read at %d of a %d-byte bundle", off, len(r.b.data))
+	}
+	n := copy(p, r.b.data[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// Bytes returns n bytes at off in memory, without a copy, where the bundle
+// is mapped; they stay valid until the reader is closed.
+func (r *bundleReader) Bytes(off int64, n int) ([]byte, bool) {
+	if r.b.data == nil || off < 0 || n < 0 || off+int64(n) > int64(len(r.b.data)) {
+		return nil, false
+	}
+	return r.b.data[off : off+int64(n) : off+int64(n)], true
+}
+
+// Close releases the reader's hold on the bundle.
+func (r *bundleReader) Close() error {
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	if !r.closed {
+		r.closed = true
+		r.b.release()
+	}
+	return nil
 }
 
 // OpenDir opens (making it if needed) a bundle directory.
@@ -33,7 +104,7 @@ func OpenDir(path string) (*Dir, error) {
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return nil, fmt.Errorf("weights: %w", err)
 	}
-	return &Dir{path: path, files: map[[sha256.Size]byte]*os.File{}}, nil
+	return &Dir{path: path, open: map[[sha256.Size]byte]*openBundle{}}, nil
 }
 
 // Path is the directory.
@@ -115,7 +186,8 @@ func (d *Dir) Partial(id string) (int64, bool) {
 	return st.Size(), true
 }
 
-// Open implements Holdings.
+// Open implements Holdings. The reader it returns must be closed (it is an
+// io.Closer).
 func (d *Dir) Open(bundle [sha256.Size]byte) (*Manifest, io.ReaderAt, bool) {
 	var m *Manifest
 	if bundle == ([sha256.Size]byte{}) {
@@ -132,15 +204,22 @@ func (d *Dir) Open(bundle [sha256.Size]byte) (*Manifest, io.ReaderAt, bool) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	f := d.files[m.Bundle]
-	if f == nil {
-		var err error
-		if f, err = os.Open(d.BundlePath(m.BundleID())); err != nil {
+	b := d.open[m.Bundle]
+	if b == nil {
+		f, err := os.Open(d.BundlePath(m.BundleID()))
+		if err != nil {
 			return nil, nil, false
 		}
-		d.files[m.Bundle] = f
+		b = &openBundle{f: f, refs: 1}
+		// A bundle is never written again once held (a new version is a new
+		// file), so its mapping never changes under the server.
+		if st, err := f.Stat(); err == nil && st.Size() == int64(m.Size) {
+			b.data = mapFile(f, st.Size())
+		}
+		d.open[m.Bundle] = b
 	}
-	return m, f, true
+	b.refs++
+	return m, &bundleReader{d: d, b: b}, true
 }
 
 // Remove drops bundle id (its bytes, manifest and any partial fetch).
@@ -150,9 +229,9 @@ func (d *Dir) Remove(id string) error {
 		return fmt.Errorf("weights: bad bundle id %q", id)
 	}
 	d.mu.Lock()
-	if f := d.files[[sha256.Size]byte(b)]; f != nil {
-		f.Close()
-		delete(d.files, [sha256.Size]byte(b))
+	if ob := d.open[[sha256.Size]byte(b)]; ob != nil {
+		delete(d.open, [sha256.Size]byte(b))
+		ob.release()
 	}
 	d.mu.Unlock()
 	var errs []error
@@ -164,13 +243,14 @@ func (d *Dir) Remove(id string) error {
 	return errors.Join(errs...)
 }
 
-// Close closes the files open for serving.
+// Close closes the bundles open for serving (each once its last reader is
+// closed).
 func (d *Dir) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for k, f := range d.files {
-		f.Close()
-		delete(d.files, k)
+	for k, b := range d.open {
+		delete(d.open, k)
+		b.release()
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/quic-go/quic-go"
 
@@ -205,9 +206,10 @@ type Progress struct {
 // chunk of the partial file whose hash checks out. A source that sends a
 // bad chunk is asked for it no more, and left after MaxStrikes bad chunks;
 // a source silent for StallTimeout is left; its chunks go to the others.
-// Once every chunk is in, the whole bundle's hash is checked and the file
-// is synced and renamed to path. progress, if not nil, is called after
-// every chunk.
+// Once every chunk is in, the file is synced and renamed to path (the
+// whole bundle's hash is left to whoever reads it whole: the installer).
+// If path is there already, its whole hash is checked instead. progress,
+// if not nil, is called after every chunk, one call at a time.
 func (f *Fetcher) Fetch(ctx context.Context, m *Manifest, sources []Source, path string, progress func(Progress)) error {
 	if _, err := os.Stat(path); err == nil {
 		return checkFile(path, m)
@@ -234,6 +236,16 @@ func (f *Fetcher) Fetch(ctx context.Context, m *Manifest, sources []Source, path
 		bad: map[int]map[mesh.PeerID]bool{}, live: map[mesh.PeerID]bool{}, order: map[mesh.PeerID]int{}, left: map[mesh.PeerID]string{},
 		changed: make(chan struct{})}
 	fs.p.Total = int64(m.Size)
+	// Whole chunks go to disk past the page cache where the file system
+	// allows it: copying each chunk into fresh cache pages cost more CPU
+	// than hashing it where it was measured (a VM, docs/benchmarks.md),
+	// and the fetch is CPU-bound on a fast link. The last, partial chunk,
+	// and every chunk where direct writes fail, go through the cache; the
+	// final fsync makes both durable.
+	if d := openDirect(part); d != nil {
+		fs.direct = d
+		defer d.Close()
+	}
 	buf := make([]byte, m.ChunkSize)
 	for i := range m.Chunks {
 		off, n := m.Chunk(i)
@@ -329,8 +341,10 @@ func checkReader(r io.Reader, m *Manifest) error {
 type fetchState struct {
 	m        *Manifest
 	file     *os.File
+	direct   *os.File // file opened for direct writes, or nil
 	f        *Fetcher
 	progress func(Progress)
+	pmu      sync.Mutex // held while progress is called
 
 	mu       sync.Mutex
 	pending  []int // chunks nobody is fetching, in order
@@ -465,13 +479,14 @@ func (fs *fetchState) settle(p mesh.PeerID, rest []int, badChunk int, leave erro
 
 // work fetches chunks from one source until none are left for it.
 func (fs *fetchState) work(ctx context.Context, src Source) {
-	buf := make([]byte, fs.m.ChunkSize)
+	buf := alignedBuffer(int(fs.m.ChunkSize))
+	direct := fs.direct != nil
 	for {
 		got := fs.take(ctx, src.Peer)
 		if got == nil {
 			return
 		}
-		done, bad, err := fs.request(ctx, src, got, buf)
+		done, bad, err := fs.request(ctx, src, got, buf, &direct)
 		if ctx.Err() != nil {
 			fs.settle(src.Peer, got[done:], -1, nil) // not the source's fault
 			return
@@ -483,7 +498,7 @@ func (fs *fetchState) work(ctx context.Context, src Source) {
 // request fetches got from src. It returns how many chunks (a prefix of
 // got) it wrote, the index of a chunk that failed its hash (or -1), and
 // an error that should make the fetch leave the source.
-func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []byte) (done, bad int, err error) {
+func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []byte, direct *bool) (done, bad int, err error) {
 	st, r, err := fs.f.open(ctx, src, request{Op: opChunks, Bundle: fs.m.Bundle, First: uint32(got[0]), Count: uint32(len(got))})
 	if err != nil {
 		return 0, -1, err
@@ -503,7 +518,7 @@ func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []
 		if sha256.Sum256(buf[:n]) != fs.m.Chunks[i] {
 			return k, i, nil
 		}
-		if _, err := fs.file.WriteAt(buf[:n], off); err != nil {
+		if err := fs.write(buf[:n], off, direct); err != nil {
 			fs.mu.Lock()
 			if fs.err == nil {
 				fs.err = fmt.Errorf("weights: writing %s: %w", fs.file.Name(), err)
@@ -511,18 +526,57 @@ func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []
 			fs.mu.Unlock()
 			return k, -1, nil
 		}
-		startWriteback(fs.file, off, n)
-		fs.mu.Lock()
-		fs.inflight--
-		fs.p.Bytes += int64(n)
-		p := fs.p
-		p.Left = maps(fs.left)
-		fs.mu.Unlock()
-		if fs.progress != nil {
-			fs.progress(p)
-		}
+		fs.report(n)
 	}
 	return len(got), -1, nil
+}
+
+// report counts a chunk of n bytes in and calls progress, one call at a
+// time and in order, so that it sees the bytes only grow.
+func (fs *fetchState) report(n int) {
+	fs.pmu.Lock()
+	defer fs.pmu.Unlock()
+	fs.mu.Lock()
+	fs.inflight--
+	fs.p.Bytes += int64(n)
+	p := fs.p
+	p.Left = maps(fs.left)
+	fs.mu.Unlock()
+	if fs.progress != nil {
+		fs.progress(p)
+	}
+}
+
+// write writes a verified chunk at off: directly if *direct and the
+// chunk is a whole number of blocks, else through the page cache,
+// starting its writeback. A direct write that fails turns *direct off
+// and goes through the cache instead.
+func (fs *fetchState) write(b []byte, off int64, direct *bool) error {
+	if *direct && len(b)%directAlign == 0 && off%directAlign == 0 {
+		if _, err := fs.direct.WriteAt(b, off); err == nil {
+			return nil
+		}
+		*direct = false
+	}
+	if _, err := fs.file.WriteAt(b, off); err != nil {
+		return err
+	}
+	startWriteback(fs.file, off, len(b))
+	return nil
+}
+
+// directAlign is the alignment of direct writes: their memory, offset and
+// length (a page, a multiple of any block size).
+const directAlign = 4096
+
+// alignedBuffer returns n bytes whose start is aligned for direct writes.
+func alignedBuffer(n int) []byte {
+	b := make([]byte, n+directAlign)
+	skip := 0
+	if a := int(uintptr(unsafe.Pointer(&b[0])) % directAlign); a != 0 {
+		skip = directAlign - a
+	}
+	return b[skip : skip+n : skip+n]
 }
 
 func maps(m map[mesh.PeerID]string) map[mesh.PeerID]string {

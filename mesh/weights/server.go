@@ -22,8 +22,18 @@ import (
 // Holdings is what a server serves: the bundles a peer holds.
 type Holdings interface {
 	// Open returns the manifest and bytes of the bundle with that SHA-256;
-	// a zero id asks for the newest version held.
+	// a zero id asks for the newest version held. If the reader is an
+	// io.Closer, the server closes it when done.
 	Open(bundle [sha256.Size]byte) (*Manifest, io.ReaderAt, bool)
+}
+
+// inMemory is an optional capability of the reader Holdings.Open returns:
+// the bundle's bytes in memory (a mapped file), which the server hands to
+// its stream without copying them into a buffer first. The reader may
+// also be an io.Closer, which the server closes once it is done with it.
+type inMemory interface {
+	// Bytes returns n bytes at off, or false if it cannot.
+	Bytes(off int64, n int) ([]byte, bool)
 }
 
 // Gate says which peers may fetch: those admitted to the mesh.
@@ -174,6 +184,10 @@ func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
 		s.refuse(st, statusNotFound, "no such bundle here")
 		return
 	}
+	if c, ok := r.(io.Closer); ok {
+		defer c.Close()
+	}
+	mem, _ := r.(inMemory)
 	w := bufio.NewWriterSize(st, 64<<10)
 	switch q.Op {
 	case opManifest:
@@ -187,13 +201,23 @@ func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
 		if !s.write(st, w, []byte{statusOK}) {
 			return
 		}
-		buf := make([]byte, m.ChunkSize)
+		var buf []byte
 		for i := int(q.First); i < int(q.First+q.Count); i++ {
 			off, n := m.Chunk(i)
-			if _, err := r.ReadAt(buf[:n], off); err != nil {
-				s.log.Warn("reading a held bundle", "bundle", m.BundleID()[:12], "chunk", i, "err", err)
-				st.CancelWrite(statusError)
-				return
+			chunk, ok := []byte(nil), false
+			if mem != nil {
+				chunk, ok = mem.Bytes(off, n)
+			}
+			if !ok {
+				if buf == nil {
+					buf = make([]byte, m.ChunkSize)
+				}
+				if _, err := r.ReadAt(buf[:n], off); err != nil {
+					s.log.Warn("reading a held bundle", "bundle", m.BundleID()[:12], "chunk", i, "err", err)
+					st.CancelWrite(statusError)
+					return
+				}
+				chunk = buf[:n]
 			}
 			if !s.write(st, w, appendChunkHeader(nil, i, n)) {
 				return
@@ -204,7 +228,7 @@ func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
 				return
 			}
 			st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-			if _, err := st.Write(buf[:n]); err != nil {
+			if _, err := st.Write(chunk); err != nil {
 				st.CancelWrite(statusError)
 				return
 			}

@@ -174,7 +174,8 @@ func (f *Follower) Run(ctx context.Context) {
 	}
 }
 
-// ParseVersion checks a version name: "base", "latest" or vN.
+// ParseVersion parses the name of a version, vN with N at least 1, into N
+// (Pin also takes "base" and "latest").
 func ParseVersion(v string) (uint64, error) {
 	n, ok := strings.CutPrefix(v, "v")
 	if !ok {

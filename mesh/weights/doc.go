@@ -1,0 +1,20 @@
+// Package weights owns the adapter versions' way back from the trainers to
+// every peer of a mesh.
+//
+// A version is a PEFT bundle (adapter_config.json and
+// adapter_model.safetensors, packed by Pack) described by a Manifest: its
+// version, base model, parent, the bundle's SHA-256, its 1 MiB chunks' hashes,
+// the raft term and index that committed it, signed by the leading trainer,
+// whose certificate the mesh's admin issued. Verify checks that chain and
+// that the signer is not revoked; Fence refuses a manifest older than the
+// last one accepted.
+//
+// The bundles travel over QUIC (ALPN clawmesh-weights/1) on TLS bound to the
+// peers' libp2p identities: a Server serves the bundles a peer holds (a Dir)
+// to the mesh's admitted peers, and a Fetcher pulls a bundle's chunks from
+// several of them at once, verifying each chunk, resuming a fetch a crash
+// stopped and leaving a stalled or lying source. A Service ties them to the
+// mesh: it offers what its peer holds on gossip, accepts the manifests
+// offered, and so makes every holder a source for the others. Bench measures
+// the transfer against bare quic-go and TLS over TCP.
+package weights
