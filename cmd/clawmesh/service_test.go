@@ -206,3 +206,28 @@ func TestServiceUnderSystemd(t *testing.T) {
 		t.Errorf("status after uninstall:\n%s", out)
 	}
 }
+
+// TestStableProgram: a binary in Homebrew's Cellar, which its next upgrade
+// removes, is run as the opt link that follows upgrades, where that link
+// leads to it; other paths stay as they are.
+func TestStableProgram(t *testing.T) {
+	prefix := t.TempDir()
+	cellar := filepath.Join(prefix, "Cellar", "clawmesh", "0.1.0", "bin")
+	os.MkdirAll(cellar, 0o755)
+	bin := filepath.Join(cellar, "clawmesh")
+	os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755)
+	if got := stableProgram(bin); got != bin {
+		t.Errorf("no opt link yet: %s, want the Cellar path", got)
+	}
+	os.MkdirAll(filepath.Join(prefix, "opt"), 0o755)
+	if err := os.Symlink(filepath.Join("..", "Cellar", "clawmesh", "0.1.0"), filepath.Join(prefix, "opt", "clawmesh")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stableProgram(bin), filepath.Join(prefix, "opt", "clawmesh", "bin", "clawmesh"); got != want {
+		t.Errorf("%s, want %s", got, want)
+	}
+	other := filepath.Join(prefix, "bin", "clawmesh")
+	if got := stableProgram(other); got != other {
+		t.Errorf("a path outside the Cellar became %s", got)
+	}
+}
