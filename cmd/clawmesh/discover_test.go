@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,5 +93,23 @@ func TestDiscoverAsks(t *testing.T) {
 	}
 	if f, err := discoverUpstream(context.Background(), strings.NewReader(""), false, &out); err != nil || f.Name != "Ollama" {
 		t.Errorf("no terminal: %+v (%v), want the first", f, err)
+	}
+}
+
+// TestIsTerminal: /dev/null, what a service's stdin is, and a file are no
+// terminal, so that a node run as a service never waits on a question.
+func TestIsTerminal(t *testing.T) {
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if isTerminal(null) || isTerminal(f) {
+		t.Errorf("isTerminal: /dev/null %v, a file %v; want neither", isTerminal(null), isTerminal(f))
 	}
 }

@@ -409,10 +409,10 @@ var localServers = setup.LocalServers
 // stdin is where a question to the user is answered.
 var stdin io.Reader = os.Stdin
 
-func stdinIsTerminal() bool {
-	fi, err := os.Stdin.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
+// stdinIsTerminal says whether a person can answer on stdin: a terminal,
+// not /dev/null (a character device too, and what launchd and systemd give
+// a service).
+func stdinIsTerminal() bool { return isTerminal(os.Stdin) }
 
 // discoverUpstream finds the local model servers that answer and picks
 // one: the only one, else the user's choice in a terminal, else the first

@@ -155,6 +155,7 @@ func serviceInstall(ctx context.Context, sm serviceManager, s settings, flags *f
 	if err != nil {
 		return err
 	}
+	program = stableProgram(program)
 	args := []string{"node", "--data", s.Data}
 	explicit := map[string]bool{}
 	flags.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
@@ -208,6 +209,27 @@ func serviceInstall(ctx context.Context, sm serviceManager, s settings, flags *f
 	fmt.Fprintf(stdout, "The node runs now, and at every login. Its log: %s\n", svc.LogFile)
 	fmt.Fprintln(stdout, "clawmesh service status says where it listens; clawmesh service uninstall removes it.")
 	return nil
+}
+
+// stableProgram is the path of a Homebrew install that outlives upgrades:
+// PREFIX/opt/clawmesh/bin/clawmesh for PREFIX/Cellar/clawmesh/VERSION/bin/clawmesh
+// (which the next upgrade removes), where it leads to the same binary; any
+// other path as it is.
+func stableProgram(program string) string {
+	dir, file := filepath.Split(program)
+	parts := strings.Split(filepath.ToSlash(filepath.Clean(dir)), "/")
+	i := len(parts) - 4 // PREFIX/Cellar/NAME/VERSION/bin
+	if i < 0 || parts[i] != "Cellar" || parts[len(parts)-1] != "bin" {
+		return program
+	}
+	prefix := filepath.FromSlash(strings.Join(parts[:i], "/"))
+	opt := filepath.Join(prefix, "opt", parts[i+1], "bin", file)
+	a, err1 := os.Stat(opt)
+	b, err2 := os.Stat(program)
+	if err1 != nil || err2 != nil || !os.SameFile(a, b) {
+		return program
+	}
+	return opt
 }
 
 func serviceStatus(ctx context.Context, sm serviceManager, s settings, stdout io.Writer) error {

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/node"
@@ -131,17 +133,20 @@ func TestServiceLaunchd(t *testing.T) {
 	}
 }
 
-// TestServiceUnderSystemd installs the unit into this machine's systemd
-// user manager, where there is one, and sees the node it starts answer.
+// TestServiceUnderSystemd installs the unit into a running systemd user
+// manager and sees the node it starts record a call, come back after it is
+// killed (Restart=on-failure), log into DATA/node.log, and stop when the
+// unit is uninstalled. The manager is one of the test's own (see
+// privateUserManager) where the machine allows it; else, with
+// CLAWMESH_TEST_SYSTEMD_USER=1, the user's own.
 func TestServiceUnderSystemd(t *testing.T) {
-	if _, err := os.Stat("/run/systemd/system"); err != nil {
-		t.Skip("this machine was not booted with systemd (no /run/systemd/system): no user manager to start the unit under")
-	}
-	if out, err := exec.Command("systemctl", "--user", "is-system-running").Output(); err != nil && strings.TrimSpace(string(out)) != "degraded" {
-		t.Skipf("no systemd user manager reachable (systemctl --user is-system-running: %q, %v)", strings.TrimSpace(string(out)), err)
-	}
-	if os.Getenv("CLAWMESH_TEST_SYSTEMD_USER") == "" {
-		t.Skip("set CLAWMESH_TEST_SYSTEMD_USER=1 to let the test install and remove a unit in your own systemd user manager")
+	if why := privateUserManager(t); why != "" {
+		if _, err := os.Stat("/run/systemd/system"); err != nil {
+			t.Skipf("%s; and this machine was not booted with systemd (no /run/systemd/system): no user manager to start the unit under", why)
+		}
+		if os.Getenv("CLAWMESH_TEST_SYSTEMD_USER") == "" {
+			t.Skipf("%s; set CLAWMESH_TEST_SYSTEMD_USER=1 to let the test install and remove a unit in your own systemd user manager", why)
+		}
 	}
 	bin := buildBinary(t)
 	data := t.TempDir()
@@ -157,5 +162,72 @@ func TestServiceUnderSystemd(t *testing.T) {
 	steps, _ := exportSteps(t, data)
 	if len(steps) != 1 {
 		t.Errorf("%d steps recorded by the service's node, want 1", len(steps))
+	}
+
+	// Killed, it is started again.
+	unit := setup.ServiceLabel + ".service"
+	mainPID := func() int {
+		out, _ := exec.Command("systemctl", "--user", "show", "-p", "MainPID", "--value", unit).Output()
+		n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+		return n
+	}
+	first := mainPID()
+	if first <= 0 {
+		t.Fatalf("the unit has no main process (MainPID %d)", first)
+	}
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "systemd to start the killed node again", func() bool {
+		p := mainPID()
+		if p <= 0 || p == first {
+			return false
+		}
+		c, err := net.Dial("tcp", listen)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	endedCall(t, data, "hello again")
+	if steps, _ := exportSteps(t, data); len(steps) != 2 {
+		t.Errorf("%d steps after the restarted node's call, want 2", len(steps))
+	}
+	if out := cli(t, "service", "logs", "--data", data, "-n", "1000"); strings.Count(out, "gateway listening") < 2 {
+		t.Errorf("service logs shows %d starts of the node, want 2:\n%s", strings.Count(out, "gateway listening"), out)
+	}
+
+	second := mainPID()
+	cli(t, "service", "uninstall", "--data", data)
+	if err := syscall.Kill(second, 0); err == nil {
+		waitFor(t, "the uninstalled service's node to exit", func() bool { return syscall.Kill(second, 0) != nil })
+	}
+	if out := cli(t, "service", "status", "--data", data); !strings.Contains(out, "not installed") {
+		t.Errorf("status after uninstall:\n%s", out)
+	}
+}
+
+// TestStableProgram: a binary in Homebrew's Cellar, which its next upgrade
+// removes, is run as the opt link that follows upgrades, where that link
+// leads to it; other paths stay as they are.
+func TestStableProgram(t *testing.T) {
+	prefix := t.TempDir()
+	cellar := filepath.Join(prefix, "Cellar", "clawmesh", "0.1.0", "bin")
+	os.MkdirAll(cellar, 0o755)
+	bin := filepath.Join(cellar, "clawmesh")
+	os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755)
+	if got := stableProgram(bin); got != bin {
+		t.Errorf("no opt link yet: %s, want the Cellar path", got)
+	}
+	os.MkdirAll(filepath.Join(prefix, "opt"), 0o755)
+	if err := os.Symlink(filepath.Join("..", "Cellar", "clawmesh", "0.1.0"), filepath.Join(prefix, "opt", "clawmesh")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stableProgram(bin), filepath.Join(prefix, "opt", "clawmesh", "bin", "clawmesh"); got != want {
+		t.Errorf("%s, want %s", got, want)
+	}
+	other := filepath.Join(prefix, "bin", "clawmesh")
+	if got := stableProgram(other); got != other {
+		t.Errorf("a path outside the Cellar became %s", got)
 	}
 }

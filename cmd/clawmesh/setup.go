@@ -34,8 +34,9 @@ for anthropic-messages; api unchanged). Where the node demands a token
 and its own key the node's upstream_token.
 
 Where the openclaw command is installed, the change is made with OpenClaw's
-own 'openclaw config set' and checked with 'openclaw config validate' (which
-rewrites the file, without its comments); otherwise only the provider's
+own 'openclaw config set', checked with 'openclaw config validate' and read
+back with 'openclaw config get' (OpenClaw rewrites the file, without its
+comments); otherwise only the provider's
 fields are edited in the JSON5 file, and everything else stays byte for
 byte. Either way a copy of the config is kept beside it
 (openclaw.json.clawmesh-TIME.bak) and what was changed is recorded in
@@ -201,6 +202,9 @@ func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writ
 		if err := oc.validate(ctx); err != nil {
 			return restoreAfter(err, path, src)
 		}
+		if err := oc.check(ctx, plan.Provider.Name, route.BaseURL(plan.Provider.API)); err != nil {
+			return restoreAfter(err, path, src)
+		}
 	} else {
 		rec.Via = "file"
 		info, err := os.Stat(path)
@@ -257,6 +261,9 @@ func undoOpenClaw(ctx context.Context, s settings, oc openClaw, path string, src
 			return restoreAfter(err, path, src)
 		}
 		if err := oc.validate(ctx); err != nil {
+			return restoreAfter(err, path, src)
+		}
+		if err := oc.check(ctx, rec.Provider, recordedBaseURL(rec)); err != nil {
 			return restoreAfter(err, path, src)
 		}
 	} else {
@@ -358,6 +365,37 @@ func (o openClaw) configPath(ctx context.Context) (string, error) {
 	return setup.OpenClawConfigPath(os.Getenv, home), nil
 }
 
+// providerPath is the provider's path in openclaw config's notation.
+func providerPath(provider string) string {
+	if !isIdentifier(provider) {
+		b, _ := json.Marshal(provider)
+		return "models.providers[" + string(b) + "]"
+	}
+	return "models.providers." + provider
+}
+
+// check reads the provider's baseUrl back with openclaw config get: what
+// OpenClaw itself now reads must be what was set. (Its apiKey it shows
+// redacted.)
+func (o openClaw) check(ctx context.Context, provider, baseURL string) error {
+	if baseURL == "" {
+		return nil
+	}
+	out, err := o.run(ctx, "config", "get", "--json", providerPath(provider)+".baseUrl")
+	if err != nil {
+		return err
+	}
+	var got string
+	i := strings.Index(out, "\"")
+	if i < 0 || json.NewDecoder(strings.NewReader(out[i:])).Decode(&got) != nil {
+		return fmt.Errorf("openclaw config get: cannot read the provider's baseUrl from %q", strings.TrimSpace(out))
+	}
+	if got != baseURL {
+		return fmt.Errorf("OpenClaw reads provider %q's baseUrl as %q after the change, not %q", provider, got, baseURL)
+	}
+	return nil
+}
+
 // set makes the changes (or undoes them) with openclaw config set/unset.
 func (o openClaw) set(ctx context.Context, provider string, changes []setup.Change, undo bool) error {
 	type op struct {
@@ -365,11 +403,7 @@ func (o openClaw) set(ctx context.Context, provider string, changes []setup.Chan
 		Value any    `json:"value"`
 	}
 	var ops []op
-	prefix := "models.providers." + provider
-	if !isIdentifier(provider) {
-		b, _ := json.Marshal(provider)
-		prefix = "models.providers[" + string(b) + "]"
-	}
+	prefix := providerPath(provider)
 	for _, c := range changes {
 		p := prefix + "." + c.Field
 		switch {

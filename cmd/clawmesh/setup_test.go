@@ -186,7 +186,11 @@ func TestSetupOpenClawReal(t *testing.T) {
 		}
 		t.Skip("set CLAWMESH_OPENCLAW_BIN and CLAWMESH_NODE_BIN_DIR (scripts/setup-openclaw.sh prints them; scripts/test.sh sets them)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	// Each openclaw command starts Node.js and loads OpenClaw: seconds
+	// apiece, ten of them and two agent turns here, and far slower on a
+	// loaded machine. The bound only keeps a hung command from hanging
+	// the run.
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
 	up := fakeupstream.New(fakeupstream.Script{Model: "tiny", Turns: []fakeupstream.Turn{{Text: "Hello from the model."}}})
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")

@@ -2,6 +2,7 @@ package setup
 
 import (
 	"bytes"
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -158,6 +159,28 @@ func TestLaunchdPlist(t *testing.T) {
 	}
 	if !reflect.DeepEqual(v, want) {
 		t.Errorf("plist\n%#v\nwant\n%#v", v, want)
+	}
+	// And by property list readers not written here: Python's standard
+	// plistlib, where python3 is installed, and on macOS plutil.
+	if python, err := exec.LookPath("python3"); err == nil {
+		cmd := exec.Command(python, "-c", "import json, plistlib, sys; json.dump(plistlib.loads(sys.stdin.buffer.read()), sys.stdout)")
+		cmd.Stdin = bytes.NewReader(LaunchdPlist(s))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("plistlib cannot read the plist: %v\n%s", err, stderr.String())
+		}
+		var got map[string]any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatal(err)
+		}
+		wantJSON, _ := json.Marshal(want)
+		var w map[string]any
+		json.Unmarshal(wantJSON, &w)
+		if !reflect.DeepEqual(got, w) {
+			t.Errorf("plistlib reads\n%v\nwant\n%v", got, w)
+		}
 	}
 	if plutil, err := exec.LookPath("plutil"); err == nil {
 		f := filepath.Join(t.TempDir(), "a.plist")
