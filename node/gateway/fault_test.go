@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -202,4 +203,85 @@ func TestDiskFullMidLoad(t *testing.T) {
 		t.Errorf("the pool holds %d steps; the gateway recorded %d", len(steps), end.Recorded)
 	}
 	t.Logf("%d calls recorded, %d unrecorded", end.Recorded, end.Unrecorded)
+}
+
+// switchStore is a memStore whose recording can be paused.
+type switchStore struct {
+	*memStore
+	paused atomic.Bool
+}
+
+func (s *switchStore) Health() pool.Health {
+	if s.paused.Load() {
+		return pool.Health{Recording: false, Paused: "no space left on device"}
+	}
+	return pool.Health{Recording: true}
+}
+
+// lockedBuffer is a log destination safe for the gateway's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+// TestPauseLoggedOnce: while recording is paused, the cause is logged at
+// the first call left unrecorded, then at most once a minute with the
+// number of calls left unrecorded meanwhile; the end of the pause is
+// logged, and a new pause is logged again.
+func TestPauseLoggedOnce(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	var logs lockedBuffer
+	st := &switchStore{memStore: newMemStore()}
+	st.paused.Store(true)
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Store, c.Now, c.Logger = st, clock, slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	calls := func(n int) {
+		t.Helper()
+		for range n {
+			if code, _, b := post(t, e.url+"/v1/chat/completions", chatBody, nil); code != 200 {
+				t.Fatalf("%d %s", code, b)
+			}
+		}
+	}
+	const paused, still = "recording paused: calls are served but not recorded", "recording still paused"
+	calls(5)
+	advance(30 * time.Second)
+	calls(5)
+	if p, s := logs.count(paused), logs.count(still); p != 1 || s != 0 {
+		t.Fatalf("within the first minute of the pause: %d cause lines and %d reminders, want 1 and 0:\n%s", p, s, logs.b.String())
+	}
+	advance(31 * time.Second)
+	calls(3)
+	if p, s := logs.count(paused), logs.count(still); p != 1 || s != 1 || logs.count("unrecorded=10") != 1 {
+		t.Fatalf("a minute into the pause: %d cause lines and %d reminders, want 1 and 1 counting the 10 calls since:\n%s", p, s, logs.b.String())
+	}
+	st.paused.Store(false)
+	calls(1)
+	if logs.count("recording resumed") != 1 {
+		t.Fatalf("the end of the pause is not logged:\n%s", logs.b.String())
+	}
+	st.paused.Store(true)
+	calls(2)
+	if p := logs.count(paused); p != 2 {
+		t.Fatalf("a second pause: %d cause lines in all, want 2:\n%s", p, logs.b.String())
+	}
+	if s := e.gw.Stats(); s.Unrecorded != 15 || s.Recorded != 1 {
+		t.Fatalf("stats %+v: want 15 unrecorded, 1 recorded", s)
+	}
 }
