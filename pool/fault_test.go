@@ -364,3 +364,58 @@ func TestCrashAnyPoint(t *testing.T) {
 		t.Errorf("no write was acknowledged after the disk came back (%d, then %d)", len(first.acked), len(last.acked))
 	}
 }
+
+// TestLowSpaceRetentionFreesDisk: under the free-space guard, retention
+// drops the shipped steps and gives their space on disk back (their
+// tables are rewritten without them), not only hides them.
+func TestLowSpaceRetentionFreesDisk(t *testing.T) {
+	ctx := context.Background()
+	now := t0.Add(time.Hour)
+	fs := &freeSpaceFS{FS: vfs.Default}
+	fs.free.Store(10 << 30)
+	p := openTest(t, t.TempDir(), Options{FS: fs, MinFree: 1 << 30, Now: func() time.Time { return now }})
+	rng := rand.New(rand.NewPCG(1, 2))
+	text := func(n int) string { // incompressible
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = 'a' + byte(rng.IntN(26))
+		}
+		return string(b)
+	}
+	const steps = 200
+	for i := range steps {
+		st := core.StateShipped
+		if i%10 == 0 {
+			st = core.StateScored // kept: it has not left the device
+		}
+		if err := p.Put(ctx, simpleStep(core.StepID(fmt.Sprintf("a%03d", i)), "s", t0.Add(time.Duration(i)*time.Second), st, text(20<<10))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.mu.Lock()
+	in := p.cur
+	p.mu.Unlock()
+	if err := in.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	disk := func() int64 { // the tables' bytes: the WAL's are bounded by the memtable
+		return in.db.Metrics().Total().TablesSize
+	}
+	before := disk()
+	fs.free.Store(512 << 20)
+	now = now.Add(2 * time.Second) // the guard looks at most once a second
+	n, err := p.ApplyRetention(ctx)
+	if err != nil || n != steps-steps/10 {
+		t.Fatalf("retention under low space dropped %d, %v; want the %d shipped steps", n, err, steps-steps/10)
+	}
+	after := disk()
+	t.Logf("tables: %d bytes before, %d after", before, after)
+	if after > before/4 {
+		t.Fatalf("retention dropped 90%% of the steps but the pool's tables still take %d of %d bytes", after, before)
+	}
+	for i := 0; i < steps; i += 10 {
+		if _, err := p.Get(ctx, core.StepID(fmt.Sprintf("a%03d", i))); err != nil {
+			t.Fatalf("a step not shipped was dropped: %v", err)
+		}
+	}
+}
