@@ -786,6 +786,10 @@ func (n *Node) shareLoop(ctx context.Context) {
 	}
 }
 
+// retentionLoop applies the retention policy at start and every
+// RetentionEvery, and, while the free-space guard holds writes back, at
+// once and then every lowSpaceRetry, so that room is made (shipped steps
+// and tombstones dropped) without waiting for the next period.
 func (n *Node) retentionLoop(ctx context.Context) {
 	every := n.cfg.RetentionEvery
 	if every <= 0 {
@@ -793,22 +797,47 @@ func (n *Node) retentionLoop(ctx context.Context) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	for {
-		if n.cfg.MaxAge == 0 && n.cfg.MaxBytes == 0 && !n.pool.LowSpace() {
-			// Only the free-space guard asks for retention, and there is
-			// room.
-		} else if d, err := n.pool.ApplyRetention(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
+	space := time.NewTicker(min(every, lowSpaceCheck))
+	defer space.Stop()
+	run := func() {
+		if d, err := n.pool.ApplyRetention(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
 			n.log.Warn("retention", "err", err)
 		} else if d > 0 {
 			n.log.Info("retention dropped steps", "n", d)
 		}
+	}
+	lowRun := time.Time{} // when retention last ran for the guard
+	for first := true; ; first = false {
+		low := n.pool.LowSpace()
+		switch {
+		case low && (lowRun.IsZero() || n.now().Sub(lowRun) >= lowSpaceRetry):
+			lowRun = n.now()
+			run()
+		case !low:
+			lowRun = time.Time{}
+			if first && (n.cfg.MaxAge > 0 || n.cfg.MaxBytes > 0) {
+				run()
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-space.C:
 		case <-t.C:
+			if !n.pool.LowSpace() && (n.cfg.MaxAge > 0 || n.cfg.MaxBytes > 0) {
+				run()
+			}
 		}
 	}
 }
+
+// lowSpaceCheck is how often the retention loop looks at the free-space
+// guard; lowSpaceRetry how often it applies retention while the guard
+// holds writes back (each run under the guard compacts the store).
+const (
+	lowSpaceCheck = 5 * time.Second
+	lowSpaceRetry = time.Minute
+)
 
 // minFree is the free-space guard's low-water mark for a data directory:
 // set (positive), off (negative), or the smaller of 1 GiB and 5% of its
