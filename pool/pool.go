@@ -347,13 +347,24 @@ func (p *Pool) openInstance() (in *instance, err error) {
 	}
 	if err != nil {
 		if pebble.IsCorruptionError(err) || strings.Contains(err.Error(), "error when replaying WAL") {
-			return nil, fmt.Errorf("%w: %s: %v", ErrDamaged, p.dir, err)
+			what := "its files are damaged"
+			switch bad := damagedWALs(p.fs, p.dir); len(bad) {
+			case 0:
+			case 1:
+				what = "the write-ahead log segment " + bad[0] + " is damaged"
+			default:
+				what = "the write-ahead log segments " + strings.Join(bad, ", ") + " are damaged"
+			}
+			return nil, fmt.Errorf("%w: %s: %s (%v); %s", ErrDamaged, p.dir, what, err, repairHint)
 		}
 		return nil, fmt.Errorf("pool: open %s: %w", p.dir, err)
 	}
 	in.db = db
 	return in, nil
 }
+
+// repairHint says what to do about a damaged pool.
+const repairHint = "'clawmesh pool repair' moves it aside (never deleting it) and salvages every step it can read into a fresh pool"
 
 // blockCacheBytes is the Pebble block cache of a pool.
 const blockCacheBytes = 32 << 20
