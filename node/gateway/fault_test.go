@@ -285,3 +285,40 @@ func TestPauseLoggedOnce(t *testing.T) {
 		t.Fatalf("stats %+v: want 15 unrecorded, 1 recorded", s)
 	}
 }
+
+// TestClosedHandedOver: Config.Closed is given each step as its closure is
+// written, closed and with its next state: on the reply path (the next
+// call of the conversation continues it) and in the background (a
+// conversation evicted from the tracker), and never a step left open.
+func TestClosedHandedOver(t *testing.T) {
+	var mu sync.Mutex
+	var got []*core.Step
+	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Hello"}}}, func(c *Config) {
+		c.Sessions.MaxSessions = 1
+		c.Closed = func(s *core.Step) { mu.Lock(); got = append(got, s); mu.Unlock() }
+	})
+	first := `{"model":"m","messages":[{"role":"user","content":"first"}]}`
+	second := `{"model":"m","messages":[{"role":"user","content":"first"},{"role":"assistant","content":"Hello"},{"role":"user","content":"second"}]}`
+	other := `{"model":"m","messages":[{"role":"user","content":"another conversation"}]}`
+	for _, body := range []string{first, second, other} {
+		if code, _, b := post(t, e.url+"/v1/chat/completions", body, nil); code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+	}
+	// The second step is closed in the background: the third call's
+	// conversation evicted its own.
+	eventually(t, "two steps handed over", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	for i, s := range got {
+		if stored := e.mem.get(t, s.ID); s.State != core.StateClosed || stored.State != core.StateClosed {
+			t.Errorf("step %d handed over in state %s, stored in state %s", i, s.State, stored.State)
+		}
+	}
+	if got[0].ID == got[1].ID {
+		t.Errorf("step %s handed over twice", got[0].ID)
+	}
+	if ns := got[0].NextState; ns == nil || len(ns.Messages) == 0 || ns.Messages[len(ns.Messages)-1].Content != "second" {
+		t.Errorf("the first step handed over without the next state the second call gave it: %+v", got[0].NextState)
+	}
+}
