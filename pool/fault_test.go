@@ -75,10 +75,11 @@ func waitRecording(t *testing.T, p *Pool) {
 	t.Fatalf("recording did not resume: %+v", p.Health())
 }
 
-// TestDiskFaults: ENOSPC and EIO on the WAL and on flushes, in the middle of
-// concurrent writes. No write hangs; the failed ones report ErrPaused and
-// Health says why; recording resumes by itself once the fault clears; and
-// the pool, opened again from disk, holds every step a write acknowledged.
+// TestDiskFaults: ENOSPC and EIO on the WAL and on flushes, and a
+// read-only or vanished filesystem, in the middle of concurrent writes. No
+// write hangs; the failed ones report ErrPaused and Health says why;
+// recording resumes by itself once the fault clears; and the pool, opened
+// again from disk, holds every step a write acknowledged.
 func TestDiskFaults(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -90,6 +91,9 @@ func TestDiskFaults(t *testing.T) {
 		{"EIO on the WAL", syscall.EIO, []string{".log"}, false},
 		{"ENOSPC on flushes", syscall.ENOSPC, []string{".sst"}, true},
 		{"EIO on flushes", syscall.EIO, []string{".sst"}, true},
+		// A filesystem remounted read-only, and one whose device is gone.
+		{"EROFS on the WAL", syscall.EROFS, []string{".log"}, false},
+		{"ENXIO on flushes", syscall.ENXIO, []string{".sst"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
