@@ -23,7 +23,9 @@
 // back until the step is stored (Store.Put, or Applier.Apply together with
 // the next state it gives the step it continues: one synced write). Steps
 // closed for other reasons (idle, evicted) are written off the reply path,
-// without waiting for the disk where the Store can (UnsyncedApplier).
+// without waiting for the disk where the Store can (UnsyncedApplier). Each
+// step a closure closed is then handed, as written, to Config.Closed (the
+// node's scorer).
 package gateway
 
 import (
