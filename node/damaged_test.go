@@ -59,6 +59,13 @@ func TestNodeServesOnDamagedPool(t *testing.T) {
 	if h := getHealth(t, base); h.Recording || !strings.Contains(h.Paused, "recording paused") || h.Unrecorded != 1 {
 		t.Fatalf("/clawmesh/v1/health on a damaged pool: %+v", h)
 	}
+	// The admin API (what `clawmesh pool stats` asks a running node) says
+	// what is damaged and what to do.
+	st, err := (&node.Client{Base: base, Token: n.AdminToken()}).Stats(ctx)
+	if err != nil || st.Health == nil || st.Health.Recording || !st.Health.Damaged ||
+		!strings.Contains(st.Health.Paused, "write-ahead log segment") || !strings.Contains(st.Health.Paused, "clawmesh pool repair") {
+		t.Fatalf("admin stats on a damaged pool: %+v (%v), health %+v", st, err, st.Health)
+	}
 
 	var rep pool.RepairReport
 	for range 200 { // the node's reopen attempts hold the lock a moment

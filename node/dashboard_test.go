@@ -45,6 +45,7 @@ func livedNode(t *testing.T, cfg node.Config) (*node.Node, string) {
 		{ToolCalls: []fakeupstream.ToolCall{{ID: "call_1", Name: "exec", Arguments: `{"command":"make"}`}}},
 		{Text: "Fixed."},
 	}}, cfg)
+	before := n.Scorer().Scored
 	chat := base + "/v1/chat/completions"
 	sys := `{"role":"system","content":"You are helpful."}`
 	u1 := `{"role":"user","content":"What is the capital of Australia?"}`
@@ -60,8 +61,8 @@ func livedNode(t *testing.T, cfg node.Config) (*node.Node, string) {
 	post(t, chat, `{"model":"m","messages":[`+sys+`,`+u1+`,`+a1+`,`+u2+`]}`, auth...)
 	post(t, chat, `{"model":"m","messages":[`+sys+`,`+u1+`,`+a1+`,`+u2+`,`+tc+`,`+tr+`]}`, auth...)
 	ctx := context.Background()
-	if k, err := n.ScoreClosed(ctx, 100); err != nil || k != 2 {
-		t.Fatalf("scored %d steps (%v), want 2", k, err)
+	if k := scoreAll(t, n, before); k != 2 {
+		t.Fatalf("scored %d steps, want 2", k)
 	}
 	if k, err := n.Outbox().SealAll(ctx); err != nil || k != 1 {
 		t.Fatalf("sealed %d batches (%v), want 1", k, err)

@@ -231,6 +231,9 @@ type Node struct {
 	// loop and a direct call never score (and call a judge for) the same
 	// step twice.
 	scoreMu sync.Mutex
+	// handoff holds the steps the gateway closed, for the scorer (see
+	// handed).
+	handoff chan *core.Step
 	// The scorer's counters (see ScorerStats) and, guarded by scoreMu,
 	// its cursor.
 	scored, shed atomic.Uint64
@@ -342,6 +345,11 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.sessions = adminapi.NewSessions(n.adminToken, cfg.Now)
+	var closed func(*core.Step) // the scorer takes the steps closed
+	if n.plugins != nil {
+		n.handoff = make(chan *core.Step, handoffMax)
+		closed = n.handed
+	}
 	gw, err := gateway.New(gateway.Config{
 		Upstream:        cfg.Upstream,
 		Caps:            caps,
@@ -361,6 +369,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		Pages:           n.dashboard(),
 		Metrics:         n.metrics.handler(),
 		OnCall:          n.metrics.call,
+		Closed:          closed,
 	})
 	if err != nil {
 		n.Close(ctx)
@@ -542,20 +551,40 @@ func (n *Node) ReloadPlugins(ctx context.Context, plugins []reward.PluginConfig)
 	return r.Reload(ctx, plugins)
 }
 
-// scoreLoop scores closed steps until ctx is done: a pass every
-// ScoreInterval, and passes back to back while a backlog remains (those
-// closed before the plugins were ready are scored as they become ready:
-// startPlugins).
+// scoreLoop scores closed steps until ctx is done: those the gateway hands
+// over as it closes them (see handed), as they come, without reading them
+// back from the pool; and a pass over the pool's closed steps every
+// ScoreInterval, passes back to back while a backlog remains (steps closed
+// before the plugins were ready, or while the hand-off queue was full, or
+// by feedback, and the backlog past MaxScoreBacklog: shedBacklog).
 func (n *Node) scoreLoop(ctx context.Context) {
 	t := time.NewTicker(n.cfg.ScoreInterval)
 	defer t.Stop()
+	logErr := func(err error) {
+		if err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
+			n.log.Warn("scoring", "err", err)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case s := <-n.handoff:
+			// Closed by the gateway just now: scored as they come.
+			_, err := n.scoreHanded(ctx, s)
+			logErr(err)
+			continue
 		case <-t.C:
 		}
 		for range 1 << 20 { // passes back to back while a backlog remains
+			// The steps handed over meanwhile first: they are not read
+			// back, and a pass over the pool would meet them again.
+			for range handoffMax/scoreBatch + 1 {
+				if k, err := n.scoreHanded(ctx, nil); err != nil || k < scoreBatch {
+					logErr(err)
+					break
+				}
+			}
 			done, err := n.ScoreClosed(ctx, scoreBatch)
 			if err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
 				n.log.Warn("scoring", "err", err)
@@ -638,6 +667,13 @@ func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (i
 	if err != nil {
 		return 0, err
 	}
+	return n.scoreSteps(ctx, rn, steps)
+}
+
+// scoreSteps scores steps, closed, in parallel, and marks them scored
+// (those still closed). It returns how many it took. The caller holds
+// scoreMu.
+func (n *Node) scoreSteps(ctx context.Context, rn *reward.Runner, steps []*core.Step) (int, error) {
 	rewards := make([]core.Reward, len(steps))
 	var wg sync.WaitGroup
 	next := atomic.Int64{}
@@ -688,8 +724,56 @@ func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (i
 	if werr != nil {
 		return 0, werr
 	}
-	n.scored.Add(uint64(len(steps)))
+	for _, a := range applied {
+		if a {
+			n.scored.Add(1)
+		}
+	}
 	return len(steps), nil
+}
+
+// handed takes a step the gateway has just closed, for the scorer, which
+// then need not read it back from the pool; with handoffMax waiting it is
+// left to the scorer's passes over the pool.
+func (n *Node) handed(s *core.Step) {
+	select {
+	case n.handoff <- s:
+	default:
+	}
+}
+
+// handoffMax bounds the closed steps handed to the scorer and waiting for
+// it: a step holds what the pool's caches do not (a long system prompt
+// the caches have let go), so the queue is part of the node's memory
+// bound.
+const handoffMax = 1024
+
+// scoreHanded scores the steps waiting in the hand-off queue, first (if
+// not nil), up to scoreBatch, and reports how many it took.
+func (n *Node) scoreHanded(ctx context.Context, first *core.Step) (int, error) {
+	steps := make([]*core.Step, 0, scoreBatch)
+	if first != nil {
+		steps = append(steps, first)
+	}
+	for len(steps) < scoreBatch {
+		select {
+		case s := <-n.handoff:
+			steps = append(steps, s)
+			continue
+		default:
+		}
+		break
+	}
+	if len(steps) == 0 {
+		return 0, nil
+	}
+	rn, err := n.runner(ctx)
+	if err != nil || rn == nil {
+		return 0, err
+	}
+	n.scoreMu.Lock()
+	defer n.scoreMu.Unlock()
+	return n.scoreSteps(ctx, rn, steps)
 }
 
 // markScored is the change that marks a closed step scored with r, and
@@ -786,6 +870,10 @@ func (n *Node) shareLoop(ctx context.Context) {
 	}
 }
 
+// retentionLoop applies the retention policy at start and every
+// RetentionEvery, and, while the free-space guard holds writes back, at
+// once and then every lowSpaceRetry, so that room is made (shipped steps
+// and tombstones dropped) without waiting for the next period.
 func (n *Node) retentionLoop(ctx context.Context) {
 	every := n.cfg.RetentionEvery
 	if every <= 0 {
@@ -793,22 +881,47 @@ func (n *Node) retentionLoop(ctx context.Context) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	for {
-		if n.cfg.MaxAge == 0 && n.cfg.MaxBytes == 0 && !n.pool.LowSpace() {
-			// Only the free-space guard asks for retention, and there is
-			// room.
-		} else if d, err := n.pool.ApplyRetention(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
+	space := time.NewTicker(min(every, lowSpaceCheck))
+	defer space.Stop()
+	run := func() {
+		if d, err := n.pool.ApplyRetention(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, pool.ErrPaused) {
 			n.log.Warn("retention", "err", err)
 		} else if d > 0 {
 			n.log.Info("retention dropped steps", "n", d)
 		}
+	}
+	lowRun := time.Time{} // when retention last ran for the guard
+	for first := true; ; first = false {
+		low := n.pool.LowSpace()
+		switch {
+		case low && (lowRun.IsZero() || n.now().Sub(lowRun) >= lowSpaceRetry):
+			lowRun = n.now()
+			run()
+		case !low:
+			lowRun = time.Time{}
+			if first && (n.cfg.MaxAge > 0 || n.cfg.MaxBytes > 0) {
+				run()
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-space.C:
 		case <-t.C:
+			if !n.pool.LowSpace() && (n.cfg.MaxAge > 0 || n.cfg.MaxBytes > 0) {
+				run()
+			}
 		}
 	}
 }
+
+// lowSpaceCheck is how often the retention loop looks at the free-space
+// guard; lowSpaceRetry how often it applies retention while the guard
+// holds writes back (each run under the guard compacts the store).
+const (
+	lowSpaceCheck = 5 * time.Second
+	lowSpaceRetry = time.Minute
+)
 
 // minFree is the free-space guard's low-water mark for a data directory:
 // set (positive), off (negative), or the smaller of 1 GiB and 5% of its

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/pool"
 )
@@ -91,5 +92,39 @@ func TestScorerShedsOverBacklog(t *testing.T) {
 	}
 	if st := n.Scorer(); len(left) != 0 || st.Scored != waiting || st.Shed != waiting-bound {
 		t.Fatalf("after catching up: %d closed steps left, scorer %+v; want every step scored and %d shed, each counted once", len(left), st, waiting-bound)
+	}
+}
+
+// TestScorerTakesClosedSteps: a step the gateway closes (here: the next
+// call of its conversation continues it) is handed to the background
+// scorer and scored with the built-ins at once, not at the scorer's next
+// pass over the pool (an hour away here).
+func TestScorerTakesClosedSteps(t *testing.T) {
+	n, base := startNode(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Sydney."}, {Text: "Canberra."}}},
+		node.Config{ScoreInterval: time.Hour})
+	ctx := context.Background()
+	chat := base + "/v1/chat/completions"
+	post(t, chat, `{"model":"m","messages":[{"role":"user","content":"The capital of Australia?"}]}`)
+	post(t, chat, `{"model":"m","messages":[{"role":"user","content":"The capital of Australia?"},{"role":"assistant","content":"Sydney."},{"role":"user","content":"No, that's wrong: it is Canberra."}]}`)
+	deadline := time.Now().Add(time.Minute) // a bound, not a measure
+	for {
+		steps, err := n.Pool().List(ctx, pool.Filter{State: core.StateScored})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(steps) == 1 {
+			s := steps[0]
+			if s.Action().Content != "Sydney." || s.Reward == nil || len(s.Reward.Scores) == 0 || s.NextState == nil {
+				t.Fatalf("scored step %+v: want the first, with its next state and the built-ins' scores", s)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the closed step was not scored within a minute; scorer %+v", n.Scorer())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := n.Scorer(); st.Scored != 1 {
+		t.Fatalf("scorer %+v: want the one step scored, counted once", st)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,10 +75,11 @@ func waitRecording(t *testing.T, p *Pool) {
 	t.Fatalf("recording did not resume: %+v", p.Health())
 }
 
-// TestDiskFaults: ENOSPC and EIO on the WAL and on flushes, in the middle of
-// concurrent writes. No write hangs; the failed ones report ErrPaused and
-// Health says why; recording resumes by itself once the fault clears; and
-// the pool, opened again from disk, holds every step a write acknowledged.
+// TestDiskFaults: ENOSPC and EIO on the WAL and on flushes, and a
+// read-only or vanished filesystem, in the middle of concurrent writes. No
+// write hangs; the failed ones report ErrPaused and Health says why;
+// recording resumes by itself once the fault clears; and the pool, opened
+// again from disk, holds every step a write acknowledged.
 func TestDiskFaults(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -89,6 +91,9 @@ func TestDiskFaults(t *testing.T) {
 		{"EIO on the WAL", syscall.EIO, []string{".log"}, false},
 		{"ENOSPC on flushes", syscall.ENOSPC, []string{".sst"}, true},
 		{"EIO on flushes", syscall.EIO, []string{".sst"}, true},
+		// A filesystem remounted read-only, and one whose device is gone.
+		{"EROFS on the WAL", syscall.EROFS, []string{".log"}, false},
+		{"ENXIO on flushes", syscall.ENXIO, []string{".sst"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -262,5 +267,159 @@ func TestPebbleErrorsThrottled(t *testing.T) {
 	l.Errorf("write failed again")
 	if !strings.Contains(buf.String(), "write failed again") || !strings.Contains(buf.String(), fmt.Sprintf("left_out=%d", 100-pebbleErrorsPerMinute)) {
 		t.Fatalf("the next minute's first line does not count those left out:\n%s", buf.String())
+	}
+}
+
+// TestCrashAnyPoint: a crash (as kill -9, or the power going) at any
+// point of a load during which the WAL's disk fails and comes back keeps
+// every step a write acknowledged. The pool runs on Pebble's crashable
+// in-memory filesystem; at points chosen by a seed (printed, to replay a
+// failure) the test takes a crash image of it, keeping a random share of
+// what was written but not synced, and opens a pool on each image.
+func TestCrashAnyPoint(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	ctx := context.Background()
+	mem := vfs.NewCrashableMem()
+	fault := &diskFault{err: syscall.ENOSPC, suffixes: []string{".log"}}
+	p, err := Open("pool", Options{FS: errorfs.Wrap(mem, fault), ReopenInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	var mu sync.Mutex
+	acked := map[core.StepID]bool{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100_000; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := core.StepID(fmt.Sprintf("w%d-%05d", w, i))
+				s := simpleStep(id, core.SessionID(fmt.Sprintf("s%d", w)), t0.Add(time.Duration(i)*time.Millisecond), core.StateOpen, string(id))
+				err := p.Put(ctx, s)
+				switch {
+				case err == nil:
+					mu.Lock()
+					acked[id] = true
+					mu.Unlock()
+				case errors.Is(err, ErrPaused):
+					time.Sleep(time.Millisecond) // the store is being reopened
+				default:
+					t.Errorf("put %s: %v, want nil or ErrPaused", id, err)
+					return
+				}
+			}
+		}()
+	}
+	type image struct {
+		fs    *vfs.MemFS
+		acked []core.StepID
+		fault bool
+	}
+	var images []image
+	for i := range 12 {
+		time.Sleep(time.Duration(5+rng.IntN(40)) * time.Millisecond)
+		// The disk fails for the middle third of the crash points; the
+		// last third are taken once recording has resumed.
+		fault.on.Store(i >= 4 && i < 8)
+		if i == 8 {
+			within(t, time.Minute, "recovery", func() { waitRecording(t, p) })
+		}
+		mu.Lock()
+		before := make([]core.StepID, 0, len(acked))
+		for id := range acked {
+			before = append(before, id)
+		}
+		mu.Unlock()
+		clone := mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: rng.IntN(101), RNG: rng})
+		images = append(images, image{clone, before, fault.on.Load()})
+	}
+	close(stop)
+	within(t, time.Minute, "the writers", wg.Wait)
+	if fault.hits.Load() == 0 {
+		t.Fatal("the fault was never hit: the test proves nothing")
+	}
+	for i, im := range images {
+		q, err := Open("pool", Options{FS: im.fs})
+		if err != nil {
+			t.Fatalf("crash image %d (disk failing: %v): open: %v", i, im.fault, err)
+		}
+		lost := 0
+		for _, id := range im.acked {
+			if _, err := q.Get(ctx, id); err != nil {
+				if lost++; lost <= 3 {
+					t.Errorf("crash image %d (disk failing: %v): acknowledged step %s lost: %v", i, im.fault, id, err)
+				}
+			}
+		}
+		t.Logf("crash image %d (disk failing: %v): %d acknowledged steps, %d lost", i, im.fault, len(im.acked), lost)
+		q.Close()
+	}
+	if first, last := images[4], images[len(images)-1]; len(last.acked) <= len(first.acked) {
+		t.Errorf("no write was acknowledged after the disk came back (%d, then %d)", len(first.acked), len(last.acked))
+	}
+}
+
+// TestLowSpaceRetentionFreesDisk: under the free-space guard, retention
+// drops the shipped steps and gives their space on disk back (their
+// tables are rewritten without them), not only hides them.
+func TestLowSpaceRetentionFreesDisk(t *testing.T) {
+	ctx := context.Background()
+	now := t0.Add(time.Hour)
+	fs := &freeSpaceFS{FS: vfs.Default}
+	fs.free.Store(10 << 30)
+	p := openTest(t, t.TempDir(), Options{FS: fs, MinFree: 1 << 30, Now: func() time.Time { return now }})
+	rng := rand.New(rand.NewPCG(1, 2))
+	text := func(n int) string { // incompressible
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = 'a' + byte(rng.IntN(26))
+		}
+		return string(b)
+	}
+	const steps = 200
+	for i := range steps {
+		st := core.StateShipped
+		if i%10 == 0 {
+			st = core.StateScored // kept: it has not left the device
+		}
+		if err := p.Put(ctx, simpleStep(core.StepID(fmt.Sprintf("a%03d", i)), "s", t0.Add(time.Duration(i)*time.Second), st, text(20<<10))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.mu.Lock()
+	in := p.cur
+	p.mu.Unlock()
+	if err := in.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	disk := func() int64 { // the tables' bytes: the WAL's are bounded by the memtable
+		return in.db.Metrics().Total().TablesSize
+	}
+	before := disk()
+	fs.free.Store(512 << 20)
+	now = now.Add(2 * time.Second) // the guard looks at most once a second
+	n, err := p.ApplyRetention(ctx)
+	if err != nil || n != steps-steps/10 {
+		t.Fatalf("retention under low space dropped %d, %v; want the %d shipped steps", n, err, steps-steps/10)
+	}
+	after := disk()
+	t.Logf("tables: %d bytes before, %d after", before, after)
+	if after > before/4 {
+		t.Fatalf("retention dropped 90%% of the steps but the pool's tables still take %d of %d bytes", after, before)
+	}
+	for i := 0; i < steps; i += 10 {
+		if _, err := p.Get(ctx, core.StepID(fmt.Sprintf("a%03d", i))); err != nil {
+			t.Fatalf("a step not shipped was dropped: %v", err)
+		}
 	}
 }

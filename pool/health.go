@@ -155,7 +155,7 @@ func (p *Pool) corrupt(in *instance, info pebble.DataCorruptionInfo) {
 		p.health.damaged = &[2][]byte{bytes.Clone(info.Bounds.Start), upper}
 	}
 	p.mu.Unlock()
-	p.failed(in, fmt.Errorf("%w: %s: a table is damaged (%s)", ErrDamaged, p.dir, filepath.Base(info.Path)))
+	p.failed(in, fmt.Errorf("%w: %s: the table %s is damaged; %s", ErrDamaged, p.dir, filepath.Base(info.Path), repairHint))
 }
 
 // readable reports whether the key range of a table found damaged reads

@@ -347,13 +347,24 @@ func (p *Pool) openInstance() (in *instance, err error) {
 	}
 	if err != nil {
 		if pebble.IsCorruptionError(err) || strings.Contains(err.Error(), "error when replaying WAL") {
-			return nil, fmt.Errorf("%w: %s: %v", ErrDamaged, p.dir, err)
+			what := "its files are damaged"
+			switch bad := damagedWALs(p.fs, p.dir); len(bad) {
+			case 0:
+			case 1:
+				what = "the write-ahead log segment " + bad[0] + " is damaged"
+			default:
+				what = "the write-ahead log segments " + strings.Join(bad, ", ") + " are damaged"
+			}
+			return nil, fmt.Errorf("%w: %s: %s (%v); %s", ErrDamaged, p.dir, what, err, repairHint)
 		}
 		return nil, fmt.Errorf("pool: open %s: %w", p.dir, err)
 	}
 	in.db = db
 	return in, nil
 }
+
+// repairHint says what to do about a damaged pool.
+const repairHint = "'clawmesh pool repair' moves it aside (never deleting it) and salvages every step it can read into a fresh pool"
 
 // blockCacheBytes is the Pebble block cache of a pool.
 const blockCacheBytes = 32 << 20
@@ -530,6 +541,13 @@ func (p *Pool) writeLocked(in *instance, steps []*core.Step, opts *pebble.WriteO
 // writeWith is writeLocked that also sets the key-value pairs in extra
 // (other records that must change with the steps) in the same batch.
 func (p *Pool) writeWith(in *instance, steps []*core.Step, extra [][2][]byte, opts *pebble.WriteOptions) error {
+	return p.writeKnown(in, steps, nil, extra, opts)
+}
+
+// writeKnown is writeWith where olds[i], if olds is not nil and olds[i]
+// is not, is the header stored now for steps[i], read under its write
+// lock (so that it is not read again).
+func (p *Pool) writeKnown(in *instance, steps []*core.Step, olds []*header, extra [][2][]byte, opts *pebble.WriteOptions) error {
 	b := in.db.NewBatch()
 	defer b.Close()
 	for _, kv := range extra {
@@ -543,13 +561,16 @@ func (p *Pool) writeWith(in *instance, steps []*core.Step, extra [][2][]byte, op
 	in.gc.enterWrite()
 	defer in.gc.exitWrite()
 	var refs []blob
-	for _, s := range steps {
+	for i, s := range steps {
 		enc, err := p.encodeStep(s)
 		if err != nil {
 			return err
 		}
-		old, exists, err := p.oldHeader(in, s.ID)
-		if err != nil {
+		var old header
+		exists := false
+		if olds != nil && olds[i] != nil {
+			old, exists = *olds[i], true
+		} else if old, exists, err = p.oldHeader(in, s.ID); err != nil {
 			return fmt.Errorf("pool: put: %w", err)
 		}
 		if exists {
@@ -620,25 +641,32 @@ func (p *Pool) Get(ctx context.Context, id core.StepID) (*core.Step, error) {
 }
 
 func (p *Pool) get(r getter, id core.StepID) (*core.Step, error) {
+	s, _, err := p.getHeader(r, id)
+	return s, err
+}
+
+// getHeader is get that also returns the header of the step's record.
+func (p *Pool) getHeader(r getter, id core.StepID) (*core.Step, *header, error) {
 	rec, err := getCopy(r, stepKey(id))
 	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return nil, nil, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("pool: get %s: %w", id, err)
+		return nil, nil, fmt.Errorf("pool: get %s: %w", id, err)
 	}
 	d, err := decodeRecord(rec)
 	if err != nil {
-		return nil, fmt.Errorf("pool: get %s: %w", id, err)
+		return nil, nil, fmt.Errorf("pool: get %s: %w", id, err)
 	}
 	if d.state == core.StateDropped {
-		return nil, fmt.Errorf("%w: %s was dropped by retention", ErrNotFound, id)
+		return nil, nil, fmt.Errorf("%w: %s was dropped by retention", ErrNotFound, id)
 	}
 	s, err := d.materialize(r, p.cache)
 	if err != nil {
-		return nil, fmt.Errorf("pool: get %s: %w", id, err)
+		return nil, nil, fmt.Errorf("pool: get %s: %w", id, err)
 	}
-	return s, nil
+	h := d.header
+	return s, &h, nil
 }
 
 // Update applies fn to the stored step with the given id and writes the
@@ -715,11 +743,18 @@ func (p *Pool) apply(ctx context.Context, puts []*core.Step, changes []Change, s
 	unlock := p.lockSteps(in, ids)
 	defer unlock()
 	steps := append(make([]*core.Step, 0, len(ids)), puts...)
+	// The changed steps' headers as read here, under their write locks,
+	// are those the write replaces.
+	var olds []*header
+	if len(changes) > 0 {
+		olds = make([]*header, len(puts), len(ids))
+	}
 	for _, c := range changes {
-		s, err := p.get(in.db, c.ID)
+		s, h, err := p.getHeader(in.db, c.ID)
 		if err != nil {
 			return err
 		}
+		olds = append(olds, h)
 		if err := c.Fn(s); err != nil {
 			return err
 		}
@@ -734,7 +769,7 @@ func (p *Pool) apply(ctx context.Context, puts []*core.Step, changes []Change, s
 		}
 		steps = append(steps, s)
 	}
-	return p.writeLocked(in, steps, sync)
+	return p.writeKnown(in, steps, olds, nil, sync)
 }
 
 // lockSteps takes the write locks of ids, each stripe once and in stripe

@@ -201,7 +201,12 @@ func readWAL(path string, flushed uint64, kv map[string][]byte, rep *RepairRepor
 	if err != nil {
 		return err
 	}
-	num, err := strconv.ParseUint(strings.TrimSuffix(filepath.Base(path), ".log"), 10, 64)
+	return readWALData(filepath.Base(path), data, flushed, kv, rep)
+}
+
+// readWALData is readWAL on the bytes of the log named name.
+func readWALData(name string, data []byte, flushed uint64, kv map[string][]byte, rep *RepairReport) error {
+	num, err := strconv.ParseUint(strings.TrimSuffix(name, ".log"), 10, 64)
 	if err != nil {
 		return err
 	}
@@ -246,6 +251,38 @@ func readWAL(path string, flushed uint64, kv map[string][]byte, rep *RepairRepor
 		}
 		rep.WALRecords++
 	}
+}
+
+// damagedWALs names the WAL segments of the pool in dir that hold a
+// record that does not check out followed by one that does (damage, not a
+// torn tail), oldest first.
+func damagedWALs(fs vfs.FS, dir string) []string {
+	names, err := fs.List(dir)
+	if err != nil {
+		return nil
+	}
+	slices.Sort(names)
+	var bad []string
+	for _, name := range names {
+		if !strings.HasSuffix(name, ".log") {
+			continue
+		}
+		f, err := fs.Open(fs.PathJoin(dir, name))
+		if err != nil {
+			continue
+		}
+		data, err := io.ReadAll(f)
+		f.Close()
+		if err != nil {
+			bad = append(bad, name)
+			continue
+		}
+		var rep RepairReport
+		if err := readWALData(name, data, 0, map[string][]byte{}, &rep); err == nil && rep.BadWALRecords > 0 {
+			bad = append(bad, name)
+		}
+	}
+	return bad
 }
 
 // salvageRange calls fn for every key-value of db in [lower, upper) it can

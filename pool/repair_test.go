@@ -80,8 +80,9 @@ func TestRepairDamagedWAL(t *testing.T) {
 	}
 	f.Close()
 
-	if _, err := Open(dir, Options{}); !errors.Is(err, ErrDamaged) {
-		t.Fatalf("Open of a damaged pool: %v, want ErrDamaged", err)
+	if _, err := Open(dir, Options{}); !errors.Is(err, ErrDamaged) ||
+		!strings.Contains(err.Error(), "the write-ahead log segment "+filepath.Base(wal)+" is damaged") || !strings.Contains(err.Error(), "clawmesh pool repair") {
+		t.Fatalf("Open of a damaged pool: %v, want ErrDamaged naming %s and saying what to do", err, filepath.Base(wal))
 	}
 	sp, err := OpenServing(dir, Options{ReopenInterval: 20 * time.Millisecond})
 	if err != nil {
@@ -240,8 +241,8 @@ func TestRepairDamagedTable(t *testing.T) {
 		t.Fatalf("Verify of a pool with a damaged table: %v, want ErrDamaged", err)
 	}
 	h := sp.Health()
-	if h.Recording || !h.Damaged || !strings.Contains(h.Paused, "table is damaged") {
-		t.Fatalf("health after reading a damaged table: %+v", h)
+	if h.Recording || !h.Damaged || !strings.Contains(h.Paused, "the table "+filepath.Base(table)+" is damaged") || !strings.Contains(h.Paused, "clawmesh pool repair") {
+		t.Fatalf("health after reading the damaged table %s: %+v", filepath.Base(table), h)
 	}
 	time.Sleep(200 * time.Millisecond) // several reopen attempts
 	if h := sp.Health(); h.Recording || !h.Damaged {

@@ -24,7 +24,8 @@ import (
 //
 // While the free-space guard holds writes back (Options.MinFree), it also
 // drops every shipped step (they have left the device already) and purges
-// every tombstone, to make room.
+// every tombstone, then compacts the store so that the space they took on
+// disk is given back at once.
 func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 	in, done, err := p.enter(ctx)
 	if err != nil {
@@ -63,6 +64,15 @@ func (p *Pool) ApplyRetention(ctx context.Context) (int, error) {
 		return dropped, err
 	}
 	p.log.Info("retention", "dropped", dropped, "tombstones_purged", purged, "blobs_deleted", swept)
+	if low && dropped+purged+swept > 0 {
+		// A deletion frees no disk space until the tables holding what it
+		// deleted are rewritten; under the guard that cannot wait for
+		// Pebble's own compactions.
+		if err := in.db.Compact(ctx, []byte{0}, []byte{0xff}, false); err != nil {
+			return dropped, fmt.Errorf("pool: retention: compacting to make room: %w", err)
+		}
+		p.log.Info("retention made room", "disk_bytes", in.db.Metrics().DiskSpaceUsage())
+	}
 	return dropped, nil
 }
 

@@ -96,6 +96,19 @@ func openPool(s *settings, create bool) (poolAccess, func(), error) {
 	if err == nil {
 		return localPool{p, s}, func() { p.Close() }, nil
 	}
+	if errors.Is(err, pool.ErrDamaged) {
+		// A node serving on the damaged pool (it lets the directory go
+		// between its attempts to reopen it) answers for it, recording
+		// paused; with none, say what to do.
+		if c, cerr := runningNode(s); cerr == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if _, serr := c.Stats(ctx); serr == nil {
+				return c, func() {}, nil
+			}
+		}
+		return nil, nil, fmt.Errorf("%w\nrun 'clawmesh pool repair --data %s' to salvage it", err, s.Data)
+	}
 	if !errors.Is(err, pool.ErrLocked) {
 		return nil, nil, err
 	}

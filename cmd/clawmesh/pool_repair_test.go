@@ -23,7 +23,7 @@ func TestPoolRepairCLI(t *testing.T) {
 	pooltest.DamageLargestWAL(t, dir)
 
 	out, errs, code := runCLI(t, "pool", "stats", "--data", data)
-	if code == 0 || !strings.Contains(out+errs, "damaged") {
+	if code == 0 || !strings.Contains(errs, "is damaged") || !strings.Contains(errs, "clawmesh pool repair --data "+data) {
 		t.Fatalf("pool stats on a damaged pool: code %d\n%s%s", code, out, errs)
 	}
 	out = cli(t, "pool", "repair", "--data", data, "--json")

@@ -154,3 +154,70 @@ func startNodeProcess(t *testing.T, bin, data string, flags ...string) *nodeProc
 	}
 	return np
 }
+
+// TestSecondSignalExitsAtOnce: a node draining a stream after SIGTERM, with
+// a long drain timeout, exits at once on a second signal, and its pool
+// then opens.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs it")
+	}
+	bin := buildBinary(t)
+	hold := make(chan struct{})
+	defer close(hold)
+	up := fakeupstream.New(fakeupstream.Script{Chunks: 4, Hold: hold, Turns: []fakeupstream.Turn{{Text: "abcdefgh", HoldAfter: 2}}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go up.Run(ctx, ln)
+
+	data := t.TempDir()
+	const drain = 10 * time.Minute
+	np := startNodeProcess(t, bin, data, "--no-scoring", "--drain-timeout", drain.String(), "--upstream", "http://"+ln.Addr().String()+"/v1")
+	client := &http.Client{Timeout: 60 * time.Second}
+	resp, err := client.Post("http://"+np.addr+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	for got := ""; !strings.Contains(got, `"content":"cd"`); { // the chunks before the hold
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatalf("stream before SIGTERM: %v (%q)", err, got)
+		}
+		got += line
+	}
+	if err := np.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select { // bounded: the node drains the held stream
+	case <-np.exited:
+		t.Fatalf("node exited (%v) while a stream was in flight: %s", np.waitErr, np.stderr.String())
+	case <-time.After(500 * time.Millisecond):
+	}
+	if err := np.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	// A bound, not a measure: far inside the drain timeout.
+	select {
+	case <-np.exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("the node did not exit on a second signal (drain timeout %v)", drain)
+	}
+	if np.waitErr == nil || !strings.Contains(np.stderr.String(), "again: exiting now") {
+		t.Fatalf("exit %v; the node did not say it exits at once: %s", np.waitErr, np.stderr.String())
+	}
+	if rest, err := io.ReadAll(rd); err == nil && strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("the stream ended whole although the node exited in its middle: %q", rest)
+	}
+	p, err := pool.Open(filepath.Join(data, "pool"), pool.Options{})
+	if err != nil {
+		t.Fatalf("the pool after the node exited at once: %v", err)
+	}
+	p.Close()
+}

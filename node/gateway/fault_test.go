@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -202,4 +203,122 @@ func TestDiskFullMidLoad(t *testing.T) {
 		t.Errorf("the pool holds %d steps; the gateway recorded %d", len(steps), end.Recorded)
 	}
 	t.Logf("%d calls recorded, %d unrecorded", end.Recorded, end.Unrecorded)
+}
+
+// switchStore is a memStore whose recording can be paused.
+type switchStore struct {
+	*memStore
+	paused atomic.Bool
+}
+
+func (s *switchStore) Health() pool.Health {
+	if s.paused.Load() {
+		return pool.Health{Recording: false, Paused: "no space left on device"}
+	}
+	return pool.Health{Recording: true}
+}
+
+// lockedBuffer is a log destination safe for the gateway's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+// TestPauseLoggedOnce: while recording is paused, the cause is logged at
+// the first call left unrecorded, then at most once a minute with the
+// number of calls left unrecorded meanwhile; the end of the pause is
+// logged, and a new pause is logged again.
+func TestPauseLoggedOnce(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	var logs lockedBuffer
+	st := &switchStore{memStore: newMemStore()}
+	st.paused.Store(true)
+	e := newEnv(t, fakeupstream.Script{}, func(c *Config) {
+		c.Store, c.Now, c.Logger = st, clock, slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	calls := func(n int) {
+		t.Helper()
+		for range n {
+			if code, _, b := post(t, e.url+"/v1/chat/completions", chatBody, nil); code != 200 {
+				t.Fatalf("%d %s", code, b)
+			}
+		}
+	}
+	const paused, still = "recording paused: calls are served but not recorded", "recording still paused"
+	calls(5)
+	advance(30 * time.Second)
+	calls(5)
+	if p, s := logs.count(paused), logs.count(still); p != 1 || s != 0 {
+		t.Fatalf("within the first minute of the pause: %d cause lines and %d reminders, want 1 and 0:\n%s", p, s, logs.b.String())
+	}
+	advance(31 * time.Second)
+	calls(3)
+	if p, s := logs.count(paused), logs.count(still); p != 1 || s != 1 || logs.count("unrecorded=10") != 1 {
+		t.Fatalf("a minute into the pause: %d cause lines and %d reminders, want 1 and 1 counting the 10 calls since:\n%s", p, s, logs.b.String())
+	}
+	st.paused.Store(false)
+	calls(1)
+	if logs.count("recording resumed") != 1 {
+		t.Fatalf("the end of the pause is not logged:\n%s", logs.b.String())
+	}
+	st.paused.Store(true)
+	calls(2)
+	if p := logs.count(paused); p != 2 {
+		t.Fatalf("a second pause: %d cause lines in all, want 2:\n%s", p, logs.b.String())
+	}
+	if s := e.gw.Stats(); s.Unrecorded != 15 || s.Recorded != 1 {
+		t.Fatalf("stats %+v: want 15 unrecorded, 1 recorded", s)
+	}
+}
+
+// TestClosedHandedOver: Config.Closed is given each step as its closure is
+// written, closed and with its next state: on the reply path (the next
+// call of the conversation continues it) and in the background (a
+// conversation evicted from the tracker), and never a step left open.
+func TestClosedHandedOver(t *testing.T) {
+	var mu sync.Mutex
+	var got []*core.Step
+	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Hello"}}}, func(c *Config) {
+		c.Sessions.MaxSessions = 1
+		c.Closed = func(s *core.Step) { mu.Lock(); got = append(got, s); mu.Unlock() }
+	})
+	first := `{"model":"m","messages":[{"role":"user","content":"first"}]}`
+	second := `{"model":"m","messages":[{"role":"user","content":"first"},{"role":"assistant","content":"Hello"},{"role":"user","content":"second"}]}`
+	other := `{"model":"m","messages":[{"role":"user","content":"another conversation"}]}`
+	for _, body := range []string{first, second, other} {
+		if code, _, b := post(t, e.url+"/v1/chat/completions", body, nil); code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+	}
+	// The second step is closed in the background: the third call's
+	// conversation evicted its own.
+	eventually(t, "two steps handed over", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	for i, s := range got {
+		if stored := e.mem.get(t, s.ID); s.State != core.StateClosed || stored.State != core.StateClosed {
+			t.Errorf("step %d handed over in state %s, stored in state %s", i, s.State, stored.State)
+		}
+	}
+	if got[0].ID == got[1].ID {
+		t.Errorf("step %s handed over twice", got[0].ID)
+	}
+	if ns := got[0].NextState; ns == nil || len(ns.Messages) == 0 || ns.Messages[len(ns.Messages)-1].Content != "second" {
+		t.Errorf("the first step handed over without the next state the second call gave it: %+v", got[0].NextState)
+	}
 }

@@ -23,7 +23,9 @@
 // back until the step is stored (Store.Put, or Applier.Apply together with
 // the next state it gives the step it continues: one synced write). Steps
 // closed for other reasons (idle, evicted) are written off the reply path,
-// without waiting for the disk where the Store can (UnsyncedApplier).
+// without waiting for the disk where the Store can (UnsyncedApplier). Each
+// step a closure closed is then handed, as written, to Config.Closed (the
+// node's scorer).
 package gateway
 
 import (
@@ -127,6 +129,11 @@ type Config struct {
 	StoreTimeout time.Duration
 	// Store records steps (required).
 	Store Store
+	// Closed, if set, is given each step the gateway closed by writing its
+	// closure (its next state), as written, once the write has returned:
+	// the node's scorer then scores it without reading it back. It must
+	// not block, and must not change the step.
+	Closed func(*core.Step)
 	// Sessions configures the session tracker.
 	Sessions session.Options
 	// Adapter returns the adapter version serving now, recorded per step
@@ -464,18 +471,38 @@ func (g *Gateway) applyClosures(ctx context.Context, cl []session.Closure) {
 		return
 	}
 	if a, ok := g.cfg.Store.(Applier); ok && len(cl) > 1 {
-		if g.storeCall(ctx, func(ctx context.Context) error { return a.Apply(ctx, nil, closureChanges(cl)) }) == nil {
+		changes, closed := g.closureChanges(cl)
+		if g.storeCall(ctx, func(ctx context.Context) error { return a.Apply(ctx, nil, changes) }) == nil {
+			g.handOver(closed)
 			return
 		}
 	}
 	for _, c := range cl {
-		err := g.storeCall(ctx, func(ctx context.Context) error { return g.cfg.Store.Update(ctx, c.StepID, closeWith(c.NextState)) })
+		var closed *core.Step
+		err := g.storeCall(ctx, func(ctx context.Context) error {
+			return g.cfg.Store.Update(ctx, c.StepID, closeWith(c.NextState, &closed))
+		})
 		if errors.Is(err, pool.ErrPaused) {
 			return
 		}
 		if err != nil {
 			g.recordFailures.Add(1)
 			g.log.Error("recording a closure failed", "step", c.StepID, "err", err)
+			continue
+		}
+		g.handOver([]*core.Step{closed})
+	}
+}
+
+// handOver gives Config.Closed the steps a write that has returned closed
+// (nil entries: steps the write found closed already).
+func (g *Gateway) handOver(closed []*core.Step) {
+	if g.cfg.Closed == nil {
+		return
+	}
+	for _, s := range closed {
+		if s != nil {
+			g.cfg.Closed(s)
 		}
 	}
 }
@@ -514,11 +541,13 @@ func (g *Gateway) applyLater(ctx context.Context, cl []session.Closure) {
 			defer wg.Done()
 			for i := int(next.Add(1) - 1); i < len(cl) && !paused.Load(); i = int(next.Add(1) - 1) {
 				c := cl[i]
+				var closed *core.Step
 				err := g.storeCall(ctx, func(ctx context.Context) error {
-					return u.ApplyUnsynced(ctx, []pool.Change{{ID: c.StepID, Fn: closeWith(c.NextState)}})
+					return u.ApplyUnsynced(ctx, []pool.Change{{ID: c.StepID, Fn: closeWith(c.NextState, &closed)}})
 				})
 				switch {
 				case err == nil:
+					g.handOver([]*core.Step{closed})
 				case errors.Is(err, pool.ErrPaused):
 					paused.Store(true)
 				default:
@@ -641,24 +670,30 @@ func (g *Gateway) Health() Health {
 	return h
 }
 
-// closeWith is the change a closure makes to its stored step.
-func closeWith(ns *core.NextState) func(*core.Step) error {
+// closeWith is the change a closure makes to its stored step; it sets
+// *closed to the step it closed (left nil for a step no longer open).
+func closeWith(ns *core.NextState, closed **core.Step) func(*core.Step) error {
 	return func(s *core.Step) error {
+		*closed = nil
 		if s.State != core.StateOpen {
 			return nil
 		}
 		s.NextState = ns
 		s.State = core.StateClosed
+		*closed = s
 		return nil
 	}
 }
 
-func closureChanges(cl []session.Closure) []pool.Change {
+// closureChanges are the changes that write cl, and where each sets the
+// step it closed (see closeWith), to hand over once they are written.
+func (g *Gateway) closureChanges(cl []session.Closure) ([]pool.Change, []*core.Step) {
 	out := make([]pool.Change, len(cl))
+	closed := make([]*core.Step, len(cl))
 	for i, c := range cl {
-		out[i] = pool.Change{ID: c.StepID, Fn: closeWith(c.NextState)}
+		out[i] = pool.Change{ID: c.StepID, Fn: closeWith(c.NextState, &closed[i])}
 	}
-	return out
+	return out, closed
 }
 
 // closeLater queues closures for the background writer, starting it if it

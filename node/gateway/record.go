@@ -400,8 +400,10 @@ func (g *Gateway) logCall(step *core.Step, stream bool) {
 // can (Applier).
 func (g *Gateway) store(ctx context.Context, step *core.Step, chain []session.Closure) error {
 	if a, ok := g.cfg.Store.(Applier); ok && len(chain) > 0 {
-		err := a.Apply(ctx, []*core.Step{step}, closureChanges(chain))
+		changes, closed := g.closureChanges(chain)
+		err := a.Apply(ctx, []*core.Step{step}, changes)
 		if err == nil {
+			g.handOver(closed)
 			return nil
 		}
 		// The parent may be missing (its own write failed): store the step
