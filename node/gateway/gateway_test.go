@@ -821,3 +821,21 @@ func TestLogCalls(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestFavicon: a browser's request for the site's icon gets no content,
+// not a 404 that its console reports as an error, and nothing reaches the
+// upstream.
+func TestFavicon(t *testing.T) {
+	e := newEnv(t, fakeupstream.Script{}, nil)
+	resp, err := http.Get(e.url + "/favicon.ico")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("/favicon.ico: %s", resp.Status)
+	}
+	if n := len(e.up.Requests()); n != 0 {
+		t.Fatalf("%d requests reached the upstream", n)
+	}
+}

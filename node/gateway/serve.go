@@ -26,6 +26,7 @@ type route struct {
 	admin    bool
 	page     bool // an owner's page (Config.Pages)
 	metrics  bool
+	favicon  bool
 }
 
 // parseRoute maps a path to a route; ok is false for paths the gateway does
@@ -49,6 +50,13 @@ func parseRoute(p string) (route, bool) {
 	}
 	if p == "/metrics" {
 		rt.metrics = true
+		return rt, true
+	}
+	// A browser asks for the site's icon on pages that name none (the
+	// batch preview is plain text): no content, rather than a 404 in its
+	// console.
+	if p == "/favicon.ico" {
+		rt.favicon = true
 		return rt, true
 	}
 	if rest, ok := strings.CutPrefix(p, "/s/"); ok {
@@ -151,6 +159,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		g.cfg.Pages.ServeHTTP(w, r)
+	case rt.favicon:
+		w.WriteHeader(http.StatusNoContent)
 	case rt.metrics:
 		if g.cfg.Metrics == nil || r.Method != http.MethodGet {
 			writeError(w, false, http.StatusNotFound, "not_found_error", "not_found", "no route for "+r.Method+" "+r.URL.Path)
