@@ -264,6 +264,7 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 	var (
 		steps   []*core.Step
 		ids     []core.BatchID
+		batches []core.BatchID // the recorded ones, not task prompts
 		refused []group.Refusal
 		items   []rolloutItem
 	)
@@ -310,6 +311,7 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 		}
 		steps = append(steps, b.Steps...)
 		ids = append(ids, id)
+		batches = append(batches, id)
 	}
 	res, err := l.w.train(ctx, cfg, dir, base.Version, r.Number, steps, items)
 	if err != nil {
@@ -328,6 +330,12 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 	}
 	t.log.Info("share trained", "round", r.Number, "batches", len(ids)-len(items), "prompts", len(items), "samples", res.samples, "stale", res.report.Stale,
 		"loss", res.report.Loss, "seconds", res.seconds)
+	// A step is followed from the gateway's log ("call", its step id), to
+	// its batch (the pool's step record, "batch sealed"), to this line,
+	// and to the version the round published ("version published").
+	for _, id := range batches {
+		t.log.Debug("batch trained", "batch", id, "round", r.Number)
+	}
 	if len(items) > 0 {
 		ro := res.rollouts
 		t.log.Info("rollouts", "round", r.Number, "prompts", ro.Prompts, "samples", ro.Samples, "tokens", ro.Tokens,

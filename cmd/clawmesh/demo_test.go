@@ -49,6 +49,7 @@ func TestDemoQuick(t *testing.T) {
 	if ls, err := os.ReadDir(logs); err != nil || len(ls) != 6 {
 		t.Errorf("--logs wrote %d files (%v), want 3 nodes' and 3 trainers'", len(ls), err)
 	}
+	followBatch(t, logs)
 	b, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +119,51 @@ func TestDemoQuick(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(base, "model.safetensors")); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// followBatch follows a batch through the logs by its id: sealed on node 1,
+// trained by a trainer in a round, and that round published as a version.
+func followBatch(t *testing.T, logs string) {
+	t.Helper()
+	attr := func(line, key string) string {
+		_, v, ok := strings.Cut(line, " "+key+"=")
+		if !ok {
+			return ""
+		}
+		v, _, _ = strings.Cut(v, " ")
+		return strings.TrimSpace(v)
+	}
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(logs, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	sealed := map[string]bool{}
+	for line := range strings.Lines(read("combined-node1.log")) {
+		if strings.Contains(line, `msg="batch sealed"`) {
+			sealed[attr(line, "batch")] = true
+		}
+	}
+	trainedIn, published := map[string]string{}, map[string]string{}
+	for i := 1; i <= 3; i++ {
+		for line := range strings.Lines(read(fmt.Sprintf("combined-trainer%d.log", i))) {
+			switch {
+			case strings.Contains(line, `msg="batch trained"`):
+				trainedIn[attr(line, "batch")] = attr(line, "round")
+			case strings.Contains(line, `msg="version published"`):
+				published[attr(line, "round")] = attr(line, "version")
+			}
+		}
+	}
+	for id := range sealed {
+		if r, ok := trainedIn[id]; ok && published[r] != "" {
+			t.Logf("batch %s: sealed on node 1, trained in round %s, published as v%s", id, r, published[r])
+			return
+		}
+	}
+	t.Errorf("no batch sealed on node 1 (%d) can be followed to a published version in the trainers' logs (%d batches trained, %d versions)", len(sealed), len(trainedIn), len(published))
 }
 
 func TestDemoBadInput(t *testing.T) {
