@@ -46,7 +46,8 @@ type demoOptions struct {
 	// Samples is how many replies per held-back prompt the score is
 	// measured on (default 32).
 	Samples int
-	// Base is the base model's directory (demoBaseModel).
+	// Base is the base model's directory (demoBaseModel); empty means
+	// the tiny model.
 	Base string
 	// Logs, when set, is a directory where each node and trainer writes
 	// its log at debug level (RECIPE-node1.log, RECIPE-trainer1.log, ...).
@@ -253,7 +254,11 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		ln.Close()
 		done := make(chan int, 1)
 		go func() {
-			done <- run(ctx, []string{"serve", "--model", o.Base, "--listen", addr, "--log", "error"}, io.Discard, io.Discard)
+			model := []string{"--tiny"}
+			if o.Base != "" {
+				model = []string{"--model", o.Base}
+			}
+			done <- run(ctx, append(append([]string{"serve"}, model...), "--listen", addr, "--log", "error"), io.Discard, io.Discard)
 		}()
 		*stops = append(*stops, func() { <-done })
 		m.models = append(m.models, "http://"+addr)
@@ -264,7 +269,11 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		}
 	}
 
-	say("3 model servers up (%s)", demoModel)
+	name := "the tiny model"
+	if o.Base != "" {
+		name = filepath.Base(o.Base)
+	}
+	say("3 model servers up (%s)", name)
 	first := filepath.Join(root, "node1")
 	if _, err := quiet("mesh", "init", "--data", first); err != nil {
 		return nil, err
