@@ -83,14 +83,20 @@ func runTrainerPeer(t *testing.T, data string) *trainer.Trainer {
 // text, until the test ends, and returns its base URL (…/v1).
 func scriptedUpstream(t *testing.T, text string) string {
 	t.Helper()
+	return serveUpstream(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: text}}})
+}
+
+// serveUpstream serves a model server that follows script on loopback
+// until the test ends, and returns its base URL (…/v1).
+func serveUpstream(t *testing.T, script fakeupstream.Script) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: text}}})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go up.Run(ctx, ln)
+	go fakeupstream.New(script).Run(ctx, ln)
 	return "http://" + ln.Addr().String() + "/v1"
 }
 

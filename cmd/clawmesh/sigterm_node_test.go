@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -32,14 +31,7 @@ func TestSigtermDrainsStream(t *testing.T) {
 	bin := buildBinary(t)
 
 	hold := make(chan struct{})
-	up := fakeupstream.New(fakeupstream.Script{Chunks: 4, Hold: hold, Turns: []fakeupstream.Turn{{Text: "abcdefgh", HoldAfter: 2}}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go up.Run(ctx, ln)
+	upstream := serveUpstream(t, fakeupstream.Script{Chunks: 4, Hold: hold, Turns: []fakeupstream.Turn{{Text: "abcdefgh", HoldAfter: 2}}})
 	released := false
 	defer func() {
 		if !released {
@@ -48,7 +40,7 @@ func TestSigtermDrainsStream(t *testing.T) {
 	}()
 
 	data := t.TempDir()
-	np := startNodeProcess(t, bin, data, "--no-scoring", "--upstream", "http://"+ln.Addr().String()+"/v1")
+	np := startNodeProcess(t, bin, data, "--no-scoring", "--upstream", upstream)
 	cmd, exited, addr := np.cmd, np.exited, np.addr
 	stderr := np.stderr
 
@@ -165,18 +157,11 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	bin := buildBinary(t)
 	hold := make(chan struct{})
 	defer close(hold)
-	up := fakeupstream.New(fakeupstream.Script{Chunks: 4, Hold: hold, Turns: []fakeupstream.Turn{{Text: "abcdefgh", HoldAfter: 2}}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go up.Run(ctx, ln)
+	upstream := serveUpstream(t, fakeupstream.Script{Chunks: 4, Hold: hold, Turns: []fakeupstream.Turn{{Text: "abcdefgh", HoldAfter: 2}}})
 
 	data := t.TempDir()
 	const drain = 10 * time.Minute
-	np := startNodeProcess(t, bin, data, "--no-scoring", "--drain-timeout", drain.String(), "--upstream", "http://"+ln.Addr().String()+"/v1")
+	np := startNodeProcess(t, bin, data, "--no-scoring", "--drain-timeout", drain.String(), "--upstream", upstream)
 	client := &http.Client{Timeout: 60 * time.Second}
 	resp, err := client.Post("http://"+np.addr+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}`))

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,19 +26,12 @@ func TestSigtermWedgedStore(t *testing.T) {
 		t.Skip("builds the binary and runs it")
 	}
 	bin := buildBinary(t, "faultinject")
-	up := fakeupstream.New(fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Still answered."}}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go up.Run(ctx, ln)
+	upstream := serveUpstream(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "Still answered."}}})
 
 	data := t.TempDir()
 	const drain = 2 * time.Second
 	np := startNodeProcess(t, bin, data, "--no-scoring", "--min-free", "0",
-		"--drain-timeout", drain.String(), "--upstream", "http://"+ln.Addr().String()+"/v1")
+		"--drain-timeout", drain.String(), "--upstream", upstream)
 	cmd, exited, addr, stderr := np.cmd, np.exited, np.addr, np.stderr
 	client := &http.Client{Timeout: 60 * time.Second}
 	call := func(content string) {
