@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -232,8 +233,11 @@ type Node struct {
 	// step twice.
 	scoreMu sync.Mutex
 	// handoff holds the steps the gateway closed, for the scorer (see
-	// handed).
-	handoff chan *core.Step
+	// handed); queued names them, so that a pass over the pool leaves
+	// them to it rather than score (and call a judge for) them twice.
+	handoff  chan *core.Step
+	queuedMu sync.Mutex
+	queued   map[core.StepID]bool
 	// The scorer's counters (see ScorerStats) and, guarded by scoreMu,
 	// its cursor.
 	scored, shed atomic.Uint64
@@ -348,6 +352,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	var closed func(*core.Step) // the scorer takes the steps closed
 	if n.plugins != nil {
 		n.handoff = make(chan *core.Step, handoffMax)
+		n.queued = make(map[core.StepID]bool, handoffMax)
 		closed = n.handed
 	}
 	gw, err := gateway.New(gateway.Config{
@@ -667,7 +672,16 @@ func (n *Node) scoreClosed(ctx context.Context, rn *reward.Runner, limit int) (i
 	if err != nil {
 		return 0, err
 	}
-	return n.scoreSteps(ctx, rn, steps)
+	taken := len(steps)
+	if n.handoff != nil {
+		n.queuedMu.Lock()
+		steps = slices.DeleteFunc(steps, func(s *core.Step) bool { return n.queued[s.ID] })
+		n.queuedMu.Unlock()
+	}
+	if _, err := n.scoreSteps(ctx, rn, steps); err != nil {
+		return 0, err
+	}
+	return taken, nil
 }
 
 // scoreSteps scores steps, closed, in parallel, and marks them scored
@@ -736,8 +750,11 @@ func (n *Node) scoreSteps(ctx context.Context, rn *reward.Runner, steps []*core.
 // then need not read it back from the pool; with handoffMax waiting it is
 // left to the scorer's passes over the pool.
 func (n *Node) handed(s *core.Step) {
+	n.queuedMu.Lock()
+	defer n.queuedMu.Unlock()
 	select {
 	case n.handoff <- s:
+		n.queued[s.ID] = true
 	default:
 	}
 }
@@ -767,6 +784,15 @@ func (n *Node) scoreHanded(ctx context.Context, first *core.Step) (int, error) {
 	if len(steps) == 0 {
 		return 0, nil
 	}
+	// Scored or not, they are no longer queued: one not scored here is
+	// still closed in the pool, for the next pass.
+	defer func() {
+		n.queuedMu.Lock()
+		for _, s := range steps {
+			delete(n.queued, s.ID)
+		}
+		n.queuedMu.Unlock()
+	}()
 	rn, err := n.runner(ctx)
 	if err != nil || rn == nil {
 		return 0, err
