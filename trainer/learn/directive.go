@@ -9,7 +9,6 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/trainer/engine"
-	"github.com/clawmesh/clawmesh/trainer/loss"
 	"github.com/clawmesh/clawmesh/trainer/sample"
 	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
@@ -85,17 +84,6 @@ func TeachDirective(ctx context.Context, eng engine.Engine, tok *tokenizer.Token
 			plain = append(plain, replySample(slices.Concat(c.plain, ids), len(c.plain), 0))
 		}
 	}
-	seqs := make([][]int, len(plain))
-	for i, s := range plain {
-		seqs[i] = s.Tokens
-	}
-	refs, err := eng.Logprobs(ctx, seqs, false)
-	if err != nil {
-		return fail(err)
-	}
-	for i := range plain {
-		plain[i].RefLogprobs = refs[i]
-	}
 	shares := func() (h, p float64, err error) {
 		if h, err = directiveShare(ctx, eng, tok, ctxs, true, d.Follows, o); err != nil {
 			return 0, 0, err
@@ -103,17 +91,15 @@ func TeachDirective(ctx context.Context, eng engine.Engine, tok *tokenizer.Token
 		p, err = directiveShare(ctx, eng, tok, ctxs, false, d.Follows, o)
 		return h, p, err
 	}
-	if lesson.HintedBefore, lesson.PlainBefore, err = shares(); err != nil {
-		return fail(err)
-	}
-	rc := engine.Recipe{LR: o.LR, Loss: loss.Config{KLCoef: o.KLCoef}}
-	batch := slices.Concat(hinted, plain)
-	for range o.Steps {
-		if _, err := eng.TrainStep(ctx, batch, rc); err != nil {
-			return fail(err)
+	err = teach(ctx, eng, hinted, plain, o, func(after bool) (err error) {
+		if after {
+			lesson.HintedAfter, lesson.PlainAfter, err = shares()
+		} else {
+			lesson.HintedBefore, lesson.PlainBefore, err = shares()
 		}
-	}
-	if lesson.HintedAfter, lesson.PlainAfter, err = shares(); err != nil {
+		return err
+	})
+	if err != nil {
 		return fail(err)
 	}
 	return lesson, nil

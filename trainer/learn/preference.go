@@ -494,18 +494,6 @@ func TeachHint(ctx context.Context, eng engine.Engine, b *sample.Builder, prompt
 			}
 		}
 	}
-	held := slices.Concat(plain, anchors)
-	seqs := make([][]int, len(held))
-	for i, s := range held {
-		seqs[i] = s.Tokens
-	}
-	refs, err := eng.Logprobs(ctx, seqs, false)
-	if err != nil {
-		return fail(err)
-	}
-	for i := range held {
-		held[i].RefLogprobs = refs[i]
-	}
 	means := func() (h, u float64, err error) {
 		if h, err = replyLogprobs(ctx, eng, hinted); err != nil {
 			return 0, 0, err
@@ -513,20 +501,47 @@ func TeachHint(ctx context.Context, eng engine.Engine, b *sample.Builder, prompt
 		u, err = replyLogprobs(ctx, eng, plain)
 		return h, u, err
 	}
-	if lesson.HintedBefore, lesson.UnhintedBefore, err = means(); err != nil {
-		return fail(err)
-	}
-	rc := engine.Recipe{LR: o.LR, Loss: loss.Config{KLCoef: o.KLCoef}}
-	batch := slices.Concat(hinted, held)
-	for range o.Steps {
-		if _, err := eng.TrainStep(ctx, batch, rc); err != nil {
-			return fail(err)
+	err := teach(ctx, eng, hinted, slices.Concat(plain, anchors), o, func(after bool) (err error) {
+		if after {
+			lesson.HintedAfter, lesson.UnhintedAfter, err = means()
+		} else {
+			lesson.HintedBefore, lesson.UnhintedBefore, err = means()
 		}
-	}
-	if lesson.HintedAfter, lesson.UnhintedAfter, err = means(); err != nil {
+		return err
+	})
+	if err != nil {
 		return fail(err)
 	}
 	return lesson, nil
+}
+
+// teach holds held (advantage 0) where eng's policy has them now, then
+// takes o.Steps optimizer steps on raised and held together, with the KL
+// penalty o.KLCoef towards that policy on held; measure runs before the
+// steps and after them.
+func teach(ctx context.Context, eng engine.Engine, raised, held []engine.TrainSample, o TeachOptions, measure func(after bool) error) error {
+	seqs := make([][]int, len(held))
+	for i, s := range held {
+		seqs[i] = s.Tokens
+	}
+	refs, err := eng.Logprobs(ctx, seqs, false)
+	if err != nil {
+		return err
+	}
+	for i := range held {
+		held[i].RefLogprobs = refs[i]
+	}
+	if err := measure(false); err != nil {
+		return err
+	}
+	rc := engine.Recipe{LR: o.LR, Loss: loss.Config{KLCoef: o.KLCoef}}
+	batch := slices.Concat(raised, held)
+	for range o.Steps {
+		if _, err := eng.TrainStep(ctx, batch, rc); err != nil {
+			return err
+		}
+	}
+	return measure(true)
 }
 
 // replySample trains tokens[promptLen:] with advantage adv.
