@@ -166,14 +166,15 @@ func TestTaskEvalsReachTheDevice(t *testing.T) {
 	wasm := buildChecker(t, dir)
 	file := numberTasks(t, dir)
 	modelAddr := serveTiny(t)
+	log := failureLog(t, "the node and the trainer")
 
 	a := filepath.Join(dir, "device")
 	cli(t, "mesh", "init", "--data", a)
-	na := runWeightsNode(t, a, "http://"+modelAddr+"/v1", "clawmesh", nil)
+	na := runWeightsNode(t, a, "http://"+modelAddr+"/v1", "clawmesh", nil, log.With("device", "a"))
 	d := filepath.Join(dir, "trainer")
 	tr := joinTrainer(t, a, d, trainer.Config{Bootstrap: na.Peer().Host.Addrs(),
 		Timing: trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond},
-		Group:  group.Config{Deadline: 5 * time.Second, LocalSteps: 1}, Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
+		Group:  group.Config{Deadline: 5 * time.Second, LocalSteps: 1}, Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond, Logger: log.With("trainer", 0)})
 	waitLong(t, time.Minute, "version 0", func() bool { return len(tr.Lineage()) > 0 })
 
 	if out, errOut, code := runCLI(t, "tasks", "add", file, "--reward", wasm, "--group", "4", "--holdout", "0.25", "--per-round", "3", "--data", d); code != 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/mesh/weights"
@@ -38,13 +40,14 @@ func TestWeightsComeBack(t *testing.T) {
 	}
 	ctx := context.Background()
 	modelAddr := serveTiny(t)
+	log := failureLog(t, "the nodes and trainers")
 
 	a := t.TempDir()
 	cli(t, "mesh", "init", "--data", a)
-	na := runWeightsNode(t, a, "http://"+modelAddr+"/v1", "clawmesh", nil)
+	na := runWeightsNode(t, a, "http://"+modelAddr+"/v1", "clawmesh", nil, log.With("device", "a"))
 	b := t.TempDir()
 	cli(t, "join", strings.TrimSpace(cli(t, "invite", "--data", a)), "--data", b, "--p2p-listen", loopbackP2P[1])
-	nb := runWeightsNode(t, b, scriptedUpstream(t, "fine"), "openai", na.Peer().Host.Addrs())
+	nb := runWeightsNode(t, b, scriptedUpstream(t, "fine"), "openai", na.Peer().Host.Addrs(), log.With("device", "b"))
 
 	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond,
 		VerifyRetry: 2 * time.Second}
@@ -53,15 +56,31 @@ func TestWeightsComeBack(t *testing.T) {
 		d := t.TempDir()
 		trainerDirs = append(trainerDirs, d)
 		joinTrainer(t, a, d, trainer.Config{Bootstrap: na.Peer().Host.Addrs(), Timing: timing,
-			Group: group.Config{Deadline: 5 * time.Second, LocalSteps: 1}, Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond})
+			Group: group.Config{Deadline: 5 * time.Second, LocalSteps: 1}, Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond, Logger: log.With("trainer", len(trainerDirs))})
 	}
 
+	// The three steps leave in one batch, so that one round trains them
+	// into v1, however slowly a loaded machine scores them; nothing leaves
+	// the first device after v1, so v1 stays the newest version.
+	if err := na.ReloadShare(share.Policy{Mode: share.ModeNone}); err != nil {
+		t.Fatal(err)
+	}
 	for i := range 3 {
 		endedCall(t, a, "Question "+string(rune('A'+i))+": list the files")
+	}
+	waitLong(t, 5*time.Minute, "the three steps scored", func() bool {
+		steps, err := na.Pool().List(ctx, pool.Filter{State: core.StateScored})
+		return err == nil && len(steps) == 3
+	})
+	if err := na.ReloadShare(share.Policy{Mode: share.ModeAll}); err != nil {
+		t.Fatal(err)
 	}
 	waitLong(t, 5*time.Minute, "v1 serving on the first device", func() bool {
 		return na.Follower().Status().Serving == "v1"
 	})
+	if err := na.ReloadShare(share.Policy{Mode: share.ModeNone}); err != nil {
+		t.Fatal(err)
+	}
 	st := na.Follower().Status()
 	if st.Driver != "clawmesh" || st.Latest != "v1" || len(st.Versions) == 0 || st.Versions[0].State != "serving" {
 		t.Fatalf("status after the swap: %+v", st)
@@ -251,12 +270,13 @@ func trainerID(t *testing.T, dir string) mesh.PeerID {
 
 // runWeightsNode runs a mesh node that follows the trainers' versions,
 // with short intervals.
-func runWeightsNode(t *testing.T, data, upstream, kind string, bootstrap []string) *node.Node {
+func runWeightsNode(t *testing.T, data, upstream, kind string, bootstrap []string, log *slog.Logger) *node.Node {
 	t.Helper()
 	n, _ := startMeshNode(t, node.Config{
 		DataDir: data, Upstream: upstream, UpstreamKind: kind, Share: share.Policy{Mode: share.ModeAll}, ShareInterval: 50 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
 		Mesh: &node.MeshConfig{Listen: loopbackP2P, Bootstrap: bootstrap, Ship: mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
 			Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond, WeightsRetry: 300 * time.Millisecond},
+		Logger: log,
 	})
 	return n
 }
