@@ -107,6 +107,11 @@ type Config struct {
 	PluginDeadline    time.Duration
 	PluginMemoryLimit uint64
 	JudgeTimeout      time.Duration
+	// PluginCache is the directory of the reward plugins' compilation
+	// cache; "" means cache/wazero in the data directory. Nodes may share
+	// one: what is compiled is kept under a key of the module and the
+	// runtime, and written whole.
+	PluginCache string
 	// MinFree is the free-space guard: below this many bytes free on the
 	// data directory's filesystem the node stops recording (and retention
 	// may drop shipped steps and tombstones to make room) until there is

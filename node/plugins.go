@@ -33,7 +33,10 @@ func (n *Node) startPlugins(list []reward.PluginConfig) error {
 	if err := reward.Check(list, true); err != nil {
 		return fmt.Errorf("node: reward plugins: %w", err)
 	}
-	cache := filepath.Join(n.cfg.DataDir, "cache", "wazero")
+	cache := n.cfg.PluginCache
+	if cache == "" {
+		cache = filepath.Join(n.cfg.DataDir, "cache", "wazero")
+	}
 	entries, _ := os.ReadDir(cache)
 	first := len(entries) == 0
 	ctx, stop := context.WithCancel(context.Background())

@@ -55,15 +55,16 @@ func fakeModel(t testing.TB, ctx context.Context) string {
 // is answered and recorded, and it is scored once the plugins are ready.
 // The log says that the plugins are being compiled, and when they are
 // ready; a second start, with the compilation cached, says only the
-// latter.
+// latter, and so does a node on another data directory that shares the
+// first one's cache (Config.PluginCache).
 func TestGatewayServesWhilePluginsCompile(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	up := fakeModel(t, ctx)
 	data := t.TempDir()
-	start := func() (*node.Node, string, *lockedBuffer, func()) {
+	startOn := func(data, cache string) (*node.Node, string, *lockedBuffer, func()) {
 		var logs lockedBuffer
-		n, err := node.New(ctx, node.Config{DataDir: data, Upstream: up, ScoreInterval: 50 * time.Millisecond,
+		n, err := node.New(ctx, node.Config{DataDir: data, Upstream: up, ScoreInterval: 50 * time.Millisecond, PluginCache: cache,
 			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -85,6 +86,7 @@ func TestGatewayServesWhilePluginsCompile(t *testing.T) {
 			}
 		}
 	}
+	start := func() (*node.Node, string, *lockedBuffer, func()) { return startOn(data, "") }
 	n, url, logs, stop := start()
 	// The call goes out at once, whether or not the plugins are ready.
 	post(t, url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "X-Session-Done", "true")
@@ -120,6 +122,19 @@ func TestGatewayServesWhilePluginsCompile(t *testing.T) {
 	stop()
 	if l := logs.String(); strings.Contains(l, "compiling the reward plugins") || !n2Ready() {
 		t.Errorf("second start's log (the compilation cached):\n%s", l)
+	}
+
+	other := t.TempDir()
+	_, _, logs, stop = startOn(other, filepath.Join(data, "cache", "wazero"))
+	for i := 0; !n2Ready() && i < 1200; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	if l := logs.String(); strings.Contains(l, "compiling the reward plugins") || !n2Ready() {
+		t.Errorf("log of a node sharing the cache:\n%s", l)
+	}
+	if _, err := os.Stat(filepath.Join(other, "cache", "wazero")); !os.IsNotExist(err) {
+		t.Errorf("a node given a cache made its own: %v", err)
 	}
 }
 

@@ -40,8 +40,8 @@ type demoOptions struct {
 	// (default 4): the replies to one prompt are compared with each other.
 	Sessions int
 	// Cache, when set, is a directory that keeps the reward plugins'
-	// compilation cache from node to node and run to run: each node starts
-	// with a copy, and the first one to compile fills it.
+	// compilation cache from node to node and run to run: the nodes share
+	// it, and each trainer starts with a copy.
 	Cache string
 	// Samples is how many replies per held-back prompt the score is
 	// measured on (default 32).
@@ -291,18 +291,12 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 			}
 			bootstrap = m.nodes[0].Peer().Host.Addrs()
 		}
-		cache := filepath.Join(dir, "cache", "wazero")
-		if o.Cache != "" {
-			if err := os.CopyFS(cache, os.DirFS(o.Cache)); err != nil {
-				return nil, err
-			}
-		}
 		lg, err := logger(fmt.Sprint("node", i+1))
 		if err != nil {
 			return nil, err
 		}
 		n, err := node.New(ctx, node.Config{DataDir: dir, Logger: lg, Upstream: model + "/v1", UpstreamKind: "clawmesh", Share: share.Policy{Mode: share.ModeAll},
-			ShareInterval: 200 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
+			PluginCache: o.Cache, ShareInterval: 200 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
 			Mesh: &node.MeshConfig{Listen: loopbackListen, Bootstrap: bootstrap,
 				Ship:    mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
 				Weights: "127.0.0.1:0", WeightsAnnounce: 300 * time.Millisecond, WeightsRetry: 300 * time.Millisecond}})
@@ -320,9 +314,9 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		m.nodes = append(m.nodes, n)
 		m.gateways = append(m.gateways, "http://"+ln.Addr().String())
 		say("node %d up, in the mesh", i+1)
-		if empty, _ := isEmptyDir(o.Cache); o.Cache != "" && empty {
-			os.Remove(o.Cache)
-			if err := os.CopyFS(o.Cache, os.DirFS(cache)); err != nil {
+		if i == 0 && o.Cache != "" {
+			// The others start on what the first one compiled.
+			if err := n.PluginsReady(ctx); err != nil {
 				return nil, err
 			}
 		}
@@ -621,13 +615,4 @@ func shortPeer(p mesh.PeerID) string {
 		return "none"
 	}
 	return s
-}
-
-// isEmptyDir reports whether dir holds nothing (or does not exist).
-func isEmptyDir(dir string) (bool, error) {
-	es, err := os.ReadDir(dir)
-	if os.IsNotExist(err) {
-		return true, nil
-	}
-	return len(es) == 0, err
 }

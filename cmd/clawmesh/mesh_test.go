@@ -42,9 +42,13 @@ func runStoppableMeshNode(t *testing.T, data, upstream string, pol share.Policy)
 }
 
 // startMeshNode runs a node made from cfg on a loopback listener until the
-// test ends, and returns it and a stop function.
+// test ends, and returns it and a stop function. Unless cfg names one, the
+// node compiles its plugins into the cache the tests share.
 func startMeshNode(t *testing.T, cfg node.Config) (*node.Node, func()) {
 	t.Helper()
+	if cfg.PluginCache == "" {
+		cfg.PluginCache = testPluginCache
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n, err := node.New(ctx, cfg)
 	if err != nil {
