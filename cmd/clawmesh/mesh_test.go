@@ -186,7 +186,8 @@ func TestMeshCLI(t *testing.T) {
 	endedCall(t, b, "Mail ann.lee@example.org the report")
 
 	var got []peer.BatchInfo
-	waitFor(t, "the trainer to store the batch", func() bool {
+	// Scoring waits for the plugins to compile: slow on a loaded machine.
+	waitLong(t, 5*time.Minute, "the trainer to store the batch", func() bool {
 		out, _, _ := runCLI(t, "mesh", "batches", "--json", "--data", tr)
 		return json.Unmarshal([]byte(out), &got) == nil && len(got) == 1
 	})
@@ -325,7 +326,7 @@ func TestUnshippedSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	waitFor(t, "a sealed batch", func() bool { bs, _ := nb.Pool().Batches(ctx); return len(bs) == 1 })
+	waitLong(t, 5*time.Minute, "a sealed batch", func() bool { bs, _ := nb.Pool().Batches(ctx); return len(bs) == 1 })
 	time.Sleep(time.Second) // announced, to no trainer
 	stop()
 
