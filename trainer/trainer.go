@@ -99,6 +99,9 @@ type Config struct {
 	// GPUs is how many GPUs the torch engine trains on (default 1; more
 	// launches its worker with torchrun, data-parallel).
 	GPUs int
+	// GradCheckpoint has the torch engine recompute each layer's
+	// activations in backward: less GPU memory, more compute.
+	GradCheckpoint bool
 	// Group is the configuration this trainer proposes if it bootstraps
 	// the group (the group keeps its own afterwards).
 	Group group.Config
@@ -296,7 +299,7 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 		return nil, err
 	}
 	t.work = newWorkLoop(t, &worker{log: t.log, baseDir: baseDir(cfg.Base), engineID: cfg.Engine,
-		device: cfg.Device, gpus: cfg.GPUs, python: python})
+		device: cfg.Device, gpus: cfg.GPUs, gradCheckpoint: cfg.GradCheckpoint, python: python})
 	h.Handle(Protocol, t.serveRPC)
 	return t, nil
 }

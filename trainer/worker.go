@@ -53,10 +53,11 @@ type worker struct {
 	render   chat.Renderer
 	baseDir  string // --base DIR ("" for tiny)
 	engineID string
-	// device, gpus and python configure the torch engine.
-	device string
-	gpus   int
-	python string
+	// device, gpus, gradCheckpoint and python configure the torch engine.
+	device         string
+	gpus           int
+	gradCheckpoint bool
+	python         string
 }
 
 // checkEngine refuses an engine and device this trainer cannot run; for
@@ -241,7 +242,7 @@ func (w *worker) ready(ctx context.Context, cfg group.Config) error {
 
 // torchOptions configures the torch engine for the group's cfg.
 func (w *worker) torchOptions(cfg group.Config, name string) torch.Options {
-	return torch.Options{Python: w.python, Device: w.device, Procs: w.gpus, Seed: cfg.Seed, Name: name, Logger: w.log}
+	return torch.Options{Python: w.python, Device: w.device, Procs: w.gpus, GradCheckpoint: w.gradCheckpoint, Seed: cfg.Seed, Name: name, Logger: w.log}
 }
 
 // genesis writes version 0, the fresh adapter every trainer starts from, to

@@ -119,8 +119,9 @@ func TestCheckEngine(t *testing.T) {
 }
 
 // TestWorkerTorchEngine trains the same share on the native engine and on
-// the torch engine: both start from the same version 0 tensors and make
-// the same delta.
+// the torch engine, without and with gradient checkpointing (the
+// trainer's --grad-checkpoint): all start from the same version 0 tensors
+// and make the same delta.
 func TestWorkerTorchEngine(t *testing.T) {
 	ctx := context.Background()
 	python, err := checkEngine(ctx, EngineTorch, DeviceCPU, 0)
@@ -141,7 +142,11 @@ func TestWorkerTorchEngine(t *testing.T) {
 	}
 	var deltas []*adapter.Delta
 	var geneses []*adapter.Bundle
-	for _, w := range []*worker{{}, {engineID: EngineTorch, device: DeviceCPU, python: python}} {
+	for _, w := range []*worker{{}, {engineID: EngineTorch, device: DeviceCPU, python: python},
+		{engineID: EngineTorch, device: DeviceCPU, python: python, gradCheckpoint: true}} {
+		if w.torchOptions(cfg, "").GradCheckpoint != w.gradCheckpoint {
+			t.Fatalf("the torch engine's options lose gradient checkpointing")
+		}
 		dir := filepath.Join(t.TempDir(), "v0")
 		if _, err := w.genesis(ctx, cfg, dir); err != nil {
 			t.Fatal(err)
@@ -163,17 +168,19 @@ func TestWorkerTorchEngine(t *testing.T) {
 		}
 		deltas = append(deltas, res.delta)
 	}
-	if !reflect.DeepEqual(geneses[0].Tensors, geneses[1].Tensors) {
-		t.Fatalf("the engines' version 0 tensors differ")
-	}
-	diff, err := adapter.Diff(&adapter.Bundle{Config: geneses[0].Config, Tensors: deltas[1].Tensors},
-		&adapter.Bundle{Config: geneses[0].Config, Tensors: deltas[0].Tensors})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rel := diff.Norm() / deltas[0].Norm(); !(rel < 1e-3) {
-		t.Fatalf("torch delta differs from native by %.3g of its norm", rel)
-	} else {
-		t.Logf("delta norm %.4g; torch − native %.3g of it", deltas[0].Norm(), rel)
+	for i, name := range []string{"torch", "torch with gradient checkpointing"} {
+		if !reflect.DeepEqual(geneses[0].Tensors, geneses[i+1].Tensors) {
+			t.Fatalf("%s: the engines' version 0 tensors differ", name)
+		}
+		diff, err := adapter.Diff(&adapter.Bundle{Config: geneses[0].Config, Tensors: deltas[i+1].Tensors},
+			&adapter.Bundle{Config: geneses[0].Config, Tensors: deltas[0].Tensors})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rel := diff.Norm() / deltas[0].Norm(); !(rel < 1e-3) {
+			t.Fatalf("%s: delta differs from native by %.3g of its norm", name, rel)
+		} else {
+			t.Logf("delta norm %.4g; %s − native %.3g of it", deltas[0].Norm(), name, rel)
+		}
 	}
 }

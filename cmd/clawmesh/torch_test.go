@@ -53,6 +53,7 @@ func TestTrainerEngineTorch(t *testing.T) {
 		{"--engine", "native", "--device", "cuda"},
 		{"--engine", "torch", "--gpus", "2"},
 		{"--engine", "torch", "--device", "cuda", "--gpus", "0"},
+		{"--grad-checkpoint"},
 	} {
 		_, errs, code := runCLI(t, append([]string{"trainer", "--data", empty}, args...)...)
 		if code != 2 || strings.Contains(errs, "not in a mesh") {

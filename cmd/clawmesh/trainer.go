@@ -45,7 +45,8 @@ and no batch is trained twice or lost.
 
 Engines: native (pure Go, CPU, small models; needs nothing else) or torch
 (a PyTorch worker the trainer starts and watches: CPU or CUDA, bf16 on the
-GPU; --gpus N > 1 launches it with torchrun and trains data-parallel). The
+GPU; --gpus N > 1 launches it with torchrun and trains data-parallel;
+--grad-checkpoint trades compute for memory on a large model). The
 torch engine needs Python 3 with PyTorch: Debian or Ubuntu, CPU: apt-get
 install python3-torch libopenblas0-pthread; otherwise pip install torch
 (the CUDA build from pytorch.org for a GPU); CLAWMESH_PYTHON names the
@@ -82,6 +83,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	engine := fs.String("engine", trainer.EngineNative, "training engine: native (Go, CPU) or torch (a PyTorch worker: CPU or CUDA)")
 	device := fs.String("device", trainer.DeviceCPU, "device of the engine: cpu or cuda (cuda needs --engine torch)")
 	gpus := fs.Int("gpus", 1, "GPUs the torch engine trains on; more than one launches its worker with torchrun (data-parallel)")
+	gradCkpt := fs.Bool("grad-checkpoint", false, "torch engine: recompute each layer's activations in backward (less GPU memory, more compute)")
 	base := fs.String("base", group.DefaultBase, "base model: tiny (built in, no download) or a Hugging Face model directory")
 	joinWait := fs.Duration("join-wait", 5*time.Second, "how long to look for a trainers' group before bootstrapping one")
 	var gc group.Config
@@ -116,10 +118,12 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usageErr("--gpus must be at least 1")
 	case *gpus > 1 && *device != trainer.DeviceCUDA:
 		return usageErr("--gpus %d: several GPUs need --engine torch --device cuda", *gpus)
+	case *gradCkpt && *engine != trainer.EngineTorch:
+		return usageErr("--grad-checkpoint needs --engine torch")
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
-		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
+		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
 		return fmt.Errorf("%w; for a trainer: a token from 'clawmesh invite --role trainer', then clawmesh join TOKEN --data %s", err, s.Data)
 	}
