@@ -259,6 +259,12 @@ func mergeConfig(cur, c group.Config) group.Config {
 	if c.Aggregate != "" {
 		out.Aggregate = c.Aggregate
 	}
+	if c.RLWeight != 0 {
+		out.RLWeight = c.RLWeight
+	}
+	if c.OPDWeight != 0 {
+		out.OPDWeight = c.OPDWeight
+	}
 	if c.MaxNorm != 0 {
 		out.MaxNorm = c.MaxNorm
 	}

@@ -313,6 +313,7 @@ func (w *worker) train(ctx context.Context, cfg group.Config, parentDir string, 
 	var episodes map[*core.Step]episodeTag
 	l, err := learn.New(w.eng, w.builder, learn.Options{
 		Recipe:    cfg.RecipeOf(),
+		Weights:   cfg.WeightsOf(),
 		Engine:    engine.Recipe{LR: cfg.LR},
 		Staleness: max(cfg.MaxLag, 0),
 		Epochs:    cfg.LocalSteps,

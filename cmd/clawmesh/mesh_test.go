@@ -19,6 +19,8 @@ import (
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
 var loopbackP2P = []string{"/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/127.0.0.1/tcp/0"}
@@ -235,6 +237,16 @@ func TestMeshCLI(t *testing.T) {
 	}
 	if _, errs, code := runCLI(t, "trainer", "config", "--recipe", "sft", "--data", tr); code == 0 || !strings.Contains(errs, "recipe") {
 		t.Errorf("a bad recipe: %d %s", code, errs)
+	}
+	if out := cli(t, "trainer", "config", "--recipe", "combined", "--rl-weight", "1", "--opd-weight", "0.25", "--data", tr); !strings.Contains(out, "weights: reward 1, hint 0.25") {
+		t.Errorf("trainer config with weights: %s", out)
+	}
+	var gc group.Config
+	if err := json.Unmarshal([]byte(cli(t, "trainer", "config", "--json", "--data", tr)), &gc); err != nil || gc.WeightsOf() != (loss.Weights{RL: 1, OPD: 0.25}) {
+		t.Errorf("the group's weights: %+v %v", gc, err)
+	}
+	if _, errs, code := runCLI(t, "trainer", "config", "--rl-weight", "-1", "--data", tr); code == 0 || !strings.Contains(errs, "weights") {
+		t.Errorf("a negative weight: %d %s", code, errs)
 	}
 
 	// Revoke the device from the admin's.

@@ -14,6 +14,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
 const trainerHelp = `Usage: clawmesh trainer --data DIR [--engine native|torch] [--device cpu|cuda] [--base tiny|DIR] [flags]
@@ -161,6 +162,8 @@ func bindGroupFlags(fs interface {
 	fs.StringVar(&c.Aggregate, "aggregate", "", "how deltas combine: mean (sample-weighted, each norm-clipped to the round's lower median) or trimmed (coordinate-wise trimmed mean) (default mean)")
 	fs.Float64Var(&c.MaxNorm, "max-norm", 0, "cap on every delta's norm (default: none beyond the round's median)")
 	fs.Float64Var(&c.Trim, "trim", 0, fmt.Sprintf("fraction the trimmed mean cuts from each end (default %g)", group.DefaultTrim))
+	fs.Float64Var(&c.RLWeight, "rl-weight", 0, fmt.Sprintf("combined recipe: weight of the reward's signal, 0 to %g (default %g)", float64(group.MaxWeight), loss.DefaultWeights.RL))
+	fs.Float64Var(&c.OPDWeight, "opd-weight", 0, fmt.Sprintf("combined recipe: weight of the hint's signal, 0 to %g (default %g)", float64(group.MaxWeight), loss.DefaultWeights.OPD))
 }
 
 func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, stderr io.Writer) error {
@@ -220,8 +223,13 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 	if asJSON {
 		return printJSON(stdout, cur)
 	}
-	fmt.Fprintf(stdout, "recipe %s, base %s (seed %d), %d local steps at lr %g, max lag %d, quota %d, %d steps a round (waits up to %s for %d), deadline %s, aggregate %s\n",
+	fmt.Fprintf(stdout, "recipe %s, base %s (seed %d), %d local steps at lr %g, max lag %d, quota %d, %d steps a round (waits up to %s for %d), deadline %s, aggregate %s",
 		cur.Recipe, cur.Base, cur.Seed, cur.LocalSteps, cur.LR, cur.MaxLag, cur.Quota, cur.RoundSteps, cur.RoundWait, cur.MinRoundSteps, cur.Deadline, cur.Aggregate)
+	if cur.RecipeOf() == loss.RecipeCombined {
+		w := cur.WeightsOf()
+		fmt.Fprintf(stdout, ", weights: reward %g, hint %g", w.RL, w.OPD)
+	}
+	fmt.Fprintln(stdout)
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package group
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
 type applyCase struct {
@@ -625,5 +627,16 @@ func TestConfigValidateDefaults(t *testing.T) {
 	}
 	if (Config{Aggregate: AggMean}).WithDefaults().Trim != 0 {
 		t.Errorf("mean got a trim")
+	}
+	if w := (Config{}).WeightsOf(); w != loss.DefaultWeights || w.RL != 0.5 || w.OPD != 0.5 {
+		t.Errorf("default weights %+v", w)
+	}
+	if w := (Config{RLWeight: 1}).WeightsOf(); w != (loss.Weights{RL: 1}) {
+		t.Errorf("a reward weight alone: %+v", w)
+	}
+	for _, c := range []Config{{RLWeight: -1}, {OPDWeight: math.NaN()}, {RLWeight: math.Inf(1)}, {OPDWeight: MaxWeight + 1}} {
+		if err := c.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "weights") {
+			t.Errorf("%+v: %v", c, err)
+		}
 	}
 }

@@ -107,6 +107,11 @@ type Config struct {
 	Aggregate string  `json:"aggregate"`
 	MaxNorm   float64 `json:"max_norm,omitempty"`
 	Trim      float64 `json:"trim,omitempty"`
+	// RLWeight and OPDWeight mix the combined recipe's two signals, the
+	// reward's and the hint's (loss.Weights); both zero means
+	// loss.DefaultWeights, half each.
+	RLWeight  float64 `json:"rl_weight,omitempty"`
+	OPDWeight float64 `json:"opd_weight,omitempty"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -150,6 +155,9 @@ func (c Config) WithDefaults() Config {
 	if c.Aggregate == AggTrimmed && c.Trim == 0 {
 		c.Trim = DefaultTrim
 	}
+	if c.RLWeight == 0 && c.OPDWeight == 0 {
+		c.RLWeight, c.OPDWeight = loss.DefaultWeights.RL, loss.DefaultWeights.OPD
+	}
 	return c
 }
 
@@ -165,10 +173,22 @@ func (c Config) Validate() error {
 		d.Aggregate != AggMean && d.Aggregate != AggTrimmed,
 		!(d.MaxNorm >= 0) || math.IsInf(d.MaxNorm, 1), !(d.Trim >= 0 && d.Trim < 0.5):
 		return fmt.Errorf("%w: %+v", ErrConfig, c)
+	case !(d.RLWeight >= 0 && d.RLWeight <= MaxWeight), !(d.OPDWeight >= 0 && d.OPDWeight <= MaxWeight):
+		return fmt.Errorf("%w: weights %g (reward) and %g (hint): each from 0 to %d", ErrConfig, d.RLWeight, d.OPDWeight, MaxWeight)
 	case strings.ContainsAny(d.Base, "\n\x00"):
 		return fmt.Errorf("%w: base %q", ErrConfig, d.Base)
 	}
 	return nil
+}
+
+// MaxWeight bounds each of the combined recipe's weights: past it a weight
+// is a learning rate in disguise.
+const MaxWeight = 10
+
+// WeightsOf is the mix of the combined recipe's signals.
+func (c Config) WeightsOf() loss.Weights {
+	d := c.WithDefaults()
+	return loss.Weights{RL: d.RLWeight, OPD: d.OPDWeight}
 }
 
 // RecipeOf is the loss recipe the configuration names.
