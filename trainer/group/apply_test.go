@@ -628,7 +628,7 @@ func TestConfigValidateDefaults(t *testing.T) {
 	if (Config{Aggregate: AggMean}).WithDefaults().Trim != 0 {
 		t.Errorf("mean got a trim")
 	}
-	if w := (Config{}).WeightsOf(); w != loss.DefaultWeights || w.RL != 0.5 || w.OPD != 0.5 {
+	if w := (Config{}).WeightsOf(); w != loss.DefaultWeights || w.RL != 1 || w.OPD != 1 {
 		t.Errorf("default weights %+v", w)
 	}
 	if w := (Config{RLWeight: 1}).WeightsOf(); w != (loss.Weights{RL: 1}) {

@@ -109,7 +109,7 @@ type Config struct {
 	Trim      float64 `json:"trim,omitempty"`
 	// RLWeight and OPDWeight mix the combined recipe's two signals, the
 	// reward's and the hint's (loss.Weights); both zero means
-	// loss.DefaultWeights, half each.
+	// loss.DefaultWeights, 1 and 1. Under AdamW only their ratio matters.
 	RLWeight  float64 `json:"rl_weight,omitempty"`
 	OPDWeight float64 `json:"opd_weight,omitempty"`
 }

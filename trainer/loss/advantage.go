@@ -301,11 +301,10 @@ func OPDAdvantages(teacherLogp, oldLogp []float64, mask []bool, bound float64) [
 type Weights struct{ RL, OPD float64 }
 
 // DefaultWeights weighs the evaluative and the directive signal equally,
-// half each: where a sample has both, its step is no larger than either
-// recipe's alone. Their sum (1 and 1) took the larger step and, in the
-// demo, rose more slowly or stalled where each alone went on
-// (docs/benchmarks.md, "The whole loop learning").
-var DefaultWeights = Weights{RL: 0.5, OPD: 0.5}
+// 1 and 1 as OpenClaw-RL does. Under AdamW only their ratio matters: a
+// common factor scales every gradient alike, and Adam's update does not
+// see it.
+var DefaultWeights = Weights{RL: 1, OPD: 1}
 
 // WithDefaults returns DefaultWeights for the zero value, else w with
 // non-finite weights set to 0.

@@ -286,11 +286,11 @@ func TestCombined(t *testing.T) {
 		w    Weights
 		want []float64
 	}{
-		{"default weights", 0.5, opd, Weights{}, []float64{0.75, 0, 0, 0.25}},
+		{"default weights", 0.5, opd, Weights{}, []float64{1.5, 0, 0, 0.5}},
 		{"weighted", 1, opd, Weights{RL: 2, OPD: 0.5}, []float64{2.5, 0, 1.75, 2}},
-		{"rl only", -1, nil, Weights{}, []float64{-0.5, 0, -0.5, -0.5}},
+		{"rl only", -1, nil, Weights{}, []float64{-1, 0, -1, -1}},
 		{"opd only via weights", 3, opd, Weights{OPD: 1}, []float64{1, 0, -0.5, 0}},
-		{"non-finite rl", math.Inf(1), opd, Weights{}, []float64{0.5, 0, -0.25, 0}},
+		{"non-finite rl", math.Inf(1), opd, Weights{}, []float64{1, 0, -0.5, 0}},
 		{"non-finite weight", 1, opd, Weights{RL: math.NaN(), OPD: 2}, []float64{2, 0, -1, 0}},
 	}
 	for _, c := range cases {

@@ -90,8 +90,7 @@ func TestAdvantages(t *testing.T) {
 	}{
 		{RecipeRL, [][]float64{{0.5, 0.5, 0}, {s}, {-s, -s}, {0, 0}, {0}}, 2, 3, 0, 5, 3},
 		{RecipeOPD, [][]float64{{1, -1, 0}, {0}, {0, 0}, {1, -2}, {0}}, 3, 0, 2, 4, 0},
-		// Half each (DefaultWeights).
-		{RecipeCombined, [][]float64{{0.75, -0.25, 0}, {s / 2}, {-s / 2, -s / 2}, {0.5, -1}, {0}}, 1, 3, 2, 7, 3},
+		{RecipeCombined, [][]float64{{1.5, -0.5, 0}, {s}, {-s, -s}, {1, -2}, {0}}, 1, 3, 2, 7, 3},
 	}
 	for _, c := range cases {
 		t.Run(c.recipe.String(), func(t *testing.T) {
