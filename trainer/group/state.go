@@ -181,8 +181,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// MaxWeight bounds each of the combined recipe's weights: past it a weight
-// is a learning rate in disguise.
+// MaxWeight bounds each of the combined recipe's weights; as only their
+// ratio matters, a larger pair would say nothing a smaller one cannot.
 const MaxWeight = 10
 
 // WeightsOf is the mix of the combined recipe's signals.
