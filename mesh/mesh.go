@@ -24,6 +24,11 @@ const (
 	DefaultAdmitTimeout = 20 * time.Second
 	DefaultRefuseFor    = 2 * time.Minute
 	exchangeTimeout     = 10 * time.Second
+	// refreshEvery is how often a peer runs the exchange again with one
+	// admitted peer, in turn, to learn the peers it admitted since: two
+	// peers that joined through a third at the same moment were each
+	// admitted before the third knew the other, and would never meet.
+	refreshEvery = 5 * time.Second
 )
 
 // Config configures a Mesh. The zero value of each optional field means
@@ -84,8 +89,14 @@ type Mesh struct {
 	ledger    *member.Ledger
 	admitted  map[PeerID]*Peer
 	connected map[PeerID]time.Time // peers connected, not yet admitted: since when
-	refused   map[PeerID]time.Time // until when
-	onAdmit   []func(*Peer)
+	// links numbers each connected peer's connection (gen counts them):
+	// an exchange admits its peer only if the connection it ran on is
+	// still the one up, so that an exchange that ends after its
+	// connection closed leaves no peer admitted but not connected.
+	links   map[PeerID]uint64
+	gen     uint64
+	refused map[PeerID]time.Time // until when
+	onAdmit []func(*Peer)
 
 	host     Host
 	revTopic Topic
@@ -120,7 +131,7 @@ func New(cfg Config) (*Mesh, error) {
 	cert, _ := st.Certificate()
 	m := &Mesh{
 		cfg: cfg, log: cfg.Logger.With("component", "mesh"), now: cfg.Now, admin: admin, state: st, cert: cert,
-		admitted: map[PeerID]*Peer{}, connected: map[PeerID]time.Time{}, refused: map[PeerID]time.Time{},
+		admitted: map[PeerID]*Peer{}, connected: map[PeerID]time.Time{}, refused: map[PeerID]time.Time{}, links: map[PeerID]uint64{},
 	}
 	if !bytes.Equal(cert.SubjectKey(), cfg.Key.Public().(ed25519.PublicKey)) {
 		return nil, fmt.Errorf("mesh: the certificate in %s is for another key than this peer's identity", cfg.DataDir)
@@ -270,7 +281,9 @@ func (m *Mesh) Start(ctx context.Context, h Host) error {
 
 // Run dials the bootstrap peers, then until ctx is done: reads
 // revocations from the mesh, disconnects peers that were not admitted in
-// time, and renews this peer's certificate when it is due.
+// time, runs the exchange again with an admitted peer in turn (so that
+// peers admitted at the same moment learn of each other), and renews this
+// peer's certificate when it is due.
 func (m *Mesh) Run(ctx context.Context) error {
 	if m.host == nil {
 		return errors.New("mesh: Run before Start")
@@ -280,6 +293,8 @@ func (m *Mesh) Run(ctx context.Context) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	lastRenew := time.Time{}
+	lastRefresh := time.Now()
+	var turn int
 	for {
 		select {
 		case <-ctx.Done():
@@ -287,6 +302,13 @@ func (m *Mesh) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		m.expireUnadmitted()
+		if time.Since(lastRefresh) >= refreshEvery {
+			lastRefresh = time.Now()
+			if p, ok := m.nextRefresh(turn); ok {
+				turn++
+				go m.admit(ctx, p)
+			}
+		}
 		if now := m.now(); m.Cert().NeedsRenewal(now) && now.Sub(lastRenew) > 10*time.Second {
 			lastRenew = now
 			if err := m.renew(ctx); err != nil {
@@ -315,14 +337,33 @@ func (m *Mesh) notify(p PeerID, up bool) {
 	if !up {
 		delete(m.connected, p)
 		delete(m.admitted, p)
+		delete(m.links, p)
 		m.mu.Unlock()
 		return
 	}
+	m.gen++
+	m.links[p] = m.gen
 	if _, ok := m.admitted[p]; !ok {
 		m.connected[p] = m.now()
 	}
 	m.mu.Unlock()
 	go m.admit(context.Background(), p)
+}
+
+// nextRefresh is the admitted peer whose turn it is to be asked again
+// which peers it knows.
+func (m *Mesh) nextRefresh(turn int) (PeerID, bool) {
+	m.mu.Lock()
+	ids := make([]PeerID, 0, len(m.admitted))
+	for p := range m.admitted {
+		ids = append(ids, p)
+	}
+	m.mu.Unlock()
+	if len(ids) == 0 {
+		return "", false
+	}
+	slices.Sort(ids)
+	return ids[turn%len(ids)], true
 }
 
 // expireUnadmitted disconnects, and refuses for a while, peers connected
@@ -389,8 +430,19 @@ func firstN[T any](s []T, n int) []T {
 	return s
 }
 
+// linkOf is the number of p's connection now (0: not connected).
+func (m *Mesh) linkOf(p PeerID) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.links[p]
+}
+
 // admit runs the certificate exchange with p, as the side that opens it.
 func (m *Mesh) admit(ctx context.Context, p PeerID) {
+	link := m.linkOf(p)
+	if link == 0 {
+		return // not connected (any more)
+	}
 	ctx, cancel := context.WithTimeout(ctx, exchangeTimeout)
 	defer cancel()
 	s, err := m.host.NewStream(ctx, p, ProtoAdmit)
@@ -410,11 +462,12 @@ func (m *Mesh) admit(ctx context.Context, p PeerID) {
 		s.Reset()
 		return
 	}
-	m.check(p, h)
+	m.check(p, h, link)
 }
 
 func (m *Mesh) handleAdmit(s Stream) {
 	defer s.Close()
+	link := m.linkOf(s.RemotePeer())
 	s.SetDeadline(time.Now().Add(exchangeTimeout))
 	var h hello
 	if err := readMsg(bufio.NewReader(s), &h, maxMsg); err != nil {
@@ -425,12 +478,13 @@ func (m *Mesh) handleAdmit(s Stream) {
 		s.Reset()
 		return
 	}
-	m.check(s.RemotePeer(), h)
+	m.check(s.RemotePeer(), h, link)
 }
 
-// check admits p if its hello carries a valid certificate for it, and
-// takes in the revocations it knows.
-func (m *Mesh) check(p PeerID, h hello) {
+// check admits p if its hello carries a valid certificate for it and the
+// connection the exchange ran on (link) is still up, and takes in the
+// revocations it knows.
+func (m *Mesh) check(p PeerID, h hello, link uint64) {
 	if h.Revocations != "" {
 		if b, err := hex.DecodeString(h.Revocations); err == nil {
 			if l, err := member.ParseRevocationList(m.admin, b); err == nil {
@@ -452,8 +506,17 @@ func (m *Mesh) check(p PeerID, h hello) {
 		return
 	}
 	m.mu.Lock()
-	_, was := m.admitted[p]
+	if link == 0 || m.links[p] != link {
+		// The connection closed during the exchange (or this side had
+		// not yet heard it open: its own exchange, on that news, admits).
+		m.mu.Unlock()
+		return
+	}
+	prev, was := m.admitted[p]
 	pe := &Peer{ID: p, Cert: cert, Since: m.now(), Addrs: firstN(h.Addrs, 16)}
+	if was {
+		pe.Since = prev.Since // an exchange run again, not a new admission
+	}
 	m.admitted[p] = pe
 	delete(m.connected, p)
 	fns := slices.Clone(m.onAdmit)

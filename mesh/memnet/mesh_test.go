@@ -288,3 +288,51 @@ func (o *memOutbox) count(id core.BatchID) int {
 	defer o.mu.Unlock()
 	return o.shipped[id]
 }
+
+// TestPeersMeetAgain: a member and a trainer that know each other only
+// through the admin lose their connection (a blip, a connection manager's
+// trim); neither dials the other again on its own, but each asks the
+// admin again, in turn, which peers it knows, and they meet again. The
+// same exchange, run again, is what lets two peers that joined through
+// the admin at the same moment, each admitted before the admin knew the
+// other, find each other.
+func TestPeersMeetAgain(t *testing.T) {
+	n := newNet(t, memnet.Options{Seed: 5, Latency: time.Millisecond, Jitter: 2 * time.Millisecond})
+	adminDir := filepath.Join(t.TempDir(), "admin")
+	adminKey := n.NewKey()
+	adminID, err := memnet.IDFromKey(adminKey.Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mesh.Init(adminDir, "sim", adminKey, adminID, time.Now(), rand.Reader); err != nil {
+		t.Fatal(err)
+	}
+	admin := startPeer(t, n, adminDir, adminKey)
+	memberDir, memberKey := joinMesh(t, n, adminDir, adminKey, admin, member.RoleMember)
+	trainerDir, trainerKey := joinMesh(t, n, adminDir, adminKey, admin, member.RoleTrainer)
+	memb := startPeer(t, n, memberDir, memberKey)
+	trainer := startPeer(t, n, trainerDir, trainerKey)
+	eventually(t, "the member and the trainer to admit each other", func() bool { return admitted(memb, trainer) })
+	since := memb.mesh.Peers()
+
+	if err := memb.host.Disconnect(trainer.mesh.ID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the member and the trainer to forget each other", func() bool {
+		return !memb.mesh.Admitted(trainer.mesh.ID()) && !trainer.mesh.Admitted(memb.mesh.ID())
+	})
+	eventually(t, "the member and the trainer to meet again", func() bool { return admitted(memb, trainer) })
+
+	// Running the exchange again with the admin admitted nothing anew: the
+	// admin is the peer it was, since the same moment.
+	for _, p := range memb.mesh.Peers() {
+		if p.ID != admin.mesh.ID() {
+			continue
+		}
+		for _, q := range since {
+			if q.ID == p.ID && !q.Since.Equal(p.Since) {
+				t.Errorf("the admin admitted since %v, then since %v", q.Since, p.Since)
+			}
+		}
+	}
+}
