@@ -1,7 +1,9 @@
 // Package mesh is what makes devices a mesh: the Host interface protocol
 // code runs on (the real one, on go-libp2p, is mesh/p2p; mesh/peer puts a
 // data directory's membership on one), membership (the state on disk, the
-// certificate exchange that admits a peer, the redeeming of invite tokens,
+// certificate exchange that admits a peer and tells it the peers admitted
+// so far, run again with each admitted peer in turn so that every peer
+// comes to know every other, the redeeming of invite tokens,
 // renewal, revocations spread and enforced; the tokens, certificates and
 // revocations themselves are mesh/member), and the shipping of batches:
 // announcements on gossip that name no device, the pull protocol only
