@@ -105,6 +105,22 @@ func joinMesh(t *testing.T, n *memnet.Network, inviterDir string, inviterKey ed2
 	return dir, key
 }
 
+// startAdmin makes a mesh on a new data directory and runs its admin's
+// peer on a new host.
+func startAdmin(t *testing.T, n *memnet.Network) (string, ed25519.PrivateKey, *simPeer) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "admin")
+	key := n.NewKey()
+	id, err := memnet.IDFromKey(key.Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mesh.Init(dir, "sim", key, id, time.Now(), rand.Reader); err != nil {
+		t.Fatal(err)
+	}
+	return dir, key, startPeer(t, n, dir, key)
+}
+
 func admitted(a, b *simPeer) bool {
 	return a.mesh.Admitted(b.mesh.ID()) && b.mesh.Admitted(a.mesh.ID())
 }
@@ -117,17 +133,7 @@ func admitted(a, b *simPeer) bool {
 // partition and its healing come and go.
 func TestMeshOverMemnet(t *testing.T) {
 	n := newNet(t, memnet.Options{Seed: 21, Latency: time.Millisecond, Jitter: 2 * time.Millisecond})
-
-	adminDir := filepath.Join(t.TempDir(), "admin")
-	adminKey := n.NewKey()
-	adminID, err := memnet.IDFromKey(adminKey.Public().(ed25519.PublicKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mesh.Init(adminDir, "sim", adminKey, adminID, time.Now(), rand.Reader); err != nil {
-		t.Fatal(err)
-	}
-	admin := startPeer(t, n, adminDir, adminKey)
+	adminDir, adminKey, admin := startAdmin(t, n)
 	memberDir, memberKey := joinMesh(t, n, adminDir, adminKey, admin, member.RoleMember)
 	trainerDir, trainerKey := joinMesh(t, n, adminDir, adminKey, admin, member.RoleTrainer)
 	memb := startPeer(t, n, memberDir, memberKey)
@@ -298,16 +304,7 @@ func (o *memOutbox) count(id core.BatchID) int {
 // other, find each other.
 func TestPeersMeetAgain(t *testing.T) {
 	n := newNet(t, memnet.Options{Seed: 5, Latency: time.Millisecond, Jitter: 2 * time.Millisecond})
-	adminDir := filepath.Join(t.TempDir(), "admin")
-	adminKey := n.NewKey()
-	adminID, err := memnet.IDFromKey(adminKey.Public().(ed25519.PublicKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mesh.Init(adminDir, "sim", adminKey, adminID, time.Now(), rand.Reader); err != nil {
-		t.Fatal(err)
-	}
-	admin := startPeer(t, n, adminDir, adminKey)
+	adminDir, adminKey, admin := startAdmin(t, n)
 	memberDir, memberKey := joinMesh(t, n, adminDir, adminKey, admin, member.RoleMember)
 	trainerDir, trainerKey := joinMesh(t, n, adminDir, adminKey, admin, member.RoleTrainer)
 	memb := startPeer(t, n, memberDir, memberKey)
