@@ -118,7 +118,13 @@ func (d *Dir) manifestPath(id string) string { return filepath.Join(d.path, id+"
 // Fetch fetches m's bundle into the directory with f (resuming a partial
 // fetch) and keeps m beside it.
 func (d *Dir) Fetch(ctx context.Context, f *Fetcher, m *Manifest, sources []Source, progress func(Progress)) error {
-	if err := f.Fetch(ctx, m, sources, d.BundlePath(m.BundleID()), progress); err != nil {
+	return d.FetchFrom(ctx, f, m, func() ([]Source, <-chan struct{}) { return sources, nil }, progress)
+}
+
+// FetchFrom is Fetch from sources that may grow while it runs
+// (Fetcher.FetchFrom).
+func (d *Dir) FetchFrom(ctx context.Context, f *Fetcher, m *Manifest, feed SourceFeed, progress func(Progress)) error {
+	if err := f.FetchFrom(ctx, m, feed, d.BundlePath(m.BundleID()), progress); err != nil {
 		return err
 	}
 	return d.PutManifest(m)

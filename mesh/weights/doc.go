@@ -13,8 +13,12 @@
 // peers' libp2p identities: a Server serves the bundles a peer holds (a Dir)
 // to the mesh's admitted peers, and a Fetcher pulls a bundle's chunks from
 // several of them at once, verifying each chunk, resuming a fetch a crash
-// stopped and leaving a stalled or lying source. A Service ties them to the
-// mesh: it offers what its peer holds on gossip, accepts the manifests
-// offered, and so makes every holder a source for the others. Bench measures
+// stopped and leaving a stalled or lying source. A peer QUIC cannot reach
+// (behind NAT, its listener on a private address) is asked the same over
+// the mesh host's streams (ProtocolID), which run on the direct connections
+// hole punching makes and never through a relay. A Service ties them to
+// the mesh: it offers what its peer holds on gossip, accepts the manifests
+// offered, and so makes every holder a source for the others, including
+// for fetches already running. Bench measures
 // the transfer against bare quic-go and TLS over TCP.
 package weights

@@ -26,7 +26,8 @@ import (
 // chunk.
 var ErrNoSource = errors.New("weights: no source could give the whole bundle")
 
-// Source is a peer that serves bundles, at a UDP address.
+// Source is a peer that serves bundles, at UDP addresses for QUIC or, for
+// a fetcher with a mesh host, over the host's streams.
 type Source struct {
 	Peer  mesh.PeerID `json:"peer"`
 	Addrs []string    `json:"addrs"` // host:port, tried in order
@@ -46,17 +47,32 @@ type FetcherConfig struct {
 	// MaxStrikes is how many bad chunks a source may send before the fetch
 	// leaves it (default 2).
 	MaxStrikes int
+	// Host, if set, is the mesh host: a source the fetcher cannot reach
+	// over QUIC (behind NAT, or with no address) is asked over the host's
+	// streams (ProtocolID) instead.
+	Host mesh.Host
+	// FallbackAfter bounds, when Host is set, the time spent dialing a
+	// source's QUIC addresses before asking it over the host (default 3s);
+	// the source is then asked over the host for a while (viaHostFor)
+	// before QUIC is tried again.
+	FallbackAfter time.Duration
 }
 
-// Fetcher pulls bundles from the peers that hold them, over QUIC, chunk by
-// chunk from several sources at once, verifying each chunk.
+// viaHostFor is how long a fetcher that could not reach a source over QUIC
+// asks it over the mesh host before trying QUIC again.
+const viaHostFor = 5 * time.Minute
+
+// Fetcher pulls bundles from the peers that hold them, over QUIC (or the
+// mesh host's streams), chunk by chunk from several sources at once,
+// verifying each chunk.
 type Fetcher struct {
 	cfg FetcherConfig
 	id  *identity
 	log *slog.Logger
 
-	mu    sync.Mutex
-	conns map[mesh.PeerID]*quic.Conn
+	mu      sync.Mutex
+	conns   map[mesh.PeerID]*quic.Conn
+	viaHost map[mesh.PeerID]time.Time // QUIC failed: ask over the host until then
 }
 
 // NewFetcher returns a Fetcher.
@@ -80,7 +96,11 @@ func NewFetcher(cfg FetcherConfig) (*Fetcher, error) {
 	if cfg.MaxStrikes <= 0 {
 		cfg.MaxStrikes = 2
 	}
-	return &Fetcher{cfg: cfg, id: id, log: cfg.Logger.With("component", "weights"), conns: map[mesh.PeerID]*quic.Conn{}}, nil
+	if cfg.FallbackAfter <= 0 {
+		cfg.FallbackAfter = 3 * time.Second
+	}
+	return &Fetcher{cfg: cfg, id: id, log: cfg.Logger.With("component", "weights"),
+		conns: map[mesh.PeerID]*quic.Conn{}, viaHost: map[mesh.PeerID]time.Time{}}, nil
 }
 
 // Close ends the fetcher's connections.
@@ -142,31 +162,83 @@ func (f *Fetcher) forget(p mesh.PeerID, c *quic.Conn) {
 	c.CloseWithError(0, "leaving")
 }
 
-func (f *Fetcher) open(ctx context.Context, src Source, q request) (*quic.Stream, *bufio.Reader, error) {
-	c, err := f.conn(ctx, src)
+// open sends request q to src and reads the answer's status: over QUIC,
+// or over the mesh host when src has no address, QUIC could not reach it
+// lately, or it cannot now.
+func (f *Fetcher) open(ctx context.Context, src Source, q request) (stream, *bufio.Reader, error) {
+	st, err := f.stream(ctx, src)
 	if err != nil {
 		return nil, nil, err
-	}
-	octx, cancel := context.WithTimeout(ctx, f.cfg.StallTimeout)
-	st, err := c.OpenStreamSync(octx)
-	cancel()
-	if err != nil {
-		f.forget(src.Peer, c)
-		return nil, nil, fmt.Errorf("weights: stream to %s: %w", src.Peer, err)
 	}
 	st.SetWriteDeadline(time.Now().Add(f.cfg.StallTimeout))
 	if _, err := st.Write(q.marshal()); err != nil {
-		st.CancelRead(0)
+		st.abort()
 		return nil, nil, fmt.Errorf("weights: request to %s: %w", src.Peer, err)
 	}
-	st.Close() // our side is done
+	st.closeWrite() // our side is done
 	st.SetReadDeadline(time.Now().Add(f.cfg.StallTimeout))
 	r := bufio.NewReaderSize(st, 64<<10)
 	if err := readStatus(r); err != nil {
-		st.CancelRead(0)
+		st.abort()
 		return nil, nil, err
 	}
 	return st, r, nil
+}
+
+// stream opens a stream to src.
+func (f *Fetcher) stream(ctx context.Context, src Source) (stream, error) {
+	var quicErr error
+	if len(src.Addrs) > 0 && !f.skipQUIC(src.Peer) {
+		dctx, cancel := ctx, context.CancelFunc(func() {})
+		if f.cfg.Host != nil {
+			dctx, cancel = context.WithTimeout(ctx, f.cfg.FallbackAfter)
+		}
+		c, err := f.conn(dctx, src)
+		cancel()
+		if err == nil {
+			octx, cancel := context.WithTimeout(ctx, f.cfg.StallTimeout)
+			st, err := c.OpenStreamSync(octx)
+			cancel()
+			if err != nil {
+				f.forget(src.Peer, c)
+				return nil, fmt.Errorf("weights: stream to %s: %w", src.Peer, err)
+			}
+			return quicStream{st}, nil
+		}
+		if f.cfg.Host == nil || ctx.Err() != nil {
+			return nil, err
+		}
+		quicErr = err
+		f.mu.Lock()
+		f.viaHost[src.Peer] = time.Now().Add(viaHostFor)
+		f.mu.Unlock()
+		f.log.Debug("asking a weights source over the mesh host", "peer", src.Peer, "quic", err)
+	}
+	if f.cfg.Host == nil {
+		return nil, fmt.Errorf("weights: %s has no address to dial", src.Peer)
+	}
+	octx, cancel := context.WithTimeout(ctx, f.cfg.StallTimeout)
+	hs, err := f.cfg.Host.NewStream(octx, src.Peer, ProtocolID)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("weights: stream to %s: %w", src.Peer, errors.Join(quicErr, err))
+	}
+	return hostStream{hs}, nil
+}
+
+// skipQUIC reports whether QUIC failed to reach p lately.
+func (f *Fetcher) skipQUIC(p mesh.PeerID) bool {
+	if f.cfg.Host == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	until, ok := f.viaHost[p]
+	if ok && time.Now().After(until) {
+		delete(f.viaHost, p)
+		return false
+	}
+	return ok
 }
 
 // Manifest asks src for the manifest of a bundle (zero: of the newest
@@ -176,11 +248,12 @@ func (f *Fetcher) Manifest(ctx context.Context, src Source, bundle [sha256.Size]
 	if err != nil {
 		return nil, err
 	}
-	defer st.CancelRead(0)
 	b, err := readBlob(r, maxManifest)
 	if err != nil {
+		st.abort()
 		return nil, err
 	}
+	st.done()
 	m, err := ParseManifest(b)
 	if err != nil {
 		return nil, err
@@ -211,6 +284,20 @@ type Progress struct {
 // If path is there already, its whole hash is checked instead. progress,
 // if not nil, is called after every chunk, one call at a time.
 func (f *Fetcher) Fetch(ctx context.Context, m *Manifest, sources []Source, path string, progress func(Progress)) error {
+	return f.FetchFrom(ctx, m, func() ([]Source, <-chan struct{}) { return sources, nil }, path, progress)
+}
+
+// SourceFeed tells a fetch who holds its bundle: the sources known now,
+// and a channel closed when they change (nil: they never do).
+type SourceFeed func() ([]Source, <-chan struct{})
+
+// FetchFrom is Fetch from sources that may grow while it runs: each
+// source the feed adds is asked as well, so a fetch started when only the
+// trainers held a version spreads over the peers that fetched it since. A
+// source the fetch left is not asked again. Once no source is left that
+// could send the missing chunks, the fetch fails with ErrNoSource, as
+// Fetch does; a caller tries again when it learns of another source.
+func (f *Fetcher) FetchFrom(ctx context.Context, m *Manifest, feed SourceFeed, path string, progress func(Progress)) error {
 	if _, err := os.Stat(path); err == nil {
 		return checkFile(path, m)
 	}
@@ -262,32 +349,19 @@ func (f *Fetcher) Fetch(ctx context.Context, m *Manifest, sources []Source, path
 		f.log.Info("resuming a fetch", "version", m.Name(), "have", fs.p.Resumed, "of", m.Size)
 	}
 	if len(fs.pending) > 0 {
-		var seen []mesh.PeerID
-		for _, s := range sources {
-			if s.Peer == "" || s.Peer == f.id.id || slices.Contains(seen, s.Peer) {
-				continue
-			}
-			fs.order[s.Peer] = len(seen)
-			seen = append(seen, s.Peer)
-			fs.live[s.Peer] = true
-		}
-		fs.p.Sources = len(fs.live)
-		if len(fs.live) == 0 {
+		sources, changed := feed()
+		if !slices.ContainsFunc(sources, func(s Source) bool { return s.Peer != "" && s.Peer != f.id.id }) {
 			return fmt.Errorf("%w: no sources given", ErrNoSource)
 		}
 		ctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		for _, s := range sources {
-			if !fs.live[s.Peer] {
-				continue
-			}
-			for range f.cfg.Streams {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					fs.work(ctx, s)
-				}()
-			}
+		fs.add(ctx, &wg, sources)
+		if changed != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				fs.follow(ctx, &wg, feed, changed)
+			}()
 		}
 		wg.Wait()
 		cancel()
@@ -365,6 +439,51 @@ func (fs *fetchState) notifyLocked() {
 	fs.changed = make(chan struct{})
 	if fs.err == nil && len(fs.pending) > 0 && fs.inflight == 0 && !fs.anyEligibleLocked() {
 		fs.err = fmt.Errorf("%w (%d of %d chunks missing; sources left: %s)", ErrNoSource, len(fs.pending), len(fs.m.Chunks), fs.leftLocked())
+	}
+}
+
+// add starts asking the sources not asked before, each on Streams
+// requests at once.
+func (fs *fetchState) add(ctx context.Context, wg *sync.WaitGroup, sources []Source) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for _, s := range sources {
+		if _, ok := fs.order[s.Peer]; ok || s.Peer == "" || s.Peer == fs.f.id.id {
+			continue
+		}
+		fs.order[s.Peer] = len(fs.order)
+		fs.live[s.Peer] = true
+		for range fs.f.cfg.Streams {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				fs.work(ctx, s)
+			}()
+		}
+	}
+	fs.p.Sources = len(fs.live)
+	fs.notifyLocked()
+}
+
+// follow adds the feed's new sources until the fetch ends.
+func (fs *fetchState) follow(ctx context.Context, wg *sync.WaitGroup, feed SourceFeed, changed <-chan struct{}) {
+	for {
+		fs.mu.Lock()
+		over := fs.err != nil || (len(fs.pending) == 0 && fs.inflight == 0)
+		wait := fs.changed
+		fs.mu.Unlock()
+		if over {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-wait:
+		case <-changed:
+			var sources []Source
+			sources, changed = feed()
+			fs.add(ctx, wg, sources)
+		}
 	}
 }
 
@@ -503,8 +622,14 @@ func (fs *fetchState) request(ctx context.Context, src Source, got []int, buf []
 	if err != nil {
 		return 0, -1, err
 	}
-	defer st.CancelRead(0)
-	stop := context.AfterFunc(ctx, func() { st.CancelRead(0) })
+	defer func() {
+		if done == len(got) && err == nil {
+			st.done()
+		} else {
+			st.abort() // the rest of the answer is not wanted
+		}
+	}()
+	stop := context.AfterFunc(ctx, st.abort)
 	defer stop()
 	for k, i := range got {
 		st.SetReadDeadline(time.Now().Add(fs.f.cfg.StallTimeout))

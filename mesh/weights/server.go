@@ -55,17 +55,18 @@ type ServerConfig struct {
 }
 
 // Server serves the bundles a peer holds over QUIC to the mesh's admitted
-// peers.
+// peers, and, through ServeStream, over the mesh host's streams.
 type Server struct {
 	cfg ServerConfig
 	id  *identity
 	ln  *quic.Listener
 	log *slog.Logger
 
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  map[*quic.Conn]struct{}
-	closed bool
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[*quic.Conn]struct{}
+	streams map[mesh.Stream]struct{} // the mesh host's, being served
+	closed  bool
 }
 
 // Listen starts a server on a UDP address ("127.0.0.1:0").
@@ -93,7 +94,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("weights: listen %s: %w", addr, err)
 	}
-	s := &Server{cfg: cfg, id: id, ln: ln, log: cfg.Logger.With("component", "weights"), conns: map[*quic.Conn]struct{}{}}
+	s := &Server{cfg: cfg, id: id, ln: ln, log: cfg.Logger.With("component", "weights"), conns: map[*quic.Conn]struct{}{}, streams: map[mesh.Stream]struct{}{}}
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -111,6 +112,9 @@ func (s *Server) Close() error {
 	s.closed = true
 	for c := range s.conns {
 		c.CloseWithError(0, "closing")
+	}
+	for st := range s.streams {
+		st.Reset()
 	}
 	s.mu.Unlock()
 	err := s.ln.Close()
@@ -165,13 +169,40 @@ func (s *Server) serveConn(c *quic.Conn, p mesh.PeerID) {
 		streams.Add(1)
 		go func() {
 			defer streams.Done()
-			s.serveStream(st, p)
+			s.serveStream(quicStream{st}, p)
 		}()
 	}
 }
 
-func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
-	defer st.Close()
+// ServeStream serves one request that came on a stream of the mesh host
+// (ProtocolID), from a fetcher that could not reach the QUIC listener. It
+// owns the stream; a peer that is not admitted is refused.
+func (s *Server) ServeStream(st mesh.Stream) {
+	p := st.RemotePeer()
+	s.mu.Lock()
+	if s.closed || !s.cfg.Gate.Admitted(p) {
+		s.mu.Unlock()
+		s.log.Debug("refused a weights stream", "peer", p)
+		st.Reset()
+		return
+	}
+	s.streams[st] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.streams, st)
+		s.mu.Unlock()
+		s.wg.Done()
+	}()
+	s.serveStream(hostStream{st}, p)
+}
+
+func (s *Server) serveStream(st stream, p mesh.PeerID) {
+	defer func() {
+		st.closeWrite()
+		st.done()
+	}()
 	st.SetReadDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	q, err := readRequest(st)
 	if err != nil {
@@ -214,7 +245,7 @@ func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
 				}
 				if _, err := r.ReadAt(buf[:n], off); err != nil {
 					s.log.Warn("reading a held bundle", "bundle", m.BundleID()[:12], "chunk", i, "err", err)
-					st.CancelWrite(statusError)
+					st.abort()
 					return
 				}
 				chunk = buf[:n]
@@ -224,12 +255,12 @@ func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
 			}
 			// The chunk goes straight to the stream, not through w's buffer.
 			if w.Flush() != nil {
-				st.CancelWrite(statusError)
+				st.abort()
 				return
 			}
 			st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 			if _, err := st.Write(chunk); err != nil {
-				st.CancelWrite(statusError)
+				st.abort()
 				return
 			}
 			s.cfg.Metrics.serve(n)
@@ -237,21 +268,21 @@ func (s *Server) serveStream(st *quic.Stream, p mesh.PeerID) {
 	}
 	st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	if err := w.Flush(); err != nil {
-		st.CancelWrite(statusError)
+		st.abort()
 	}
 	s.log.Debug("served", "peer", p, "op", q.Op, "first", q.First, "count", q.Count)
 }
 
-func (s *Server) write(st *quic.Stream, w *bufio.Writer, b []byte) bool {
+func (s *Server) write(st stream, w *bufio.Writer, b []byte) bool {
 	st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	if _, err := w.Write(b); err != nil {
-		st.CancelWrite(statusError)
+		st.abort()
 		return false
 	}
 	return true
 }
 
-func (s *Server) refuse(st *quic.Stream, status byte, msg string) {
+func (s *Server) refuse(st stream, status byte, msg string) {
 	st.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	st.Write(appendStatus(nil, status, msg))
 }

@@ -108,7 +108,7 @@ type Config struct {
 }
 
 // Service is one peer's part in spreading adapter versions: it serves
-// what it holds over QUIC, offers it on gossip, learns of new versions
+// what it holds over QUIC and the mesh host's streams, offers it on gossip, learns of new versions
 // from others' offers (verifying and fencing their manifests) and fetches
 // them from every peer that offers them.
 type Service struct {
@@ -123,6 +123,7 @@ type Service struct {
 	mu      sync.Mutex
 	last    *Manifest                           // the newest accepted
 	sources map[[32]byte]map[mesh.PeerID]Source // by bundle
+	watch   map[[32]byte]chan struct{}          // closed when a bundle's sources change
 	kick    chan struct{}
 }
 
@@ -148,14 +149,14 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, dir: d, log: cfg.Logger.With("component", "weights"),
-		sources: map[[32]byte]map[mesh.PeerID]Source{}, kick: make(chan struct{}, 1)}
+		sources: map[[32]byte]map[mesh.PeerID]Source{}, watch: map[[32]byte]chan struct{}{}, kick: make(chan struct{}, 1)}
 	if b, err := os.ReadFile(filepath.Join(cfg.Dir, fenceFile)); err == nil {
 		if m, err := ParseManifest(b); err == nil {
 			s.last = m
 		}
 	}
 	fc := cfg.Fetcher
-	fc.Key, fc.Logger = cfg.Key, cfg.Logger
+	fc.Key, fc.Logger, fc.Host = cfg.Key, cfg.Logger, cfg.Host
 	if s.fetcher, err = NewFetcher(fc); err != nil {
 		return nil, err
 	}
@@ -167,6 +168,7 @@ func New(cfg Config) (*Service, error) {
 	if len(s.addrs) == 0 {
 		s.addrs = advertise(s.srv.Addr().(*net.UDPAddr), cfg.Host.Addrs())
 	}
+	cfg.Host.Handle(ProtocolID, s.srv.ServeStream)
 	return s, nil
 }
 
@@ -320,9 +322,15 @@ func (s *Service) Accept(m *Manifest, source Source) (err error) {
 		s.mu.Unlock()
 		return err
 	}
-	if source.Peer != "" && source.Peer != s.cfg.Host.ID() && len(source.Addrs) > 0 {
+	if source.Peer != "" && source.Peer != s.cfg.Host.ID() {
 		if s.sources[m.Bundle] == nil {
 			s.sources[m.Bundle] = map[mesh.PeerID]Source{}
+		}
+		if _, known := s.sources[m.Bundle][source.Peer]; !known {
+			if w := s.watch[m.Bundle]; w != nil {
+				close(w)
+				delete(s.watch, m.Bundle)
+			}
 		}
 		s.sources[m.Bundle][source.Peer] = source
 	}
@@ -361,6 +369,10 @@ func (s *Service) Publish(ctx context.Context, m *Manifest, b []byte) error {
 func (s *Service) Sources(m *Manifest) []Source {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.sourcesLocked(m)
+}
+
+func (s *Service) sourcesLocked(m *Manifest) []Source {
 	var out []Source
 	for _, src := range s.sources[m.Bundle] {
 		out = append(out, src)
@@ -375,13 +387,23 @@ func (s *Service) Sources(m *Manifest) []Source {
 }
 
 // Fetch fetches m's bundle from the peers that offered it (unless it is
-// held already), keeps it, and offers it in turn.
+// held already), and from those that offer it while it runs, keeps it, and
+// offers it in turn.
 func (s *Service) Fetch(ctx context.Context, m *Manifest, progress func(Progress)) error {
 	if _, err := os.Stat(s.dir.manifestPath(m.BundleID())); err == nil {
 		return nil
 	}
 	start := time.Now()
-	err := s.dir.Fetch(ctx, s.fetcher, m, s.Sources(m), progress)
+	err := s.dir.FetchFrom(ctx, s.fetcher, m, func() ([]Source, <-chan struct{}) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		w := s.watch[m.Bundle]
+		if w == nil {
+			w = make(chan struct{})
+			s.watch[m.Bundle] = w
+		}
+		return s.sourcesLocked(m), w
+	}, progress)
 	s.cfg.Metrics.fetch(m.Size, time.Since(start), err)
 	if err != nil {
 		return err
@@ -392,6 +414,7 @@ func (s *Service) Fetch(ctx context.Context, m *Manifest, progress func(Progress
 
 // Close stops the QUIC server and the fetcher's connections.
 func (s *Service) Close() error {
+	s.cfg.Host.Handle(ProtocolID, nil)
 	s.fetcher.Close()
 	err := s.srv.Close()
 	s.dir.Close()

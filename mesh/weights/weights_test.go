@@ -216,6 +216,7 @@ type holding struct {
 	b       []byte
 	corrupt bool
 	stall   chan struct{}
+	delay   time.Duration // slept before every read
 	reads   atomic.Int64
 }
 
@@ -231,6 +232,7 @@ func (h *holding) ReadAt(p []byte, off int64) (int, error) {
 		<-h.stall
 		return 0, io.ErrUnexpectedEOF
 	}
+	time.Sleep(h.delay)
 	h.reads.Add(int64(len(p)))
 	n := copy(p, h.b[off:])
 	if h.corrupt && n > 0 {
