@@ -212,8 +212,12 @@ func isLoopback(hostport string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// multiaddrIP returns the IP address of a /ip4/ or /ip6/ multiaddr.
+// multiaddrIP returns the IP address of a /ip4/ or /ip6/ multiaddr; none
+// for a relayed one, whose IP address is the relay's.
 func multiaddrIP(a string) string {
+	if strings.Contains(a, "/p2p-circuit") {
+		return ""
+	}
 	parts := strings.Split(strings.TrimPrefix(a, "/"), "/")
 	if len(parts) < 2 || (parts[0] != "ip4" && parts[0] != "ip6") || net.ParseIP(parts[1]) == nil {
 		return ""

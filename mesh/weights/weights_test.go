@@ -471,7 +471,8 @@ func TestServerChecksPeers(t *testing.T) {
 
 func TestAdvertise(t *testing.T) {
 	la := &net.UDPAddr{IP: net.IPv4zero, Port: 4242}
-	got := advertise(la, []string{"/ip4/127.0.0.1/tcp/1/p2p/x", "/ip4/192.168.1.7/udp/2/quic-v1/p2p/x", "/ip6/::1/tcp/3", "/dns4/example.org/tcp/4", "/ip4/192.168.1.7/tcp/5"})
+	got := advertise(la, []string{"/ip4/127.0.0.1/tcp/1/p2p/x", "/ip4/192.168.1.7/udp/2/quic-v1/p2p/x", "/ip6/::1/tcp/3", "/dns4/example.org/tcp/4", "/ip4/192.168.1.7/tcp/5",
+		"/ip4/203.0.113.9/udp/4001/quic-v1/p2p/relay/p2p-circuit/p2p/x"})
 	want := []string{"192.168.1.7:4242", "127.0.0.1:4242", "[::1]:4242"}
 	if !slices.Equal(got, want) {
 		t.Errorf("advertise on every interface: %v, want %v", got, want)
