@@ -56,9 +56,11 @@ type world struct {
 	newest    uint64
 	published int
 	pubAt     []time.Duration   // by version
+	pubBy     []int             // by version: the node that published it
 	liveAtPub [][]bool          // by version: the devices live when it was published
 	lineage   []group.Version   // committed versions, as the leader's state has them
 	reached   [][]time.Duration // by version, by node: when it held that version or a newer one
+	cut       *cut              // the partition, if the run had one
 
 	// Trainers and raft.
 	trainers        []*trainerPeer
@@ -129,6 +131,7 @@ func newWorld(o Options, def Defences) (*world, error) {
 	randReader{stream(s, "bundle")}.Read(w.bundle[:min(len(w.bundle), 4096)])
 	w.reached = [][]time.Duration{nil}
 	w.pubAt = []time.Duration{0}
+	w.pubBy = []int{-1}
 	w.liveAtPub = [][]bool{nil}
 	return w, nil
 }
@@ -265,6 +268,7 @@ func (w *world) publishVersion(l *trainerPeer, v uint64) {
 	}
 	w.reached = append(w.reached, row)
 	w.pubAt = append(w.pubAt, w.now)
+	w.pubBy = append(w.pubBy, l.n.id)
 	live := make([]bool, w.o.Nodes)
 	for i := range w.o.Nodes {
 		if w.live(w.nodes[i]) && !w.isVictim(i) {
@@ -400,8 +404,10 @@ func (w *world) schedulePartition() {
 		} else {
 			w.trainers[0].n.comp = 1
 		}
+		w.recordCut()
 		w.checkLeader("partition")
 		w.after(2*w.o.RoundEvery, func() {
+			w.cut.healed = w.now
 			for _, n := range w.nodes {
 				n.comp = 0
 			}
@@ -418,6 +424,27 @@ func (w *world) schedulePartition() {
 			}
 		})
 	})
+}
+
+// cut is what the partition-aware bound needs of the run's partition: when
+// it began and healed, each node's side, and what each node had of the
+// versions when it began.
+type cut struct {
+	began, healed time.Duration // healed < 0: not healed
+	side          []int         // by node
+	// had: by node, the newest version of which it held, or had asked for,
+	// any byte when the cut began.
+	had []uint64
+}
+
+// recordCut notes the partition just made.
+func (w *world) recordCut() {
+	c := &cut{began: w.now, healed: -1, side: make([]int, len(w.nodes)), had: make([]uint64, len(w.nodes))}
+	for i, n := range w.nodes {
+		c.side[i] = n.comp
+		c.had[i] = max(w.peers[i].held, w.peers[i].asked)
+	}
+	w.cut = c
 }
 
 // versionsOK checks the lineage the trainers committed against the ledger

@@ -149,6 +149,7 @@ func (w *world) request(b, src int, f *fetch, c int) {
 	_, size := f.m.Chunk(c)
 	f.inflight[c] = true
 	f.nInflight++
+	w.peers[b].asked = max(w.peers[b].asked, f.v)
 	ns.queued++
 	sent := w.now + w.latency(nb, ns)
 	arrive := w.transmit(ns, nb, size, sent)

@@ -42,6 +42,7 @@ type peer struct {
 
 	last    *weights.Manifest // newest manifest accepted (Verify, Fence)
 	held    uint64            // newest version held whole
+	asked   uint64            // newest version it asked a holder for a chunk of
 	fetch   *fetch
 	retries int
 
