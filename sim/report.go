@@ -107,12 +107,27 @@ type VersionReport struct {
 	AwakeReach99 float64 `json:"awake_reach99_s"`
 	AwakeBound99 float64 `json:"awake_bound99_s"`
 	AwakeRatio99 float64 `json:"awake_ratio99"`
+	// CutOff: of Live, the devices a partition held the version back from:
+	// on a side of the cut where, when the cut began, no node held any byte
+	// of it or of a newer version, and where none was published before the
+	// heal. CutBound99 is the bound given the cut: Bound99, or, if 99% of
+	// Live needs some of those devices, the time until enough of them could
+	// have had the whole bundle, each over its own downlink from the heal
+	// on, if that is later. CutRatio99 is Reach99 / CutBound99. With no
+	// partition (every scenario but Partition), or none that held the
+	// version back from enough devices, CutOff is 0 or CutBound99 equals
+	// Bound99.
+	CutOff     int     `json:"cut_off"`
+	CutBound99 float64 `json:"cut_bound99_s"`
+	CutRatio99 float64 `json:"cut_ratio99"`
 }
 
 // Propagation summarises the versions: the worst and median Reach99 /
 // Bound99, and whether every version reached 99% within 2× the bound; the
 // Awake fields the same over the devices that stayed awake until they held
-// the version (VersionReport.AwakeRatio99).
+// the version (VersionReport.AwakeRatio99); the Cut fields the same against
+// the bound given the partition (VersionReport.CutRatio99; with no
+// partition they equal the plain ones).
 type Propagation struct {
 	MedianRatio99      float64 `json:"median_ratio99"`
 	MaxRatio99         float64 `json:"max_ratio99"`
@@ -120,6 +135,9 @@ type Propagation struct {
 	AwakeMedianRatio99 float64 `json:"awake_median_ratio99"`
 	AwakeMaxRatio99    float64 `json:"awake_max_ratio99"`
 	AwakeWithin2x      bool    `json:"awake_within_2x"`
+	CutMedianRatio99   float64 `json:"cut_median_ratio99"`
+	CutMaxRatio99      float64 `json:"cut_max_ratio99"`
+	CutWithin2x        bool    `json:"cut_within_2x"`
 }
 
 // GossipReport: version offers and the revocation flooded over the mesh.
@@ -281,20 +299,27 @@ func (w *world) report() *Report {
 		}
 		return -1
 	}
-	var ratios, awakeRatios []float64
+	var ratios, awakeRatios, cutRatios []float64
 	for k, ver := range w.lineage {
 		v := ver.Version
 		vr := VersionReport{Version: v, Term: ver.Term, Index: ver.Index, Published: round3(seconds(w.pubAt[v])), Score: round3(w.scores[k])}
 		// The devices live at publication that stayed: not gone for good,
 		// and not asleep at the end without the version. Of those, the
-		// awake ones did not sleep or leave before they held it.
+		// awake ones did not sleep or leave before they held it, and the
+		// cut-off ones could not have held it before the earliest time
+		// cutOff gives.
 		var times, awake []float64
+		var cutOff []time.Duration
+		earliest := w.cutOff(v)
 		for i := range o.Nodes {
 			t := w.reached[v][i]
 			if !w.liveAtPub[v][i] || w.isVictim(i) || w.nodes[i].left && t < 0 || w.nodes[i].asleep && t < 0 {
 				continue
 			}
 			vr.Live++
+			if earliest != nil && earliest[i] >= 0 {
+				cutOff = append(cutOff, earliest[i])
+			}
 			if t >= 0 {
 				times = append(times, seconds(t-w.pubAt[v]))
 			}
@@ -314,6 +339,17 @@ func (w *world) report() *Report {
 		if vr.Ratio99 >= 0 {
 			ratios = append(ratios, vr.Ratio99)
 		}
+		// Given the cut: if 99% needs need of the cut-off devices, it
+		// comes no sooner than the need-th earliest of them.
+		vr.CutOff, vr.CutBound99 = len(cutOff), vr.Bound99
+		if need := int(math.Ceil(0.99*float64(vr.Live))) - (vr.Live - vr.CutOff); need > 0 {
+			slices.Sort(cutOff)
+			vr.CutBound99 = max(vr.Bound99, round3(seconds(cutOff[need-1]-w.pubAt[v])))
+		}
+		vr.CutRatio99 = ratioOf(vr.Reach99, vr.CutBound99)
+		if vr.CutRatio99 >= 0 {
+			cutRatios = append(cutRatios, vr.CutRatio99)
+		}
 		vr.AwakeReach50, vr.AwakeReach95, vr.AwakeReach99 = at(awake, vr.AwakeLive, 0.5), at(awake, vr.AwakeLive, 0.95), at(awake, vr.AwakeLive, 0.99)
 		vr.AwakeBound99 = bound(vr.AwakeLive, 0.99)
 		vr.AwakeRatio99 = ratioOf(vr.AwakeReach99, vr.AwakeBound99)
@@ -328,6 +364,7 @@ func (w *world) report() *Report {
 	}
 	r.Propagation.MedianRatio99, r.Propagation.MaxRatio99, r.Propagation.Within2x = summarise(ratios, len(r.Versions))
 	r.Propagation.AwakeMedianRatio99, r.Propagation.AwakeMaxRatio99, r.Propagation.AwakeWithin2x = summarise(awakeRatios, len(r.Versions))
+	r.Propagation.CutMedianRatio99, r.Propagation.CutMaxRatio99, r.Propagation.CutWithin2x = summarise(cutRatios, len(r.Versions))
 	// Gossip.
 	var live, got, copies, lost int
 	for _, m := range w.msgs {
@@ -457,6 +494,59 @@ func (w *world) slept(i int, from, until time.Duration) bool {
 	return false
 }
 
+// cutOff returns, by node, the earliest time it could have held version v
+// (or a newer one) given the run's partition, or -1 where the partition
+// did not hold v back from it; nil if it held v back from no one.
+//
+// A side of the cut holds v back if, when the cut began, none of its nodes
+// held any byte of v or of a newer version, nor had asked for one, and no
+// node of it published one before the heal: until the heal, no byte of
+// such a version can reach its nodes by any protocol. Each of them can
+// hold one no sooner than the heal plus the whole bundle at its own
+// downlink (however many holders send to it at once) plus its latency and
+// the lowest latency of any node on the other side.
+func (w *world) cutOff(v uint64) []time.Duration {
+	c := w.cut
+	if c == nil || c.healed < 0 || w.pubAt[v] >= c.healed {
+		return nil
+	}
+	back := make([]bool, slices.Max(c.side)+1)
+	for s := range back {
+		back[s] = true
+	}
+	for i, s := range c.side {
+		if c.had[i] >= v {
+			back[s] = false
+		}
+	}
+	for u := v; int(u) < len(w.pubAt); u++ {
+		if t := w.pubAt[u]; t >= c.began && t < c.healed {
+			back[c.side[w.pubBy[u]]] = false
+		}
+	}
+	if !slices.Contains(back, true) {
+		return nil
+	}
+	var lat time.Duration = -1
+	for i, n := range w.nodes {
+		if !back[c.side[i]] && (lat < 0 || n.lat < lat) {
+			lat = n.lat
+		}
+	}
+	if lat < 0 {
+		return nil // every side held it back: no node had it
+	}
+	bundle := float64(w.o.BundleMiB << 20)
+	at := make([]time.Duration, len(w.nodes))
+	for i, n := range w.nodes {
+		at[i] = -1
+		if back[c.side[i]] {
+			at[i] = c.healed + time.Duration(bundle/n.down*float64(time.Second)) + n.lat + lat
+		}
+	}
+	return at
+}
+
 // hopTime is one hop of the log-tree bound: a whole bundle over the median
 // device link (the smaller of the median uplink and the median downlink)
 // plus the median one-way latency between two devices.
@@ -480,14 +570,29 @@ func (r *Report) WriteTable(out io.Writer) error {
 	f("hole punching: %.0f%% of NAT-to-NAT connections; %d of %d in the peer graph direct, %d relayed\n",
 		100*r.Options.HolePunch, r.Network.Punched, r.Network.NATPairs, r.Network.NATPairs-r.Network.Punched)
 	f("\nadapter versions reaching the live devices (seconds after publication; bound: log-tree at median links)\n")
+	// A partition run adds the bound given the cut (elsewhere it is the
+	// bound).
+	cut := r.Scenario == Partition
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "version\tterm\tindex\tpublished\tlive\t50%\t95%\t99%\tbound 99%\t99%/bound\tstayed up\ttheir 99%\ttheir 99%/bound\tscore\t")
+	fmt.Fprint(tw, "version\tterm\tindex\tpublished\tlive\t50%\t95%\t99%\tbound 99%\t99%/bound\t")
+	if cut {
+		fmt.Fprint(tw, "cut off\tcut bound 99%\t99%/cut bound\t")
+	}
+	fmt.Fprintln(tw, "stayed up\ttheir 99%\ttheir 99%/bound\tscore\t")
 	for _, v := range r.Versions {
-		fmt.Fprintf(tw, "v%d\t%d\t%d\t%.1f\t%d\t%s\t%s\t%s\t%.1f\t%s\t%d\t%s\t%s\t%.3f\t\n", v.Version, v.Term, v.Index, v.Published, v.Live,
-			secs(v.Reach50), secs(v.Reach95), secs(v.Reach99), v.Bound99, ratio(v.Ratio99), v.AwakeLive, secs(v.AwakeReach99), ratio(v.AwakeRatio99), v.Score)
+		fmt.Fprintf(tw, "v%d\t%d\t%d\t%.1f\t%d\t%s\t%s\t%s\t%.1f\t%s\t", v.Version, v.Term, v.Index, v.Published, v.Live,
+			secs(v.Reach50), secs(v.Reach95), secs(v.Reach99), v.Bound99, ratio(v.Ratio99))
+		if cut {
+			fmt.Fprintf(tw, "%d\t%.1f\t%s\t", v.CutOff, v.CutBound99, ratio(v.CutRatio99))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.3f\t\n", v.AwakeLive, secs(v.AwakeReach99), ratio(v.AwakeRatio99), v.Score)
 	}
 	tw.Flush()
 	f("99%% within 2x the bound: %v (median %.2fx, worst %s)\n", r.Propagation.Within2x, r.Propagation.MedianRatio99, ratio(r.Propagation.MaxRatio99))
+	if cut {
+		f("99%% within 2x the bound given the cut (none of the cut-off devices before the heal): %v (median %.2fx, worst %s)\n",
+			r.Propagation.CutWithin2x, r.Propagation.CutMedianRatio99, ratio(r.Propagation.CutMaxRatio99))
+	}
 	f("99%% of those that stayed up until they held it, within 2x the bound: %v (median %.2fx, worst %s)\n",
 		r.Propagation.AwakeWithin2x, r.Propagation.AwakeMedianRatio99, ratio(r.Propagation.AwakeMaxRatio99))
 	f("\ngossip: %d messages, delivery ratio %.4f, %.2f copies per node per message, %d lost on links\n",

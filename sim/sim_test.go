@@ -39,38 +39,43 @@ func encode(t *testing.T, r *Report) (js, table []byte) {
 }
 
 func TestSameSeedSameBytes(t *testing.T) {
-	o := Options{Nodes: 120, Seed: 7, Versions: 3, Scenario: Churn}
-	a, err := Run(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := Run(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ja, ta := encode(t, a)
-	jb, tb := encode(t, b)
-	if !bytes.Equal(ja, jb) {
-		t.Errorf("the same seed gave different JSON:\n%s\n%s", ja, jb)
-	}
-	if !bytes.Equal(ta, tb) {
-		t.Errorf("the same seed gave different tables:\n%s\n%s", ta, tb)
-	}
-	if !strings.HasPrefix(string(ta), "seed 7,") {
-		t.Errorf("the table does not start with its seed: %q", ta[:min(len(ta), 40)])
-	}
-	for _, field := range []string{`"hole_punch":0.7`, `"punched_pairs":`, `"awake_reach99_s":`, `"awake_within_2x":`} {
-		if !bytes.Contains(ja, []byte(field)) {
-			t.Errorf("the JSON has no %s", field)
+	for _, sc := range []string{Churn, Partition} {
+		o := Options{Nodes: 120, Seed: 7, Versions: 3, Scenario: sc}
+		a, err := Run(o)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	o.Seed = 8
-	c, err := Run(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if jc, _ := encode(t, c); bytes.Equal(ja, jc) {
-		t.Error("seeds 7 and 8 gave the same JSON")
+		b, err := Run(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ja, ta := encode(t, a)
+		jb, tb := encode(t, b)
+		if !bytes.Equal(ja, jb) {
+			t.Errorf("%s: the same seed gave different JSON:\n%s\n%s", sc, ja, jb)
+		}
+		if !bytes.Equal(ta, tb) {
+			t.Errorf("%s: the same seed gave different tables:\n%s\n%s", sc, ta, tb)
+		}
+		if !strings.HasPrefix(string(ta), "seed 7,") {
+			t.Errorf("%s: the table does not start with its seed: %q", sc, ta[:min(len(ta), 40)])
+		}
+		for _, field := range []string{`"hole_punch":0.7`, `"punched_pairs":`, `"awake_reach99_s":`, `"awake_within_2x":`, `"cut_bound99_s":`, `"cut_within_2x":`} {
+			if !bytes.Contains(ja, []byte(field)) {
+				t.Errorf("%s: the JSON has no %s", sc, field)
+			}
+		}
+		if got := bytes.Contains(ta, []byte("cut bound 99%")); got != (sc == Partition) {
+			t.Errorf("%s: the table has the bound given the cut: %v", sc, got)
+		}
+		o.Seed = 8
+		c, err := Run(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if jc, _ := encode(t, c); bytes.Equal(ja, jc) {
+			t.Errorf("%s: seeds 7 and 8 gave the same JSON", sc)
+		}
 	}
 }
 
@@ -224,6 +229,112 @@ func TestAwakeReachChurn(t *testing.T) {
 	}
 	if excluded == 0 {
 		t.Error("no device slept before it had a version: the churn scenario did not exercise the measure")
+	}
+}
+
+// The bound given the cut is a lower bound device by device: no device the
+// partition held a version back from holds it before the earliest time
+// cutOff gives; it is never under the plain bound, and is the plain bound
+// where the cut held nothing back (in every scenario but Partition).
+func TestCutBound(t *testing.T) {
+	check := func(name string, w *world, r *Report) (raised []VersionReport) {
+		t.Helper()
+		for _, v := range r.Versions {
+			name := fmt.Sprintf("%s v%d", name, v.Version)
+			if v.CutBound99 < v.Bound99 || v.CutOff > v.Live {
+				t.Errorf("%s: %d cut off of %d, bound given the cut %v s, bound %v s", name, v.CutOff, v.Live, v.CutBound99, v.Bound99)
+			}
+			if v.CutBound99 == v.Bound99 && v.CutRatio99 != v.Ratio99 {
+				t.Errorf("%s: the same bounds, ratios %v and %v", name, v.CutRatio99, v.Ratio99)
+			}
+			if v.CutBound99 > v.Bound99 {
+				raised = append(raised, v)
+				if v.CutOff == 0 || v.Reach99 < v.CutBound99 {
+					t.Errorf("%s: %d cut off, 99%% in %v s, bound given the cut %v s", name, v.CutOff, v.Reach99, v.CutBound99)
+				}
+			}
+			earliest := w.cutOff(v.Version)
+			if (earliest == nil) != (v.CutOff == 0) {
+				t.Errorf("%s: %d cut off, held back from %d nodes", name, v.CutOff, len(earliest))
+			}
+			for i, e := range earliest {
+				if at := w.reached[v.Version][i]; e >= 0 && at >= 0 && at < e {
+					t.Errorf("%s: %s held it at %v, the earliest it could was %v", name, w.nodes[i].pid, at, e)
+				}
+			}
+		}
+		if r.Scenario != Partition {
+			p := r.Propagation
+			if len(raised) > 0 || p.CutMedianRatio99 != p.MedianRatio99 || p.CutMaxRatio99 != p.MaxRatio99 || p.CutWithin2x != p.Within2x {
+				t.Errorf("%s: no partition, yet the bound given the cut differs: %+v", name, p)
+			}
+		}
+		return raised
+	}
+	for _, sc := range []string{Baseline, Churn, Partition} {
+		for seed := range seeds(t, 2) {
+			o := Options{Nodes: 150, Seed: uint64(seed + 1), Versions: 3, Scenario: sc}
+			w, err := newWorld(o, DefAll)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.run()
+			check(fmt.Sprintf("%s/seed %d", sc, o.Seed), w, w.report())
+		}
+	}
+	// At 1,000 devices, seed 7, the versions published while the network
+	// was cut (v2 and v3) could not reach the far side before the heal: the
+	// bound given the cut is above the plain one. v1 had reached both sides
+	// before the cut, v4 came after the heal.
+	w, err := newWorld(Options{Nodes: 1000, Trainers: 3, Seed: 7, Scenario: Partition}, DefAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.run()
+	raised := check("1000 devices", w, w.report())
+	c := w.cut
+	if c == nil || c.healed < 0 {
+		t.Fatal("the partition scenario recorded no cut and heal")
+	}
+	var during []uint64
+	for v := 1; v < len(w.pubAt); v++ {
+		if w.pubAt[v] >= c.began && w.pubAt[v] < c.healed {
+			during = append(during, uint64(v))
+		}
+	}
+	if len(during) == 0 || len(raised) != len(during) {
+		t.Fatalf("published during the cut: %v; bound raised for %d versions", during, len(raised))
+	}
+	for k, v := range raised {
+		if v.Version != during[k] {
+			t.Errorf("bound raised for v%d, published at %v s; published during the cut: %v", v.Version, v.Published, during)
+		}
+	}
+	// The cut holds a version back only from a side where no node had a
+	// byte of it: had a node there begun to fetch it before the cut, or
+	// published it during the cut, the plain bound stands.
+	v := during[0]
+	far := -1
+	for i, e := range w.cutOff(v) {
+		if e >= 0 {
+			far = i
+			break
+		}
+	}
+	had := c.had[far]
+	c.had[far] = v
+	if w.cutOff(v) != nil {
+		t.Errorf("v%d: held back though %s had a byte of it when the cut began", v, w.nodes[far].pid)
+	}
+	c.had[far] = had
+	by := w.pubBy[v+1]
+	w.pubBy[v+1] = far
+	if w.cutOff(v) != nil {
+		t.Errorf("v%d: held back though v%d was published on the far side during the cut", v, v+1)
+	}
+	w.pubBy[v+1] = by
+	if w.cutOff(v) == nil {
+		t.Errorf("v%d: not held back once restored", v)
 	}
 }
 
