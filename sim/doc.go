@@ -162,7 +162,14 @@
 // devices takes ceil(log2(k+1)) hops, a hop being the bundle over the
 // median device link (the smaller of the median uplink and downlink)
 // plus the median one-way latency. Chunked fetching from several holders
-// pipelines and can come under it. Staleness is device-time spent
+// pipelines and can come under it. Across a partition a version also has a
+// bound given the cut: a device on a side where, when the cut began, no
+// node had a byte of the version or of a newer one, and where none was
+// published before the heal, cannot hold it sooner than the heal plus the
+// whole bundle at its own downlink plus the latency from the nearest node
+// across; if 99% needs such devices, the bound given the cut is the time
+// until enough of them could, where that is later than the log-tree bound
+// (elsewhere it is that bound). Staleness is device-time spent
 // serving a version older than the newest committed one. Failover runs
 // from a fault to the new leader's first commit.
 //
