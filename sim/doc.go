@@ -61,22 +61,27 @@
 //     chunk transfers no time (their rate is not loss-bound at these
 //     rates).
 //   - NAT and relays: a share of the devices (default 40%) is behind NAT.
-//     A NAT device reaches a public one directly (it dials out). Two NAT
-//     devices start through the receiver's relay, a public device that
-//     adds its latency twice and whose uplink the transfer also reserves;
-//     hole punching (libp2p's DCUtR with AutoNAT, which mesh/p2p enables)
-//     then makes a share HolePunch of those connections direct (default
-//     70%), with a direct link's latency and bandwidth; the others stay
-//     relayed for good. Which pairs are punched is decided per unordered
-//     pair by a hash of the seed and the two ids. Connections are made
-//     at the start, long before the first version, so the punch's round
-//     trip through the relay costs no transfer any time; relayed bytes
-//     count the relayed pairs only. No hole punching (a negative
-//     HolePunch; `--hole-punch 0`) is the pessimistic model, every
-//     NAT-to-NAT connection relayed.
-//   - Peer graph: every node dials Degree (default 8) random peers and is
-//     dialled by others, about 10 connections each, as libp2p's
-//     connection manager keeps a bounded set.
+//     A NAT device reaches a public one directly (it dials out). Each
+//     NAT device holds a reservation on a relay (a public device), at
+//     most 128 per relay (circuit relay v2's default, which mesh/p2p
+//     keeps); with every relay full it holds none. Two NAT devices meet
+//     through the relay of either that holds a reservation (neither: no
+//     connection at all), and hole punching (libp2p's DCUtR with AutoNAT,
+//     which mesh/p2p enables) then makes a share HolePunch of those
+//     connections direct (default 70%), with a direct link's latency and
+//     bandwidth. The others carry nothing: libp2p opens no stream on a
+//     relayed connection unless asked to, and neither the mesh's
+//     protocols nor gossipsub ask, so a relay only brokers the punch and
+//     no byte of the mesh's crosses one (relayed bytes are always 0).
+//     Which pairs are punched is decided per unordered pair by a hash of
+//     the seed and the two ids. Connections are made at the start, long
+//     before the first version. No hole punching (a negative HolePunch;
+//     `--hole-punch 0`) is the pessimistic model: NAT devices talk to
+//     public ones only.
+//   - Peer graph: every node dials random peers until Degree (default 8)
+//     of its connections carry streams, and is dialled by others, about
+//     11 connections each, as libp2p's connection manager keeps a bounded
+//     set and the mesh dials other known peers while too few answer.
 //   - Gossip floods, as mesh/memnet does: a node forwards a message it
 //     sees first to its neighbours; each copy is lost with the link's
 //     loss. Batch announcements are not flooded event by event (a
@@ -84,9 +89,10 @@
 //     reach each trainer the device can reach after twice their latency.
 //   - Weights: a node that accepts a newer manifest fetches its chunks,
 //     4 at a time, each from the holder that would deliver it soonest
-//     (its uplink free, and on a relayed path the relay's, then the path's
-//     rate and latency) among the trainers that hold it and the
-//     neighbours that said they hold it; a
+//     (its uplink free, then the path's rate and latency) among the
+//     trainers that hold it and the neighbours that said they hold it,
+//     over direct connections only, as mesh/weights asks a NAT device
+//     over the mesh host's streams on a punched connection; a
 //     holder queues at most 2 uploads and turns further requests away,
 //     and a fetcher with nothing in flight backs off (250 ms doubling to
 //     2 s). A node that completes a version re-serves it and tells its

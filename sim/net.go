@@ -30,6 +30,10 @@ const (
 	chunkSize = 1 << 20
 	// msgBytes is a gossip message's size (a signed manifest or revocation).
 	msgBytes = 2048
+	// relayReservations is how many NAT devices one relay takes
+	// reservations from: circuit relay v2's default (MaxReservations),
+	// which mesh/p2p keeps.
+	relayReservations = 128
 )
 
 // node is one peer: a device or a trainer.
@@ -41,8 +45,8 @@ type node struct {
 	down, up float64       // bytes a second
 	lat      time.Duration // one way to the core
 	loss     float64
-	nat      bool // behind NAT: reached through relay
-	relay    int  // for a NAT node its relay, else -1
+	nat      bool // behind NAT: dialled through a relay, then hole punched
+	relay    int  // for a NAT node the relay it holds a reservation on, else -1
 	isRelay  bool
 
 	nbrs []int // sorted
@@ -100,23 +104,46 @@ func (w *world) makeNetwork() {
 		w.nodes[i].isRelay = true
 	}
 	w.relays = relays
+	// Each NAT device asks a relay for a reservation, and the next ones in
+	// turn while the relay it asks is full; with every relay full it has
+	// none, and no NAT device can dial it.
+	taken := make(map[int]int, len(relays))
 	for i := range o.Nodes {
-		if w.nodes[i].nat {
-			w.nodes[i].relay = relays[rn.IntN(len(relays))]
+		if !w.nodes[i].nat {
+			continue
+		}
+		k := rn.IntN(len(relays))
+		for range relays {
+			if rl := relays[k]; taken[rl] < relayReservations {
+				taken[rl]++
+				w.nodes[i].relay = rl
+				break
+			}
+			k = (k + 1) % len(relays)
 		}
 	}
-	// Peer graph: every node dials Degree others, as libp2p's connection
-	// manager keeps a bounded set; connections are both ways.
+	// Peer graph: every node dials others until Degree of its connections
+	// carry streams, as libp2p's connection manager keeps a bounded set
+	// and the mesh dials other known peers while too few answer;
+	// connections are both ways. A connection that carries nothing (two
+	// NAT devices the punch failed for) stays, as a relayed connection
+	// does, but does not count.
 	rg := w.rGraph
 	adj := make([]map[int]bool, n)
 	for i := range adj {
 		adj[i] = map[int]bool{}
 	}
+	usable := make([]int, n)
 	for i := range n {
-		for tries := 0; len(adj[i]) < o.Degree && tries < 20*o.Degree; tries++ {
+		for tries := 0; usable[i] < o.Degree && tries < 20*o.Degree; tries++ {
 			j := rg.IntN(n)
-			if j != i {
-				adj[i][j], adj[j][i] = true, true
+			if j == i || adj[i][j] {
+				continue
+			}
+			adj[i][j], adj[j][i] = true, true
+			if w.linked(w.nodes[i], w.nodes[j]) {
+				usable[i]++
+				usable[j]++
 			}
 		}
 	}
@@ -141,14 +168,18 @@ func (w *world) live(n *node) bool {
 	return true
 }
 
-// relayOf is the relay a connection from a to b goes through, or -1 for a
-// direct one: two NAT nodes meet at the receiver's relay unless hole
-// punching made their connection direct.
-func (w *world) relayOf(a, b *node) int {
-	if a.nat && b.nat && !w.punched(a, b) {
-		return b.relay
+// linked reports whether a connection between a and b carries anything. A
+// NAT device reaches a public one directly (it dials out). Two NAT devices
+// meet through a relay, the one where either holds a reservation, and only
+// a connection hole punching then makes direct carries streams: libp2p
+// opens none on a relayed connection unless asked to, and neither the
+// mesh's protocols nor gossipsub ask (a circuit is also capped at 128 KiB
+// and 2 minutes), so a pair the punch failed for exchanges nothing.
+func (w *world) linked(a, b *node) bool {
+	if !a.nat || !b.nat {
+		return true
 	}
-	return -1
+	return (a.relay >= 0 || b.relay >= 0) && w.punched(a, b)
 }
 
 // punched reports whether hole punching turns a connection between a and b
@@ -180,27 +211,14 @@ func mix64(x uint64) uint64 {
 }
 
 // reach reports whether a can send to b now: both live, on the same side of
-// any partition, and the relay between them too.
+// any partition, on a connection that carries streams.
 func (w *world) reach(a, b *node) bool {
-	if !w.live(a) || !w.live(b) || a.comp != b.comp {
-		return false
-	}
-	if rl := w.relayOf(a, b); rl >= 0 {
-		r := w.nodes[rl]
-		if r != a && r != b && (!w.live(r) || r.comp != a.comp) {
-			return false
-		}
-	}
-	return true
+	return w.live(a) && w.live(b) && a.comp == b.comp && w.linked(a, b)
 }
 
 // latency is the one-way latency from a to b.
 func (w *world) latency(a, b *node) time.Duration {
-	d := a.lat + b.lat
-	if rl := w.relayOf(a, b); rl >= 0 {
-		d += 2 * w.nodes[rl].lat
-	}
-	return d
+	return a.lat + b.lat
 }
 
 // lossOf is the chance a gossip message from a to b is lost.
@@ -209,30 +227,17 @@ func (w *world) lossOf(a, b *node) float64 {
 }
 
 // rate is the rate of one of fetchParallel transfers from a to b: a's
-// uplink, b's share of its downlink, and a relay's uplink between them.
+// uplink, or b's share of its downlink.
 func (w *world) rate(a, b *node) float64 {
-	r := math.Min(a.up, b.down/fetchParallel)
-	if rl := w.relayOf(a, b); rl >= 0 {
-		r = math.Min(r, w.nodes[rl].up)
-	}
-	return r
+	return math.Min(a.up, b.down/fetchParallel)
 }
 
-// transmit reserves a's uplink (and the relay's) for n bytes to b, starting
-// no earlier than from, and returns when the last byte arrives.
+// transmit reserves a's uplink for n bytes to b, starting no earlier than
+// from, and returns when the last byte arrives.
 func (w *world) transmit(a, b *node, n int, from time.Duration) time.Duration {
 	start := max(from, a.upFree)
-	var relay *node
-	if rl := w.relayOf(a, b); rl >= 0 && w.nodes[rl] != a && w.nodes[rl] != b {
-		relay = w.nodes[rl]
-		start = max(start, relay.upFree)
-	}
 	end := start + time.Duration(float64(n)/w.rate(a, b)*float64(time.Second))
 	a.upFree = end
-	if relay != nil {
-		relay.upFree = end
-		w.relayBytes += int64(n)
-	}
 	return end + w.latency(a, b)
 }
 

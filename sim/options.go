@@ -50,14 +50,15 @@ type Options struct {
 	Versions int
 	// BundleMiB is an adapter bundle's size in MiB (default 16).
 	BundleMiB int
-	// NATShare is the fraction of devices behind NAT, reachable only
-	// through a relay (default 0.4; negative means none). Relays is the
-	// number of relay nodes (default one per 50 devices, at least 2).
+	// NATShare is the fraction of devices behind NAT, which other NAT
+	// devices meet through a relay (default 0.4; negative means none).
+	// Relays is the number of relay nodes (default one per 50 devices, at
+	// least 2), each taking at most relayReservations NAT devices.
 	NATShare float64
 	Relays   int
 	// HolePunch is the share of connections between two NAT devices that
-	// hole punching (libp2p's DCUtR) turns direct; the others stay relayed
-	// (default 0.7; negative means none, every such connection relayed).
+	// hole punching (libp2p's DCUtR) turns direct; the others carry
+	// nothing (default 0.7; negative means none).
 	// Which pairs are punched is drawn per pair from the seed.
 	HolePunch float64
 	// Degree is how many peers each node dials (default 8, or Nodes−1 if

@@ -70,10 +70,13 @@ type NetSummary struct {
 	Relays         int     `json:"relays"`
 	MeanDegree     float64 `json:"mean_degree"`
 	// NATPairs: connections in the peer graph between two NAT devices;
-	// Punched: those of them hole punching made direct (the others go
-	// through the receiver's relay).
+	// Punched: those of them hole punching made direct, the only ones
+	// that carry anything (the others fail, or never start when neither
+	// device holds a relay reservation). Reserved: the NAT devices that
+	// hold a reservation on a relay (each relay takes relayReservations).
 	NATPairs int `json:"nat_pairs"`
 	Punched  int `json:"punched_pairs"`
+	Reserved int `json:"nat_reserved"`
 }
 
 // VersionReport is one version's spread.
@@ -190,8 +193,10 @@ type Bytes struct {
 	TrainerPerVersionMiB float64 `json:"trainer_per_version_mib"`
 	MaxNodePerVersionMiB float64 `json:"max_node_per_version_mib"`
 	WastedMiB            float64 `json:"wasted_mib"`
-	RelayedMiB           float64 `json:"relayed_mib"`
-	GossipMiB            float64 `json:"gossip_mib"`
+	// RelayedMiB is always 0: nothing of the mesh's crosses a relay (see
+	// linked); it stays for the readers of earlier reports.
+	RelayedMiB float64 `json:"relayed_mib"`
+	GossipMiB  float64 `json:"gossip_mib"`
 }
 
 // RevocationReport: the run's revocation of one device.
@@ -230,8 +235,12 @@ type SweepRow struct {
 	HolePunch     float64 `json:"hole_punch"`
 	MedianReach99 float64 `json:"median_reach99_s"`
 	MedianRatio99 float64 `json:"median_ratio99"`
-	RelayedMiB    float64 `json:"relayed_mib"`
+	RelayedMiB    float64 `json:"relayed_mib"` // always 0 (Bytes.RelayedMiB)
 	Converged     bool    `json:"converged"`
+	// Reserved, NATPairs and Punched are the drawn network's (NetSummary).
+	Reserved int `json:"nat_reserved"`
+	NATPairs int `json:"nat_pairs"`
+	Punched  int `json:"punched_pairs"`
 }
 
 func round3(x float64) float64 {
@@ -256,16 +265,19 @@ func (w *world) report() *Report {
 	}
 	// Network.
 	var downs, ups, rtts []float64
-	nat, deg, natPairs, punched := 0, 0, 0, 0
+	nat, reserved, deg, natPairs, punched := 0, 0, 0, 0, 0
 	for i := range o.Nodes {
 		n := w.nodes[i]
 		downs, ups, rtts = append(downs, n.down/mbit), append(ups, n.up/mbit), append(rtts, 2*n.lat.Seconds()*1000)
 		if n.nat {
 			nat++
+			if n.relay >= 0 {
+				reserved++
+			}
 			for _, j := range n.nbrs {
 				if m := w.nodes[j]; j > i && m.nat {
 					natPairs++
-					if w.punched(n, m) {
+					if w.linked(n, m) {
 						punched++
 					}
 				}
@@ -274,7 +286,7 @@ func (w *world) report() *Report {
 		deg += len(n.nbrs)
 	}
 	r.Network = NetSummary{MedianDownMbit: round3(median(downs)), MedianUpMbit: round3(median(ups)), MedianRTTms: round3(median(rtts)),
-		NAT: nat, Relays: len(w.relays), MeanDegree: round3(float64(deg) / float64(o.Nodes)), NATPairs: natPairs, Punched: punched}
+		NAT: nat, Relays: len(w.relays), MeanDegree: round3(float64(deg) / float64(o.Nodes)), NATPairs: natPairs, Punched: punched, Reserved: reserved}
 	// Versions and the bound.
 	hop := w.hopTime()
 	// at is the time until a share q of n devices held a version, given
@@ -439,7 +451,6 @@ func (w *world) report() *Report {
 			MaxNodePerVersionMiB: round3(float64(mx) / pv)}
 	}
 	r.Bytes.WastedMiB = round3(float64(w.wastedBytes) / (1 << 20))
-	r.Bytes.RelayedMiB = round3(float64(w.relayBytes) / (1 << 20))
 	r.Bytes.GossipMiB = round3(float64(w.gossipBytes) / (1 << 20))
 	// Revocation.
 	r.Revocation = RevocationReport{Peer: string(w.nodes[w.victim].pid), Issued: -1, AllBy: -1}
@@ -565,9 +576,9 @@ func (r *Report) WriteTable(out io.Writer) error {
 	var b strings.Builder
 	f := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	f("seed %d, scenario %s: %d devices, %d trainers, %d MiB bundles\n", r.Seed, r.Scenario, r.Nodes, r.Trainers, r.Options.BundleMiB)
-	f("network: median down %.0f Mbit/s, up %.1f Mbit/s, RTT %.0f ms; %d behind NAT via %d relays; mean degree %.1f\n",
-		r.Network.MedianDownMbit, r.Network.MedianUpMbit, r.Network.MedianRTTms, r.Network.NAT, r.Network.Relays, r.Network.MeanDegree)
-	f("hole punching: %.0f%% of NAT-to-NAT connections; %d of %d in the peer graph direct, %d relayed\n",
+	f("network: median down %.0f Mbit/s, up %.1f Mbit/s, RTT %.0f ms; %d behind NAT, %d of them with a reservation on one of %d relays; mean degree %.1f\n",
+		r.Network.MedianDownMbit, r.Network.MedianUpMbit, r.Network.MedianRTTms, r.Network.NAT, r.Network.Reserved, r.Network.Relays, r.Network.MeanDegree)
+	f("hole punching: %.0f%% of NAT-to-NAT connections; %d of %d in the peer graph direct, %d carry nothing (relays only broker the punch)\n",
 		100*r.Options.HolePunch, r.Network.Punched, r.Network.NATPairs, r.Network.NATPairs-r.Network.Punched)
 	f("\nadapter versions reaching the live devices (seconds after publication; bound: log-tree at median links)\n")
 	// A partition run adds the bound given the cut (elsewhere it is the
@@ -598,8 +609,8 @@ func (r *Report) WriteTable(out io.Writer) error {
 	f("\ngossip: %d messages, delivery ratio %.4f, %.2f copies per node per message, %d lost on links\n",
 		r.Gossip.Messages, r.Gossip.DeliveryRatio, r.Gossip.CopiesPerNode, r.Gossip.Lost)
 	f("staleness: %.2f%% of live device-time on an older adapter, %.1f s per device per version\n", 100*r.Staleness.Share, r.Staleness.MeanPerVersion)
-	f("bytes per version: %.1f MiB per device (busiest %.1f), %.1f MiB from the trainers; wasted %.1f MiB, relayed %.1f MiB, gossip %.1f MiB\n",
-		r.Bytes.PerNodePerVersionMiB, r.Bytes.MaxNodePerVersionMiB, r.Bytes.TrainerPerVersionMiB, r.Bytes.WastedMiB, r.Bytes.RelayedMiB, r.Bytes.GossipMiB)
+	f("bytes per version: %.1f MiB per device (busiest %.1f), %.1f MiB from the trainers; wasted %.1f MiB, gossip %.1f MiB\n",
+		r.Bytes.PerNodePerVersionMiB, r.Bytes.MaxNodePerVersionMiB, r.Bytes.TrainerPerVersionMiB, r.Bytes.WastedMiB, r.Bytes.GossipMiB)
 	keys := make([]string, 0, len(r.Work.Refused))
 	for k := range r.Work.Refused {
 		keys = append(keys, k)
@@ -635,9 +646,10 @@ func (r *Report) WriteTable(out io.Writer) error {
 	if len(r.Sweep) > 0 {
 		f("\nNAT and relays\n")
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "NAT share\trelays\thole punching\tmedian 99%\tmedian 99%/bound\trelayed MiB\tconverged\t")
+		fmt.Fprintln(tw, "NAT share\trelays\thole punching\tNAT reserved\tNAT pairs direct\tmedian 99%\tmedian 99%/bound\tconverged\t")
 		for _, s := range r.Sweep {
-			fmt.Fprintf(tw, "%.0f%%\t%d\t%.0f%%\t%s\t%s\t%.0f\t%v\t\n", 100*s.NATShare, s.Relays, 100*s.HolePunch, secs(s.MedianReach99), ratio(s.MedianRatio99), s.RelayedMiB, s.Converged)
+			fmt.Fprintf(tw, "%.0f%%\t%d\t%.0f%%\t%d\t%d of %d\t%s\t%s\t%v\t\n", 100*s.NATShare, s.Relays, 100*s.HolePunch, s.Reserved, s.Punched, s.NATPairs,
+				secs(s.MedianReach99), ratio(s.MedianRatio99), s.Converged)
 		}
 		tw.Flush()
 	}

@@ -55,7 +55,8 @@ func Run(o Options) (*Report, error) {
 				}
 			}
 			r.Sweep = append(r.Sweep, SweepRow{NATShare: max(0, sw.o.NATShare), Relays: len(sw.relays), HolePunch: sr.Options.HolePunch, MedianReach99: round3(median(reach)),
-				MedianRatio99: sr.Propagation.MedianRatio99, RelayedMiB: sr.Bytes.RelayedMiB, Converged: sr.Invariants.OK})
+				MedianRatio99: sr.Propagation.MedianRatio99, RelayedMiB: sr.Bytes.RelayedMiB, Converged: sr.Invariants.OK,
+				Reserved: sr.Network.Reserved, NATPairs: sr.Network.NATPairs, Punched: sr.Network.Punched})
 		}
 	}
 	return r, nil

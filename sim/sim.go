@@ -92,7 +92,7 @@ type world struct {
 	// Counters.
 	admissionRefused, offersRefused, offersFenced, verifies, abandoned int
 	lostProposals, refusedEntries, wastedSamples, unannounced          int
-	chunkBytes, wastedBytes, gossipBytes, relayBytes                   int64
+	chunkBytes, wastedBytes, gossipBytes                               int64
 	violations                                                         []string
 	done                                                               bool
 	scores                                                             []float64

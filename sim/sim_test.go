@@ -338,9 +338,9 @@ func TestCutBound(t *testing.T) {
 	}
 }
 
-// Hole punching 0 is the old model, every NAT-to-NAT connection through a
-// relay; 1 leaves none relayed; the draw changes nothing else of the
-// network.
+// Hole punching 0 leaves every NAT-to-NAT connection carrying nothing; 1
+// makes every one direct where either device holds a relay reservation;
+// the draw changes nothing else of the network. Nothing crosses a relay.
 func TestHolePunch(t *testing.T) {
 	run := func(hp float64) (*world, *Report) {
 		w, err := newWorld(Options{Nodes: 150, Seed: 4, Versions: 2, HolePunch: hp}, DefAll)
@@ -352,6 +352,9 @@ func TestHolePunch(t *testing.T) {
 		if !r.Invariants.OK {
 			t.Errorf("hole punching %v: %v", hp, r.Invariants.Violations)
 		}
+		if r.Bytes.RelayedMiB != 0 {
+			t.Errorf("hole punching %v: %v MiB through relays", hp, r.Bytes.RelayedMiB)
+		}
 		return w, r
 	}
 	w0, none := run(-1)
@@ -360,42 +363,84 @@ func TestHolePunch(t *testing.T) {
 	if none.Options.HolePunch != 0 || all.Options.HolePunch != 1 || def.Options.HolePunch != DefaultHolePunch {
 		t.Errorf("hole punching reported as %v, %v, %v", none.Options.HolePunch, all.Options.HolePunch, def.Options.HolePunch)
 	}
-	if none.Network.NATPairs == 0 || none.Network.Punched != 0 || none.Bytes.RelayedMiB == 0 {
-		t.Errorf("no hole punching: %d NAT pairs, %d punched, %v MiB relayed", none.Network.NATPairs, none.Network.Punched, none.Bytes.RelayedMiB)
+	// 150 devices: 3 relays take every NAT device's reservation.
+	if none.Network.NATPairs == 0 || none.Network.Punched != 0 || all.Network.Reserved != all.Network.NAT {
+		t.Errorf("no hole punching: %d NAT pairs, %d direct; %d of %d NAT devices reserved", none.Network.NATPairs, none.Network.Punched, all.Network.Reserved, all.Network.NAT)
 	}
-	if all.Network.Punched != all.Network.NATPairs || all.Bytes.RelayedMiB != 0 {
-		t.Errorf("all punched: %d of %d NAT pairs punched, %v MiB relayed", all.Network.Punched, all.Network.NATPairs, all.Bytes.RelayedMiB)
+	if all.Network.Punched != all.Network.NATPairs {
+		t.Errorf("all punched: %d of %d NAT pairs direct", all.Network.Punched, all.Network.NATPairs)
 	}
 	if share := float64(def.Network.Punched) / float64(def.Network.NATPairs); share < 0.55 || share > 0.85 {
 		t.Errorf("default: %d of %d NAT pairs punched (%.2f), want about %v", def.Network.Punched, def.Network.NATPairs, share, DefaultHolePunch)
 	}
-	if def.Bytes.RelayedMiB <= 0 || def.Bytes.RelayedMiB >= none.Bytes.RelayedMiB {
-		t.Errorf("relayed: %v MiB with the default hole punching, %v MiB with none", def.Bytes.RelayedMiB, none.Bytes.RelayedMiB)
-	}
+	// The draw changes which peers a device dials (it dials on while too
+	// few of its connections carry anything), nothing else.
 	a, b := none.Network, all.Network
-	a.Punched, b.Punched = 0, 0
+	a.Punched, b.Punched, a.NATPairs, b.NATPairs, a.MeanDegree, b.MeanDegree = 0, 0, 0, 0, 0, 0
 	if a != b {
 		t.Errorf("hole punching changed the drawn network: %+v, %+v", none.Network, all.Network)
 	}
-	// Per pair: both directions agree; a NAT pair is relayed exactly when
-	// it is not punched, through the receiver's relay.
+	// Per pair: both directions agree, and a NAT pair carries anything
+	// exactly when it is punched.
 	for _, w := range []*world{w0, w1} {
 		for i := range w.o.Nodes {
 			a := w.nodes[i]
 			for _, j := range a.nbrs {
 				b := w.nodes[j]
-				if w.punched(a, b) != w.punched(b, a) {
-					t.Fatalf("hole punching %v: %s-%s punched one way only", w.o.HolePunch, a.pid, b.pid)
+				if w.punched(a, b) != w.punched(b, a) || w.linked(a, b) != w.linked(b, a) {
+					t.Fatalf("hole punching %v: %s-%s punched or linked one way only", w.o.HolePunch, a.pid, b.pid)
 				}
-				want := -1
-				if a.nat && b.nat && w.o.HolePunch < 0 {
-					want = b.relay
-				}
-				if got := w.relayOf(a, b); got != want {
-					t.Fatalf("hole punching %v: %s to %s through %d, want %d", w.o.HolePunch, a.pid, b.pid, got, want)
+				if want := !a.nat || !b.nat || w.o.HolePunch > 0; w.linked(a, b) != want {
+					t.Fatalf("hole punching %v: %s-%s linked %v, want %v", w.o.HolePunch, a.pid, b.pid, w.linked(a, b), want)
 				}
 			}
 		}
+	}
+}
+
+// TestRelayReservations: a relay takes at most relayReservations NAT
+// devices; two NAT devices neither of which holds a reservation never
+// connect, punched or not.
+func TestRelayReservations(t *testing.T) {
+	w, err := newWorld(Options{Nodes: 1000, Trainers: 3, Seed: 7, NATShare: 0.7, Relays: 2, HolePunch: 1}, DefAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := map[int]int{}
+	nat, without := 0, 0
+	for _, n := range w.nodes {
+		if !n.nat {
+			if n.relay >= 0 {
+				t.Fatalf("%s is public, yet holds a reservation", n.pid)
+			}
+			continue
+		}
+		nat++
+		if n.relay < 0 {
+			without++
+			continue
+		}
+		if !w.nodes[n.relay].isRelay {
+			t.Fatalf("%s holds a reservation on %s, not a relay", n.pid, w.nodes[n.relay].pid)
+		}
+		taken[n.relay]++
+	}
+	if len(taken) != 2 || nat-without != 2*relayReservations {
+		t.Fatalf("%d NAT devices, %d without a reservation, reservations by relay %v", nat, without, taken)
+	}
+	unlinked := 0
+	for _, a := range w.nodes {
+		for _, j := range a.nbrs {
+			if b := w.nodes[j]; a.nat && b.nat && a.relay < 0 && b.relay < 0 {
+				unlinked++
+				if w.linked(a, b) || w.reach(a, b) {
+					t.Fatalf("%s and %s, neither with a reservation, are linked", a.pid, b.pid)
+				}
+			}
+		}
+	}
+	if unlinked == 0 {
+		t.Error("no pair of NAT devices without reservations: the test shows nothing")
 	}
 }
 
@@ -442,8 +487,8 @@ func TestRelaysSweep(t *testing.T) {
 		if !s.Converged || s.MedianReach99 <= 0 || s.HolePunch != DefaultHolePunch {
 			t.Errorf("%+v", s)
 		}
-		if s.NATShare > 0 && s.RelayedMiB == 0 {
-			t.Errorf("NAT share %v moved nothing through relays", s.NATShare)
+		if s.RelayedMiB != 0 || s.Reserved > s.Relays*relayReservations || s.Punched > s.NATPairs || (s.NATShare > 0) != (s.NATPairs > 0) {
+			t.Errorf("NAT share %v, %d relays: %v MiB relayed, %d reserved, %d of %d NAT pairs direct", s.NATShare, s.Relays, s.RelayedMiB, s.Reserved, s.Punched, s.NATPairs)
 		}
 	}
 }

@@ -108,10 +108,9 @@ func (w *world) pump(b int) {
 // pickSource chooses the holder of version v (or newer) that would deliver
 // a chunk soonest: a trainer that holds it, or a neighbour that said it
 // does; -1 if none can take a request now. The estimate is transmit's:
-// the chunk starts when the holder's uplink, and on a relayed path the
-// relay's, is free, and takes the path's rate and latency, so a fetcher
-// goes to a direct holder rather than queue at a busy relay, as the real
-// fetcher, pulling from several sources, gets most from the fastest.
+// the chunk starts when the holder's uplink is free, and takes the path's
+// rate and latency, as the real fetcher, pulling from several sources,
+// gets most from the fastest.
 func (w *world) pickSource(b int, v uint64) int {
 	nb := w.nodes[b]
 	p := w.peers[b]
@@ -122,9 +121,6 @@ func (w *world) pickSource(b int, v uint64) int {
 			return
 		}
 		start := max(w.now, nj.upFree)
-		if rl := w.relayOf(nj, nb); rl >= 0 && rl != j && rl != b {
-			start = max(start, w.nodes[rl].upFree)
-		}
 		at := start + time.Duration(float64(weights.ChunkSize)/w.rate(nj, nb)*float64(time.Second)) + w.latency(nj, nb)
 		if best < 0 || at < bestAt {
 			best, bestAt = j, at

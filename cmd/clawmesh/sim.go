@@ -17,8 +17,9 @@ import (
 const simHelp = `Usage: clawmesh sim [--nodes N] [--trainers N] [--seed N] [--scenario NAME] [--hole-punch S] [--json] [--plot DIR]
 
 Simulates the mesh at scale in one process, in virtual time: devices on
-home-network links (some behind NAT, reached through relays unless hole
-punching makes the connection direct), the trainers' raft group running
+home-network links (some behind NAT: two NAT devices meet through a relay,
+and only a connection hole punching makes direct carries anything), the
+trainers' raft group running
 rounds, adapter versions spreading back by gossip offers and chunked
 fetches re-served from device to device. The protocol's real
 code runs where it is cheap enough (certificates and revocations, manifest
@@ -53,7 +54,10 @@ Figures:
                 the others slept before they could get it
   hole punching --hole-punch: the share of connections between two NAT
                 devices that hole punching (DCUtR) turns direct, drawn per
-                pair from the seed; the others stay relayed (0: all relayed)
+                pair from the seed; the others carry nothing, as a relay
+                only brokers the punch (0: NAT devices talk to public ones
+                only). A relay takes at most 128 NAT devices' reservations;
+                two NAT devices with none never connect
   bound         the log-tree bound: ceil(log2(k+1)) hops to reach k devices,
                 a hop being the whole bundle over the median device link plus
                 the median latency
@@ -80,7 +84,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&o.BundleMiB, "bundle-mib", sim.DefaultBundleMiB, "adapter bundle size in MiB")
 	fs.Float64Var(&o.NATShare, "nat", sim.DefaultNATShare, "fraction of devices behind NAT")
 	fs.IntVar(&o.Relays, "relays", 0, "relay nodes (default: one per 50 devices, at least 2)")
-	fs.Float64Var(&o.HolePunch, "hole-punch", sim.DefaultHolePunch, "share of NAT-to-NAT connections hole punching makes direct, 0-1 (0: all relayed)")
+	fs.Float64Var(&o.HolePunch, "hole-punch", sim.DefaultHolePunch, "share of NAT-to-NAT connections hole punching makes direct, 0-1 (0: none, NAT devices talk to public ones only)")
 	fs.DurationVar(&o.Duration, "duration", 0, "virtual time limit of a run (default: versions+5 round intervals)")
 	fs.DurationVar(&o.RoundEvery, "round-every", sim.DefaultRoundEvery, "least virtual time between two rounds")
 	asJSON := fs.Bool("json", false, "print the report as JSON (fields: see README.md)")
@@ -122,7 +126,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		o.Malicious = -1
 	}
 	if o.HolePunch == 0 {
-		o.HolePunch = -1 // --hole-punch 0: every NAT-to-NAT connection relayed
+		o.HolePunch = -1 // --hole-punch 0: no NAT-to-NAT connection carries anything
 	}
 	if err := o.Validate(); err != nil {
 		return usageErr("%v", strings.TrimPrefix(err.Error(), sim.ErrOptions.Error()+": "))

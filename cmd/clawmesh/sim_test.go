@@ -47,7 +47,7 @@ func TestSimJSONAndTable(t *testing.T) {
 		t.Errorf("hole punching %v, %d of %d NAT pairs punched; v2 reached 99%% in %v s, of those that stayed up in %v s",
 			r.Options.HolePunch, r.Network.Punched, r.Network.NATPairs, r.Versions[1].Reach99, r.Versions[1].AwakeReach99)
 	}
-	// --hole-punch 0: every NAT-to-NAT connection relayed.
+	// --hole-punch 0: no NAT-to-NAT connection carries anything.
 	c, errs, code := runCLI(t, append(args, "--json", "--hole-punch", "0")...)
 	if code != 0 {
 		t.Fatalf("--hole-punch 0: code %d: %s", code, errs)
