@@ -21,6 +21,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/p2p"
 )
 
 // BenchOptions configures Bench.
@@ -67,6 +68,11 @@ type BenchReport struct {
 	TLS    Rate     `json:"tls_tcp"`
 	Ratio  float64  `json:"ours_vs_bare"`
 	FanOut []FanOut `json:"fan_out"`
+	// OverHost is Ours over the mesh host's streams (libp2p over QUIC on
+	// loopback), as for a source behind NAT, taking its turn in the same
+	// rounds; HostRatio is OverHost / Ours.
+	OverHost  Rate    `json:"over_host"`
+	HostRatio float64 `json:"host_vs_ours"`
 }
 
 // cpu returns the process's user+system CPU time.
@@ -80,10 +86,30 @@ func rate(n int64, wall, c time.Duration) Rate {
 	return Rate{Seconds: wall.Seconds(), MBps: float64(n) / (1 << 20) / wall.Seconds(), CPUPerGB: c.Seconds() / (float64(n) / (1 << 30))}
 }
 
-// admitAll is the bench's gate: every peer is a member.
+// admitAll is the bench's gate: every peer is a member, none blocked.
 type admitAll struct{}
 
 func (admitAll) Admitted(mesh.PeerID) bool { return true }
+func (admitAll) Blocked(mesh.PeerID) bool  { return false }
+
+// benchHost starts a libp2p host on loopback QUIC with the identity kept
+// in dir, and returns it with that identity's key.
+func benchHost(ctx context.Context, dir string) (*p2p.Host, ed25519.PrivateKey, mesh.PeerID, error) {
+	h, err := p2p.New(ctx, p2p.Options{DataDir: dir, Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, Gate: admitAll{}})
+	if err != nil {
+		return nil, nil, "", err
+	}
+	sk, id, err := p2p.LoadIdentity(dir)
+	var raw []byte
+	if err == nil {
+		raw, err = sk.Raw()
+	}
+	if err != nil {
+		h.Close()
+		return nil, nil, "", err
+	}
+	return h, ed25519.PrivateKey(raw), id, nil
+}
 
 // counted serves a Holdings, counting the chunk bytes read.
 type counted struct {
@@ -161,10 +187,20 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	}
 	b := make([]byte, o.Size)
 	rand.Read(b)
-	// A mesh of one trainer to sign the manifest.
+	// A mesh of one trainer to sign the manifest, its libp2p host and a
+	// fetcher's.
 	_, admin, _ := ed25519.GenerateKey(rand.Reader)
-	tkey, tid, err := benchKey()
+	thost, tkey, tid, err := benchHost(ctx, filepath.Join(o.Dir, "host-trainer"))
 	if err != nil {
+		return nil, err
+	}
+	defer thost.Close()
+	fhost, fkey, _, err := benchHost(ctx, filepath.Join(o.Dir, "host-fetcher"))
+	if err != nil {
+		return nil, err
+	}
+	defer fhost.Close()
+	if _, err := fhost.Connect(ctx, thost.Addrs()); err != nil {
 		return nil, err
 	}
 	cert, err := member.IssueCertificate(admin, nil, member.CertSpec{Subject: string(tid), SubjectKey: tkey.Public().(ed25519.PublicKey), Role: member.RoleTrainer}, time.Now(), rand.Reader)
@@ -193,6 +229,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		return nil, err
 	}
 	defer srv.Close()
+	thost.Handle(ProtocolID, srv.ServeStream)
 	tsrc := Source{Peer: tid, Addrs: []string{srv.Addr().String()}}
 	r := &BenchReport{Bytes: int64(len(b))}
 
@@ -230,6 +267,20 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 			return nil, err
 		}
 		best(&r.Ours, rate(r.Bytes, wall, c), i)
+		hf, err := NewFetcher(FetcherConfig{Key: fkey, Host: fhost})
+		if err != nil {
+			return nil, err
+		}
+		path = filepath.Join(o.Dir, fmt.Sprintf("host-%d", i))
+		c0, t0 = cpu(), time.Now()
+		err = hf.Fetch(ctx, m, []Source{{Peer: tid}}, path, nil)
+		wall, c = time.Since(t0), cpu()-c0
+		hf.Close()
+		os.Remove(path)
+		if err != nil {
+			return nil, fmt.Errorf("over the mesh host: %w", err)
+		}
+		best(&r.OverHost, rate(r.Bytes, wall, c), i)
 		rr, err := bare.run(ctx)
 		if err != nil {
 			return nil, err
@@ -241,6 +292,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		best(&r.TLS, rr, i)
 	}
 	r.Ratio = r.Ours.MBps / r.Bare.MBps
+	r.HostRatio = r.OverHost.MBps / r.Ours.MBps
 
 	for n := 1; n <= o.Fetchers; n *= 2 {
 		fo, err := benchFanOut(ctx, o.Dir, m, tsrc, trainer, n)
@@ -505,6 +557,8 @@ func (r *BenchReport) Print(w io.Writer) {
 	row("bare quic-go stream (to memory)", r.Bare)
 	row("TLS 1.3 over TCP (to memory)", r.TLS)
 	fmt.Fprintf(w, "  ours / bare quic-go: %.2fx (goal >= 0.8x)\n", r.Ratio)
+	row("clawmesh fetch over the mesh host (libp2p)", r.OverHost)
+	fmt.Fprintf(w, "  over the host / ours: %.2fx (a source QUIC cannot reach, behind NAT)\n", r.HostRatio)
 	fmt.Fprintln(w, "fan-out: n fetchers from the trainer alone, then in doubling waves that re-serve:")
 	fmt.Fprintln(w, "  fetchers  direct s  trainer MiB  |  re-served s  trainer MiB  busiest peer MiB")
 	for _, f := range r.FanOut {

@@ -12,7 +12,7 @@ func TestBenchRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Ours.MBps <= 0 || r.Bare.MBps <= 0 || r.TLS.MBps <= 0 || len(r.FanOut) != 3 {
+	if r.Ours.MBps <= 0 || r.Bare.MBps <= 0 || r.TLS.MBps <= 0 || r.OverHost.MBps <= 0 || r.HostRatio <= 0 || len(r.FanOut) != 3 {
 		t.Fatalf("report %+v", r)
 	}
 	for _, f := range r.FanOut {
@@ -39,5 +39,6 @@ func BenchmarkWeights(b *testing.B) {
 		b.ReportMetric(r.Ours.MBps, "MiB/s")
 		b.ReportMetric(r.Ratio, "x-bare-quic")
 		b.ReportMetric(r.Ours.CPUPerGB, "cpu-s/GB")
+		b.ReportMetric(r.HostRatio, "x-over-host")
 	}
 }

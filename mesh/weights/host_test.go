@@ -9,15 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/p2p"
 )
-
-// openGate admits every peer to a p2p host.
-type openGate struct{}
-
-func (openGate) Blocked(mesh.PeerID) bool  { return false }
-func (openGate) Admitted(mesh.PeerID) bool { return true }
 
 // newHostPeer starts a libp2p host on loopback (TCP only: the weights'
 // own QUIC is what these tests keep out of reach) and returns it with its
@@ -25,7 +18,7 @@ func (openGate) Admitted(mesh.PeerID) bool { return true }
 func newHostPeer(t *testing.T) (*p2p.Host, testPeer) {
 	t.Helper()
 	dir := t.TempDir()
-	h, err := p2p.New(context.Background(), p2p.Options{DataDir: dir, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Gate: openGate{}})
+	h, err := p2p.New(context.Background(), p2p.Options{DataDir: dir, Listen: []string{"/ip4/127.0.0.1/tcp/0"}, Gate: admitAll{}})
 	if err != nil {
 		t.Fatal(err)
 	}
