@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -596,10 +597,20 @@ func (fs *fetchState) settle(p mesh.PeerID, rest []int, badChunk int, leave erro
 	fs.notifyLocked()
 }
 
-// work fetches chunks from one source until none are left for it.
+// Back-off after a busy answer: from busyBackoff, doubling up to
+// maxBusyBackoff, plus up to as much again at random.
+const (
+	busyBackoff    = 100 * time.Millisecond
+	maxBusyBackoff = 2 * time.Second
+)
+
+// work fetches chunks from one source until none are left for it. A busy
+// source keeps its place: its chunks go back for the other sources, and it
+// is asked again after a back-off.
 func (fs *fetchState) work(ctx context.Context, src Source) {
 	buf := alignedBuffer(int(fs.m.ChunkSize))
 	direct := fs.direct != nil
+	var backoff time.Duration
 	for {
 		got := fs.take(ctx, src.Peer)
 		if got == nil {
@@ -610,6 +621,20 @@ func (fs *fetchState) work(ctx context.Context, src Source) {
 			fs.settle(src.Peer, got[done:], -1, nil) // not the source's fault
 			return
 		}
+		var re *remoteError
+		if errors.As(err, &re) && re.status == statusBusy {
+			fs.settle(src.Peer, got[done:], -1, nil)
+			backoff = min(max(2*backoff, busyBackoff), maxBusyBackoff)
+			t := time.NewTimer(backoff + rand.N(backoff))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		backoff = 0
 		fs.settle(src.Peer, got[done:], bad, err)
 	}
 }

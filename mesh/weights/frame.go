@@ -24,6 +24,7 @@ const (
 	statusNotFound = 1
 	statusBad      = 2
 	statusError    = 3
+	statusBusy     = 4 // serving as many requests as it will: ask another source, or later
 
 	// maxChunksPerRequest bounds one chunks request.
 	maxChunksPerRequest = 64
@@ -97,6 +98,8 @@ func (e *remoteError) Error() string {
 		what = "not found"
 	case statusBad:
 		what = "bad request"
+	case statusBusy:
+		what = "busy"
 	}
 	return fmt.Sprintf("weights: the source answered %s: %s", what, e.msg)
 }

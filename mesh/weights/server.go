@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -52,6 +53,12 @@ type ServerConfig struct {
 	WriteTimeout time.Duration
 	// Metrics, if set, counts the bytes served.
 	Metrics *Metrics
+	// MaxServing is how many chunk requests the server serves at once
+	// (default 4); one more is answered busy at once, and its fetcher
+	// asks another source, or this one a little later. A holder so takes
+	// a few fetchers at a time at full speed, and the others spread over
+	// the peers that fetched before them.
+	MaxServing int
 }
 
 // Server serves the bundles a peer holds over QUIC to the mesh's admitted
@@ -61,6 +68,9 @@ type Server struct {
 	id  *identity
 	ln  *quic.Listener
 	log *slog.Logger
+
+	serving chan struct{} // a slot per chunk request being served
+	busy    atomic.Int64  // requests answered busy
 
 	wg      sync.WaitGroup
 	mu      sync.Mutex
@@ -80,6 +90,9 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = 30 * time.Second
 	}
+	if cfg.MaxServing <= 0 {
+		cfg.MaxServing = 4
+	}
 	id, err := newIdentity(cfg.Key)
 	if err != nil {
 		return nil, err
@@ -94,7 +107,8 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("weights: listen %s: %w", addr, err)
 	}
-	s := &Server{cfg: cfg, id: id, ln: ln, log: cfg.Logger.With("component", "weights"), conns: map[*quic.Conn]struct{}{}, streams: map[mesh.Stream]struct{}{}}
+	s := &Server{cfg: cfg, id: id, ln: ln, log: cfg.Logger.With("component", "weights"), conns: map[*quic.Conn]struct{}{}, streams: map[mesh.Stream]struct{}{},
+		serving: make(chan struct{}, cfg.MaxServing)}
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -227,6 +241,14 @@ func (s *Server) serveStream(st stream, p mesh.PeerID) {
 	case opChunks:
 		if uint64(q.First)+uint64(q.Count) > uint64(len(m.Chunks)) {
 			s.refuse(st, statusBad, fmt.Sprintf("chunks %d..%d of %d", q.First, q.First+q.Count, len(m.Chunks)))
+			return
+		}
+		select {
+		case s.serving <- struct{}{}:
+			defer func() { <-s.serving }()
+		default:
+			s.busy.Add(1)
+			s.refuse(st, statusBusy, fmt.Sprintf("serving %d requests", cap(s.serving)))
 			return
 		}
 		if !s.write(st, w, []byte{statusOK}) {

@@ -244,12 +244,19 @@ func (h *holding) ReadAt(p []byte, off int64) (int, error) {
 // serve starts a server for h on loopback, admitting fetcher.
 func serve(t testing.TB, h Holdings, admit ...mesh.PeerID) (Source, *Server) {
 	t.Helper()
+	return serveWith(t, ServerConfig{Holdings: h}, admit...)
+}
+
+// serveWith is serve with the rest of cfg.
+func serveWith(t testing.TB, cfg ServerConfig, admit ...mesh.PeerID) (Source, *Server) {
+	t.Helper()
 	p := newTestPeer(t)
 	g := gate{}
 	for _, a := range admit {
 		g[a] = true
 	}
-	s, err := Listen("127.0.0.1:0", ServerConfig{Key: p.key, Gate: g, Holdings: h})
+	cfg.Key, cfg.Gate = p.key, g
+	s, err := Listen("127.0.0.1:0", cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,5 +486,43 @@ func TestAdvertise(t *testing.T) {
 	}
 	if got := advertise(&net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, nil); !slices.Equal(got, []string{"127.0.0.1:9"}) {
 		t.Errorf("advertise on loopback: %v", got)
+	}
+}
+
+// TestFetchBusySource: a holder serving as many requests as it will
+// answers busy; the fetch does not leave it, takes the chunks from the
+// other holder meanwhile, and asks it again later.
+func TestFetchBusySource(t *testing.T) {
+	w := newWorld(t)
+	b := randomBytes(t, 16*ChunkSize)
+	m := w.manifest(t, b, 1, 1, 10)
+	me := newTestPeer(t)
+	for _, alone := range []bool{true, false} {
+		busyH := &holding{m: m, b: b, delay: 50 * time.Millisecond}
+		busy, busySrv := serveWith(t, ServerConfig{Holdings: busyH, MaxServing: 1}, me.id)
+		sources := []Source{busy}
+		otherH := &holding{m: m, b: b, delay: 50 * time.Millisecond}
+		if !alone {
+			other, _ := serve(t, otherH, me.id)
+			sources = append(sources, other)
+		}
+		f := newFetcher(t, me, FetcherConfig{Streams: 2, PerRequest: 2})
+		path := filepath.Join(t.TempDir(), "b")
+		var mu sync.Mutex
+		var left map[mesh.PeerID]string
+		if err := f.Fetch(context.Background(), m, sources, path, func(p Progress) {
+			mu.Lock()
+			defer mu.Unlock()
+			left = p.Left
+		}); err != nil {
+			t.Fatalf("alone %v: %v", alone, err)
+		}
+		checkBundle(t, path, b)
+		if busySrv.busy.Load() == 0 || len(left) != 0 {
+			t.Errorf("alone %v: %d busy answers, sources left %v", alone, busySrv.busy.Load(), left)
+		}
+		if n := busyH.reads.Load() + otherH.reads.Load(); n != int64(len(b)) || busyH.reads.Load() == 0 {
+			t.Errorf("alone %v: the busy holder read %d bytes, the other %d, of %d", alone, busyH.reads.Load(), otherH.reads.Load(), len(b))
+		}
 	}
 }
