@@ -34,6 +34,26 @@ func newHostPeer(t *testing.T) (*p2p.Host, testPeer) {
 	return h, testPeer{key: ed25519.PrivateKey(raw), id: id}
 }
 
+// hostHolder starts a holder of h serving over its libp2p host (its
+// weights gate admitting the fetcher if admit), and a fetcher's host
+// connected to it.
+func hostHolder(t *testing.T, h Holdings, admit bool) (holder testPeer, fetchHost *p2p.Host, me testPeer) {
+	t.Helper()
+	holderHost, holder := newHostPeer(t)
+	fetchHost, me = newHostPeer(t)
+	g := gate{me.id: admit}
+	srv, err := Listen("127.0.0.1:0", ServerConfig{Key: holder.key, Gate: g, Holdings: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	holderHost.Handle(ProtocolID, srv.ServeStream)
+	if _, err := fetchHost.Connect(context.Background(), holderHost.Addrs()); err != nil {
+		t.Fatal(err)
+	}
+	return holder, fetchHost, me
+}
+
 // silentUDP is an address where nothing answers: a QUIC dial to it waits
 // until it gives up, as one to a peer behind NAT does.
 func silentUDP(t *testing.T) string {
@@ -53,19 +73,9 @@ func TestFetchOverHost(t *testing.T) {
 	w := newWorld(t)
 	b := randomBytes(t, 5*ChunkSize+77)
 	m := w.manifest(t, b, 1, 1, 10)
-	holderHost, holder := newHostPeer(t)
-	fetchHost, me := newHostPeer(t)
 	h := &holding{m: m, b: b}
-	srv, err := Listen("127.0.0.1:0", ServerConfig{Key: holder.key, Gate: gate{me.id: true}, Holdings: h})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	holderHost.Handle(ProtocolID, srv.ServeStream)
+	holder, fetchHost, me := hostHolder(t, h, true)
 	ctx := context.Background()
-	if _, err := fetchHost.Connect(ctx, holderHost.Addrs()); err != nil {
-		t.Fatal(err)
-	}
 	f := newFetcher(t, me, FetcherConfig{Host: fetchHost, FallbackAfter: 300 * time.Millisecond, PerRequest: 2})
 
 	for _, tc := range []struct {
@@ -95,7 +105,7 @@ func TestFetchOverHost(t *testing.T) {
 
 	// Without a host to fall back on, the unreachable address is an error.
 	direct := newFetcher(t, me, FetcherConfig{StallTimeout: 300 * time.Millisecond})
-	err = direct.Fetch(ctx, m, []Source{{Peer: holder.id, Addrs: []string{silentUDP(t)}}}, filepath.Join(t.TempDir(), "b"), nil)
+	err := direct.Fetch(ctx, m, []Source{{Peer: holder.id, Addrs: []string{silentUDP(t)}}}, filepath.Join(t.TempDir(), "b"), nil)
 	if !errors.Is(err, ErrNoSource) {
 		t.Errorf("a fetch with no way to the holder: %v, want ErrNoSource", err)
 	}
@@ -107,21 +117,11 @@ func TestHostStreamsAreGated(t *testing.T) {
 	w := newWorld(t)
 	b := randomBytes(t, ChunkSize)
 	m := w.manifest(t, b, 1, 1, 10)
-	holderHost, holder := newHostPeer(t)
-	fetchHost, me := newHostPeer(t)
 	h := &holding{m: m, b: b}
-	srv, err := Listen("127.0.0.1:0", ServerConfig{Key: holder.key, Gate: gate{}, Holdings: h})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	holderHost.Handle(ProtocolID, srv.ServeStream)
+	holder, fetchHost, me := hostHolder(t, h, false)
 	ctx := context.Background()
-	if _, err := fetchHost.Connect(ctx, holderHost.Addrs()); err != nil {
-		t.Fatal(err)
-	}
 	f := newFetcher(t, me, FetcherConfig{Host: fetchHost, StallTimeout: 2 * time.Second})
-	err = f.Fetch(ctx, m, []Source{{Peer: holder.id}}, filepath.Join(t.TempDir(), "b"), nil)
+	err := f.Fetch(ctx, m, []Source{{Peer: holder.id}}, filepath.Join(t.TempDir(), "b"), nil)
 	if !errors.Is(err, ErrNoSource) || h.reads.Load() != 0 {
 		t.Errorf("a peer the gate does not admit: %v, %d bytes read", err, h.reads.Load())
 	}
