@@ -95,9 +95,13 @@
 //     over the mesh host's streams on a punched connection; a
 //     holder queues at most 2 uploads and turns further requests away,
 //     and a fetcher with nothing in flight backs off (250 ms doubling to
-//     2 s). A node that completes a version re-serves it and tells its
-//     neighbours; a node that wakes or reconnects asks its neighbours for
-//     their newest manifest. A newer offer replaces an older fetch.
+//     2 s), as a mesh/weights holder answers busy beyond 4 requests of up
+//     to 8 chunks and its fetcher asks the others, then it again after a
+//     back-off. A node that completes a version re-serves it and tells its
+//     neighbours, and fetches under way ask it from then on, as the
+//     weights service's fetches follow the offers that arrive while they
+//     run; a node that wakes or reconnects asks its neighbours for their
+//     newest manifest. A newer offer replaces an older fetch.
 //   - Raft among the trainers: not hashicorp/raft itself but its timing:
 //     a leader commits an entry once a quorum of the voters (at most
 //     group.MaxVoters) is reachable, after the quorum's slowest round
