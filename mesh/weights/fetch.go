@@ -321,7 +321,6 @@ func (f *Fetcher) FetchFrom(ctx context.Context, m *Manifest, feed SourceFeed, p
 		}
 	}
 	fs := &fetchState{m: m, file: file, f: f, progress: progress,
-		bad: map[int]map[mesh.PeerID]bool{}, live: map[mesh.PeerID]bool{}, order: map[mesh.PeerID]int{}, left: map[mesh.PeerID]string{},
 		changed: make(chan struct{})}
 	fs.p.Total = int64(m.Size)
 	// Whole chunks go to disk past the page cache where the file system
@@ -335,6 +334,7 @@ func (f *Fetcher) FetchFrom(ctx context.Context, m *Manifest, feed SourceFeed, p
 		defer d.Close()
 	}
 	buf := make([]byte, m.ChunkSize)
+	var missing []int
 	for i := range m.Chunks {
 		off, n := m.Chunk(i)
 		if st.Size() == int64(m.Size) {
@@ -343,13 +343,14 @@ func (f *Fetcher) FetchFrom(ctx context.Context, m *Manifest, feed SourceFeed, p
 				continue
 			}
 		}
-		fs.pending = append(fs.pending, i)
+		missing = append(missing, i)
 	}
+	fs.plan = NewPlan(missing, f.cfg.PerRequest, f.cfg.MaxStrikes)
 	fs.p.Resumed = fs.p.Bytes
 	if fs.p.Resumed > 0 {
 		f.log.Info("resuming a fetch", "version", m.Name(), "have", fs.p.Resumed, "of", m.Size)
 	}
-	if len(fs.pending) > 0 {
+	if len(missing) > 0 {
 		sources, changed := feed()
 		if !slices.ContainsFunc(sources, func(s Source) bool { return s.Peer != "" && s.Peer != f.id.id }) {
 			return fmt.Errorf("%w: no sources given", ErrNoSource)
@@ -366,7 +367,7 @@ func (f *Fetcher) FetchFrom(ctx context.Context, m *Manifest, feed SourceFeed, p
 		}
 		wg.Wait()
 		cancel()
-		if fs.err == nil && len(fs.pending) > 0 {
+		if fs.err == nil && !fs.plan.Over() {
 			fs.err = ctx.Err()
 		}
 		if fs.err != nil {
@@ -411,8 +412,8 @@ func checkReader(r io.Reader, m *Manifest) error {
 	return nil
 }
 
-// fetchState is one fetch's shared state: the chunks still to get, the
-// sources still in use.
+// fetchState is one fetch's shared state: its plan, under mu, and its
+// progress.
 type fetchState struct {
 	m        *Manifest
 	file     *os.File
@@ -421,25 +422,19 @@ type fetchState struct {
 	progress func(Progress)
 	pmu      sync.Mutex // held while progress is called
 
-	mu       sync.Mutex
-	pending  []int // chunks nobody is fetching, in order
-	inflight int
-	bad      map[int]map[mesh.PeerID]bool // chunk → sources that sent it wrong
-	strikes  map[mesh.PeerID]int
-	live     map[mesh.PeerID]bool
-	order    map[mesh.PeerID]int // each source's place in the list
-	left     map[mesh.PeerID]string
-	p        Progress
-	err      error
-	changed  chan struct{} // closed and replaced on every change
+	mu      sync.Mutex
+	plan    *Plan
+	p       Progress
+	err     error
+	changed chan struct{} // closed and replaced on every change
 }
 
 // notifyLocked wakes the workers waiting for a change.
 func (fs *fetchState) notifyLocked() {
 	close(fs.changed)
 	fs.changed = make(chan struct{})
-	if fs.err == nil && len(fs.pending) > 0 && fs.inflight == 0 && !fs.anyEligibleLocked() {
-		fs.err = fmt.Errorf("%w (%d of %d chunks missing; sources left: %s)", ErrNoSource, len(fs.pending), len(fs.m.Chunks), fs.leftLocked())
+	if fs.err == nil && fs.plan.Stuck() {
+		fs.err = fmt.Errorf("%w (%d of %d chunks missing; sources left: %s)", ErrNoSource, fs.plan.Missing(), len(fs.m.Chunks), fs.leftLocked())
 	}
 }
 
@@ -449,11 +444,9 @@ func (fs *fetchState) add(ctx context.Context, wg *sync.WaitGroup, sources []Sou
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	for _, s := range sources {
-		if _, ok := fs.order[s.Peer]; ok || s.Peer == "" || s.Peer == fs.f.id.id {
+		if s.Peer == "" || s.Peer == fs.f.id.id || !fs.plan.Add(s.Peer) {
 			continue
 		}
-		fs.order[s.Peer] = len(fs.order)
-		fs.live[s.Peer] = true
 		for range fs.f.cfg.Streams {
 			wg.Add(1)
 			go func() {
@@ -462,7 +455,7 @@ func (fs *fetchState) add(ctx context.Context, wg *sync.WaitGroup, sources []Sou
 			}()
 		}
 	}
-	fs.p.Sources = len(fs.live)
+	fs.p.Sources = fs.plan.Sources()
 	fs.notifyLocked()
 }
 
@@ -470,7 +463,7 @@ func (fs *fetchState) add(ctx context.Context, wg *sync.WaitGroup, sources []Sou
 func (fs *fetchState) follow(ctx context.Context, wg *sync.WaitGroup, feed SourceFeed, changed <-chan struct{}) {
 	for {
 		fs.mu.Lock()
-		over := fs.err != nil || (len(fs.pending) == 0 && fs.inflight == 0)
+		over := fs.err != nil || fs.plan.Over()
 		wait := fs.changed
 		fs.mu.Unlock()
 		if over {
@@ -488,23 +481,13 @@ func (fs *fetchState) follow(ctx context.Context, wg *sync.WaitGroup, feed Sourc
 	}
 }
 
-func (fs *fetchState) anyEligibleLocked() bool {
-	for p := range fs.live {
-		for _, i := range fs.pending {
-			if !fs.bad[i][p] {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 func (fs *fetchState) leftLocked() string {
-	if len(fs.left) == 0 {
+	left := fs.plan.Left()
+	if len(left) == 0 {
 		return "none"
 	}
 	var s string
-	for p, why := range fs.left {
+	for p, why := range left {
 		if s != "" {
 			s += "; "
 		}
@@ -513,45 +496,17 @@ func (fs *fetchState) leftLocked() string {
 	return s
 }
 
-// take hands a source up to PerRequest consecutive pending chunks it has
-// not sent wrong; it waits while there are none but other requests are in
-// flight. It returns nil when the source should stop.
+// take hands a source the chunks of its next request (Plan.Take); it
+// waits while there are none but other requests are in flight. It returns
+// nil when the source should stop.
 func (fs *fetchState) take(ctx context.Context, p mesh.PeerID) []int {
 	for {
 		fs.mu.Lock()
-		if ctx.Err() != nil || fs.err != nil || !fs.live[p] || (len(fs.pending) == 0 && fs.inflight == 0) {
+		if ctx.Err() != nil || fs.err != nil || !fs.plan.Live(p) || fs.plan.Over() {
 			fs.mu.Unlock()
 			return nil
 		}
-		// Each source starts at its own share of the pending chunks, so
-		// that all of them are busy from the start.
-		var got []int
-		start := fs.order[p] * len(fs.pending) / max(len(fs.order), 1)
-		for k := start; k < len(fs.pending) && len(got) < fs.f.cfg.PerRequest; k++ {
-			i := fs.pending[k]
-			if fs.bad[i][p] || (len(got) > 0 && i != got[len(got)-1]+1) {
-				if len(got) > 0 {
-					break
-				}
-				continue
-			}
-			got = append(got, i)
-		}
-		if len(got) == 0 && start > 0 {
-			for k := 0; k < start && len(got) < fs.f.cfg.PerRequest; k++ {
-				i := fs.pending[k]
-				if fs.bad[i][p] || (len(got) > 0 && i != got[len(got)-1]+1) {
-					if len(got) > 0 {
-						break
-					}
-					continue
-				}
-				got = append(got, i)
-			}
-		}
-		if len(got) > 0 {
-			fs.pending = slices.DeleteFunc(fs.pending, func(i int) bool { return i >= got[0] && i <= got[len(got)-1] })
-			fs.inflight += len(got)
+		if got := fs.plan.Take(p); got != nil {
 			fs.mu.Unlock()
 			return got
 		}
@@ -566,33 +521,13 @@ func (fs *fetchState) take(ctx context.Context, p mesh.PeerID) []int {
 }
 
 // settle returns the chunks of a request that were not written to the
-// queue, and records a bad chunk or the source's departure.
+// plan, and records a bad chunk or the source's departure.
 func (fs *fetchState) settle(p mesh.PeerID, rest []int, badChunk int, leave error) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	fs.inflight -= len(rest)
-	if len(rest) > 0 {
-		fs.pending = append(fs.pending, rest...)
-		slices.Sort(fs.pending)
-	}
-	if badChunk >= 0 {
-		if fs.bad[badChunk] == nil {
-			fs.bad[badChunk] = map[mesh.PeerID]bool{}
-		}
-		fs.bad[badChunk][p] = true
-		if fs.strikes == nil {
-			fs.strikes = map[mesh.PeerID]int{}
-		}
-		fs.strikes[p]++
-		if fs.strikes[p] >= fs.f.cfg.MaxStrikes && leave == nil {
-			leave = fmt.Errorf("%d bad chunks", fs.strikes[p])
-		}
-	}
-	if leave != nil && fs.live[p] {
-		delete(fs.live, p)
-		fs.left[p] = leave.Error()
-		fs.p.Sources = len(fs.live)
-		fs.f.log.Warn("leaving a weights source", "peer", p, "version", fs.m.Name(), "why", leave)
+	if why := fs.plan.Settle(p, rest, badChunk, leave); why != "" {
+		fs.p.Sources = fs.plan.Sources()
+		fs.f.log.Warn("leaving a weights source", "peer", p, "version", fs.m.Name(), "why", why)
 	}
 	fs.notifyLocked()
 }
@@ -687,10 +622,10 @@ func (fs *fetchState) report(n int) {
 	fs.pmu.Lock()
 	defer fs.pmu.Unlock()
 	fs.mu.Lock()
-	fs.inflight--
+	fs.plan.Got()
 	fs.p.Bytes += int64(n)
 	p := fs.p
-	p.Left = maps(fs.left)
+	p.Left = fs.plan.Left()
 	fs.mu.Unlock()
 	if fs.progress != nil {
 		fs.progress(p)
@@ -727,15 +662,4 @@ func alignedBuffer(n int) []byte {
 		skip = directAlign - a
 	}
 	return b[skip : skip+n : skip+n]
-}
-
-func maps(m map[mesh.PeerID]string) map[mesh.PeerID]string {
-	if len(m) == 0 {
-		return nil
-	}
-	out := make(map[mesh.PeerID]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
