@@ -45,6 +45,10 @@
 //   - Aggregation: trainer/adapter.Aggregate (ClippedMean with MaxNorm,
 //     TrimmedMean) on small adapter.Deltas, for the norm-clipping and
 //     trimmed-mean defences.
+//   - The weight fetch's plan: every fetch runs a mesh/weights.Plan, the
+//     real fetcher's, which decides which chunks each request asks of
+//     which holder, puts back what a busy or failed request did not get,
+//     and leaves holders.
 //
 // # What is modelled
 //
@@ -87,21 +91,25 @@
 //     loss. Batch announcements are not flooded event by event (a
 //     thousand devices' announcements would dominate the run): they
 //     reach each trainer the device can reach after twice their latency.
-//   - Weights: a node that accepts a newer manifest fetches its chunks,
-//     4 at a time, each from the holder that would deliver it soonest
-//     (its uplink free, then the path's rate and latency) among the
-//     trainers that hold it and the neighbours that said they hold it,
-//     over direct connections only, as mesh/weights asks a NAT device
-//     over the mesh host's streams on a punched connection; a
-//     holder queues at most 2 uploads and turns further requests away,
-//     and a fetcher with nothing in flight backs off (250 ms doubling to
-//     2 s), as a mesh/weights holder answers busy beyond 4 requests of up
-//     to 8 chunks and its fetcher asks the others, then it again after a
-//     back-off. A node that completes a version re-serves it and tells its
-//     neighbours, and fetches under way ask it from then on, as the
+//   - Weights: the transfers, and when a holder is busy or gone, are
+//     modelled; which chunks go to which holder is the real fetcher's
+//     plan (above). A node that accepts a newer manifest fetches it from
+//     the trainers that hold it and the neighbours that said they do,
+//     over direct connections only (as mesh/weights asks a NAT device
+//     over the mesh host's streams on a punched connection), with the
+//     real defaults: 2 requests at once per source, 8 chunks each. A
+//     holder serves 4 requests at once (its uplink reserved for each
+//     request's bytes in turn) and answers the next busy; the worker puts
+//     its chunks back and asks again after a back-off (100 ms doubling to
+//     2 s). A holder that cannot be reached is left after 10 s of
+//     silence; an attempt no source can finish fails, and the next
+//     starts 5 s later (the node's retry) from the chunks already held.
+//     A node that completes a version re-serves it and tells its
+//     neighbours, and fetches under way add it as a source, as the
 //     weights service's fetches follow the offers that arrive while they
-//     run; a node that wakes or reconnects asks its neighbours for their
-//     newest manifest. A newer offer replaces an older fetch.
+//     run; a node that wakes starts a new attempt, and asks its
+//     neighbours for their newest manifest. A newer offer replaces an
+//     older fetch.
 //   - Raft among the trainers: not hashicorp/raft itself but its timing:
 //     a leader commits an entry once a quorum of the voters (at most
 //     group.MaxVoters) is reachable, after the quorum's slowest round

@@ -21,10 +21,8 @@ const (
 	trainerRate = 1000 * mbit
 	trainerLat  = 5 * time.Millisecond
 
-	// uploadQueue is how many chunk uploads a holder queues before it
-	// turns requests away (the fetcher then asks another holder).
-	uploadQueue = 2
-	// fetchParallel is how many chunks a fetcher has in flight.
+	// fetchParallel is how many transfers share a fetcher's downlink: its
+	// requests in flight, fetchStreams per source.
 	fetchParallel = 4
 	// chunkSize is mesh/weights' chunk size.
 	chunkSize = 1 << 20
@@ -55,9 +53,10 @@ type node struct {
 	asleep, left bool
 	comp         int // partition component
 
-	// Upload queue: when the uplink is next free, and the uploads queued.
-	upFree time.Duration
-	queued int
+	// Uploads: when the uplink is next free, and the requests being
+	// served.
+	upFree  time.Duration
+	serving int
 }
 
 // makeNetwork draws the nodes' links and the peer graph.

@@ -385,7 +385,7 @@ func (w *world) setAwake(i int, awake bool) {
 		p.staleSince = w.now
 	}
 	w.sync(i)
-	w.pump(i)
+	w.resumeFetch(i)
 }
 
 // Partition: the network is cut in two, the leader on the smaller side

@@ -1,21 +1,44 @@
 package sim
 
 import (
+	"errors"
 	"time"
 
+	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/weights"
 )
 
-// fetch is a node's fetch of one version: which chunks it has, which are
-// on their way, and who holds the version.
+// The fetch's figures: the real fetcher's and server's defaults
+// (mesh/weights FetcherConfig, ServerConfig, node/adapters Config).
+const (
+	fetchStreams    = 2                      // requests at once per source
+	fetchPerRequest = 8                      // chunks per request
+	maxServing      = 4                      // requests a holder serves at once
+	busyBackoff     = 100 * time.Millisecond // after a busy answer, doubling
+	maxBusyBackoff  = 2 * time.Second
+	stallTimeout    = 10 * time.Second // a source silent this long is left
+	fetchRetry      = 5 * time.Second  // a failed fetch is tried again after
+)
+
+// errStalled is why a fetch leaves a source that stopped answering.
+var errStalled = errors.New("stalled")
+
+// fetch is a node's fetch of one version: the chunks it has (kept on disk
+// across attempts, as the real fetch resumes), and the current attempt's
+// plan, the real fetcher's (weights.Plan), with its sources.
 type fetch struct {
-	v         uint64
-	m         *weights.Manifest
-	have      []bool
-	inflight  []bool
-	nHave     int
-	nInflight int
-	retryAt   time.Duration // a retry is scheduled for then (0: none)
+	v     uint64
+	m     *weights.Manifest
+	have  []bool
+	nHave int
+	plan  *weights.Plan
+	gen   int                 // the attempt: events of an earlier one do nothing
+	srcs  map[mesh.PeerID]int // source → node
+	// parked are the sources whose workers wait for chunks to come back.
+	parked []int
+	// failedAt: the attempt failed (no source could finish it) and the
+	// next starts fetchRetry later (0: running).
+	failedAt time.Duration
 }
 
 // handleOffer: node b reads a signed manifest from the wire, verifies it
@@ -57,128 +80,190 @@ func (w *world) startFetch(b int, m *weights.Manifest) {
 	if p.fetch != nil {
 		w.abandoned++
 	}
-	p.fetch = &fetch{v: m.Version, m: m, have: make([]bool, len(m.Chunks)), inflight: make([]bool, len(m.Chunks))}
-	p.retries = 0
-	w.pump(b)
+	p.fetch = &fetch{v: m.Version, m: m, have: make([]bool, len(m.Chunks))}
+	w.attempt(b, p.fetch)
 }
 
 // holds reports the newest version node i holds whole.
 func (w *world) holds(i int) uint64 { return w.peers[i].held }
 
-// pump asks holders for chunks until fetchParallel are in flight.
-func (w *world) pump(b int) {
-	p := w.peers[b]
-	f := p.fetch
-	nb := w.nodes[b]
-	if f == nil || !w.live(nb) {
+// attempt starts an attempt at fetch f with a fresh plan of the chunks
+// still missing, from the holders b knows of now.
+func (w *world) attempt(b int, f *fetch) {
+	var missing []int
+	for i, ok := range f.have {
+		if !ok {
+			missing = append(missing, i)
+		}
+	}
+	f.plan = weights.NewPlan(missing, fetchPerRequest, 0)
+	f.gen++
+	f.srcs, f.parked, f.failedAt = map[mesh.PeerID]int{}, nil, 0
+	w.addSources(b)
+	if f.plan.Sources() == 0 {
+		w.failFetch(b, f) // as the real fetch with no source given
+	}
+}
+
+// failFetch ends an attempt no source can finish; the next starts
+// fetchRetry later, as the node's follower tries again.
+func (w *world) failFetch(b int, f *fetch) {
+	if f.failedAt != 0 {
 		return
 	}
-	for f.nInflight < fetchParallel {
-		c := -1
-		for i := range f.have {
-			if !f.have[i] && !f.inflight[i] {
-				c = i
-				break
-			}
+	f.failedAt = w.now
+	f.parked = nil
+	gen := f.gen
+	w.after(fetchRetry, func() {
+		if p := w.peers[b]; p.fetch == f && f.gen == gen && f.failedAt != 0 && w.live(w.nodes[b]) {
+			w.attempt(b, f)
 		}
-		if c < 0 {
-			return
-		}
-		src := w.pickSource(b, f.v)
-		if src < 0 {
-			break
-		}
-		w.request(b, src, f, c)
-	}
-	if f.nInflight == 0 && f.retryAt == 0 {
-		// No holder can serve now: try again later, backing off.
-		d := min(2*time.Second, 250*time.Millisecond<<min(p.retries, 3))
-		d += time.Duration(w.rFetch.Int64N(int64(d)))
-		p.retries++
-		f.retryAt = w.now + d
-		w.at(f.retryAt, func() {
-			if p.fetch == f {
-				f.retryAt = 0
-				w.pump(b)
-			}
-		})
+	})
+}
+
+// resumeFetch starts a new attempt at b's fetch, if any, after b woke:
+// its connections are gone, the chunks on disk are not.
+func (w *world) resumeFetch(b int) {
+	if f := w.peers[b].fetch; f != nil {
+		f.failedAt = 0
+		w.attempt(b, f)
 	}
 }
 
-// pickSource chooses the holder of version v (or newer) that would deliver
-// a chunk soonest: a trainer that holds it, or a neighbour that said it
-// does; -1 if none can take a request now. The estimate is transmit's:
-// the chunk starts when the holder's uplink is free, and takes the path's
-// rate and latency, as the real fetcher, pulling from several sources,
-// gets most from the fastest.
-func (w *world) pickSource(b int, v uint64) int {
-	nb := w.nodes[b]
+// addSources adds to b's running fetch the holders it knows of: the
+// trainers that hold the version and the neighbours that said they do,
+// as the weights service feeds its fetch the offers it hears.
+func (w *world) addSources(b int) {
 	p := w.peers[b]
-	best, bestAt := -1, time.Duration(0)
-	try := func(j int) {
-		nj := w.nodes[j]
-		if nj.queued >= uploadQueue || !w.sendTo(nj, nb) || !w.sendTo(nb, nj) {
-			return
-		}
-		start := max(w.now, nj.upFree)
-		at := start + time.Duration(float64(weights.ChunkSize)/w.rate(nj, nb)*float64(time.Second)) + w.latency(nj, nb)
-		if best < 0 || at < bestAt {
-			best, bestAt = j, at
-		}
+	f := p.fetch
+	if f == nil || f.failedAt != 0 || !w.live(w.nodes[b]) {
+		return
 	}
 	for _, t := range w.trainers {
-		if t.n.id != b && w.holds(t.n.id) >= v {
-			try(t.n.id)
+		if t.n.id != b && w.holds(t.n.id) >= f.v {
+			w.addSource(b, f, t.n.id)
 		}
 	}
-	for k, j := range nb.nbrs {
-		if p.nbrHeld[k] >= v && !w.nodes[j].trainer {
-			try(j)
+	for k, j := range w.nodes[b].nbrs {
+		if p.nbrHeld[k] >= f.v && !w.nodes[j].trainer {
+			w.addSource(b, f, j)
 		}
 	}
-	return best
 }
 
-// request has b ask src for chunk c of f.
-func (w *world) request(b, src int, f *fetch, c int) {
-	nb, ns := w.nodes[b], w.nodes[src]
-	_, size := f.m.Chunk(c)
-	f.inflight[c] = true
-	f.nInflight++
-	w.peers[b].asked = max(w.peers[b].asked, f.v)
-	ns.queued++
-	sent := w.now + w.latency(nb, ns)
-	arrive := w.transmit(ns, nb, size, sent)
-	w.peers[src].bytesUp += int64(size)
+// addSource makes j a source of f, with fetchStreams workers, if b can
+// reach it now and it was not one of this attempt before.
+func (w *world) addSource(b int, f *fetch, j int) {
+	nb, nj := w.nodes[b], w.nodes[j]
+	if !w.sendTo(nb, nj) || !w.sendTo(nj, nb) || !f.plan.Add(nj.pid) {
+		return
+	}
+	f.srcs[nj.pid] = j
+	for range fetchStreams {
+		w.work(b, f, j, 0)
+	}
+}
+
+// work is one of a source's workers: it takes the plan's next request
+// for the source and asks it. The holder serves it (its uplink reserved
+// for the request's bytes), answers busy when it serves maxServing
+// already (the worker backs off and asks again), or, gone, never answers
+// (the fetch leaves it after stallTimeout). A worker with nothing to take
+// parks until chunks come back.
+func (w *world) work(b int, f *fetch, j int, backoff time.Duration) {
+	p := w.peers[b]
+	nb, nj := w.nodes[b], w.nodes[j]
+	if p.fetch != f || f.failedAt != 0 || !w.live(nb) {
+		return
+	}
+	gen := f.gen
+	got := f.plan.Take(nj.pid)
+	if got == nil {
+		if f.plan.Live(nj.pid) && !f.plan.Over() {
+			f.parked = append(f.parked, j)
+		}
+		return
+	}
+	p.asked = max(p.asked, f.v)
+	if !w.sendTo(nb, nj) || !w.sendTo(nj, nb) {
+		w.after(stallTimeout, func() { w.settle(b, f, gen, j, got, errStalled) })
+		return
+	}
+	rtt := 2 * w.latency(nb, nj)
+	if nj.serving >= maxServing {
+		sent := w.now + rtt/2
+		w.after(rtt, func() {
+			if w.sendTo(nj, nb) {
+				w.recordReceipt(j, b, sent)
+			}
+			if !w.settle(b, f, gen, j, got, nil) {
+				return
+			}
+			d := min(max(2*backoff, busyBackoff), maxBusyBackoff)
+			w.after(d+time.Duration(w.rFetch.Int64N(int64(d))), func() {
+				if f.gen == gen {
+					w.work(b, f, j, d)
+				}
+			})
+		})
+		return
+	}
+	size := 0
+	for _, c := range got {
+		_, n := f.m.Chunk(c)
+		size += n
+	}
+	nj.serving++
+	sent := w.now + rtt/2
+	arrive := w.transmit(nj, nb, size, sent)
+	w.peers[j].bytesUp += int64(size)
 	w.chunkBytes += int64(size)
 	w.at(arrive, func() {
-		ns.queued--
-		ok := w.sendTo(ns, nb)
+		nj.serving--
+		ok := w.sendTo(nj, nb)
 		if ok {
-			w.recordReceipt(src, b, sent)
+			w.recordReceipt(j, b, sent)
 		}
-		p := w.peers[b]
-		if p.fetch != f {
+		if p.fetch != f || f.gen != gen || f.failedAt != 0 || !ok {
 			w.wastedBytes += int64(size)
+			w.settle(b, f, gen, j, got, errStalled)
 			return
 		}
-		f.inflight[c] = false
-		f.nInflight--
-		if !ok {
-			w.wastedBytes += int64(size)
-			w.pump(b)
-			return
-		}
-		if !f.have[c] {
-			f.have[c] = true
-			f.nHave++
+		for _, c := range got {
+			f.plan.Got()
+			if !f.have[c] {
+				f.have[c] = true
+				f.nHave++
+			}
 		}
 		if f.nHave == len(f.have) {
 			w.complete(b, f)
 			return
 		}
-		w.pump(b)
+		if w.settle(b, f, gen, j, nil, nil) {
+			w.work(b, f, j, 0)
+		}
 	})
+}
+
+// settle ends a request of attempt gen of f to j (Plan.Settle), wakes
+// the parked workers, and fails the attempt if no source can finish it.
+// It reports whether the attempt goes on.
+func (w *world) settle(b int, f *fetch, gen, j int, rest []int, leave error) bool {
+	if w.peers[b].fetch != f || f.gen != gen || f.failedAt != 0 {
+		return false
+	}
+	f.plan.Settle(w.nodes[j].pid, rest, -1, leave)
+	if f.plan.Stuck() {
+		w.failFetch(b, f)
+		return false
+	}
+	parked := f.parked
+	f.parked = nil
+	for _, k := range parked {
+		w.work(b, f, k, 0)
+	}
+	return f.gen == gen && f.failedAt == 0
 }
 
 // complete installs a fetched version and tells the neighbours.
@@ -228,7 +313,7 @@ func (w *world) announceHave(b int) {
 				pj.nbrHeld[k] = v
 			}
 			if pj.fetch != nil && pj.fetch.v <= v {
-				w.pump(j)
+				w.addSources(j)
 			}
 		})
 	}
@@ -269,7 +354,7 @@ func (w *world) sync(b int) {
 				w.handleOffer(b, data)
 			}
 			if p.fetch != nil {
-				w.pump(b)
+				w.addSources(b)
 			}
 		})
 	}

@@ -40,11 +40,10 @@ type peer struct {
 	// learnt is when the node learnt of the run's revocation (-1: not yet).
 	learnt time.Duration
 
-	last    *weights.Manifest // newest manifest accepted (Verify, Fence)
-	held    uint64            // newest version held whole
-	asked   uint64            // newest version it asked a holder for a chunk of
-	fetch   *fetch
-	retries int
+	last  *weights.Manifest // newest manifest accepted (Verify, Fence)
+	held  uint64            // newest version held whole
+	asked uint64            // newest version it asked a holder for a chunk of
+	fetch *fetch
 
 	// Staleness: since when the node has served a version older than the
 	// newest committed one (-1: not stale).
