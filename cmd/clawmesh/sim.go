@@ -24,7 +24,8 @@ rounds, adapter versions spreading back by gossip offers and chunked
 fetches re-served from device to device. The protocol's real
 code runs where it is cheap enough (certificates and revocations, manifest
 signing, verification and fencing, the trainers' replicated state machine,
-aggregation); links, raft's timing and training are modelled (see the sim
+aggregation, the weight fetch's chunk plan); links, transfers, raft's timing
+and training are modelled (see the sim
 package's documentation). The same seed gives the same output, byte for
 byte; the seed is printed first.
 
