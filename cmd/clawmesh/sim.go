@@ -19,13 +19,12 @@ const simHelp = `Usage: clawmesh sim [--nodes N] [--trainers N] [--seed N] [--sc
 Simulates the mesh at scale in one process, in virtual time: devices on
 home-network links (some behind NAT: two NAT devices meet through a relay,
 and only a connection hole punching makes direct carries anything), the
-trainers' raft group running
-rounds, adapter versions spreading back by gossip offers and chunked
-fetches re-served from device to device. The protocol's real
-code runs where it is cheap enough (certificates and revocations, manifest
-signing, verification and fencing, the trainers' replicated state machine,
-aggregation, the weight fetch's chunk plan); links, transfers, raft's timing
-and training are modelled (see the sim
+trainers' raft group running rounds, adapter versions spreading back by
+gossip offers and chunked fetches re-served from device to device. The
+protocol's real code runs where it is cheap enough (certificates and
+revocations, manifest signing, verification and fencing, the trainers'
+replicated state machine, aggregation, the weight fetch's chunk plan);
+links, transfers, raft's timing and training are modelled (see the sim
 package's documentation). The same seed gives the same output, byte for
 byte; the seed is printed first.
 
