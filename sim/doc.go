@@ -59,11 +59,14 @@
 //     a one-way latency to the core of 5–40 ms (a round trip of 10–80
 //     ms to a nearby server), a gossip loss of 0–1% per link end.
 //     Trainers sit on 1 Gbit/s links with 5 ms. The latency between two
-//     nodes is the sum of theirs. A transfer from a to b reserves a's
-//     uplink (first come, first served) at min(a's uplink, b's downlink
-//     / 4 parallel fetches); loss is left to QUIC's recovery and costs
-//     chunk transfers no time (their rate is not loss-bound at these
-//     rates).
+//     nodes is the sum of theirs. A transfer from a to b holds a's uplink
+//     and b's downlink, each a first-come, first-served queue at the
+//     link's full rate, for its bytes: no link carries more than its
+//     rate, a holder interleaves its fetchers and a fetcher its sources,
+//     and the transfer is in once both queues have passed it (a fluid
+//     model of the flows sharing each link). Loss is left to QUIC's
+//     recovery and costs chunk transfers no time (their rate is not
+//     loss-bound at these rates).
 //   - NAT and relays: a share of the devices (default 40%) is behind NAT.
 //     A NAT device reaches a public one directly (it dials out). Each
 //     NAT device holds a reservation on a relay (a public device), at
@@ -98,8 +101,7 @@
 //     over direct connections only (as mesh/weights asks a NAT device
 //     over the mesh host's streams on a punched connection), with the
 //     real defaults: 2 requests at once per source, 8 chunks each. A
-//     holder serves 4 requests at once (its uplink reserved for each
-//     request's bytes in turn) and answers the next busy; the worker puts
+//     holder serves 4 requests at once and answers the next busy; the worker puts
 //     its chunks back and asks again after a back-off (100 ms doubling to
 //     2 s). A holder that cannot be reached is left after 10 s of
 //     silence; an attempt no source can finish fails, and the next

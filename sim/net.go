@@ -21,9 +21,6 @@ const (
 	trainerRate = 1000 * mbit
 	trainerLat  = 5 * time.Millisecond
 
-	// fetchParallel is how many transfers share a fetcher's downlink: its
-	// requests in flight, fetchStreams per source.
-	fetchParallel = 4
 	// chunkSize is mesh/weights' chunk size.
 	chunkSize = 1 << 20
 	// msgBytes is a gossip message's size (a signed manifest or revocation).
@@ -53,10 +50,10 @@ type node struct {
 	asleep, left bool
 	comp         int // partition component
 
-	// Uploads: when the uplink is next free, and the requests being
-	// served.
-	upFree  time.Duration
-	serving int
+	// Transfers: when the uplink and the downlink are next free, and the
+	// weight requests being served.
+	upFree, downFree time.Duration
+	serving          int
 }
 
 // makeNetwork draws the nodes' links and the peer graph.
@@ -225,19 +222,24 @@ func (w *world) lossOf(a, b *node) float64 {
 	return 1 - (1-a.loss)*(1-b.loss)
 }
 
-// rate is the rate of one of fetchParallel transfers from a to b: a's
-// uplink, or b's share of its downlink.
+// rate is the rate of a lone message from a to b: a's uplink or b's
+// downlink, whichever is less.
 func (w *world) rate(a, b *node) float64 {
-	return math.Min(a.up, b.down/fetchParallel)
+	return math.Min(a.up, b.down)
 }
 
-// transmit reserves a's uplink for n bytes to b, starting no earlier than
-// from, and returns when the last byte arrives.
+// transmit sends n bytes from a to b, starting no earlier than from, and
+// returns when the last byte arrives. a's uplink and b's downlink are each
+// a queue at the link's full rate: the transfer holds each for n bytes
+// after the transfers before it, so that no link carries more than its
+// rate, and the bytes are in once both have passed them. A holder so
+// interleaves its fetchers, and a fetcher its sources.
 func (w *world) transmit(a, b *node, n int, from time.Duration) time.Duration {
 	start := max(from, a.upFree)
-	end := start + time.Duration(float64(n)/w.rate(a, b)*float64(time.Second))
-	a.upFree = end
-	return end + w.latency(a, b)
+	a.upFree = start + time.Duration(float64(n)/a.up*float64(time.Second))
+	down := max(start, b.downFree)
+	b.downFree = down + time.Duration(float64(n)/b.down*float64(time.Second))
+	return max(a.upFree, b.downFree) + w.latency(a, b)
 }
 
 // median returns the median of xs (xs is sorted in place).
