@@ -90,12 +90,12 @@ type world struct {
 	victimReceipts []receipt
 
 	// Counters.
-	admissionRefused, offersRefused, offersFenced, verifies, abandoned int
-	lostProposals, refusedEntries, wastedSamples, unannounced          int
-	chunkBytes, wastedBytes, gossipBytes                               int64
-	violations                                                         []string
-	done                                                               bool
-	scores                                                             []float64
+	admissionRefused, offersRefused, offersFenced, verifies, abandoned, busyAnswers int
+	lostProposals, refusedEntries, wastedSamples, unannounced                       int
+	chunkBytes, wastedBytes, gossipBytes                                            int64
+	violations                                                                      []string
+	done                                                                            bool
+	scores                                                                          []float64
 }
 
 func newWorld(o Options, def Defences) (*world, error) {

@@ -543,3 +543,41 @@ func BenchmarkSim1000(b *testing.B) {
 		b.ReportMetric(r.Propagation.MedianRatio99, "median-99%/bound")
 	}
 }
+
+// TestFetchPlan: the devices fetch with the real fetcher's plan: at a
+// version's publication the trainers, serving maxServing requests each,
+// answer the rest busy, the devices then fetch from one another, and every
+// device but the revoked one ends holding the last version, its fetches
+// done.
+func TestFetchPlan(t *testing.T) {
+	w, err := newWorld(Options{Nodes: 150, Seed: 3, Versions: 2}, DefAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.run()
+	r := w.report()
+	if !r.Invariants.OK {
+		t.Fatal(r.Invariants.Violations)
+	}
+	if w.busyAnswers == 0 {
+		t.Error("no holder ever answered busy")
+	}
+	var devices int64
+	for i := range w.o.Nodes {
+		devices += w.peers[i].bytesUp
+	}
+	if devices == 0 {
+		t.Error("no device served another")
+	}
+	for i := range w.o.Nodes {
+		if w.isVictim(i) { // revoked part way: cut off
+			continue
+		}
+		if f := w.peers[i].fetch; f != nil {
+			t.Errorf("%s still fetching v%d at the end", w.nodes[i].pid, f.v)
+		}
+		if w.peers[i].held != uint64(w.published) {
+			t.Errorf("%s holds v%d of %d", w.nodes[i].pid, w.peers[i].held, w.published)
+		}
+	}
+}

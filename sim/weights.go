@@ -191,6 +191,7 @@ func (w *world) work(b int, f *fetch, j int, backoff time.Duration) {
 	}
 	rtt := 2 * w.latency(nb, nj)
 	if nj.serving >= maxServing {
+		w.busyAnswers++
 		sent := w.now + rtt/2
 		w.after(rtt, func() {
 			if w.sendTo(nj, nb) {
