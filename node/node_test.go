@@ -235,23 +235,33 @@ func scoreAll(t *testing.T, n *node.Node, before uint64) int {
 func scoreOne(t *testing.T, n *node.Node, action string) *core.Step {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := n.ScoreClosed(ctx, 100); err != nil {
-		t.Fatal(err)
-	}
-	steps, err := n.Pool().List(ctx, pool.Filter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range steps {
-		if s.Action().Content == action {
-			if s.State != core.StateScored || s.Reward == nil {
-				t.Fatalf("step %q: state %s, reward %+v", action, s.State, s.Reward)
-			}
-			return s
+	// The background scorer may hold the step (ScoreClosed leaves the
+	// steps handed to it): wait for its verdict, up to a bound.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := n.ScoreClosed(ctx, 100); err != nil {
+			t.Fatal(err)
 		}
+		steps, err := n.Pool().List(ctx, pool.Filter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var found *core.Step
+		for _, s := range steps {
+			if s.Action().Content == action {
+				found = s
+			}
+		}
+		switch {
+		case found == nil:
+			t.Fatalf("no step answered %q", action)
+		case found.State == core.StateScored && found.Reward != nil:
+			return found
+		case found.State != core.StateClosed || time.Now().After(deadline):
+			t.Fatalf("step %q: state %s, reward %+v", action, found.State, found.Reward)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("no step answered %q", action)
-	return nil
 }
 
 // TestNodeRefusesUnusablePlugin: a node whose configuration enables a
