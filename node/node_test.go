@@ -246,10 +246,11 @@ func scoreOne(t *testing.T, n *node.Node, action string) *core.Step {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var found *core.Step
+		var found *core.Step // the first that answered it
 		for _, s := range steps {
 			if s.Action().Content == action {
 				found = s
+				break
 			}
 		}
 		switch {
