@@ -98,18 +98,26 @@ func checkLearned(t *testing.T, rep PreferenceReport) {
 func TestBinaryRLLearnsPreference(t *testing.T) {
 	eng, tok := tinyEngine(t, 1)
 	rep, err := RunPreference(context.Background(), eng, tok, PreferenceOptions{
-		Seed: 7, Rounds: 8,
+		Seed: 7, Rounds: 8, EvalRounds: true,
 		Learn: Options{Recipe: loss.RecipeRL, Engine: engine.Recipe{LR: learnLR}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rep.Rounds {
-		t.Logf("round %d: mean reward %+.3f, loss %+.4f, KL %.4f, used %d (recorded logprobs %d)",
-			r.Round, r.MeanReward, r.Train.Loss, r.Train.KL, r.Train.Used, r.Train.Recorded)
+		t.Logf("round %d: mean reward %+.3f, loss %+.4f, KL %.4f, used %d (recorded logprobs %d), P(preferred) after %.3f",
+			r.Round, r.MeanReward, r.Train.Loss, r.Train.KL, r.Train.Used, r.Train.Recorded, r.PreferredProb)
 		if r.Train.Used != 32 || r.Train.Rewarded != 32 || r.Train.OptSteps != 1 {
 			t.Fatalf("round %d: %+v", r.Round, r.Train)
 		}
+		if !(r.PreferredProb > 0 && r.PreferredProb <= 1) {
+			t.Fatalf("round %d: P(preferred) after it %v", r.Round, r.PreferredProb)
+		}
+	}
+	// The last round's curve point is the final evaluation's: the same
+	// policy, measured the same way.
+	if last := rep.Rounds[len(rep.Rounds)-1].PreferredProb; last != rep.After.PreferredProb {
+		t.Errorf("P(preferred) after the last round %v, evaluated after the run %v", last, rep.After.PreferredProb)
 	}
 	t.Logf("before %+v", rep.Before)
 	t.Logf("after  %+v", rep.After)

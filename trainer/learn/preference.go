@@ -93,6 +93,10 @@ type PreferenceOptions struct {
 	HintFormat func(hint string) string
 	// OnRound, when set, sees every round's report as it completes.
 	OnRound func(RoundReport)
+	// EvalRounds computes RoundReport.PreferredProb after every round: the
+	// learning curve, at the cost of a forward pass over the vocabulary per
+	// prompt each round.
+	EvalRounds bool
 	// Now stamps rewards (default time.Now).
 	Now func() time.Time
 }
@@ -173,6 +177,9 @@ type RoundReport struct {
 	// the policy before the round's update.
 	MeanReward float64
 	Train      Report
+	// PreferredProb is Eval.PreferredProb after the round's update, when
+	// PreferenceOptions.EvalRounds is set (else 0).
+	PreferredProb float64
 }
 
 // PreferenceReport is the outcome of RunPreference.
@@ -233,6 +240,11 @@ func RunPreference(ctx context.Context, eng engine.Engine, tok *tokenizer.Tokeni
 			return rep, fmt.Errorf("learn: round %d: %w", round, err)
 		}
 		rr := RoundReport{Round: round, MeanReward: mean, Train: tr}
+		if o.EvalRounds {
+			if rr.PreferredProb, err = sc.preferredProb(ctx); err != nil {
+				return rep, err
+			}
+		}
 		rep.Rounds = append(rep.Rounds, rr)
 		if o.OnRound != nil {
 			o.OnRound(rr)
@@ -364,24 +376,8 @@ func (sc *scenario) eval(ctx context.Context, round int) (Eval, error) {
 		return ev, err
 	}
 	ev.MeanReward = mean
-	// First-token distribution: the prompt followed by every token id.
-	vocab := len(sc.preferred)
-	for _, prompt := range sc.prompts {
-		seqs := make([][]int, vocab)
-		for id := range vocab {
-			seqs[id] = append(append(make([]int, 0, len(prompt)+1), prompt...), id)
-		}
-		lps, err := sc.eng.Logprobs(ctx, seqs, false)
-		if err != nil {
-			return ev, fmt.Errorf("learn: eval: %w", err)
-		}
-		var p float64
-		for id, lp := range lps {
-			if sc.preferred[id] {
-				p += math.Exp(float64(lp[len(prompt)]))
-			}
-		}
-		ev.PreferredProb += p / float64(len(sc.prompts))
+	if ev.PreferredProb, err = sc.preferredProb(ctx); err != nil {
+		return ev, err
 	}
 	seqs := make([][]int, len(sc.targets))
 	for i, s := range sc.targets {
@@ -399,6 +395,32 @@ func (sc *scenario) eval(ctx context.Context, round int) (Eval, error) {
 		}
 	}
 	return ev, nil
+}
+
+// preferredProb is, averaged over the prompts, the policy's exact
+// probability that the reply's first token satisfies the preference.
+func (sc *scenario) preferredProb(ctx context.Context) (float64, error) {
+	// First-token distribution: the prompt followed by every token id.
+	vocab := len(sc.preferred)
+	var mean float64
+	for _, prompt := range sc.prompts {
+		seqs := make([][]int, vocab)
+		for id := range vocab {
+			seqs[id] = append(append(make([]int, 0, len(prompt)+1), prompt...), id)
+		}
+		lps, err := sc.eng.Logprobs(ctx, seqs, false)
+		if err != nil {
+			return 0, fmt.Errorf("learn: eval: %w", err)
+		}
+		var p float64
+		for id, lp := range lps {
+			if sc.preferred[id] {
+				p += math.Exp(float64(lp[len(prompt)]))
+			}
+		}
+		mean += p / float64(len(sc.prompts))
+	}
+	return mean, nil
 }
 
 // HintLesson reports TeachHint: the reply's mean log-probability over the
