@@ -127,17 +127,30 @@
 //     their devices (4 KiB a step) and sends its delta (a bundle's size)
 //     to the leader.
 //   - Learning: the adapter is a vector of 32 numbers and a hidden target
-//     t of norm 1, the score of adapter v is max(0, 1 − ‖v − t‖); it
-//     starts at 0 and is 1 at the target. A batch of s steps points from
-//     the round's base v to t − v plus noise of 0.5/√s per coordinate; a
-//     batch with flipped rewards points the other way, one with forged
-//     scores in a random direction twice as long. A trainer's delta is
-//     0.5 times the steps-weighted mean of its batches' directions; a
-//     malicious trainer returns 100 times the opposite. Defences:
+//     t at distance 1 from the start. The score of adapter v is the
+//     probability that the policy's reply is the one the user prefers,
+//     σ(−1.11 + 9.25·(1 − ‖v − t‖)), as a share of the way from the
+//     start's (0.248) to 1: 0 at the start, 0.999 at the target. A batch
+//     of s steps points from the round's base v toward t (a direction of
+//     length 1) plus noise of 0.85/√s per coordinate; a batch with
+//     flipped rewards points the other way, one with forged scores in a
+//     random direction twice as long. A trainer's delta is 0.3 long,
+//     along the steps-weighted mean of its batches' directions: a round
+//     is one AdamW step, which moves every weight by about the learning
+//     rate whatever the gradient's size. A malicious trainer returns 100
+//     times the opposite. The four constants are fitted to the native
+//     engine's measured learning curves: Binary RL on the tiny model,
+//     each reply alone against the running baseline as in live use, one
+//     step a round at the group's learning rate, rounds of 8, 32 and 128
+//     samples, seeds 1–6 (testdata/native_curves.json, measured again by
+//     `go test ./sim -run TestNativeCurves -update`); TestLearningFit
+//     checks that no other constants on a grid fit them better and that
+//     the model's mean curves are nearer the measured means than the
+//     measured curves are to one another. Defences:
 //     re-verification refuses flipped and forged batches (the verifier
 //     re-runs the reward and the recomputed reward disagrees), the quota
 //     caps a device at 32 steps a round (group.Config.Quota), norm
-//     clipping caps a delta at 1.0 (twice the largest honest one), the
+//     clipping caps a delta at 0.6 (twice an honest one), the
 //     trimmed mean is coordinate-wise. With no defence the aggregate is
 //     the plain sample-weighted mean (Aggregate always clips at the
 //     round's lower median, itself a defence). Oversized and malformed

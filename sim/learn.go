@@ -11,21 +11,38 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/adapter"
 )
 
-// The learning model (see the package documentation).
+// The learning model (see the package documentation). Its constants are
+// fitted to the native engine's measured learning curves
+// (testdata/native_curves.json; TestLearningFit checks the fit).
 const (
 	dim = 32 // the adapter's size in the model
-	// lr is the step a round's aggregate takes toward what its batches
-	// point at.
-	lr = 0.5
-	// sampleNoise is the noise of one sample's direction, per coordinate.
-	sampleNoise = 0.5
+	// stepLen is how far one round's update moves the adapter: AdamW moves
+	// every weight by about the learning rate whatever the gradient's size,
+	// so a round moves the adapter a fixed distance, along its batches'
+	// mean direction. The target is at distance 1 from the start.
+	stepLen = 0.3
+	// sampleNoise is the noise of one sample's direction, per coordinate,
+	// against a direction of length 1.
+	sampleNoise = 0.85
+	// gain is the logit of the preferred reply gained over the whole way
+	// to the target, and startLogit its logit at the start (the measured
+	// curves' mean probability before training, 0.248).
+	gain       = 9.25
+	startLogit = -1.11
 	// hugeFactor is how much larger than an honest delta a malicious
 	// trainer's is (and of the opposite sign).
 	hugeFactor = 100
-	// maxNorm is the cap on a delta's norm under norm clipping: twice the
-	// largest honest delta (lr times the distance from the start).
-	maxNorm = 2 * lr
+	// maxNorm is the cap on a delta's norm under norm clipping: twice an
+	// honest delta's.
+	maxNorm = 2 * stepLen
 )
+
+// model is the learning model's constants; a run learns with fitted.
+type model struct {
+	step, noise, gain, startLogit float64
+}
+
+var fitted = model{step: stepLen, noise: sampleNoise, gain: gain, startLogit: startLogit}
 
 // Kinds of batch.
 const (
@@ -69,12 +86,13 @@ const honestQuota = 2 * honestSteps
 
 // learner is the hidden target and the adapters of the run.
 type learner struct {
+	m       model
 	target  []float64
 	vectors [][]float32 // by version
 	hashes  []string
 }
 
-func newLearner(r *rand.Rand) *learner {
+func newLearner(r *rand.Rand, m model) *learner {
 	t := make([]float64, dim)
 	var n float64
 	for i := range t {
@@ -85,7 +103,7 @@ func newLearner(r *rand.Rand) *learner {
 	for i := range t {
 		t[i] /= n
 	}
-	l := &learner{target: t}
+	l := &learner{m: m, target: t}
 	l.add(make([]float32, dim))
 	return l
 }
@@ -114,18 +132,32 @@ func norm(v []float32) float64 {
 	return math.Sqrt(s)
 }
 
-// score is how close adapter v is to the target: 1 − ‖v − t‖/‖t‖, at
-// least 0 (0 at the start, 1 at the target).
+// score is how far adapter v has learnt: the probability that the
+// policy's reply is the preferred one, σ(startLogit + gain·(1 − ‖v − t‖)),
+// as a share of the way from the start's to 1 (0 at the start, 1 past the
+// target's logit), at least 0.
 func (l *learner) score(v []float32) float64 {
 	var d float64
 	for i, x := range v {
 		e := float64(x) - l.target[i]
 		d += e * e
 	}
-	return math.Max(0, 1-math.Sqrt(d))
+	return l.m.scoreAt(math.Sqrt(d))
 }
 
-// batchDir is where one batch of steps points from adapter base.
+// scoreAt is the score of an adapter at distance d from the target.
+func (m model) scoreAt(d float64) float64 {
+	p0 := sigmoid(m.startLogit)
+	p := sigmoid(m.startLogit + m.gain*(1-d))
+	return math.Max(0, (p-p0)/(1-p0))
+}
+
+func sigmoid(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
+
+// batchDir is where one batch of steps points from adapter base: toward the
+// target (a direction of length 1) plus noise of sampleNoise/√steps per
+// coordinate; with flipped rewards the other way, with forged scores in a
+// random direction twice as long.
 func (l *learner) batchDir(r *rand.Rand, base []float32, kind, steps int) []float64 {
 	d := make([]float64, dim)
 	var dist float64
@@ -134,7 +166,12 @@ func (l *learner) batchDir(r *rand.Rand, base []float32, kind, steps int) []floa
 		dist += d[i] * d[i]
 	}
 	dist = math.Sqrt(dist)
-	noise := sampleNoise / math.Sqrt(float64(max(steps, 1)))
+	for i := range d {
+		if dist > 0 {
+			d[i] /= dist
+		}
+	}
+	noise := l.m.noise / math.Sqrt(float64(max(steps, 1)))
 	switch kind {
 	case flipped:
 		for i := range d {
@@ -148,7 +185,7 @@ func (l *learner) batchDir(r *rand.Rand, base []float32, kind, steps int) []floa
 		}
 		n = math.Sqrt(n)
 		for i := range d {
-			d[i] *= 2 * dist / n
+			d[i] *= 2 / n
 		}
 	}
 	for i := range d {
@@ -157,10 +194,10 @@ func (l *learner) batchDir(r *rand.Rand, base []float32, kind, steps int) []floa
 	return d
 }
 
-// trainerDelta is a trainer's delta over its batches: lr times the
+// trainerDelta is a trainer's delta over its batches: stepLen along the
 // steps-weighted mean of their directions; a malicious trainer returns a
 // huge one pointing the other way.
-func trainerDelta(dirs [][]float64, steps []int, malicious bool) []float32 {
+func (l *learner) trainerDelta(dirs [][]float64, steps []int, malicious bool) []float32 {
 	out := make([]float32, dim)
 	var total float64
 	for _, s := range steps {
@@ -169,16 +206,26 @@ func trainerDelta(dirs [][]float64, steps []int, malicious bool) []float32 {
 	if total == 0 {
 		return out
 	}
+	mean := make([]float64, dim)
 	for k, d := range dirs {
 		wgt := float64(steps[k]) / total
-		for i := range out {
-			out[i] += float32(lr * wgt * d[i])
+		for i := range mean {
+			mean[i] += wgt * d[i]
 		}
 	}
+	var n float64
+	for _, x := range mean {
+		n += x * x
+	}
+	if n = math.Sqrt(n); n == 0 {
+		return out
+	}
+	f := l.m.step / n
 	if malicious {
-		for i := range out {
-			out[i] *= -hugeFactor
-		}
+		f *= -hugeFactor
+	}
+	for i := range out {
+		out[i] = float32(f * mean[i])
 	}
 	return out
 }

@@ -435,7 +435,7 @@ func (w *world) train(t *trainerPeer, wk *work) {
 			steps[k] = b.steps
 			w.trainedTimes[id]++
 		}
-		p := part{from: string(t.n.pid), samples: samples, delta: trainerDelta(dirs, steps, t.malicious)}
+		p := part{from: string(t.n.pid), samples: samples, delta: w.learn.trainerDelta(dirs, steps, t.malicious)}
 		c := group.Contribution{Trainer: t.n.pid, Batches: wk.ok, Samples: samples, Norm: norm(p.delta), Clipped: norm(p.delta), Seconds: dur.Seconds()}
 		li := w.leader
 		if li < 0 {

@@ -113,7 +113,7 @@ func newWorld(o Options, def Defences) (*world, error) {
 	if err := w.setupMembership(); err != nil {
 		return nil, err
 	}
-	w.learn = newLearner(stream(s, "target"))
+	w.learn = newLearner(stream(s, "target"), fitted)
 	for i := range o.Trainers {
 		n := w.nodes[o.Nodes+i]
 		w.trainers = append(w.trainers, &trainerPeer{n: n, i: i, st: group.New(), malicious: o.Scenario == Poison && i >= o.Trainers-o.MaliciousTrainers})
