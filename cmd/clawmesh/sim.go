@@ -61,6 +61,10 @@ Figures:
   bound         the log-tree bound: ceil(log2(k+1)) hops to reach k devices,
                 a hop being the whole bundle over the median device link plus
                 the median latency
+  score         after each version, the probability that the policy's reply
+                is the one users prefer, as a share of the way from the
+                start's to 1; the learning model is fitted to the native
+                engine's measured curves (sim/RATIONALE.md)
   delivery      the share of live devices a gossip message reached
   staleness     device-time spent serving an adapter older than the newest
   wasted work   batches trained twice (must be 0), retrained after a lost
