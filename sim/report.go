@@ -30,7 +30,9 @@ type Report struct {
 	Failovers   []Failover       `json:"failovers"`
 	Bytes       Bytes            `json:"bytes"`
 	Revocation  RevocationReport `json:"revocation"`
-	// Learning: the score after each version (index 0 is version 1).
+	// Learning: the score after each version (index 0 is version 1): the
+	// probability that the policy's reply is the preferred one, as a share
+	// of the way from the start's to 1 (the package documentation).
 	Learning []float64 `json:"learning"`
 	// Poison: the learning curves under each defence (Poison scenario).
 	Poison []PoisonRun `json:"poison,omitempty"`
