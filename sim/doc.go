@@ -89,11 +89,18 @@
 //     of its connections carry streams, and is dialled by others, about
 //     11 connections each, as libp2p's connection manager keeps a bounded
 //     set and the mesh dials other known peers while too few answer.
-//   - Gossip floods, as mesh/memnet does: a node forwards a message it
-//     sees first to its neighbours; each copy is lost with the link's
-//     loss. Batch announcements are not flooded event by event (a
-//     thousand devices' announcements would dominate the run): they
-//     reach each trainer the device can reach after twice their latency.
+//   - Gossip is gossipsub's, with the library's defaults, as mesh/p2p
+//     runs it: each node keeps a mesh of 6 of its neighbours (grafting
+//     below 5, none past 12, symmetric, repaired when a peer is gone or
+//     has pruned it), pushes a message it sees first to its mesh (flood
+//     publishing off), and at each of its next 3 heartbeats (1 s apart,
+//     each node's at its own phase) sends an IHAVE of it to 6 neighbours
+//     outside its mesh (or a quarter of them, if more); a neighbour that
+//     has not seen it asks (IWANT) once at a time and gets it. Each
+//     message, IHAVE and IWANT is lost with the link's loss. Batch
+//     announcements do not go through gossip event by event (a thousand
+//     devices' announcements would dominate the run): they reach each
+//     trainer the device can reach after twice their latency.
 //   - Weights: the transfers, and when a holder is busy or gone, are
 //     modelled; which chunks go to which holder is the real fetcher's
 //     plan (above). A node that accepts a newer manifest fetches it from

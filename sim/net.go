@@ -45,6 +45,10 @@ type node struct {
 	isRelay  bool
 
 	nbrs []int // sorted
+	// mesh: the gossipsub mesh, neighbours it pushes messages to;
+	// heartbeat: the phase of its gossipsub heartbeat.
+	mesh      []int
+	heartbeat time.Duration
 
 	// Liveness.
 	asleep, left bool

@@ -145,7 +145,8 @@ type Propagation struct {
 	CutWithin2x        bool    `json:"cut_within_2x"`
 }
 
-// GossipReport: version offers and the revocation flooded over the mesh.
+// GossipReport: version offers and the revocation gossiped over the
+// gossipsub meshes.
 type GossipReport struct {
 	Messages int `json:"messages"`
 	// DeliveryRatio: of the devices live when a message was published, the
@@ -155,6 +156,13 @@ type GossipReport struct {
 	// on links.
 	CopiesPerNode float64 `json:"copies_per_node"`
 	Lost          int     `json:"lost"`
+	// IHavesPerNode: gossipsub IHAVEs sent per node per message; Pulled:
+	// copies sent because a node asked for them (IWANT) after an IHAVE.
+	IHavesPerNode float64 `json:"ihaves_per_node"`
+	Pulled        int     `json:"pulled"`
+	// Reach99S: the longest any message took to reach 99% of the devices
+	// live at its publication (seconds; -1 if one never did).
+	Reach99S float64 `json:"reach99_s"`
 }
 
 // Staleness: how long live devices served an adapter older than the newest
@@ -380,19 +388,34 @@ func (w *world) report() *Report {
 	r.Propagation.AwakeMedianRatio99, r.Propagation.AwakeMaxRatio99, r.Propagation.AwakeWithin2x = summarise(awakeRatios, len(r.Versions))
 	r.Propagation.CutMedianRatio99, r.Propagation.CutMaxRatio99, r.Propagation.CutWithin2x = summarise(cutRatios, len(r.Versions))
 	// Gossip.
-	var live, got, copies, lost int
+	var live, got, copies, lost, ihaves, pulled int
+	var reach99 time.Duration
 	for _, m := range w.msgs {
 		live += m.liveAt
 		got += m.delivered
 		copies += m.copies
 		lost += m.lost
+		ihaves += m.ihaves
+		pulled += m.pulled
+		need := (99*m.liveAt + 99) / 100
+		switch {
+		case need == 0:
+		case len(m.deliveredAt) < need:
+			reach99 = -1
+		case reach99 >= 0:
+			reach99 = max(reach99, m.deliveredAt[need-1])
+		}
 	}
-	r.Gossip = GossipReport{Messages: len(w.msgs), Lost: lost}
+	r.Gossip = GossipReport{Messages: len(w.msgs), Lost: lost, Pulled: pulled, Reach99S: -1}
+	if reach99 >= 0 {
+		r.Gossip.Reach99S = round3(seconds(reach99))
+	}
 	if live > 0 {
 		r.Gossip.DeliveryRatio = round3(float64(got) / float64(live))
 	}
 	if len(w.msgs) > 0 {
 		r.Gossip.CopiesPerNode = round3(float64(copies) / float64(len(w.msgs)*len(w.nodes)))
+		r.Gossip.IHavesPerNode = round3(float64(ihaves) / float64(len(w.msgs)*len(w.nodes)))
 	}
 	// Staleness.
 	var stale, liveTime time.Duration
@@ -610,6 +633,8 @@ func (r *Report) WriteTable(out io.Writer) error {
 		r.Propagation.AwakeWithin2x, r.Propagation.AwakeMedianRatio99, ratio(r.Propagation.AwakeMaxRatio99))
 	f("\ngossip: %d messages, delivery ratio %.4f, %.2f copies per node per message, %d lost on links\n",
 		r.Gossip.Messages, r.Gossip.DeliveryRatio, r.Gossip.CopiesPerNode, r.Gossip.Lost)
+	f("gossipsub: %.2f IHAVEs per node per message, %d copies pulled by IWANT; every message at 99%% of the live devices within %s\n",
+		r.Gossip.IHavesPerNode, r.Gossip.Pulled, secondsOrNever(r.Gossip.Reach99S))
 	f("staleness: %.2f%% of live device-time on an older adapter, %.1f s per device per version\n", 100*r.Staleness.Share, r.Staleness.MeanPerVersion)
 	f("bytes per version: %.1f MiB per device (busiest %.1f), %.1f MiB from the trainers; wasted %.1f MiB, gossip %.1f MiB\n",
 		r.Bytes.PerNodePerVersionMiB, r.Bytes.MaxNodePerVersionMiB, r.Bytes.TrainerPerVersionMiB, r.Bytes.WastedMiB, r.Bytes.GossipMiB)
@@ -688,4 +713,12 @@ func orNone(s string) string {
 		return "none"
 	}
 	return s
+}
+
+// secondsOrNever prints a figure in seconds, or "never" for -1.
+func secondsOrNever(s float64) string {
+	if s < 0 {
+		return "never"
+	}
+	return fmt.Sprintf("%.1f s", s)
 }

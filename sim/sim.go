@@ -39,7 +39,9 @@ type world struct {
 	o   Options
 	def Defences
 
-	rLinks, rNAT, rGraph, rGossip, rFetch, rKeys, rRaft, rBatch, rLearn, rChurn, rFault *rand.Rand
+	rLinks, rNAT, rGraph, rGossip, rGossipsub, rFetch, rKeys, rRaft, rBatch, rLearn, rChurn, rFault *rand.Rand
+	// eagerOnly turns gossipsub's IHAVE/IWANT gossip off (tests).
+	eagerOnly bool
 
 	nodes  []*node
 	relays []int
@@ -106,7 +108,8 @@ func newWorld(o Options, def Defences) (*world, error) {
 	s := o.Seed
 	w := &world{o: o, def: def, leader: -1, victim: -1,
 		rLinks: stream(s, "links"), rNAT: stream(s, "nat"), rGraph: stream(s, "graph"), rGossip: stream(s, "gossip"),
-		rFetch: stream(s, "fetch"), rKeys: stream(s, "keys"), rRaft: stream(s, "raft"), rBatch: stream(s, "batches"),
+		rGossipsub: stream(s, "gossipsub"),
+		rFetch:     stream(s, "fetch"), rKeys: stream(s, "keys"), rRaft: stream(s, "raft"), rBatch: stream(s, "batches"),
 		rLearn: stream(s, "learn"), rChurn: stream(s, "churn"), rFault: stream(s, "faults"),
 		batches: map[core.BatchID]*batchInfo{}, trainedTimes: map[core.BatchID]int{}}
 	w.makeNetwork()
@@ -118,6 +121,7 @@ func newWorld(o Options, def Defences) (*world, error) {
 		n := w.nodes[o.Nodes+i]
 		w.trainers = append(w.trainers, &trainerPeer{n: n, i: i, st: group.New(), malicious: o.Scenario == Poison && i >= o.Trainers-o.MaliciousTrainers})
 	}
+	w.buildMeshes()
 	// Malicious devices: the Poison scenario's, their kinds in turn.
 	w.malice = make([]int, o.Nodes)
 	if o.Scenario == Poison && o.Malicious > 0 {

@@ -59,7 +59,7 @@ type peer struct {
 	bytesUp int64 // chunk bytes sent
 }
 
-// message is one gossip message flooding the mesh.
+// message is one gossip message spreading over the gossipsub meshes.
 type message struct {
 	kind    string // "offer" or "revoke"
 	version uint64
@@ -68,10 +68,17 @@ type message struct {
 	at      time.Duration
 	seen    []bool
 	wasLive []bool
+	// wanted: nodes that asked for it (IWANT) and wait for it.
+	wanted []bool
 	// liveAt: devices live when it was published; delivered: those of them
 	// it reached.
 	liveAt, delivered int
 	copies, lost      int
+	// ihaves: IHAVEs sent; pulled: copies sent for an IWANT.
+	ihaves, pulled int
+	// deliveredAt: how long after publication each device live then got
+	// it, in order.
+	deliveredAt []time.Duration
 }
 
 // sendTo reports whether a sends anything to b now: b reachable, admitted,
@@ -144,10 +151,12 @@ func (w *world) setupMembership() error {
 	return nil
 }
 
-// publish floods a gossip message from origin.
+// publish sends a gossip message from origin to its mesh (gossipsub
+// with flood publishing off, as mesh/p2p runs it).
 func (w *world) publish(origin int, m *message) {
 	m.origin, m.at = origin, w.now
 	m.seen = make([]bool, len(w.nodes))
+	m.wanted = make([]bool, len(w.nodes))
 	m.wasLive = make([]bool, len(w.nodes))
 	for i := range w.o.Nodes {
 		if w.live(w.nodes[i]) && !w.isVictim(i) && i != origin {
@@ -160,10 +169,13 @@ func (w *world) publish(origin int, m *message) {
 	w.forward(origin, -1, m)
 }
 
-// forward sends m from a to each of a's neighbours but prev.
+// forward sends m from a to each peer of a's mesh but prev, and has a
+// announce it to others at its next heartbeats.
 func (w *world) forward(a, prev int, m *message) {
 	na := w.nodes[a]
-	for _, j := range na.nbrs {
+	w.repairMesh(a)
+	w.gossipLater(a, m)
+	for _, j := range na.mesh {
 		if j == prev {
 			continue
 		}
@@ -199,6 +211,7 @@ func (w *world) deliver(a, b int, sent time.Duration, m *message) {
 	m.seen[b] = true
 	if m.wasLive[b] {
 		m.delivered++
+		m.deliveredAt = append(m.deliveredAt, w.now-m.at)
 	}
 	switch m.kind {
 	case "offer":
@@ -261,7 +274,7 @@ func (w *world) mergeRevocations(b int, data []byte) {
 func (w *world) isVictim(i int) bool { return i == w.victim && w.victim >= 0 }
 
 // revoke has the admin revoke the victim; the leader (or the first live
-// trainer) floods the revocation.
+// trainer) gossips the revocation.
 func (w *world) revoke() {
 	if w.victim < 0 {
 		return

@@ -65,7 +65,9 @@ Figures:
                 is the one users prefer, as a share of the way from the
                 start's to 1; the learning model is fitted to the native
                 engine's measured curves (sim/RATIONALE.md)
-  delivery      the share of live devices a gossip message reached
+  delivery      the share of live devices a gossip message reached, over
+                gossipsub's meshes (6 peers each, the library's default)
+                and its IHAVE/IWANT gossip at each heartbeat
   staleness     device-time spent serving an adapter older than the newest
   wasted work   batches trained twice (must be 0), retrained after a lost
                 round, refused (stale, verify, unreadable, revoked)
