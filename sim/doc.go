@@ -119,15 +119,20 @@
 //     run; a node that wakes starts a new attempt, and asks its
 //     neighbours for their newest manifest. A newer offer replaces an
 //     older fetch.
-//   - Raft among the trainers: not hashicorp/raft itself but its timing:
-//     a leader commits an entry once a quorum of the voters (at most
-//     group.MaxVoters) is reachable, after the quorum's slowest round
-//     trip and an fsync (2 ms); a follower that loses the leader stands
-//     after a timeout drawn in [1 s, 2 s) (HeartbeatTimeout's default and
-//     its randomisation), wins if it reaches a quorum whose logs are no
-//     newer, and commits a no-op first; a leader cut from a quorum steps
-//     down; entries of a deposed leader are lost. A trainer that comes
-//     back applies the entries it missed.
+//   - Raft among the trainers: not hashicorp/raft itself but its timing
+//     and its election rules: a leader commits an entry once a quorum of
+//     the voters (at most group.MaxVoters) is reachable, after the
+//     quorum's slowest round trip and an fsync (2 ms). A follower's
+//     heartbeat timer fires every 1–2 s (HeartbeatTimeout's default and
+//     its randomisation), and the follower stands when it fires a second
+//     or more after the leader's last heartbeat; it asks for pre-votes,
+//     which a voter grants only once it has stood itself and if its log
+//     is no newer; refused, it asks again after an election timeout (1–2
+//     s); with a quorum it wins after two round trips and commits a
+//     no-op first. TestFailoverMatchesRaft checks the election time
+//     against hashicorp/raft itself, run in virtual time. A leader cut
+//     from a quorum steps down; entries of a deposed leader are lost. A
+//     trainer that comes back applies the entries it missed.
 //   - Training: a sample costs 64 tokens at the native engine's measured
 //     15,032 tokens a second on the tiny model (docs/benchmarks.md,
 //     2026-11-25), about 4.3 ms; a trainer pulls its share's batches from

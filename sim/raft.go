@@ -10,12 +10,15 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
-// Raft timing, as hashicorp/raft's defaults: a follower that hears nothing
-// for a heartbeat timeout (randomised between 1× and 2×) stands for
-// election; a leader that cannot reach a quorum steps down after the
-// leader lease.
+// Raft timing, as hashicorp/raft's defaults (the trainers' Timing keeps
+// them): a follower's heartbeat timer fires every 1–2 heartbeat timeouts,
+// and it stands for election when one fires a heartbeat timeout or more
+// after it last heard the leader; a candidate asks for pre-votes and, if
+// refused, again after an election timeout (1–2 s); a leader that cannot
+// reach a quorum steps down after the leader lease.
 const (
 	heartbeatTimeout = time.Second
+	electionTimeout  = time.Second
 	leaderLease      = 500 * time.Millisecond
 	fsyncTime        = 2 * time.Millisecond
 	tickEvery        = 500 * time.Millisecond
@@ -40,8 +43,12 @@ type trainerPeer struct {
 	killed    bool
 	paused    bool
 	malicious bool
-	buf       []group.BatchRef
-	work      *work
+	// Raft's timers (see scheduleElection): hbNext is when its heartbeat
+	// timer fires next; stood when it stood for election since the leader
+	// was lost (-1: it has not); nextVote its next request for pre-votes.
+	hbNext, stood, nextVote time.Duration
+	buf                     []group.BatchRef
+	work                    *work
 }
 
 func (w *world) trainerOf(n *node) *trainerPeer { return w.trainers[n.id-w.o.Nodes] }
@@ -211,49 +218,97 @@ func (w *world) checkLeader(cause string) {
 		if w.failing == nil {
 			w.failing = &Failover{Cause: cause, At: seconds(w.now)}
 		}
+		// Its followers last heard it at its last heartbeat, which it
+		// sends every tenth of a heartbeat timeout.
+		w.lostAt = w.now - time.Duration(w.rRaft.Int64N(int64(heartbeatTimeout/10)))
+		for _, t := range w.voters() {
+			t.stood = -1
+		}
+		if w.live(l.n) {
+			w.followAgain(l)
+		}
 	}
 	w.scheduleElection()
 }
 
-// scheduleElection draws each live voter's randomised timeout; the first
-// that can win (it reaches a quorum whose logs are no newer than its own)
-// becomes leader one round trip later.
+// randomTimeout is hashicorp/raft's: between d and 2d.
+func (w *world) randomTimeout(d time.Duration) time.Duration {
+	return d + time.Duration(w.rRaft.Int64N(int64(d)))
+}
+
+// stand works out when voter t stood for election after the leader was
+// lost at w.lostAt: the first firing of its heartbeat timer a heartbeat
+// timeout or more after it last heard the leader (each firing sets the
+// next 1–2 timeouts on).
+func (w *world) stand(t *trainerPeer) {
+	if t.stood >= 0 {
+		return
+	}
+	for t.hbNext-w.lostAt < heartbeatTimeout {
+		t.hbNext += w.randomTimeout(heartbeatTimeout)
+	}
+	t.stood, t.nextVote = t.hbNext, t.hbNext
+}
+
+// followAgain restarts t's heartbeat timer, as raft does when a server
+// becomes a follower.
+func (w *world) followAgain(t *trainerPeer) {
+	t.hbNext = w.now + w.randomTimeout(heartbeatTimeout)
+	t.stood = -1
+}
+
+// scheduleElection plays hashicorp/raft's election with pre-vote among the
+// live voters. Each stands when its heartbeat timer finds the leader gone
+// (stand), and asks the voters it reaches for pre-votes; a voter grants
+// one only once it has stood itself (until then it still has a leader)
+// and if its log is no newer. A candidate refused asks again after an
+// election timeout. The first to gather a quorum wins after two round
+// trips (the pre-vote and the vote).
 func (w *world) scheduleElection() {
 	if w.electionPending {
 		return
 	}
-	type cand struct {
-		t  *trainerPeer
-		at time.Duration
-	}
-	var cs []cand
+	var live []*trainerPeer
 	for _, t := range w.voters() {
 		if w.live(t.n) {
-			cs = append(cs, cand{t, w.now + heartbeatTimeout + time.Duration(w.rRaft.Int64N(int64(heartbeatTimeout)))})
+			w.stand(t)
+			for t.nextVote < w.now {
+				t.nextVote += w.randomTimeout(electionTimeout)
+			}
+			live = append(live, t)
 		}
 	}
-	slices.SortFunc(cs, func(a, b cand) int { return cmp.Compare(a.at, b.at) })
-	for _, c := range cs {
-		rs := w.reachable(c.t)
-		if len(rs) < w.quorum() {
-			continue
-		}
-		upToDate := true
-		for _, v := range rs {
-			if v.applied > c.t.applied {
-				upToDate = false
+	if len(live) < w.quorum() {
+		return
+	}
+	// Bounded: with a quorum reachable the second round of requests at
+	// the latest wins; without one, nothing does until the network
+	// changes, and checkLeader calls again.
+	for range 16 * len(live) {
+		c := live[0]
+		for _, t := range live[1:] {
+			if t.nextVote < c.nextVote {
+				c = t
 			}
 		}
-		if !upToDate {
+		at := c.nextVote
+		granted := 0
+		var rtt time.Duration
+		for _, v := range w.reachable(c) {
+			if v == c || (v.stood >= 0 && v.stood <= at && v.applied <= c.applied) {
+				granted++
+			}
+			if v != c {
+				rtt = max(rtt, 2*w.latency(c.n, v.n))
+			}
+		}
+		if granted < w.quorum() {
+			c.nextVote = at + w.randomTimeout(electionTimeout)
 			continue
 		}
-		var rtt time.Duration
-		for _, v := range rs {
-			rtt = max(rtt, 2*w.latency(c.t.n, v.n))
-		}
-		t := c.t
+		t := c
 		w.electionPending = true
-		w.at(c.at+rtt, func() {
+		w.at(at+2*rtt, func() {
 			w.electionPending = false
 			if w.leader >= 0 {
 				return
@@ -267,6 +322,11 @@ func (w *world) scheduleElection() {
 			w.round = nil
 			if w.failing != nil {
 				w.failing.Elected = seconds(w.now)
+			}
+			for _, v := range w.voters() {
+				if v != t {
+					w.followAgain(v)
+				}
 			}
 			for _, v := range w.reachable(t) {
 				w.catchUp(v)

@@ -72,12 +72,14 @@ type world struct {
 	lastCommit      time.Duration
 	inflight        int
 	electionPending bool
-	failing         *Failover
-	failovers       []Failover
-	round           *roundRun
-	lastStart       time.Duration
-	onStart         func(round uint64)
-	learn           *learner
+	// lostAt is when the voters last heard a leader.
+	lostAt    time.Duration
+	failing   *Failover
+	failovers []Failover
+	round     *roundRun
+	lastStart time.Duration
+	onStart   func(round uint64)
+	learn     *learner
 
 	// Batches.
 	batches      map[core.BatchID]*batchInfo
@@ -120,6 +122,9 @@ func newWorld(o Options, def Defences) (*world, error) {
 	for i := range o.Trainers {
 		n := w.nodes[o.Nodes+i]
 		w.trainers = append(w.trainers, &trainerPeer{n: n, i: i, st: group.New(), malicious: o.Scenario == Poison && i >= o.Trainers-o.MaliciousTrainers})
+	}
+	for _, t := range w.trainers {
+		w.followAgain(t)
 	}
 	w.buildMeshes()
 	// Malicious devices: the Poison scenario's, their kinds in turn.
@@ -328,6 +333,7 @@ func (w *world) scheduleChurn() {
 			w.checkLeader("leader killed mid-round")
 			w.after(2*w.o.RoundEvery, func() {
 				t.killed = false
+				w.followAgain(t)
 				w.checkLeader("restart")
 			})
 		})
@@ -339,6 +345,8 @@ func (w *world) scheduleChurn() {
 				w.checkLeader("trainer paused")
 				w.after(pauseFor, func() {
 					t.paused = false
+					// Its timers fire as it resumes.
+					t.hbNext = max(t.hbNext, w.now)
 					w.checkLeader("resume")
 				})
 				return
