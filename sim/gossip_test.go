@@ -3,6 +3,8 @@ package sim
 import (
 	"slices"
 	"testing"
+
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 )
 
 // TestGossipsubMesh: every node's mesh is symmetric, made of neighbours
@@ -82,5 +84,26 @@ func TestGossipsubRecovers(t *testing.T) {
 	}
 	if full.Gossip.DeliveryRatio <= eager.Gossip.DeliveryRatio || full.Gossip.DeliveryRatio < 0.99 {
 		t.Errorf("delivery ratio %v with IHAVE/IWANT, %v without", full.Gossip.DeliveryRatio, eager.Gossip.DeliveryRatio)
+	}
+}
+
+// TestGossipsubDefaults: the model's gossipsub constants are the library's
+// defaults, which mesh/p2p runs with.
+func TestGossipsubDefaults(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		model, real any
+	}{
+		{"D", gsD, pubsub.GossipSubD},
+		{"Dlo", gsDlo, pubsub.GossipSubDlo},
+		{"Dhi", gsDhi, pubsub.GossipSubDhi},
+		{"Dlazy", gsDlazy, pubsub.GossipSubDlazy},
+		{"GossipFactor", gsGossipFactor, pubsub.GossipSubGossipFactor},
+		{"HeartbeatInterval", gsHeartbeat, pubsub.GossipSubHeartbeatInterval},
+		{"HistoryGossip", gsHistoryGossip, pubsub.GossipSubHistoryGossip},
+	} {
+		if c.model != c.real {
+			t.Errorf("GossipSub%s: the model has %v, go-libp2p-pubsub %v", c.name, c.model, c.real)
+		}
 	}
 }
