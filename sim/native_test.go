@@ -10,10 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/trainer/engine/native"
+	"github.com/clawmesh/clawmesh/trainer/engine/native/nativetest"
 	"github.com/clawmesh/clawmesh/trainer/learn"
 	"github.com/clawmesh/clawmesh/trainer/loss"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
 
 var update = flag.Bool("update", false, "measure the native engine's learning curves again into "+curvesFile)
@@ -54,22 +53,8 @@ const (
 // one optimizer step a round at the group's default learning rate.
 func measureCurve(t *testing.T, samples int, seed uint64) nativeCurve {
 	t.Helper()
-	tok, err := tokenizer.Tiny(tokenizer.TinyOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := native.TinyConfig(tok.VocabSize())
-	id, ok := tok.TokenID("<|im_end|>")
-	if !ok {
-		t.Fatal("tiny tokenizer has no <|im_end|>")
-	}
-	cfg.EOS = []int{id}
 	// Two threads whatever the machine: the engine's sums depend on it.
-	eng, err := native.NewTiny(cfg, seed, native.Options{Seed: seed + 100, Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	eng, tok := nativetest.Tiny(t, seed, 2)
 	if len(learn.DefaultPrompts) != curvePrompts {
 		t.Fatalf("learn.DefaultPrompts has %d prompts, the curves were measured with %d", len(learn.DefaultPrompts), curvePrompts)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/engine/native"
+	"github.com/clawmesh/clawmesh/trainer/engine/native/nativetest"
 	"github.com/clawmesh/clawmesh/trainer/loss"
 	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
@@ -22,24 +23,8 @@ const learnLR = 3e-3
 
 func tinyEngine(t testing.TB, seed uint64) (*native.Engine, *tokenizer.Tokenizer) {
 	t.Helper()
-	tok, err := tokenizer.Tiny(tokenizer.TinyOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := native.TinyConfig(tok.VocabSize())
-	id, ok := tok.TokenID("<|im_end|>")
-	if !ok {
-		t.Fatal("tiny tokenizer has no <|im_end|>")
-	}
-	cfg.EOS = []int{id}
-	// Two threads, whatever the machine: a native engine's sums depend on
-	// its thread count, so this makes every run of a test the same run.
-	eng, err := native.NewTiny(cfg, seed, native.Options{Seed: seed + 100, Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	return eng, tok
+	// Two threads, whatever the machine: every run of a test is the same.
+	return nativetest.Tiny(t, seed, 2)
 }
 
 // minHintGap is how much more likely, in nats, the taught base must find
