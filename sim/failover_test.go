@@ -7,7 +7,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/trainer"
 )
 
@@ -60,15 +59,7 @@ func TestFailoverMatchesRaft(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the real trainers")
 	}
-	// mesh/batch builds its shared zstd coders on first use, and their
-	// channels belong to the bubble that builds them: build them out here.
-	warm, err := trainer.SyntheticBatch(1, 8, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := batch.Decode(warm, batch.Limits{}); err != nil {
-		t.Fatal(err)
-	}
+	warmCoders(t)
 	// The real runs vary from run to run (goroutines and raft's own
 	// random draws), the model's from seed to seed: enough of each that
 	// the means are within about 0.1 s of their own.

@@ -32,15 +32,7 @@ func TestRealStackVirtualTime(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains on the real stack")
 	}
-	// mesh/batch builds its shared zstd coders on first use, and their
-	// channels belong to the bubble that builds them: build them out here.
-	warm, err := trainer.SyntheticBatch(1, 8, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := batch.Decode(warm, batch.Limits{}); err != nil {
-		t.Fatal(err)
-	}
+	warmCoders(t)
 	wall := time.Now()
 	var virtual time.Duration
 	synctest.Test(t, func(t *testing.T) {
@@ -150,5 +142,19 @@ func leaderKilled(t *testing.T, so trainer.SimOptions) {
 	}
 	if got := c.Trainer(li).Lineage(); CheckLineage(got, c.Trainer(li).Ledger()) != nil || got[len(got)-1].Index != versions[len(versions)-1].Index {
 		t.Errorf("the restarted trainer's lineage: %+v", got)
+	}
+}
+
+// warmCoders builds mesh/batch's shared zstd coders before a synctest
+// bubble: they are built on first use, and their channels belong to the
+// bubble that builds them.
+func warmCoders(t *testing.T) {
+	t.Helper()
+	warm, err := trainer.SyntheticBatch(1, 8, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := batch.Decode(warm, batch.Limits{}); err != nil {
+		t.Fatal(err)
 	}
 }
