@@ -97,7 +97,9 @@
 //     each node's at its own phase) sends an IHAVE of it to 6 neighbours
 //     outside its mesh (or a quarter of them, if more); a neighbour that
 //     has not seen it asks (IWANT) once at a time and gets it. Each
-//     message, IHAVE and IWANT is lost with the link's loss. Batch
+//     message, IHAVE and IWANT is lost with the link's loss.
+//     TestGossipsubCopiesMatchLibrary checks the copies a node receives
+//     against go-libp2p-pubsub itself on 40 hosts. Batch
 //     announcements do not go through gossip event by event (a thousand
 //     devices' announcements would dominate the run): they reach each
 //     trainer the device can reach after twice their latency.
