@@ -301,16 +301,6 @@ func (w *world) report() *Report {
 	hop := w.hopTime()
 	// at is the time until a share q of n devices held a version, given
 	// the sorted times of those that did; bound is the log-tree bound.
-	at := func(times []float64, n int, q float64) float64 {
-		need := int(math.Ceil(q * float64(n)))
-		if need == 0 {
-			return 0
-		}
-		if need > len(times) {
-			return -1
-		}
-		return round3(times[need-1])
-	}
 	bound := func(n int, q float64) float64 {
 		k := math.Ceil(q * float64(n))
 		return round3(math.Ceil(math.Log2(k+1)) * hop)
@@ -389,7 +379,7 @@ func (w *world) report() *Report {
 	r.Propagation.CutMedianRatio99, r.Propagation.CutMaxRatio99, r.Propagation.CutWithin2x = summarise(cutRatios, len(r.Versions))
 	// Gossip.
 	var live, got, copies, lost, ihaves, pulled int
-	var reach99 time.Duration
+	var reach99 float64
 	for _, m := range w.msgs {
 		live += m.liveAt
 		got += m.delivered
@@ -397,19 +387,13 @@ func (w *world) report() *Report {
 		lost += m.lost
 		ihaves += m.ihaves
 		pulled += m.pulled
-		need := (99*m.liveAt + 99) / 100
-		switch {
-		case need == 0:
-		case len(m.deliveredAt) < need:
+		if t := at(m.deliveredAt, m.liveAt, 0.99); t < 0 || reach99 < 0 {
 			reach99 = -1
-		case reach99 >= 0:
-			reach99 = max(reach99, m.deliveredAt[need-1])
+		} else {
+			reach99 = max(reach99, t)
 		}
 	}
-	r.Gossip = GossipReport{Messages: len(w.msgs), Lost: lost, Pulled: pulled, Reach99S: -1}
-	if reach99 >= 0 {
-		r.Gossip.Reach99S = round3(seconds(reach99))
-	}
+	r.Gossip = GossipReport{Messages: len(w.msgs), Lost: lost, Pulled: pulled, Reach99S: reach99}
 	if live > 0 {
 		r.Gossip.DeliveryRatio = round3(float64(got) / float64(live))
 	}
@@ -581,6 +565,19 @@ func (w *world) cutOff(v uint64) []time.Duration {
 		}
 	}
 	return at
+}
+
+// at is when a share q of n devices held something, given the times (in
+// order) at which those that did got it: -1 if fewer than that did.
+func at(times []float64, n int, q float64) float64 {
+	need := int(math.Ceil(q * float64(n)))
+	if need == 0 {
+		return 0
+	}
+	if need > len(times) {
+		return -1
+	}
+	return round3(times[need-1])
 }
 
 // hopTime is one hop of the log-tree bound: a whole bundle over the median

@@ -76,9 +76,9 @@ type message struct {
 	copies, lost      int
 	// ihaves: IHAVEs sent; pulled: copies sent for an IWANT.
 	ihaves, pulled int
-	// deliveredAt: how long after publication each device live then got
-	// it, in order.
-	deliveredAt []time.Duration
+	// deliveredAt: how long after publication (seconds) each device live
+	// then got it, in order.
+	deliveredAt []float64
 }
 
 // sendTo reports whether a sends anything to b now: b reachable, admitted,
@@ -211,7 +211,7 @@ func (w *world) deliver(a, b int, sent time.Duration, m *message) {
 	m.seen[b] = true
 	if m.wasLive[b] {
 		m.delivered++
-		m.deliveredAt = append(m.deliveredAt, w.now-m.at)
+		m.deliveredAt = append(m.deliveredAt, seconds(w.now-m.at))
 	}
 	switch m.kind {
 	case "offer":
