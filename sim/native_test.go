@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/clawmesh/clawmesh/trainer/engine/native/nativetest"
+	"github.com/clawmesh/clawmesh/model/engine/native/nativetest"
+	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/trainer/learn"
-	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
 var update = flag.Bool("update", false, "measure the native engine's learning curves again into "+curvesFile)

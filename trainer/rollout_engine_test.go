@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/trainer/engine/torch"
+	"github.com/clawmesh/clawmesh/model/engine/torch"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/tasks"
 )

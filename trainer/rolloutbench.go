@@ -9,9 +9,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/clawmesh/clawmesh/model/engine"
 	"github.com/clawmesh/clawmesh/reward"
 	"github.com/clawmesh/clawmesh/trainer/adapter"
-	"github.com/clawmesh/clawmesh/trainer/engine"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/tasks"
 )

@@ -7,11 +7,11 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/trainer/chat"
-	"github.com/clawmesh/clawmesh/trainer/engine"
+	"github.com/clawmesh/clawmesh/model/chat"
+	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/tasks"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
 
 // scriptedEngine is a fake engine for unit tests of episodes: Generate

@@ -92,7 +92,7 @@ type Config struct {
 	// Stall is how long a pull may make no progress (mesh default).
 	Stall time.Duration
 	// Engine is the training engine (native, or torch: the PyTorch worker
-	// of trainer/engine/torch), Device its device (cpu, or cuda with the
+	// of model/engine/torch), Device its device (cpu, or cuda with the
 	// torch engine), Base the base model: "tiny" (or "") for the tiny
 	// model, or a Hugging Face model directory.
 	Engine, Device, Base string

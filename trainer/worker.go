@@ -18,15 +18,15 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/model/chat"
+	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/engine/torch"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 	"github.com/clawmesh/clawmesh/trainer/adapter"
-	"github.com/clawmesh/clawmesh/trainer/chat"
-	"github.com/clawmesh/clawmesh/trainer/engine"
-	"github.com/clawmesh/clawmesh/trainer/engine/native"
-	"github.com/clawmesh/clawmesh/trainer/engine/torch"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/learn"
 	"github.com/clawmesh/clawmesh/trainer/sample"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
 
 // Engines and devices a trainer accepts.

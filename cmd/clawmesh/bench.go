@@ -9,15 +9,15 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/engine/torch"
+	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/node/gateway/bench"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/trainer"
-	"github.com/clawmesh/clawmesh/trainer/engine"
-	"github.com/clawmesh/clawmesh/trainer/engine/native"
-	"github.com/clawmesh/clawmesh/trainer/engine/torch"
 	"github.com/clawmesh/clawmesh/trainer/learn"
-	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
 const benchHelp = `Usage: clawmesh bench <gateway|pool|soak|engine|learn|scrub|mesh|trainers|weights|rollouts> [flags]

@@ -10,9 +10,9 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/clawmesh/clawmesh/mesh/weights"
-	"github.com/clawmesh/clawmesh/trainer/engine"
-	"github.com/clawmesh/clawmesh/trainer/engine/native"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
+	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 )
 
 // deltaReport says whether sending a compressed delta between consecutive

@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/model/chat"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/sim/scenario"
-	"github.com/clawmesh/clawmesh/trainer/chat"
-	"github.com/clawmesh/clawmesh/trainer/engine/native"
 	"github.com/clawmesh/clawmesh/trainer/learn"
-	"github.com/clawmesh/clawmesh/trainer/loss"
 	"github.com/clawmesh/clawmesh/trainer/sample"
 )
 

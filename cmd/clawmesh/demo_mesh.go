@@ -19,13 +19,13 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/model/serve"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/sim/scenario"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
-	"github.com/clawmesh/clawmesh/trainer/serve"
 )
 
 // demoOptions configures one recipe's run of the demo.

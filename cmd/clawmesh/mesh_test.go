@@ -16,11 +16,11 @@ import (
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
-	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
 var loopbackP2P = []string{"/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/127.0.0.1/tcp/0"}

@@ -16,10 +16,10 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/pool"
-	"github.com/clawmesh/clawmesh/trainer/engine/native"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
 
 func freeAddr(t *testing.T) string {

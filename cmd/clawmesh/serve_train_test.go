@@ -11,11 +11,11 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/model/chat"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/pool"
-	"github.com/clawmesh/clawmesh/trainer/chat"
-	"github.com/clawmesh/clawmesh/trainer/engine/native"
 	"github.com/clawmesh/clawmesh/trainer/learn"
-	"github.com/clawmesh/clawmesh/trainer/loss"
 	"github.com/clawmesh/clawmesh/trainer/sample"
 )
 

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/model/engine/torch"
 	"github.com/clawmesh/clawmesh/node/share"
-	"github.com/clawmesh/clawmesh/trainer/engine/torch"
 )
 
 // TestBenchEngineTorch measures the torch engine against the native one on

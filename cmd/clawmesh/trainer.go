@@ -12,9 +12,9 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
-	"github.com/clawmesh/clawmesh/trainer/loss"
 )
 
 const trainerHelp = `Usage: clawmesh trainer --data DIR [--engine native|torch] [--device cpu|cuda] [--base tiny|DIR] [flags]

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/model/serve/servetest"
 	"github.com/clawmesh/clawmesh/node/adapters"
-	"github.com/clawmesh/clawmesh/trainer/serve/servetest"
 )
 
 // The child half of TestInstallCrash: it installs v2 beside an installed

@@ -23,12 +23,12 @@ import (
 
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/model/serve/servetest"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/gateway"
 	"github.com/clawmesh/clawmesh/node/swap"
 	"github.com/clawmesh/clawmesh/pool"
-	"github.com/clawmesh/clawmesh/trainer/serve/servetest"
 )
 
 // held is the weights service as a follower sees it, with every version

@@ -12,12 +12,12 @@ import (
 // step's adapter).
 const AdapterHeader = "X-Clawmesh-Adapter"
 
-// clawmeshDriver drives `clawmesh serve` (package trainer/serve), which
+// clawmeshDriver drives `clawmesh serve` (package model/serve), which
 // holds one adapter version at a time and swaps it atomically itself:
 // requests in flight finish on the version they started with, new ones get
 // the new one. Its Targets keep the client's model (Model "").
 //
-// API (trainer/serve, cmd/clawmesh/serve.go):
+// API (model/serve, cmd/clawmesh/serve.go):
 //
 //	POST {root}/clawmesh/v1/adapter {"path": DIR, "version": NAME}
 //	  200 {"version": NAME, "previous": OLD}; 400 {"error": {"message"}} when

@@ -4,9 +4,9 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/model/serve"
+	"github.com/clawmesh/clawmesh/model/serve/servetest"
 	"github.com/clawmesh/clawmesh/trainer/adapter"
-	"github.com/clawmesh/clawmesh/trainer/serve"
-	"github.com/clawmesh/clawmesh/trainer/serve/servetest"
 )
 
 // startTinyServe serves the tiny model until the test ends. token, if set,

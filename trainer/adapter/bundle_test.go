@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/trainer/safetensors"
+	"github.com/clawmesh/clawmesh/model/safetensors"
 )
 
 func TestReadWriteRoundTrip(t *testing.T) {

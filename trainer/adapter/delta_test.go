@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/trainer/engine/native"
-	"github.com/clawmesh/clawmesh/trainer/safetensors"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/safetensors"
 )
 
 func TestDiffApply(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/trainer/safetensors"
+	"github.com/clawmesh/clawmesh/model/safetensors"
 )
 
 // fuzzLimits keep a fuzzer's allocations small.

@@ -9,7 +9,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/clawmesh/clawmesh/trainer/safetensors"
+	"github.com/clawmesh/clawmesh/model/safetensors"
 )
 
 // checkTensors checks that ts are sorted by unique names that safetensors

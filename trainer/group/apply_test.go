@@ -9,7 +9,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
-	"github.com/clawmesh/clawmesh/trainer/loss"
+	"github.com/clawmesh/clawmesh/model/loss"
 )
 
 type applyCase struct {

@@ -23,7 +23,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
-	"github.com/clawmesh/clawmesh/trainer/loss"
+	"github.com/clawmesh/clawmesh/model/loss"
 )
 
 // Errors of Apply: an entry refused leaves the state unchanged. They are

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/trainer/engine"
+	"github.com/clawmesh/clawmesh/model/engine"
 	"github.com/clawmesh/clawmesh/trainer/sample"
 )
 

@@ -8,9 +8,9 @@ import (
 	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/trainer/engine"
+	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 	"github.com/clawmesh/clawmesh/trainer/sample"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
 
 // Directive is a kind of instruction a user gives in words ("start the

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/clawmesh/clawmesh/model/chat"
 	simscenario "github.com/clawmesh/clawmesh/sim/scenario"
-	"github.com/clawmesh/clawmesh/trainer/chat"
 	"github.com/clawmesh/clawmesh/trainer/sample"
 )
 

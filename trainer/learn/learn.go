@@ -3,7 +3,7 @@
 // no signal for the recipe or come from a policy too many versions old,
 // completes their old log-probs (recorded by the gateway, else recomputed),
 // scores OPD responses under the teacher's hint-enhanced context, turns
-// rewards and hints into per-token advantages with trainer/loss, and runs the
+// rewards and hints into per-token advantages with model/loss, and runs the
 // engine's TrainStep once per epoch and mini-batch. It also holds the
 // preference scenario (RunPreference) that shows a tiny model learning a
 // user's preference through this code, for tests, the demo and the simulator.
@@ -22,8 +22,8 @@ import (
 	"sync"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/trainer/engine"
-	"github.com/clawmesh/clawmesh/trainer/loss"
+	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/trainer/sample"
 )
 

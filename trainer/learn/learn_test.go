@@ -9,10 +9,10 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/trainer/engine"
-	"github.com/clawmesh/clawmesh/trainer/loss"
+	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/loss"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 	"github.com/clawmesh/clawmesh/trainer/sample"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
 
 // fakeEngine is a unit-test engine: log-probs are a fixed function of the

@@ -5,11 +5,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/trainer/engine"
-	"github.com/clawmesh/clawmesh/trainer/engine/native"
-	"github.com/clawmesh/clawmesh/trainer/engine/native/nativetest"
-	"github.com/clawmesh/clawmesh/trainer/loss"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
+	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/engine/native/nativetest"
+	"github.com/clawmesh/clawmesh/model/loss"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 )
 
 // The learning tests run the preference scenario on the native engine's

@@ -12,11 +12,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/trainer/chat"
-	"github.com/clawmesh/clawmesh/trainer/engine"
-	"github.com/clawmesh/clawmesh/trainer/loss"
+	"github.com/clawmesh/clawmesh/model/chat"
+	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/loss"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 	"github.com/clawmesh/clawmesh/trainer/sample"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
 )
 
 // chatMLSource is plain ChatML: every turn "<|im_start|>{role}\n{content}<|im_end|>\n",

