@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/sim/scenario"
 	"github.com/clawmesh/clawmesh/trainer"
 )
@@ -70,7 +71,7 @@ func benchLoop(ctx context.Context, versions int, progress io.Writer) (loopRepor
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		return resp.Header.Get("X-Clawmesh-Adapter"), nil
+		return resp.Header.Get(serveapi.AdapterHeader), nil
 	}
 	committed := func(v uint64) (time.Time, bool) {
 		for _, tr := range trs {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
-	"github.com/clawmesh/clawmesh/model/serve"
+	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
@@ -557,7 +557,7 @@ func demoSample(ctx context.Context, model, prompt string, n int, seed uint64) (
 	if len(rs) != n {
 		return nil, "", fmt.Errorf("asked the model server for %d replies, got %d", n, len(rs))
 	}
-	return rs, h.Get(serve.AdapterHeader), nil
+	return rs, h.Get(serveapi.AdapterHeader), nil
 }
 
 func demoPost(req *http.Request, out any) (http.Header, error) {

@@ -19,6 +19,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/share"
@@ -95,7 +96,7 @@ func TestWeightsComeBack(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if got := resp.Header.Get("X-Clawmesh-Adapter"); resp.StatusCode != 200 || got != "v1" {
+	if got := resp.Header.Get(serveapi.AdapterHeader); resp.StatusCode != 200 || got != "v1" {
 		t.Fatalf("reply after the swap: %d, served by %q", resp.StatusCode, got)
 	}
 	var found bool

@@ -16,6 +16,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/model/chat"
 	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/serveapi"
 )
 
 // ints decodes a JSON array of ints from an SDK extra field.
@@ -68,8 +69,8 @@ func TestChatCompletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := hr.Header.Get(AdapterHeader); got != DefaultAdapter {
-		t.Errorf("%s = %q, want %q", AdapterHeader, got, DefaultAdapter)
+	if got := hr.Header.Get(serveapi.AdapterHeader); got != DefaultAdapter {
+		t.Errorf("%s = %q, want %q", serveapi.AdapterHeader, got, DefaultAdapter)
 	}
 	if resp.Model != "tiny-test" || resp.Object != "chat.completion" || !strings.HasPrefix(resp.ID, "chatcmpl-") {
 		t.Errorf("model %q object %q id %q", resp.Model, resp.Object, resp.ID)
@@ -206,7 +207,7 @@ func TestChatStreamingMatchesNonStreaming(t *testing.T) {
 		}
 		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
 		st, hr := collectStream(t, c, p, option.WithJSONSet("return_token_ids", true))
-		if hr.Header.Get("Content-Type") != "text/event-stream" || hr.Header.Get(AdapterHeader) != DefaultAdapter {
+		if hr.Header.Get("Content-Type") != "text/event-stream" || hr.Header.Get(serveapi.AdapterHeader) != DefaultAdapter {
 			t.Errorf("headers %v", hr.Header)
 		}
 		if len(full.Choices) != int(n) {

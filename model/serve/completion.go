@@ -13,6 +13,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/serveapi"
 )
 
 // errStopString ends a generation when a stop string appeared.
@@ -156,7 +157,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	w.Header().Set(AdapterHeader, v.name)
+	w.Header().Set(serveapi.AdapterHeader, v.name)
 	g := &generation{
 		s: s, req: req, eng: v.eng, prompt: prompt, maxTokens: maxTok,
 		inThink: strings.HasSuffix(strings.TrimRight(text, "\n"), thinkOpen),

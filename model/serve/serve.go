@@ -5,7 +5,8 @@
 // of an upstream of kind "clawmesh": log-probs per token, vLLM's
 // return_token_ids, streaming with usage, Qwen's <think> reasoning and
 // <tool_call> tool calls. Each response names the adapter version that
-// served it in the X-Clawmesh-Adapter header. See RATIONALE.md.
+// served it in the X-Clawmesh-Adapter header; model/serveapi is that
+// contract. See RATIONALE.md.
 package serve
 
 import (
@@ -29,6 +30,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/httpguard"
 	"github.com/clawmesh/clawmesh/model/chat"
 	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/serveapi"
 )
 
 // Sentinel errors.
@@ -38,10 +40,6 @@ var (
 	ErrBadRequest = errors.New("serve: bad request")
 	ErrAdapter    = errors.New("serve: adapter not loaded")
 )
-
-// AdapterHeader is the response header naming the adapter version that
-// served a request.
-const AdapterHeader = "X-Clawmesh-Adapter"
 
 // Tokenizer is what the server needs of a tokenizer
 // (*tokenizer.Tokenizer implements it).
@@ -109,7 +107,7 @@ const (
 	DefaultMaxTokens       = 1024
 	DefaultMaxBodyBytes    = 32 << 20
 	DefaultShutdownTimeout = 30 * time.Second
-	DefaultAdapter         = "base"
+	DefaultAdapter         = serveapi.BaseVersion
 )
 
 func (c Config) withDefaults() Config {
@@ -254,7 +252,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("/v1/chat/completions", s.handleChat)
 	s.mux.HandleFunc("/v1/models", s.handleModels)
-	s.mux.HandleFunc("/clawmesh/v1/adapter", s.handleAdapter)
+	s.mux.HandleFunc(serveapi.AdapterPath, s.handleAdapter)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found_error", "", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
@@ -417,7 +415,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := s.Adapter()
-	w.Header().Set(AdapterHeader, v)
+	w.Header().Set(serveapi.AdapterHeader, v)
 	writeJSON(w, http.StatusOK, map[string]any{
 		"object": "list",
 		"data": []map[string]any{{
@@ -427,20 +425,14 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// adapterRequest is the body of POST /clawmesh/v1/adapter.
-type adapterRequest struct {
-	Path    string `json:"path"`
-	Version string `json:"version"`
-}
-
 func (s *Server) handleAdapter(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodGet:
 		v := s.Adapter()
-		w.Header().Set(AdapterHeader, v)
-		writeJSON(w, http.StatusOK, map[string]any{"version": v})
+		w.Header().Set(serveapi.AdapterHeader, v)
+		writeJSON(w, http.StatusOK, serveapi.AdapterReply{Version: v})
 	case http.MethodPost:
-		var ar adapterRequest
+		var ar serveapi.AdapterRequest
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
 		if err == nil {
 			err = json.Unmarshal(body, &ar)
@@ -458,8 +450,8 @@ func (s *Server) handleAdapter(w http.ResponseWriter, r *http.Request) {
 			writeError(w, status, "invalid_request_error", "path", err.Error())
 			return
 		}
-		w.Header().Set(AdapterHeader, ar.Version)
-		writeJSON(w, http.StatusOK, map[string]any{"version": ar.Version, "previous": prev})
+		w.Header().Set(serveapi.AdapterHeader, ar.Version)
+		writeJSON(w, http.StatusOK, serveapi.AdapterReply{Version: ar.Version, Previous: prev})
 	default:
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "use GET or POST")
 	}

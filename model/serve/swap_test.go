@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/clawmesh/clawmesh/model/engine"
+	"github.com/clawmesh/clawmesh/model/serveapi"
 )
 
 // noFork hides the native engine's Fork: the server then swaps adapters
@@ -157,7 +158,7 @@ func testHotSwap(t *testing.T, forking bool) {
 					return
 				}
 				s.hi = loadsStarted.Load()
-				s.version = hr.Header.Get(AdapterHeader)
+				s.version = hr.Header.Get(serveapi.AdapterHeader)
 				mu.Lock()
 				results = append(results, s)
 				mu.Unlock()
@@ -211,8 +212,8 @@ func testHotSwap(t *testing.T, forking bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hr.Header.Get(AdapterHeader) != last {
-		t.Errorf("served by %q after loading %q", hr.Header.Get(AdapterHeader), last)
+	if hr.Header.Get(serveapi.AdapterHeader) != last {
+		t.Errorf("served by %q after loading %q", hr.Header.Get(serveapi.AdapterHeader), last)
 	}
 	var got []float64
 	for _, l := range r.Choices[0].Logprobs.Content {
@@ -244,8 +245,8 @@ func TestAdapterEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	if resp.Header.Get(AdapterHeader) != "v1" {
-		t.Errorf("GET adapter header %q", resp.Header.Get(AdapterHeader))
+	if resp.Header.Get(serveapi.AdapterHeader) != "v1" {
+		t.Errorf("GET adapter header %q", resp.Header.Get(serveapi.AdapterHeader))
 	}
 	if err := srv.LoadAdapter(context.Background(), dir, ""); err == nil || !strings.Contains(err.Error(), "version") {
 		t.Errorf("empty version accepted: %v", err)

@@ -24,6 +24,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/model/serve/servetest"
+	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/gateway"
@@ -103,7 +104,7 @@ func stream(ctx context.Context, url string) reply {
 		return reply{err: err}
 	}
 	defer resp.Body.Close()
-	r := reply{version: resp.Header.Get(gateway.AdapterHeader)}
+	r := reply{version: resp.Header.Get(serveapi.AdapterHeader)}
 	if resp.StatusCode != 200 {
 		r.err = fmt.Errorf("status %d", resp.StatusCode)
 		return r

@@ -75,11 +75,6 @@ type Pauser interface {
 	Health() pool.Health
 }
 
-// AdapterHeader is the response header in which an upstream such as
-// `clawmesh serve` names the adapter version that served a call; the gateway
-// records it as the step's adapter.
-const AdapterHeader = "X-Clawmesh-Adapter"
-
 // Errors returned by New.
 var (
 	ErrConfig = errors.New("gateway: invalid config")

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/node/gateway/sse"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/node/session"
@@ -173,7 +174,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 	defer resp.Body.Close()
 	// An upstream that names the adapter version that served the call
 	// (clawmesh serve) is more exact than the node's notion of it.
-	if v := resp.Header.Get(AdapterHeader); v != "" {
+	if v := resp.Header.Get(serveapi.AdapterHeader); v != "" {
 		step.Adapter = v
 	}
 	br := &bodyReader{r: resp.Body, idle: idle, now: g.cfg.Now}

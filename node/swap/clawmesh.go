@@ -5,25 +5,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-)
 
-// AdapterHeader is the response header in which `clawmesh serve` names the
-// adapter version that served a request (the gateway records it as the
-// step's adapter).
-const AdapterHeader = "X-Clawmesh-Adapter"
+	"github.com/clawmesh/clawmesh/model/serveapi"
+)
 
 // clawmeshDriver drives `clawmesh serve` (package model/serve), which
 // holds one adapter version at a time and swaps it atomically itself:
 // requests in flight finish on the version they started with, new ones get
 // the new one. Its Targets keep the client's model (Model "").
 //
-// API (model/serve, cmd/clawmesh/serve.go):
-//
-//	POST {root}/clawmesh/v1/adapter {"path": DIR, "version": NAME}
-//	  200 {"version": NAME, "previous": OLD}; 400 {"error": {"message"}} when
-//	  the adapter does not load; 503 while shutting down.
-//	GET  {root}/clawmesh/v1/adapter -> 200 {"version": NAME}
-//	every reply: X-Clawmesh-Adapter: NAME
+// It speaks the server's contract, package model/serveapi: the adapter
+// endpoint (serveapi.AdapterPath) and the header every reply names its
+// version in (serveapi.AdapterHeader).
 type clawmeshDriver struct{ *client }
 
 // Load implements Driver.
@@ -35,7 +28,7 @@ func (d *clawmeshDriver) Load(ctx context.Context, version, dir string) (Target,
 	if err != nil {
 		return Target{}, err
 	}
-	r, err := d.do(ctx, http.MethodPost, d.root+"/clawmesh/v1/adapter", map[string]string{"path": abs, "version": version}, 0)
+	r, err := d.do(ctx, http.MethodPost, d.root+serveapi.AdapterPath, serveapi.AdapterRequest{Path: abs, Version: version}, 0)
 	if err != nil {
 		return Target{}, err
 	}
@@ -48,7 +41,7 @@ func (d *clawmeshDriver) Load(ctx context.Context, version, dir string) (Target,
 	default:
 		return Target{}, d.failure("loading version "+version, r)
 	}
-	if got := r.header.Get(AdapterHeader); got != version {
+	if got := r.header.Get(serveapi.AdapterHeader); got != version {
 		return Target{}, fmt.Errorf("%w: loaded version %s, but the server says it serves %q", ErrUpstream, version, got)
 	}
 	t := Target{Version: version}
@@ -60,7 +53,7 @@ func (d *clawmeshDriver) Load(ctx context.Context, version, dir string) (Target,
 // one: the base model is servable while no adapter was ever loaded (the
 // server's version is then "base"), and after that only by a restart.
 func (d *clawmeshDriver) Base(ctx context.Context) (Target, error) {
-	r, err := d.do(ctx, http.MethodGet, d.root+"/clawmesh/v1/adapter", nil, 0)
+	r, err := d.do(ctx, http.MethodGet, d.root+serveapi.AdapterPath, nil, 0)
 	if err != nil {
 		return Target{}, err
 	}
@@ -70,9 +63,7 @@ func (d *clawmeshDriver) Base(ctx context.Context) (Target, error) {
 	if r.status != http.StatusOK {
 		return Target{}, d.failure("asking for the served version", r)
 	}
-	var v struct {
-		Version string `json:"version"`
-	}
+	var v serveapi.AdapterReply
 	if err := json.Unmarshal(r.body, &v); err != nil || v.Version == "" {
 		return Target{}, fmt.Errorf("%w: GET /clawmesh/v1/adapter: no version in %q", ErrUpstream, r.body)
 	}
@@ -89,10 +80,10 @@ func (d *clawmeshDriver) Warm(ctx context.Context, t Target) error {
 	if err != nil {
 		return err
 	}
-	switch got := r.header.Get(AdapterHeader); got {
+	switch got := r.header.Get(serveapi.AdapterHeader); got {
 	case t.Version:
 	case "":
-		return fmt.Errorf("%w: version %s: the reply names no version in %s: is the upstream `clawmesh serve`?", ErrWarm, t.Version, AdapterHeader)
+		return fmt.Errorf("%w: version %s: the reply names no version in %s: is the upstream `clawmesh serve`?", ErrWarm, t.Version, serveapi.AdapterHeader)
 	default:
 		return fmt.Errorf("%w: version %s: answered by version %q", ErrWarm, t.Version, got)
 	}

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/model/serve"
 	"github.com/clawmesh/clawmesh/model/serve/servetest"
+	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/trainer/adapter"
 )
 
@@ -21,11 +21,8 @@ type tinyServe struct{ *servetest.Tiny }
 // adapter exports an adapter one optimizer step away from the fresh one.
 func (s *tinyServe) adapter(t testing.TB) string { return s.Adapter(t, 1, 0.05) }
 
-// The header the driver reads is the one the server writes.
-func TestAdapterHeaderMatchesServe(t *testing.T) {
-	if AdapterHeader != serve.AdapterHeader {
-		t.Fatalf("AdapterHeader %q, serve writes %q", AdapterHeader, serve.AdapterHeader)
-	}
+// The files the driver checks for are the ones a PEFT bundle holds.
+func TestAdapterFilesMatchPEFT(t *testing.T) {
 	if configFile != adapter.ConfigFile || weightsFile != adapter.WeightsFile {
 		t.Fatalf("adapter files %q, %q; PEFT bundles hold %q, %q", configFile, weightsFile, adapter.ConfigFile, adapter.WeightsFile)
 	}
@@ -50,7 +47,7 @@ func TestClawmeshServe(t *testing.T) {
 		if _, err := bad.Load(ctx, "v1", dir); !errors.Is(err, ErrUpstream) || !contains(err, "401", "token") {
 			t.Fatalf("Load with a wrong token: %v, want ErrUpstream naming the token", err)
 		}
-		if got := s.Srv.Adapter(); got != serve.DefaultAdapter {
+		if got := s.Srv.Adapter(); got != serveapi.BaseVersion {
 			t.Fatalf("a refused request changed the adapter to %q", got)
 		}
 	})
@@ -61,7 +58,7 @@ func TestClawmeshServe(t *testing.T) {
 		if _, err := d.Load(ctx, "v0", other); !errors.Is(err, ErrRefused) || !contains(err, "v0") {
 			t.Fatalf("Load of an adapter for another model: %v, want ErrRefused", err)
 		}
-		if got := s.Srv.Adapter(); got != serve.DefaultAdapter {
+		if got := s.Srv.Adapter(); got != serveapi.BaseVersion {
 			t.Fatalf("after a refused load the server serves %q", got)
 		}
 	})
