@@ -1,10 +1,11 @@
-// Package engine defines what a trainer asks of a model engine: log-probs
-// of token sequences (with and without the LoRA adapter), one optimizer step
-// of the clipped policy-gradient loss on a batch, sampling, and moving LoRA
-// adapters in and out in PEFT format. Two engines implement it: the native
-// Go engine (model/engine/native, CPU, small models) and the torch engine
-// (model/engine/torch: a Python worker process, for CUDA). The interface is deliberately small and made
-// of plain data so that a worker across a pipe can serve it.
+// Package engine defines what a trainer and the model server (model/serve)
+// ask of a model engine: log-probs of token sequences (with and without the
+// LoRA adapter), one optimizer step of the clipped policy-gradient loss on a
+// batch, sampling, and moving LoRA adapters in and out in PEFT format. Two
+// engines implement it: the native Go engine (model/engine/native, CPU,
+// small models) and the torch engine (model/engine/torch: a Python worker
+// process, for CUDA). The interface is deliberately small and made of plain
+// data so that a worker across a pipe can serve it.
 package engine
 
 import (

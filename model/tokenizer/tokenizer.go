@@ -1,9 +1,10 @@
-// Package tokenizer owns the trainer's text ↔ token id mapping: a byte-level
-// BPE tokenizer read from a Hugging Face tokenizer.json (the Qwen2/Qwen3
-// family: NFC normalizer, a regex Split pre-tokenizer followed by ByteLevel,
-// a BPE model with merges, added tokens such as <|im_start|>, and a
-// ByteLevel decoder), and Tiny, a small tokenizer of the same shape learnt
-// from a built-in corpus for tests and the demo's tiny model.
+// Package tokenizer owns the model stack's text ↔ token id mapping, for the
+// trainers and the model server alike: a byte-level BPE tokenizer read from
+// a Hugging Face tokenizer.json (the Qwen2/Qwen3 family: NFC normalizer, a
+// regex Split pre-tokenizer followed by ByteLevel, a BPE model with merges,
+// added tokens such as <|im_start|>, and a ByteLevel decoder), and Tiny, a
+// small tokenizer of the same shape learnt from a built-in corpus for tests
+// and the demo's tiny model.
 //
 // Encoding follows Hugging Face tokenizers: added tokens are cut out of the
 // raw text first (leftmost, longest match), every other span is NFC
