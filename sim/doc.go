@@ -21,6 +21,9 @@
 //
 // # What is the real code
 //
+// All of it is pure: the simulator links no transport (no go-libp2p,
+// quic-go or hashicorp/raft; TestNoTransportDeps checks).
+//
 //   - Membership: every peer's key and certificate are made by
 //     mesh/member.IssueCertificate under one admin key; each connection
 //     verifies the peer's certificate with Certificate.Verify; the
