@@ -75,8 +75,6 @@ func (w *world) issue(t testing.TB, p testPeer, role member.Role) *member.Certif
 	return c
 }
 
-func (w *world) pub() ed25519.PublicKey { return w.admin.Public().(ed25519.PublicKey) }
-
 // manifest signs a manifest for b as version v at term/index.
 func (w *world) manifest(t testing.TB, b []byte, v, term, index uint64) *chunks.Manifest {
 	t.Helper()
