@@ -14,6 +14,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/gateway"
 	"github.com/clawmesh/clawmesh/node/swap"
@@ -49,7 +50,7 @@ func (n *Node) startWeights() error {
 	var notify func()
 	svc, err := weights.New(weights.Config{Dir: filepath.Join(n.cfg.DataDir, WeightsDir), Key: key, Mesh: n.peer.Mesh, Host: n.peer.Host,
 		Listen: listen, AnnounceEvery: mc.WeightsAnnounce, Logger: n.log, Metrics: n.metrics.weights,
-		OnManifest: func(*weights.Manifest) {
+		OnManifest: func(*chunks.Manifest) {
 			if notify != nil {
 				notify()
 			}

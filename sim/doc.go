@@ -21,6 +21,9 @@
 //
 // # What is the real code
 //
+// All of it is pure: the simulator links no transport (no go-libp2p,
+// quic-go or hashicorp/raft; TestNoTransportDeps checks).
+//
 //   - Membership: every peer's key and certificate are made by
 //     mesh/member.IssueCertificate under one admin key; each connection
 //     verifies the peer's certificate with Certificate.Verify; the
@@ -30,7 +33,7 @@
 //     reconnecting (ParseRevocationList, Merge), and every send asks the
 //     node's own RevocationList.IsRevoked.
 //   - Adapter versions: the leader builds each version's manifest with
-//     mesh/weights.NewManifest over a bundle of the configured size
+//     mesh/weights/chunks.NewManifest over a bundle of the configured size
 //     (1 MiB chunks), fills in the lineage (version, parent, term, index)
 //     and signs it (Manifest.Sign); every node parses it from bytes,
 //     checks the chain admin → trainer certificate → signature
@@ -45,7 +48,7 @@
 //   - Aggregation: trainer/adapter.Aggregate (ClippedMean with MaxNorm,
 //     TrimmedMean) on small adapter.Deltas, for the norm-clipping and
 //     trimmed-mean defences.
-//   - The weight fetch's plan: every fetch runs a mesh/weights.Plan, the
+//   - The weight fetch's plan: every fetch runs a mesh/weights/chunks.Plan, the
 //     real fetcher's, which decides which chunks each request asks of
 //     which holder, puts back what a busy or failed request did not get,
 //     and leaves holders.

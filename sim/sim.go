@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
@@ -256,7 +256,7 @@ func (w *world) publishVersion(l *trainerPeer, v uint64) {
 		return
 	}
 	binary.LittleEndian.PutUint64(w.bundle, v)
-	m, err := weights.NewManifest(w.bundle)
+	m, err := chunks.NewManifest(w.bundle)
 	if err != nil {
 		w.fail("manifest: %v", err)
 		return

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh"
-	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // The fetch's figures: the real fetcher's and server's defaults
@@ -25,13 +25,13 @@ var errStalled = errors.New("stalled")
 
 // fetch is a node's fetch of one version: the chunks it has (kept on disk
 // across attempts, as the real fetch resumes), and the current attempt's
-// plan, the real fetcher's (weights.Plan), with its sources.
+// plan, the real fetcher's (chunks.Plan), with its sources.
 type fetch struct {
 	v     uint64
-	m     *weights.Manifest
+	m     *chunks.Manifest
 	have  []bool
 	nHave int
-	plan  *weights.Plan
+	plan  *chunks.Plan
 	gen   int                 // the attempt: events of an earlier one do nothing
 	srcs  map[mesh.PeerID]int // source → node
 	// parked are the sources whose workers wait for chunks to come back.
@@ -46,7 +46,7 @@ type fetch struct {
 // newer than what it holds. It reports whether the offer is valid (gossip
 // forwards only valid messages).
 func (w *world) handleOffer(b int, data []byte) bool {
-	m, err := weights.ParseManifest(data)
+	m, err := chunks.ParseManifest(data)
 	if err != nil {
 		w.offersRefused++
 		return false
@@ -72,7 +72,7 @@ func (w *world) handleOffer(b int, data []byte) bool {
 }
 
 // startFetch starts fetching m's version, dropping an older fetch.
-func (w *world) startFetch(b int, m *weights.Manifest) {
+func (w *world) startFetch(b int, m *chunks.Manifest) {
 	p := w.peers[b]
 	if p.fetch != nil && p.fetch.v >= m.Version {
 		return
@@ -96,7 +96,7 @@ func (w *world) attempt(b int, f *fetch) {
 			missing = append(missing, i)
 		}
 	}
-	f.plan = weights.NewPlan(missing, fetchPerRequest, 0)
+	f.plan = chunks.NewPlan(missing, fetchPerRequest, 0)
 	f.gen++
 	f.srcs, f.parked, f.failedAt = map[mesh.PeerID]int{}, nil, 0
 	w.addSources(b)

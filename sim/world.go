@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/member"
-	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // epoch is the wall-clock time virtual time 0 stands for: certificates,
@@ -40,9 +40,9 @@ type peer struct {
 	// learnt is when the node learnt of the run's revocation (-1: not yet).
 	learnt time.Duration
 
-	last  *weights.Manifest // newest manifest accepted (Verify, Fence)
-	held  uint64            // newest version held whole
-	asked uint64            // newest version it asked a holder for a chunk of
+	last  *chunks.Manifest // newest manifest accepted (Verify, Fence)
+	held  uint64           // newest version held whole
+	asked uint64           // newest version it asked a holder for a chunk of
 	fetch *fetch
 
 	// Staleness: since when the node has served a version older than the

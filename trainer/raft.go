@@ -18,6 +18,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/raftnet"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/group/raftfsm"
 	"github.com/clawmesh/clawmesh/trainer/raftstore"
 )
 
@@ -93,7 +94,7 @@ type node struct {
 	t      *Trainer
 	log    *slog.Logger
 	timing Timing
-	fsm    *group.FSM
+	fsm    *raftfsm.FSM
 	raft   *raft.Raft
 	logs   *raftstore.Store
 	layer  *raftnet.Layer
@@ -185,7 +186,7 @@ func openNode(t *Trainer, timing Timing) (*node, error) {
 		logs.Close()
 		return nil, err
 	}
-	n := &node{t: t, log: t.log, timing: timing, fsm: group.NewFSM(), logs: logs,
+	n := &node{t: t, log: t.log, timing: timing, fsm: raftfsm.New(), logs: logs,
 		failing: map[mesh.PeerID]time.Time{}, wake: make(chan struct{}, 1)}
 	n.layer = raftnet.New(t.host, t.isTrainerPeer)
 	n.trans = raftnet.NewTransport(n.layer, raftnet.TransportOptions{Logger: t.log})

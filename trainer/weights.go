@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
@@ -42,7 +43,7 @@ func (t *Trainer) shareVersion(ctx context.Context) {
 		if !t.group.isLeader() {
 			return // the leader signs it; this trainer offers it once it has the manifest
 		}
-		if m, err = weights.NewManifest(b); err != nil {
+		if m, err = chunks.NewManifest(b); err != nil {
 			t.log.Warn("describing a version to share", "version", cur.Name(), "err", err)
 			return
 		}
@@ -50,7 +51,7 @@ func (t *Trainer) shareVersion(ctx context.Context) {
 		m.Term, m.Index = cur.Term, cur.Index
 		// The version's held-out evaluations travel with it to the devices.
 		for _, ev := range cur.Evals {
-			m.Evals = append(m.Evals, weights.Eval{Task: ev.Task, Prompts: ev.Prompts, Passed: ev.Passed, MeanReward: ev.MeanReward})
+			m.Evals = append(m.Evals, chunks.Eval{Task: ev.Task, Prompts: ev.Prompts, Passed: ev.Passed, MeanReward: ev.MeanReward})
 		}
 		err := m.Sign(t.key, t.mesh.Cert(), time.Now())
 		if err != nil && len(m.Evals) > 0 {

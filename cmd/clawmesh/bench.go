@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/model/engine"
 	"github.com/clawmesh/clawmesh/model/engine/native"
 	"github.com/clawmesh/clawmesh/model/engine/torch"
@@ -232,7 +233,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageErr("--versions must be 0 or more")
 		}
 		n, err := parseSize(*size)
-		if err != nil || n <= 0 || n > weights.MaxBundle {
+		if err != nil || n <= 0 || n > chunks.MaxBundle {
 			return usageErr("--size: want a size up to 4GiB, got %q", *size)
 		}
 		o.Size = int(n)

@@ -19,6 +19,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/adapters"
@@ -159,7 +160,7 @@ func TestWeightsComeBack(t *testing.T) {
 	// Fencing and the signature chain, with manifests a trainer of the
 	// mesh signs (its real key and certificate).
 	v1 := na.Weights().Latest()
-	sign := func(dir string, edit func(*weights.Manifest)) *weights.Manifest {
+	sign := func(dir string, edit func(*chunks.Manifest)) *chunks.Manifest {
 		key, _, err := peer.Identity(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -172,7 +173,7 @@ func TestWeightsComeBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := weights.NewManifest([]byte("another bundle"))
+		m, err := chunks.NewManifest([]byte("another bundle"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,28 +186,28 @@ func TestWeightsComeBack(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		m    *weights.Manifest
+		m    *chunks.Manifest
 		want error
 	}{
-		{"an older version", sign(trainerDirs[1], func(m *weights.Manifest) { m.Version = 0 }), weights.ErrStale},
-		{"a lower term", sign(trainerDirs[1], func(m *weights.Manifest) { m.Term = v1.Term - 1 }), weights.ErrStale},
-		{"a second v1", sign(trainerDirs[1], func(m *weights.Manifest) { m.Version = v1.Version }), weights.ErrStale},
-		{"a wrong signature", func() *weights.Manifest {
-			m := sign(trainerDirs[1], func(*weights.Manifest) {})
+		{"an older version", sign(trainerDirs[1], func(m *chunks.Manifest) { m.Version = 0 }), chunks.ErrStale},
+		{"a lower term", sign(trainerDirs[1], func(m *chunks.Manifest) { m.Term = v1.Term - 1 }), chunks.ErrStale},
+		{"a second v1", sign(trainerDirs[1], func(m *chunks.Manifest) { m.Version = v1.Version }), chunks.ErrStale},
+		{"a wrong signature", func() *chunks.Manifest {
+			m := sign(trainerDirs[1], func(*chunks.Manifest) {})
 			m.Index++
 			return m
-		}(), weights.ErrSignature},
-		{"a device's signature", sign(b, func(*weights.Manifest) {}), weights.ErrSignature},
+		}(), chunks.ErrSignature},
+		{"a device's signature", sign(b, func(*chunks.Manifest) {}), chunks.ErrSignature},
 	} {
 		if err := na.Weights().Accept(tc.m, weights.Source{}); !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	revoked := sign(trainerDirs[2], func(*weights.Manifest) {})
+	revoked := sign(trainerDirs[2], func(*chunks.Manifest) {})
 	tid := trainerID(t, trainerDirs[2])
 	cli(t, "mesh", "revoke", string(tid), "--reason", "test", "--data", a)
 	waitFor(t, "the revocation on the node", func() bool { return na.Peer().Mesh.Blocked(tid) })
-	if err := na.Weights().Accept(revoked, weights.Source{}); !errors.Is(err, weights.ErrSignature) {
+	if err := na.Weights().Accept(revoked, weights.Source{}); !errors.Is(err, chunks.ErrSignature) {
 		t.Errorf("a manifest signed by a revoked trainer: %v", err)
 	}
 	if got := na.Weights().Latest(); got.Version != v1.Version {

@@ -22,6 +22,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/p2p"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // BenchOptions configures Bench.
@@ -117,7 +118,7 @@ type counted struct {
 	n atomic.Int64
 }
 
-func (c *counted) Open(id [32]byte) (*Manifest, io.ReaderAt, bool) {
+func (c *counted) Open(id [32]byte) (*chunks.Manifest, io.ReaderAt, bool) {
 	m, r, ok := c.h.Open(id)
 	if !ok {
 		return nil, nil, false
@@ -207,7 +208,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := NewManifest(b)
+	m, err := chunks.NewManifest(b)
 	if err != nil {
 		return nil, err
 	}
@@ -441,7 +442,7 @@ func (t *tlsCopy) run() (Rate, error) {
 
 // benchFanOut fetches m to n fetchers, first all from the trainer, then
 // in doubling waves with every finished fetcher serving the later ones.
-func benchFanOut(ctx context.Context, root string, m *Manifest, tsrc Source, trainer *counted, n int) (FanOut, error) {
+func benchFanOut(ctx context.Context, root string, m *chunks.Manifest, tsrc Source, trainer *counted, n int) (FanOut, error) {
 	fo := FanOut{Fetchers: n}
 	type fetcher struct {
 		f    *Fetcher

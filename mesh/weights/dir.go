@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // Dir is the bundles a peer holds, on disk: each bundle's bytes
@@ -117,13 +118,13 @@ func (d *Dir) manifestPath(id string) string { return filepath.Join(d.path, id+"
 
 // Fetch fetches m's bundle into the directory with f (resuming a partial
 // fetch) and keeps m beside it.
-func (d *Dir) Fetch(ctx context.Context, f *Fetcher, m *Manifest, sources []Source, progress func(Progress)) error {
+func (d *Dir) Fetch(ctx context.Context, f *Fetcher, m *chunks.Manifest, sources []Source, progress func(Progress)) error {
 	return d.FetchFrom(ctx, f, m, func() ([]Source, <-chan struct{}) { return sources, nil }, progress)
 }
 
 // FetchFrom is Fetch from sources that may grow while it runs
 // (Fetcher.FetchFrom).
-func (d *Dir) FetchFrom(ctx context.Context, f *Fetcher, m *Manifest, feed SourceFeed, progress func(Progress)) error {
+func (d *Dir) FetchFrom(ctx context.Context, f *Fetcher, m *chunks.Manifest, feed SourceFeed, progress func(Progress)) error {
 	if err := f.FetchFrom(ctx, m, feed, d.BundlePath(m.BundleID()), progress); err != nil {
 		return err
 	}
@@ -132,7 +133,7 @@ func (d *Dir) FetchFrom(ctx context.Context, f *Fetcher, m *Manifest, feed Sourc
 
 // Add keeps bundle b with its manifest (the bundle a trainer made or
 // already had).
-func (d *Dir) Add(m *Manifest, b []byte) error {
+func (d *Dir) Add(m *chunks.Manifest, b []byte) error {
 	if err := checkReader(bytes.NewReader(b), m); err != nil {
 		return err
 	}
@@ -144,7 +145,7 @@ func (d *Dir) Add(m *Manifest, b []byte) error {
 
 // PutManifest keeps m beside its bundle, whose bytes must be there: it is
 // the last step of keeping a bundle.
-func (d *Dir) PutManifest(m *Manifest) error {
+func (d *Dir) PutManifest(m *chunks.Manifest) error {
 	if _, err := os.Stat(d.BundlePath(m.BundleID())); err != nil {
 		return fmt.Errorf("weights: no bundle for %s: %w", m.Name(), err)
 	}
@@ -155,18 +156,18 @@ func (d *Dir) PutManifest(m *Manifest) error {
 }
 
 // Manifest returns the manifest kept for bundle id.
-func (d *Dir) Manifest(id string) (*Manifest, error) {
+func (d *Dir) Manifest(id string) (*chunks.Manifest, error) {
 	b, err := os.ReadFile(d.manifestPath(id))
 	if err != nil {
 		return nil, err
 	}
-	return ParseManifest(b)
+	return chunks.ParseManifest(b)
 }
 
 // Held lists the manifests of the bundles held, newest version first.
-func (d *Dir) Held() []*Manifest {
+func (d *Dir) Held() []*chunks.Manifest {
 	ents, _ := os.ReadDir(d.path)
-	var out []*Manifest
+	var out []*chunks.Manifest
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), ".manifest")
 		if !ok {
@@ -194,8 +195,8 @@ func (d *Dir) Partial(id string) (int64, bool) {
 
 // Open implements Holdings. The reader it returns must be closed (it is an
 // io.Closer).
-func (d *Dir) Open(bundle [sha256.Size]byte) (*Manifest, io.ReaderAt, bool) {
-	var m *Manifest
+func (d *Dir) Open(bundle [sha256.Size]byte) (*chunks.Manifest, io.ReaderAt, bool) {
+	var m *chunks.Manifest
 	if bundle == ([sha256.Size]byte{}) {
 		held := d.Held()
 		if len(held) == 0 {

@@ -6,6 +6,8 @@ import (
 	"io"
 	"path/filepath"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // TestDirServes serves a bundle from a Dir, whose readers hand the server
@@ -13,7 +15,7 @@ import (
 // stays good after the bundle is removed, until it is closed.
 func TestDirServes(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, 3*ChunkSize+7)
+	b := randomBytes(t, 3*chunks.ChunkSize+7)
 	m := w.manifest(t, b, 1, 1, 1)
 	d, err := OpenDir(t.TempDir())
 	if err != nil {
@@ -47,10 +49,10 @@ func TestDirServes(t *testing.T) {
 			t.Fatalf("%s: ReadAt past the end: %d, %v", what, n, err)
 		}
 		if mem, ok := r.(inMemory); ok {
-			if c, ok := mem.Bytes(ChunkSize, ChunkSize); ok && !bytes.Equal(c, b[ChunkSize:2*ChunkSize]) {
+			if c, ok := mem.Bytes(chunks.ChunkSize, chunks.ChunkSize); ok && !bytes.Equal(c, b[chunks.ChunkSize:2*chunks.ChunkSize]) {
 				t.Fatalf("%s: Bytes gives other bytes", what)
 			}
-			if _, ok := mem.Bytes(3*ChunkSize, 8); ok {
+			if _, ok := mem.Bytes(3*chunks.ChunkSize, 8); ok {
 				t.Fatalf("%s: Bytes past the end", what)
 			}
 		}

@@ -2,12 +2,13 @@
 // every peer of a mesh.
 //
 // A version is a PEFT bundle (adapter_config.json and
-// adapter_model.safetensors, packed by Pack) described by a Manifest: its
-// version, base model, parent, the bundle's SHA-256, its 1 MiB chunks' hashes,
-// the raft term and index that committed it, signed by the leading trainer,
-// whose certificate the mesh's admin issued. Verify checks that chain and
-// that the signer is not revoked; Fence refuses a manifest older than the
-// last one accepted.
+// adapter_model.safetensors, packed by Pack) described by a manifest
+// (package chunks: its version, base model, parent, the bundle's SHA-256,
+// its 1 MiB chunks' hashes, the raft term and index that committed it,
+// signed by the leading trainer, whose certificate the mesh's admin
+// issued). This package moves the bundles and keeps them; chunks holds
+// the pure parts: the manifest, its signature, its fencing, and the plan
+// of which chunks to ask of which source.
 //
 // The bundles travel over QUIC (ALPN clawmesh-weights/1) on TLS bound to the
 // peers' libp2p identities: a Server serves the bundles a peer holds (a Dir)

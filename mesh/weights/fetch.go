@@ -21,6 +21,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // ErrNoSource is a fetch that ran out of sources before it had every
@@ -91,7 +92,7 @@ func NewFetcher(cfg FetcherConfig) (*Fetcher, error) {
 	if cfg.Streams <= 0 {
 		cfg.Streams = 2
 	}
-	if cfg.PerRequest <= 0 || cfg.PerRequest > maxChunksPerRequest {
+	if cfg.PerRequest <= 0 || cfg.PerRequest > chunks.MaxPerRequest {
 		cfg.PerRequest = 8
 	}
 	if cfg.MaxStrikes <= 0 {
@@ -244,23 +245,23 @@ func (f *Fetcher) skipQUIC(p mesh.PeerID) bool {
 
 // Manifest asks src for the manifest of a bundle (zero: of the newest
 // version it holds). The caller verifies it.
-func (f *Fetcher) Manifest(ctx context.Context, src Source, bundle [sha256.Size]byte) (*Manifest, error) {
+func (f *Fetcher) Manifest(ctx context.Context, src Source, bundle [sha256.Size]byte) (*chunks.Manifest, error) {
 	st, r, err := f.open(ctx, src, request{Op: opManifest, Bundle: bundle})
 	if err != nil {
 		return nil, err
 	}
-	b, err := readBlob(r, maxManifest)
+	b, err := readBlob(r, chunks.MaxManifestSize)
 	if err != nil {
 		st.abort()
 		return nil, err
 	}
 	st.done()
-	m, err := ParseManifest(b)
+	m, err := chunks.ParseManifest(b)
 	if err != nil {
 		return nil, err
 	}
 	if bundle != ([sha256.Size]byte{}) && m.Bundle != bundle {
-		return nil, fmt.Errorf("%w: asked for %x, got %s", ErrManifest, bundle[:6], m.BundleID()[:12])
+		return nil, fmt.Errorf("%w: asked for %x, got %s", chunks.ErrManifest, bundle[:6], m.BundleID()[:12])
 	}
 	return m, nil
 }
@@ -284,7 +285,7 @@ type Progress struct {
 // whole bundle's hash is left to whoever reads it whole: the installer).
 // If path is there already, its whole hash is checked instead. progress,
 // if not nil, is called after every chunk, one call at a time.
-func (f *Fetcher) Fetch(ctx context.Context, m *Manifest, sources []Source, path string, progress func(Progress)) error {
+func (f *Fetcher) Fetch(ctx context.Context, m *chunks.Manifest, sources []Source, path string, progress func(Progress)) error {
 	return f.FetchFrom(ctx, m, func() ([]Source, <-chan struct{}) { return sources, nil }, path, progress)
 }
 
@@ -298,7 +299,7 @@ type SourceFeed func() ([]Source, <-chan struct{})
 // source the fetch left is not asked again. Once no source is left that
 // could send the missing chunks, the fetch fails with ErrNoSource, as
 // Fetch does; a caller tries again when it learns of another source.
-func (f *Fetcher) FetchFrom(ctx context.Context, m *Manifest, feed SourceFeed, path string, progress func(Progress)) error {
+func (f *Fetcher) FetchFrom(ctx context.Context, m *chunks.Manifest, feed SourceFeed, path string, progress func(Progress)) error {
 	if _, err := os.Stat(path); err == nil {
 		return checkFile(path, m)
 	}
@@ -345,7 +346,7 @@ func (f *Fetcher) FetchFrom(ctx context.Context, m *Manifest, feed SourceFeed, p
 		}
 		missing = append(missing, i)
 	}
-	fs.plan = NewPlan(missing, f.cfg.PerRequest, f.cfg.MaxStrikes)
+	fs.plan = chunks.NewPlan(missing, f.cfg.PerRequest, f.cfg.MaxStrikes)
 	fs.p.Resumed = fs.p.Bytes
 	if fs.p.Resumed > 0 {
 		f.log.Info("resuming a fetch", "version", m.Name(), "have", fs.p.Resumed, "of", m.Size)
@@ -391,7 +392,7 @@ func (f *Fetcher) FetchFrom(ctx context.Context, m *Manifest, feed SourceFeed, p
 }
 
 // checkFile checks a whole bundle file against m.
-func checkFile(path string, m *Manifest) error {
+func checkFile(path string, m *chunks.Manifest) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("weights: %w", err)
@@ -400,7 +401,7 @@ func checkFile(path string, m *Manifest) error {
 	return checkReader(f, m)
 }
 
-func checkReader(r io.Reader, m *Manifest) error {
+func checkReader(r io.Reader, m *chunks.Manifest) error {
 	h := sha256.New()
 	n, err := io.Copy(h, r)
 	if err != nil {
@@ -415,7 +416,7 @@ func checkReader(r io.Reader, m *Manifest) error {
 // fetchState is one fetch's shared state: its plan, under mu, and its
 // progress.
 type fetchState struct {
-	m        *Manifest
+	m        *chunks.Manifest
 	file     *os.File
 	direct   *os.File // file opened for direct writes, or nil
 	f        *Fetcher
@@ -423,7 +424,7 @@ type fetchState struct {
 	pmu      sync.Mutex // held while progress is called
 
 	mu      sync.Mutex
-	plan    *Plan
+	plan    *chunks.Plan
 	p       Progress
 	err     error
 	changed chan struct{} // closed and replaced on every change

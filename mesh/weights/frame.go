@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
+	"github.com/clawmesh/clawmesh/mesh/weights/internal/wire"
 )
 
 // The protocol on each QUIC stream: the fetcher writes one request and
@@ -26,9 +29,7 @@ const (
 	statusError    = 3
 	statusBusy     = 4 // serving as many requests as it will: ask another source, or later
 
-	// maxChunksPerRequest bounds one chunks request.
-	maxChunksPerRequest = 64
-	maxMessage          = 1024
+	maxMessage = 1024
 )
 
 // ErrFrame is a request or response that does not decode.
@@ -74,11 +75,11 @@ func readRequest(r io.Reader) (request, error) {
 		return q, nil
 	}
 	first, err := binary.ReadUvarint(br)
-	if err != nil || first > MaxBundle/ChunkSize {
+	if err != nil || first > chunks.MaxBundle/chunks.ChunkSize {
 		return q, fmt.Errorf("%w: first chunk", ErrFrame)
 	}
 	count, err := binary.ReadUvarint(br)
-	if err != nil || count == 0 || count > maxChunksPerRequest {
+	if err != nil || count == 0 || count > chunks.MaxPerRequest {
 		return q, fmt.Errorf("%w: chunk count", ErrFrame)
 	}
 	q.First, q.Count = uint32(first), uint32(count)
@@ -110,7 +111,7 @@ func appendStatus(b []byte, status byte, msg string) []byte {
 		if len(msg) > maxMessage {
 			msg = msg[:maxMessage]
 		}
-		b = appendString(b, msg)
+		b = wire.AppendString(b, msg)
 	}
 	return b
 }
@@ -151,7 +152,7 @@ func readBlob(r *bufio.Reader, max int) ([]byte, error) {
 // readChunkHeader reads the index and length that precede a chunk's bytes,
 // and checks them against what was asked: chunks come in order, each of
 // the length the manifest gives it.
-func readChunkHeader(r *bufio.Reader, m *Manifest, want int) error {
+func readChunkHeader(r *bufio.Reader, m *chunks.Manifest, want int) error {
 	i, err := binary.ReadUvarint(r)
 	if err != nil {
 		return fmt.Errorf("%w: chunk index: %w", ErrFrame, err)

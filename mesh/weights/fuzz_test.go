@@ -4,50 +4,19 @@ import (
 	"bufio"
 	"bytes"
 	"testing"
-)
 
-func FuzzParseManifest(f *testing.F) {
-	w := newWorld(f)
-	f.Add(w.manifest(f, []byte("a bundle"), 2, 1, 7).Marshal())
-	m := w.manifest(f, []byte("a bundle"), 3, 1, 8)
-	m.Evals = []Eval{{Task: evalTask, Prompts: 4, Passed: 3, MeanReward: 0.5}, {Task: "c", Prompts: 1, MeanReward: -1}}
-	if err := m.Sign(w.trainer.key, w.cert, t0); err != nil {
-		f.Fatal(err)
-	}
-	f.Add(m.Marshal())
-	f.Add([]byte(manifestMagic))
-	f.Add([]byte(manifestMagicEval))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := ParseManifest(b)
-		if err != nil {
-			return
-		}
-		if !bytes.Equal(m.Marshal(), b) {
-			t.Fatal("a manifest that decodes re-encodes differently")
-		}
-		if len(m.Chunks) == 0 || uint64(len(m.Chunks)) != (m.Size+ChunkSize-1)/ChunkSize {
-			t.Fatalf("%d chunks for %d bytes", len(m.Chunks), m.Size)
-		}
-		if len(m.Evals) > MaxEvals {
-			t.Fatalf("%d evaluations", len(m.Evals))
-		}
-		for _, e := range m.Evals {
-			if e.check() != nil || e.PassAt1() < 0 || e.PassAt1() > 1 {
-				t.Fatalf("an evaluation out of bounds decoded: %+v", e)
-			}
-		}
-	})
-}
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
+)
 
 func FuzzFrames(f *testing.F) {
 	w := newWorld(f)
-	m := w.manifest(f, make([]byte, 3*ChunkSize), 1, 1, 1)
+	m := w.manifest(f, make([]byte, 3*chunks.ChunkSize), 1, 1, 1)
 	f.Add(request{Op: opChunks, First: 1, Count: 2}.marshal())
 	f.Add(request{Op: opManifest}.marshal())
-	f.Add(appendChunkHeader(nil, 0, ChunkSize))
+	f.Add(appendChunkHeader(nil, 0, chunks.ChunkSize))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if q, err := readRequest(bytes.NewReader(b)); err == nil {
-			if q.Op == opChunks && (q.Count == 0 || q.Count > maxChunksPerRequest) {
+			if q.Op == opChunks && (q.Count == 0 || q.Count > chunks.MaxPerRequest) {
 				t.Fatalf("a request for %d chunks decoded", q.Count)
 			}
 			if q2, err := readRequest(bytes.NewReader(q.marshal())); err != nil || q2 != q {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/p2p"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // newHostPeer starts a libp2p host on loopback (TCP only: the weights'
@@ -71,7 +72,7 @@ func silentUDP(t *testing.T) string {
 // answers: both go over the libp2p hosts' streams.
 func TestFetchOverHost(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, 5*ChunkSize+77)
+	b := randomBytes(t, 5*chunks.ChunkSize+77)
 	m := w.manifest(t, b, 1, 1, 10)
 	h := &holding{m: m, b: b}
 	holder, fetchHost, me := hostHolder(t, h, true)
@@ -115,7 +116,7 @@ func TestFetchOverHost(t *testing.T) {
 // admit, even when its host let the stream through.
 func TestHostStreamsAreGated(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, ChunkSize)
+	b := randomBytes(t, chunks.ChunkSize)
 	m := w.manifest(t, b, 1, 1, 10)
 	h := &holding{m: m, b: b}
 	holder, fetchHost, me := hostHolder(t, h, false)
@@ -131,7 +132,7 @@ func TestHostStreamsAreGated(t *testing.T) {
 // a fast one while it runs: the new one serves part of the bundle.
 func TestFetchLearnsNewSources(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, 24*ChunkSize)
+	b := randomBytes(t, 24*chunks.ChunkSize)
 	m := w.manifest(t, b, 1, 1, 10)
 	me := newTestPeer(t)
 	slowH := &holding{m: m, b: b, delay: 100 * time.Millisecond}

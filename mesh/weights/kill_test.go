@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // The child half of TestFetchResumesAfterKill: it fetches the bundle the
@@ -21,7 +22,7 @@ func TestFetchKilledChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := ParseManifest(b)
+	m, err := chunks.ParseManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +30,7 @@ func TestFetchKilledChild(t *testing.T) {
 	f := newFetcher(t, me, FetcherConfig{Streams: 1, PerRequest: 1})
 	src := Source{Peer: mesh.PeerID(os.Getenv("CLAWMESH_FETCH_PEER")), Addrs: []string{os.Getenv("CLAWMESH_FETCH_ADDR")}}
 	f.Fetch(context.Background(), m, []Source{src}, filepath.Join(dir, "bundle"), func(p Progress) {
-		if p.Bytes >= 4*ChunkSize {
+		if p.Bytes >= 4*chunks.ChunkSize {
 			os.Exit(3)
 		}
 	})
@@ -41,7 +42,7 @@ func TestFetchKilledChild(t *testing.T) {
 // the rest.
 func TestFetchResumesAfterKill(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, 10*ChunkSize+99)
+	b := randomBytes(t, 10*chunks.ChunkSize+99)
 	m := w.manifest(t, b, 1, 1, 10)
 	h := &holding{m: m, b: b}
 	p := newTestPeer(t)
@@ -74,7 +75,7 @@ func TestFetchResumesAfterKill(t *testing.T) {
 	}
 	checkBundle(t, filepath.Join(dir, "bundle"), b)
 	again := h.reads.Load() - before
-	if first == nil || first.Resumed < 4*ChunkSize || again != int64(len(b))-first.Resumed {
+	if first == nil || first.Resumed < 4*chunks.ChunkSize || again != int64(len(b))-first.Resumed {
 		t.Fatalf("resumed %+v after the kill, then fetched %d bytes of %d", first, again, len(b))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -49,9 +50,9 @@ func (m *Metrics) accept(err error) {
 	case m == nil:
 	case err == nil:
 		m.accepted.Inc()
-	case errors.Is(err, ErrStale):
+	case errors.Is(err, chunks.ErrStale):
 		m.refused.WithLabelValues("stale").Inc()
-	case errors.Is(err, ErrSignature):
+	case errors.Is(err, chunks.ErrSignature):
 		m.refused.WithLabelValues("signature").Inc()
 	default:
 		m.refused.WithLabelValues("manifest").Inc()

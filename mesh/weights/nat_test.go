@@ -11,6 +11,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // meshPeer is a peer of a real mesh on loopback and its data directory.
@@ -110,8 +111,8 @@ func TestServiceBehindNAT(t *testing.T) {
 	otherSvc := startService(t, other, nil)
 
 	trKey, _, _ := peer.Identity(tr.data)
-	b := randomBytes(t, 3*ChunkSize+5)
-	m, err := NewManifest(b)
+	b := randomBytes(t, 3*chunks.ChunkSize+5)
+	m, err := chunks.NewManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}

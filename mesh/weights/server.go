@@ -18,6 +18,8 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
+	"github.com/clawmesh/clawmesh/mesh/weights/internal/wire"
 )
 
 // Holdings is what a server serves: the bundles a peer holds.
@@ -25,7 +27,7 @@ type Holdings interface {
 	// Open returns the manifest and bytes of the bundle with that SHA-256;
 	// a zero id asks for the newest version held. If the reader is an
 	// io.Closer, the server closes it when done.
-	Open(bundle [sha256.Size]byte) (*Manifest, io.ReaderAt, bool)
+	Open(bundle [sha256.Size]byte) (*chunks.Manifest, io.ReaderAt, bool)
 }
 
 // inMemory is an optional capability of the reader Holdings.Open returns:
@@ -237,7 +239,7 @@ func (s *Server) serveStream(st stream, p mesh.PeerID) {
 	switch q.Op {
 	case opManifest:
 		b := appendStatus(nil, statusOK, "")
-		s.write(st, w, appendBytes(b, m.Marshal()))
+		s.write(st, w, wire.AppendBytes(b, m.Marshal()))
 	case opChunks:
 		if uint64(q.First)+uint64(q.Count) > uint64(len(m.Chunks)) {
 			s.refuse(st, statusBad, fmt.Sprintf("chunks %d..%d of %d", q.First, q.First+q.Count, len(m.Chunks)))

@@ -18,13 +18,15 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
+	"github.com/clawmesh/clawmesh/mesh/weights/internal/wire"
 )
 
 // An offer is the one gossip message of the weights topic: a signed
 // manifest and a peer that holds its bundle and serves it at addrs. Every
 // holder offers what it holds, so fetchers spread over them.
 type offer struct {
-	Manifest *Manifest
+	Manifest *chunks.Manifest
 	Source   Source
 	Nonce    uint64 // makes a repeated offer a new gossip message
 }
@@ -36,39 +38,39 @@ const (
 
 func (o *offer) marshal() []byte {
 	b := []byte(offerMagic)
-	b = appendBytes(b, o.Manifest.Marshal())
-	b = appendString(b, string(o.Source.Peer))
+	b = wire.AppendBytes(b, o.Manifest.Marshal())
+	b = wire.AppendString(b, string(o.Source.Peer))
 	b = binary.AppendUvarint(b, uint64(len(o.Source.Addrs)))
 	for _, a := range o.Source.Addrs {
-		b = appendString(b, a)
+		b = wire.AppendString(b, a)
 	}
 	return binary.AppendUvarint(b, o.Nonce)
 }
 
 // parseOffer decodes an offer (not checking the manifest's signature).
 func parseOffer(b []byte) (*offer, error) {
-	d := decoder{b: b}
-	if string(d.take(len(offerMagic))) != offerMagic {
-		return nil, fmt.Errorf("%w: not an offer", ErrManifest)
+	d := wire.NewDecoder(b, chunks.ErrManifest)
+	if string(d.Take(len(offerMagic))) != offerMagic {
+		return nil, fmt.Errorf("%w: not an offer", chunks.ErrManifest)
 	}
-	mb := d.bytes(maxManifest)
+	mb := d.Bytes(chunks.MaxManifestSize)
 	o := &offer{}
-	o.Source.Peer = mesh.PeerID(d.string(128))
-	n := d.uvarint()
+	o.Source.Peer = mesh.PeerID(d.String(128))
+	n := d.Uvarint()
 	if n > maxAddrs {
-		d.fail("%d addresses", n)
+		d.Fail("%d addresses", n)
 	}
-	for i := uint64(0); i < n && d.err == nil; i++ {
-		o.Source.Addrs = append(o.Source.Addrs, d.string(256))
+	for i := uint64(0); i < n && d.Err() == nil; i++ {
+		o.Source.Addrs = append(o.Source.Addrs, d.String(256))
 	}
-	o.Nonce = d.uvarint()
-	if d.err == nil && len(d.b) != 0 {
-		d.fail("%d trailing bytes", len(d.b))
+	o.Nonce = d.Uvarint()
+	if d.Err() == nil && d.Len() != 0 {
+		d.Fail("%d trailing bytes", d.Len())
 	}
-	if d.err != nil {
-		return nil, d.err
+	if d.Err() != nil {
+		return nil, d.Err()
 	}
-	m, err := ParseManifest(mb)
+	m, err := chunks.ParseManifest(mb)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +101,7 @@ type Config struct {
 	// OnManifest is called (from the service's loop; it must not block
 	// for long) for each manifest that is verified and newer than or the
 	// same as the last accepted one.
-	OnManifest func(*Manifest)
+	OnManifest func(*chunks.Manifest)
 	Fetcher    FetcherConfig
 	Logger     *slog.Logger
 	// Metrics, if set, counts the transfers and the manifests accepted
@@ -121,7 +123,7 @@ type Service struct {
 	addrs   []string
 
 	mu      sync.Mutex
-	last    *Manifest                           // the newest accepted
+	last    *chunks.Manifest                    // the newest accepted
 	sources map[[32]byte]map[mesh.PeerID]Source // by bundle
 	watch   map[[32]byte]chan struct{}          // closed when a bundle's sources change
 	kick    chan struct{}
@@ -151,7 +153,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, dir: d, log: cfg.Logger.With("component", "weights"),
 		sources: map[[32]byte]map[mesh.PeerID]Source{}, watch: map[[32]byte]chan struct{}{}, kick: make(chan struct{}, 1)}
 	if b, err := os.ReadFile(filepath.Join(cfg.Dir, fenceFile)); err == nil {
-		if m, err := ParseManifest(b); err == nil {
+		if m, err := chunks.ParseManifest(b); err == nil {
 			s.last = m
 		}
 	}
@@ -239,7 +241,7 @@ func (s *Service) Dir() *Dir { return s.dir }
 func (s *Service) Self() Source { return Source{Peer: s.cfg.Host.ID(), Addrs: s.addrs} }
 
 // Latest is the newest manifest accepted (nil: none yet).
-func (s *Service) Latest() *Manifest {
+func (s *Service) Latest() *chunks.Manifest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.last
@@ -296,7 +298,7 @@ func (s *Service) announceLoop(ctx context.Context) {
 }
 
 // offer gossips that this peer holds m.
-func (s *Service) offer(ctx context.Context, m *Manifest) {
+func (s *Service) offer(ctx context.Context, m *chunks.Manifest) {
 	s.mu.Lock()
 	t := s.topic
 	s.mu.Unlock()
@@ -312,11 +314,11 @@ func (s *Service) offer(ctx context.Context, m *Manifest) {
 // Accept checks a manifest (signature chain, then fencing), notes source
 // (if any) as holding its bundle, and, when it is new, keeps it as the
 // last accepted and calls OnManifest.
-func (s *Service) Accept(m *Manifest, source Source) (err error) {
+func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
 	defer func() { s.cfg.Metrics.accept(err) }()
 	admin, revoked, now := s.cfg.Mesh.Trust()
 	if m.MeshID != s.cfg.Mesh.MeshID() {
-		return fmt.Errorf("%w: for mesh %s", ErrSignature, m.MeshID)
+		return fmt.Errorf("%w: for mesh %s", chunks.ErrSignature, m.MeshID)
 	}
 	if _, err := m.Verify(admin, now, revoked); err != nil {
 		return err
@@ -357,11 +359,11 @@ func (s *Service) Accept(m *Manifest, source Source) (err error) {
 
 // Publish keeps bundle b under the signed manifest m (this peer made it or
 // already had its bytes), accepts m, and offers it.
-func (s *Service) Publish(ctx context.Context, m *Manifest, b []byte) error {
+func (s *Service) Publish(ctx context.Context, m *chunks.Manifest, b []byte) error {
 	if err := s.dir.Add(m, b); err != nil {
 		return err
 	}
-	if err := s.Accept(m, Source{}); err != nil && !errors.Is(err, ErrStale) {
+	if err := s.Accept(m, Source{}); err != nil && !errors.Is(err, chunks.ErrStale) {
 		return err
 	}
 	s.offer(ctx, m)
@@ -370,13 +372,13 @@ func (s *Service) Publish(ctx context.Context, m *Manifest, b []byte) error {
 
 // Sources are the peers known to hold bundle id's bytes, other than this
 // one.
-func (s *Service) Sources(m *Manifest) []Source {
+func (s *Service) Sources(m *chunks.Manifest) []Source {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.sourcesLocked(m)
 }
 
-func (s *Service) sourcesLocked(m *Manifest) []Source {
+func (s *Service) sourcesLocked(m *chunks.Manifest) []Source {
 	var out []Source
 	for _, src := range s.sources[m.Bundle] {
 		out = append(out, src)
@@ -393,7 +395,7 @@ func (s *Service) sourcesLocked(m *Manifest) []Source {
 // Fetch fetches m's bundle from the peers that offered it (unless it is
 // held already), and from those that offer it while it runs, keeps it, and
 // offers it in turn.
-func (s *Service) Fetch(ctx context.Context, m *Manifest, progress func(Progress)) error {
+func (s *Service) Fetch(ctx context.Context, m *chunks.Manifest, progress func(Progress)) error {
 	if _, err := os.Stat(s.dir.manifestPath(m.BundleID())); err == nil {
 		return nil
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 var t0 = time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
@@ -74,12 +75,10 @@ func (w *world) issue(t testing.TB, p testPeer, role member.Role) *member.Certif
 	return c
 }
 
-func (w *world) pub() ed25519.PublicKey { return w.admin.Public().(ed25519.PublicKey) }
-
 // manifest signs a manifest for b as version v at term/index.
-func (w *world) manifest(t testing.TB, b []byte, v, term, index uint64) *Manifest {
+func (w *world) manifest(t testing.TB, b []byte, v, term, index uint64) *chunks.Manifest {
 	t.Helper()
-	m, err := NewManifest(b)
+	m, err := chunks.NewManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,90 +93,6 @@ func randomBytes(t testing.TB, n int) []byte {
 	b := make([]byte, n)
 	rand.Read(b)
 	return b
-}
-
-func TestManifestSignedChain(t *testing.T) {
-	w := newWorld(t)
-	b := randomBytes(t, 2*ChunkSize+17)
-	m := w.manifest(t, b, 3, 2, 40)
-	m2, err := ParseManifest(m.Marshal())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(m2.Marshal(), m.Marshal()) || len(m2.Chunks) != 3 || m2.Size != uint64(len(b)) {
-		t.Fatalf("round trip changed the manifest: %+v", m2)
-	}
-	if c, err := m2.Verify(w.pub(), t0.Add(time.Hour), nil); err != nil || c.Subject() != string(w.trainer.id) {
-		t.Fatalf("verify: %v", err)
-	}
-
-	tampered := *m2
-	tampered.Term++
-	if _, err := tampered.Verify(w.pub(), t0, nil); !errors.Is(err, ErrSignature) {
-		t.Fatalf("a changed term verified: %v", err)
-	}
-
-	member := newTestPeer(t)
-	mm := *m2
-	if err := mm.Sign(member.key, w.issue(t, member, 1), t0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mm.Verify(w.pub(), t0, nil); !errors.Is(err, ErrSignature) {
-		t.Fatalf("a manifest signed by a device (not a trainer) verified: %v", err)
-	}
-
-	other := newWorld(t)
-	if _, err := m2.Verify(other.pub(), t0, nil); !errors.Is(err, ErrSignature) {
-		t.Fatalf("a manifest of another mesh verified: %v", err)
-	}
-
-	if err := m2.Sign(member.key, w.cert, t0); err == nil {
-		t.Fatal("signed with a key that is not the certificate's")
-	}
-}
-
-func TestManifestRevokedSigner(t *testing.T) {
-	w := newWorld(t)
-	m := w.manifest(t, randomBytes(t, 100), 1, 1, 5)
-	revs := member.NewRevocationList(w.pub())
-	r, err := member.NewRevocation(w.admin, nil, string(w.trainer.id), "stolen laptop", t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := revs.Add(r); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Verify(w.pub(), t0.Add(time.Minute), revs); !errors.Is(err, ErrSignature) || !errors.Is(err, member.ErrRevoked) {
-		t.Fatalf("a manifest signed by a revoked trainer: %v", err)
-	}
-}
-
-func TestManifestFence(t *testing.T) {
-	w := newWorld(t)
-	b1, b2 := randomBytes(t, 100), randomBytes(t, 100)
-	last := w.manifest(t, b1, 5, 3, 50)
-	for _, tc := range []struct {
-		name string
-		m    *Manifest
-		ok   bool
-	}{
-		{"next version", w.manifest(t, b2, 6, 3, 60), true},
-		{"next version, later term", w.manifest(t, b2, 6, 4, 55), true},
-		{"same commit re-announced", w.manifest(t, b1, 5, 3, 50), true},
-		{"older version", w.manifest(t, b2, 4, 3, 40), false},
-		{"newer version from a lower term", w.manifest(t, b2, 6, 2, 70), false},
-		{"newer version at an earlier index", w.manifest(t, b2, 6, 3, 49), false},
-		{"same version, other bundle", w.manifest(t, b2, 5, 3, 50), false},
-		{"same version, other entry", w.manifest(t, b1, 5, 4, 51), false},
-	} {
-		err := tc.m.Fence(last)
-		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrStale)) {
-			t.Errorf("%s: %v", tc.name, err)
-		}
-	}
-	if err := last.Fence(nil); err != nil {
-		t.Errorf("first manifest: %v", err)
-	}
 }
 
 func TestPackUnpack(t *testing.T) {
@@ -212,7 +127,7 @@ func (g gate) Admitted(p mesh.PeerID) bool { return g[p] }
 // holding serves one bundle, counting the chunk bytes it reads; corrupt
 // flips a bit of every chunk it serves, stall blocks every read.
 type holding struct {
-	m       *Manifest
+	m       *chunks.Manifest
 	b       []byte
 	corrupt bool
 	stall   chan struct{}
@@ -220,7 +135,7 @@ type holding struct {
 	reads   atomic.Int64
 }
 
-func (h *holding) Open(id [sha256.Size]byte) (*Manifest, io.ReaderAt, bool) {
+func (h *holding) Open(id [sha256.Size]byte) (*chunks.Manifest, io.ReaderAt, bool) {
 	if id != h.m.Bundle && id != ([sha256.Size]byte{}) {
 		return nil, nil, false
 	}
@@ -291,7 +206,7 @@ func checkBundle(t *testing.T, path string, want []byte) {
 
 func TestFetchFromSeveralSources(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, 11*ChunkSize+123)
+	b := randomBytes(t, 11*chunks.ChunkSize+123)
 	m := w.manifest(t, b, 1, 1, 10)
 	me := newTestPeer(t)
 	var hs []*holding
@@ -342,7 +257,7 @@ func TestFetchFromSeveralSources(t *testing.T) {
 
 func TestFetchRefusesBadChunks(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, 6*ChunkSize)
+	b := randomBytes(t, 6*chunks.ChunkSize)
 	m := w.manifest(t, b, 1, 1, 10)
 	me := newTestPeer(t)
 	bad, _ := serve(t, &holding{m: m, b: b, corrupt: true}, me.id)
@@ -378,7 +293,7 @@ func TestFetchRefusesBadChunks(t *testing.T) {
 
 func TestFetchResumes(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, 10*ChunkSize)
+	b := randomBytes(t, 10*chunks.ChunkSize)
 	m := w.manifest(t, b, 1, 1, 10)
 	me := newTestPeer(t)
 	h := &holding{m: m, b: b}
@@ -388,7 +303,7 @@ func TestFetchResumes(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	err := f.Fetch(ctx, m, []Source{src}, path, func(p Progress) {
-		if p.Bytes >= 4*ChunkSize {
+		if p.Bytes >= 4*chunks.ChunkSize {
 			cancel()
 		}
 	})
@@ -410,14 +325,14 @@ func TestFetchResumes(t *testing.T) {
 	}
 	checkBundle(t, path, b)
 	again := h.reads.Load() - before
-	if first == nil || first.Resumed < 4*ChunkSize || again > int64(len(b))-first.Resumed {
+	if first == nil || first.Resumed < 4*chunks.ChunkSize || again > int64(len(b))-first.Resumed {
 		t.Fatalf("resumed %v, then read %d more bytes of %d", first, again, len(b))
 	}
 }
 
 func TestFetchLeavesStalledSource(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, 4*ChunkSize)
+	b := randomBytes(t, 4*chunks.ChunkSize)
 	m := w.manifest(t, b, 1, 1, 10)
 	me := newTestPeer(t)
 	stall := make(chan struct{})
@@ -494,7 +409,7 @@ func TestAdvertise(t *testing.T) {
 // other holder meanwhile, and asks it again later.
 func TestFetchBusySource(t *testing.T) {
 	w := newWorld(t)
-	b := randomBytes(t, 16*ChunkSize)
+	b := randomBytes(t, 16*chunks.ChunkSize)
 	m := w.manifest(t, b, 1, 1, 10)
 	me := newTestPeer(t)
 	for _, alone := range []bool{true, false} {

@@ -6,13 +6,15 @@ import (
 	"path/filepath"
 	"testing"
 	"unsafe"
+
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // TestChunkWrites writes chunks the way a fetch does: whole blocks
 // directly where the file system allows it, the rest through the page
 // cache, and everything through the cache once a direct write fails.
 func TestChunkWrites(t *testing.T) {
-	for _, n := range []int{1, 4095, ChunkSize} {
+	for _, n := range []int{1, 4095, chunks.ChunkSize} {
 		if b := alignedBuffer(n); len(b) != n || uintptr(unsafe.Pointer(&b[0]))%directAlign != 0 {
 			t.Fatalf("alignedBuffer(%d): %d bytes at %p", n, len(b), &b[0])
 		}
@@ -23,12 +25,12 @@ func TestChunkWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer file.Close()
-	want := randomBytes(t, 3*ChunkSize+5)
-	buf := alignedBuffer(ChunkSize)
+	want := randomBytes(t, 3*chunks.ChunkSize+5)
+	buf := alignedBuffer(chunks.ChunkSize)
 	put := func(fs *fetchState, i int, direct *bool) {
 		t.Helper()
-		off := int64(i) * ChunkSize
-		n := copy(buf, want[off:min(off+ChunkSize, int64(len(want)))])
+		off := int64(i) * chunks.ChunkSize
+		n := copy(buf, want[off:min(off+chunks.ChunkSize, int64(len(want)))])
 		if err := fs.write(buf[:n], off, direct); err != nil {
 			t.Fatal(err)
 		}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/node/swap"
 )
 
@@ -47,13 +48,13 @@ var ErrVersion = errors.New("adapters: a version is vN (v3), base or latest")
 // (*weights.Service).
 type Weights interface {
 	// Latest is the newest manifest accepted (verified and fenced).
-	Latest() *weights.Manifest
+	Latest() *chunks.Manifest
 	// Dir holds the bundles fetched.
 	Dir() *weights.Dir
 	// Fetch fetches a bundle into Dir.
-	Fetch(ctx context.Context, m *weights.Manifest, progress func(weights.Progress)) error
+	Fetch(ctx context.Context, m *chunks.Manifest, progress func(weights.Progress)) error
 	// Sources are the peers known to hold a bundle.
-	Sources(m *weights.Manifest) []weights.Source
+	Sources(m *chunks.Manifest) []weights.Source
 }
 
 // Config configures a Follower.
@@ -205,7 +206,7 @@ func (f *Follower) want() string {
 
 // manifest finds the manifest of version name among those accepted or
 // held.
-func (f *Follower) manifest(name string) (*weights.Manifest, bool) {
+func (f *Follower) manifest(name string) (*chunks.Manifest, bool) {
 	if m := f.cfg.Weights.Latest(); m != nil && m.Name() == name {
 		return m, true
 	}
@@ -357,7 +358,7 @@ func (f *Follower) VersionDir(name string) string { return filepath.Join(f.cfg.D
 
 // Get fetches m's bundle (if not held) and installs it (if not
 // installed), returning its directory.
-func (f *Follower) Get(ctx context.Context, m *weights.Manifest) (string, error) {
+func (f *Follower) Get(ctx context.Context, m *chunks.Manifest) (string, error) {
 	dir := f.VersionDir(m.Name())
 	if err := checkInstalled(dir, m); err == nil {
 		return dir, nil
@@ -397,7 +398,7 @@ func (f *Follower) Get(ctx context.Context, m *weights.Manifest) (string, error)
 
 // install unpacks a held bundle into a temporary directory, syncs it, and
 // renames it into place.
-func (f *Follower) install(m *weights.Manifest) error {
+func (f *Follower) install(m *chunks.Manifest) error {
 	b, err := os.ReadFile(f.cfg.Weights.Dir().BundlePath(m.BundleID()))
 	if err != nil {
 		return fmt.Errorf("adapters: %w", err)
@@ -433,7 +434,7 @@ func (f *Follower) step(name string) {
 }
 
 // checkInstalled checks that dir holds m's bundle, byte for byte.
-func checkInstalled(dir string, m *weights.Manifest) error {
+func checkInstalled(dir string, m *chunks.Manifest) error {
 	b, err := weights.Pack(dir)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/model/serve/servetest"
 	"github.com/clawmesh/clawmesh/node/adapters"
 )
@@ -50,7 +51,7 @@ func openFollower(t *testing.T, root string) (*adapters.Follower, *held) {
 }
 
 // manifest returns the held manifest of version v.
-func (h *held) manifest(t *testing.T, v uint64) *weights.Manifest {
+func (h *held) manifest(t *testing.T, v uint64) *chunks.Manifest {
 	t.Helper()
 	for _, m := range h.dir.Held() {
 		if m.Version == v {
@@ -90,7 +91,7 @@ func TestInstallCrash(t *testing.T) {
 					t.Errorf("a temporary directory survived: %s", e.Name())
 				}
 			}
-			for _, m := range []*weights.Manifest{m1, m2} {
+			for _, m := range []*chunks.Manifest{m1, m2} {
 				dir := f.VersionDir(m.Name())
 				if _, err := os.Stat(dir); err != nil {
 					if m == m1 {
@@ -102,7 +103,7 @@ func TestInstallCrash(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s is there but not whole: %v", m.Name(), err)
 				}
-				if m2b, _ := weights.NewManifest(b); m2b.Bundle != m.Bundle {
+				if m2b, _ := chunks.NewManifest(b); m2b.Bundle != m.Bundle {
 					t.Fatalf("%s is there but differs from its bundle", m.Name())
 				}
 			}
@@ -123,7 +124,7 @@ func TestKeepsNewest(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &held{dir: wd}
-	var ms []*weights.Manifest
+	var ms []*chunks.Manifest
 	for v := range 4 {
 		ms = append(ms, h.hold(t, tiny.Adapter(t, v+1, 0.1), uint64(v+1)))
 	}

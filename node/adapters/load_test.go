@@ -23,6 +23,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/model/serve/servetest"
 	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/node"
@@ -36,18 +37,18 @@ import (
 // already fetched: the mesh is not what these tests are about.
 type held struct {
 	dir    *weights.Dir
-	latest atomic.Pointer[weights.Manifest]
+	latest atomic.Pointer[chunks.Manifest]
 }
 
-func (h *held) Latest() *weights.Manifest { return h.latest.Load() }
-func (h *held) Dir() *weights.Dir         { return h.dir }
-func (h *held) Fetch(context.Context, *weights.Manifest, func(weights.Progress)) error {
+func (h *held) Latest() *chunks.Manifest { return h.latest.Load() }
+func (h *held) Dir() *weights.Dir        { return h.dir }
+func (h *held) Fetch(context.Context, *chunks.Manifest, func(weights.Progress)) error {
 	return fmt.Errorf("not held")
 }
-func (h *held) Sources(*weights.Manifest) []weights.Source { return nil }
+func (h *held) Sources(*chunks.Manifest) []weights.Source { return nil }
 
 // hold packs the adapter in dir as version v.
-func (h *held) hold(t *testing.T, dir string, v uint64) *weights.Manifest {
+func (h *held) hold(t *testing.T, dir string, v uint64) *chunks.Manifest {
 	t.Helper()
 	b, err := weights.Pack(dir)
 	if err != nil {
@@ -61,9 +62,9 @@ func (h *held) hold(t *testing.T, dir string, v uint64) *weights.Manifest {
 }
 
 // signed is bundle b's manifest as version v with evaluations evals.
-func signed(t *testing.T, b []byte, v uint64, evals []weights.Eval) *weights.Manifest {
+func signed(t *testing.T, b []byte, v uint64, evals []chunks.Eval) *chunks.Manifest {
 	t.Helper()
-	m, err := weights.NewManifest(b)
+	m, err := chunks.NewManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func TestSwapUnderStreamingLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &held{dir: wd}
-	var ms []*weights.Manifest
+	var ms []*chunks.Manifest
 	for i, steps := range []int{2, 5, 9} {
 		ms = append(ms, h.hold(t, tiny.Adapter(t, steps, 0.1), uint64(i+1)))
 	}

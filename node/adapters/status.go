@@ -6,7 +6,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // Status is what `clawmesh weights ls --json` prints: a stable contract.
@@ -71,7 +71,7 @@ func FormatEvals(evs []Eval) string {
 
 // EvalsOf returns m's evaluations as Status shows them (nil when it has
 // none).
-func EvalsOf(m *weights.Manifest) []Eval {
+func EvalsOf(m *chunks.Manifest) []Eval {
 	var out []Eval
 	for _, e := range m.Evals {
 		out = append(out, Eval{Task: e.Task, Prompts: e.Prompts, Passed: e.Passed, PassAt1: e.PassAt1(), MeanReward: e.MeanReward})
@@ -96,7 +96,7 @@ func (f *Follower) Status() Status {
 		st.Driver = f.cfg.Driver.Kind()
 	}
 	seen := map[string]bool{}
-	add := func(m *weights.Manifest, held bool) {
+	add := func(m *chunks.Manifest, held bool) {
 		name := m.Name()
 		if seen[name] {
 			return

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/node/adapters"
 )
 
@@ -22,7 +23,7 @@ func TestStatusShowsEvals(t *testing.T) {
 	}
 	h := &held{dir: wd}
 	arith, words := strings.Repeat("a1", 32), strings.Repeat("b2", 32)
-	for v, evals := range map[uint64][]weights.Eval{
+	for v, evals := range map[uint64][]chunks.Eval{
 		1: nil,
 		2: {{Task: arith, Prompts: 4, Passed: 3, MeanReward: 0.5}, {Task: words, Prompts: 10, Passed: 1, MeanReward: -0.25}},
 	} {
@@ -31,7 +32,7 @@ func TestStatusShowsEvals(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h.latest.Store(signed(t, []byte("a bundle not fetched"), 3, []weights.Eval{{Task: arith, Prompts: 8, Passed: 8, MeanReward: 1}}))
+	h.latest.Store(signed(t, []byte("a bundle not fetched"), 3, []chunks.Eval{{Task: arith, Prompts: 8, Passed: 8, MeanReward: 1}}))
 	f, err := adapters.New(adapters.Config{Dir: filepath.Join(root, "adapters"), Weights: h})
 	if err != nil {
 		t.Fatal(err)

@@ -497,3 +497,12 @@ func validHash(h string) bool {
 	}
 	return true
 }
+
+// Applied describes one entry as raft applied it (package raftfsm
+// tells its watchers): the entry (nil if it did not decode), its log
+// position, and why it was refused (nil: applied).
+type Applied struct {
+	Entry       *Entry
+	Term, Index uint64
+	Err         error
+}

@@ -1,4 +1,4 @@
-package group
+package group_test
 
 import (
 	"fmt"
@@ -7,6 +7,9 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+
+	. "github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/group/grouptest"
 )
 
 var benchTrainers = []mesh.PeerID{"t1", "t2", "t3", "t4", "t5"}
@@ -23,7 +26,7 @@ func benchState(b *testing.B, ids []core.BatchID, adapters ...string) *State {
 			b.Fatal(err)
 		}
 	}
-	apply(&Entry{Genesis: &Genesis{Hash: hashN(0)}})
+	apply(&Entry{Genesis: &Genesis{Hash: grouptest.HashN(0)}})
 	for i, t := range benchTrainers {
 		apply(&Entry{Register: &Trainer{ID: t, Speed: float64(i + 1)}})
 	}
@@ -32,7 +35,7 @@ func benchState(b *testing.B, ids []core.BatchID, adapters ...string) *State {
 		for j := i; j < min(i+64, len(ids)); j++ {
 			refs = append(refs, BatchRef{ID: ids[j], From: mesh.PeerID(fmt.Sprintf("d%d", j%100)), Steps: 1 + j%16, Adapters: adapters})
 		}
-		apply(&Entry{At: t0.Add(time.Duration(i) * time.Millisecond), Add: refs})
+		apply(&Entry{At: grouptest.T0.Add(time.Duration(i) * time.Millisecond), Add: refs})
 	}
 	return s
 }
@@ -40,7 +43,7 @@ func benchState(b *testing.B, ids []core.BatchID, adapters ...string) *State {
 func benchIDs(n int) []core.BatchID {
 	ids := make([]core.BatchID, n)
 	for i := range ids {
-		ids[i] = bid(i)
+		ids[i] = grouptest.Bid(i)
 	}
 	return ids
 }
@@ -66,7 +69,7 @@ func BenchmarkApply(b *testing.B) {
 				next++
 			}
 			idx++
-			if err := s.Apply(&Entry{At: t0, Add: refs}, 1, idx); err != nil {
+			if err := s.Apply(&Entry{At: grouptest.T0, Add: refs}, 1, idx); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -99,7 +102,7 @@ func BenchmarkApply(b *testing.B) {
 				cursor += c.batches
 				cur, _ := s.Current()
 				idx++
-				if err := s.Apply(&Entry{At: t0, Start: &Start{Round: s.Rounds + 1, Base: cur.Version, Leader: "t1", Shares: shares}}, 1, idx); err != nil {
+				if err := s.Apply(&Entry{At: grouptest.T0, Start: &Start{Round: s.Rounds + 1, Base: cur.Version, Leader: "t1", Shares: shares}}, 1, idx); err != nil {
 					b.Fatal(err)
 				}
 				cs := make([]Contribution, 0, len(shares))
@@ -107,7 +110,7 @@ func BenchmarkApply(b *testing.B) {
 					cs = append(cs, Contribution{Trainer: t, Batches: shares[t], Samples: 64})
 				}
 				idx++
-				if err := s.Apply(&Entry{At: t0, Publish: &Publish{Round: s.Rounds, Version: cur.Version + 1, Parent: cur.Version, Hash: hashN(int(idx)), Publisher: "t1", Contributors: cs}}, 1, idx); err != nil {
+				if err := s.Apply(&Entry{At: grouptest.T0, Publish: &Publish{Round: s.Rounds, Version: cur.Version + 1, Parent: cur.Version, Hash: grouptest.HashN(int(idx)), Publisher: "t1", Contributors: cs}}, 1, idx); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -121,7 +124,7 @@ func BenchmarkPlan(b *testing.B) {
 		s := benchState(b, benchIDs(100_000), "v0")
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, ok := s.Plan(t0, "t1", benchTrainers); !ok {
+			if _, ok := s.Plan(grouptest.T0, "t1", benchTrainers); !ok {
 				b.Fatal("no plan")
 			}
 		}
@@ -137,7 +140,7 @@ func BenchmarkPlan(b *testing.B) {
 				b.Fatal(err)
 			}
 			idx++
-			if err := s.Apply(&Entry{Publish: &Publish{Round: s.Rounds, Version: uint64(i/1000) + 1, Parent: uint64(i / 1000), Hash: hashN(i), Contributors: []Contribution{{Trainer: "t1", Batches: ids[i : i+1000]}}}}, 1, idx); err != nil {
+			if err := s.Apply(&Entry{Publish: &Publish{Round: s.Rounds, Version: uint64(i/1000) + 1, Parent: uint64(i / 1000), Hash: grouptest.HashN(i), Contributors: []Contribution{{Trainer: "t1", Batches: ids[i : i+1000]}}}}, 1, idx); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -146,7 +149,7 @@ func BenchmarkPlan(b *testing.B) {
 		}
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, ok := s.Plan(t0, "t1", benchTrainers); !ok {
+			if _, ok := s.Plan(grouptest.T0, "t1", benchTrainers); !ok {
 				b.Fatal("no plan")
 			}
 		}

@@ -1,5 +1,5 @@
 //go:build !race
 
-package group
+package group_test
 
 const raceEnabled = false

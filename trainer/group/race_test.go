@@ -1,6 +1,6 @@
 //go:build race
 
-package group
+package group_test
 
 // raceEnabled: the race detector slows the property test down tenfold; it
 // runs fewer seeds under it.

@@ -7,7 +7,7 @@
 // Nothing here reads a clock, touches a disk or a network: the leader's
 // clock travels in each entry, so every trainer applying the same log
 // reaches the same state, and tests and the simulator can drive it
-// directly. FSM adapts a State to raft.
+// directly. Package raftfsm adapts a State to raft.
 package group
 
 import (

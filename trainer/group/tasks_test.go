@@ -1,4 +1,4 @@
-package group
+package group_test
 
 import (
 	"errors"
@@ -8,10 +8,13 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+
+	. "github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/group/grouptest"
 )
 
 func taskSet(n, held int) *TaskSet {
-	ts := &TaskSet{Hash: hashN(900), Reward: hashN(901), Group: 4, PerRound: 3, Epochs: 2, Ratio: 0.25}
+	ts := &TaskSet{Hash: grouptest.HashN(900), Reward: grouptest.HashN(901), Group: 4, PerRound: 3, Epochs: 2, Ratio: 0.25}
 	for i := range n {
 		ts.Train = append(ts.Train, fmt.Sprintf("p%02d", i))
 	}
@@ -40,54 +43,54 @@ func roundTasks(s *State) []string {
 // a round that closes without some (aborted, or a contributor missing)
 // gives them back, and epoch 1 starts only when epoch 0 is taken.
 func TestTaskSetConsumedOnce(t *testing.T) {
-	f := newFixture(t)
-	f.must(&Entry{Configure: &Config{Quota: 64, RoundSteps: 128}})
-	f.must(&Entry{Genesis: &Genesis{Hash: hashN(0), Publisher: "t1"}})
-	f.must(&Entry{Register: &Trainer{ID: "t1", Speed: 1}})
-	f.must(&Entry{Register: &Trainer{ID: "t2", Speed: 1}})
+	f := grouptest.NewFixture(t)
+	f.Must(&Entry{Configure: &Config{Quota: 64, RoundSteps: 128}})
+	f.Must(&Entry{Genesis: &Genesis{Hash: grouptest.HashN(0), Publisher: "t1"}})
+	f.Must(&Entry{Register: &Trainer{ID: "t1", Speed: 1}})
+	f.Must(&Entry{Register: &Trainer{ID: "t2", Speed: 1}})
 	ts := taskSet(5, 2)
-	f.must(&Entry{Tasks: ts})
-	f.must(&Entry{Tasks: ts}) // again: no change
+	f.Must(&Entry{Tasks: ts})
+	f.Must(&Entry{Tasks: ts}) // again: no change
 	other := *ts
-	other.Reward = hashN(902)
-	if err := f.apply(&Entry{Tasks: &other}); !errors.Is(err, ErrConfig) {
+	other.Reward = grouptest.HashN(902)
+	if err := f.Apply(&Entry{Tasks: &other}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("the same set with another verifier: %v", err)
 	}
-	if p := f.s.Progress(ts.Hash); p.Total != 10 || p.Pending != 10 {
+	if p := f.S.Progress(ts.Hash); p.Total != 10 || p.Pending != 10 {
 		t.Fatalf("progress %+v", p)
 	}
 	trained := map[string]int{}
 	live := []mesh.PeerID{"t1", "t2"}
-	for round := 0; round < 20 && f.s.Progress(ts.Hash).Trained < 10; round++ {
-		start, ok := f.s.Plan(f.at(), "t1", live)
+	for round := 0; round < 20 && f.S.Progress(ts.Hash).Trained < 10; round++ {
+		start, ok := f.S.Plan(f.At(), "t1", live)
 		if !ok {
-			t.Fatalf("no round with %+v", f.s.Progress(ts.Hash))
+			t.Fatalf("no round with %+v", f.S.Progress(ts.Hash))
 		}
-		f.must(&Entry{Start: start})
-		got := roundTasks(f.s)
+		f.Must(&Entry{Start: start})
+		got := roundTasks(f.S)
 		if len(got) == 0 || len(got) > 3 {
 			t.Fatalf("round %d: %v (per round 3)", start.Round, got)
 		}
 		if start.Round == 2 {
 			// A failover: the round closes with nothing.
-			f.must(&Entry{Abort: &Abort{Round: start.Round, Reason: "leader lost"}})
+			f.Must(&Entry{Abort: &Abort{Round: start.Round, Reason: "leader lost"}})
 			continue
 		}
 		// Only t1's share is trained; t2's goes back.
-		cur, _ := f.s.Current()
-		share := f.s.Round.Shares["t1"]
+		cur, _ := f.S.Current()
+		share := f.S.Round.Shares["t1"]
 		cs := []Contribution{{Trainer: "t1", Batches: share, Samples: 4 * len(share)}}
 		if len(share) == 0 {
-			cs = []Contribution{{Trainer: "t2", Batches: f.s.Round.Shares["t2"], Samples: 1}}
+			cs = []Contribution{{Trainer: "t2", Batches: f.S.Round.Shares["t2"], Samples: 1}}
 		}
-		f.must(&Entry{Publish: &Publish{Round: start.Round, Version: cur.Version + 1, Parent: cur.Version, Hash: hashN(int(cur.Version) + 1), Publisher: "t1", Contributors: cs}})
+		f.Must(&Entry{Publish: &Publish{Round: start.Round, Version: cur.Version + 1, Parent: cur.Version, Hash: grouptest.HashN(int(cur.Version) + 1), Publisher: "t1", Contributors: cs}})
 		for _, c := range cs {
 			for _, id := range c.Batches {
-				b := f.s.Batches[id]
+				b := f.S.Batches[id]
 				trained[fmt.Sprintf("%s/%d", b.Prompt, b.Epoch)]++
 				if b.Epoch == 1 {
 					// Every epoch-0 prompt was taken before any of epoch 1.
-					for _, o := range f.s.Batches {
+					for _, o := range f.S.Batches {
 						if o.Task != "" && o.Epoch == 0 && o.Status == Pending {
 							t.Fatalf("%s/1 trained while %s/0 pending", b.Prompt, o.Prompt)
 						}
@@ -95,7 +98,7 @@ func TestTaskSetConsumedOnce(t *testing.T) {
 				}
 			}
 		}
-		if err := checkInvariants(f.s); err != nil {
+		if err := grouptest.CheckInvariants(f.S); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -107,11 +110,11 @@ func TestTaskSetConsumedOnce(t *testing.T) {
 			t.Fatalf("%s trained %d times", k, n)
 		}
 	}
-	if _, ok := f.s.Plan(f.at(), "t1", live); ok {
+	if _, ok := f.S.Plan(f.At(), "t1", live); ok {
 		t.Fatal("a round with every prompt trained")
 	}
 	// Snapshots carry the sets.
-	if c := cloneState(t, f.s); c.TaskSets[ts.Hash] == nil || c.Progress(ts.Hash) != f.s.Progress(ts.Hash) {
+	if c := grouptest.CloneState(t, f.S); c.TaskSets[ts.Hash] == nil || c.Progress(ts.Hash) != f.S.Progress(ts.Hash) {
 		t.Fatal("the task set did not survive a snapshot")
 	}
 }
@@ -119,26 +122,26 @@ func TestTaskSetConsumedOnce(t *testing.T) {
 // TestTaskRatio: with device batches pending, the prompts take at most the
 // set's ratio of the round's steps, and the batches the rest.
 func TestTaskRatio(t *testing.T) {
-	f := ready(t) // batches of 4 steps, RoundSteps 128
+	f := grouptest.Ready(t) // batches of 4 steps, RoundSteps 128
 	var refs []BatchRef
 	for i := 7; i <= 60; i++ {
-		refs = append(refs, BatchRef{ID: bid(i), From: mesh.PeerID(fmt.Sprintf("d%d", i)), Steps: 4})
+		refs = append(refs, BatchRef{ID: grouptest.Bid(i), From: mesh.PeerID(fmt.Sprintf("d%d", i)), Steps: 4})
 	}
-	f.must(&Entry{Add: refs})
+	f.Must(&Entry{Add: refs})
 	ts := taskSet(40, 2)
 	ts.PerRound, ts.Ratio, ts.Group = 100, 0.25, 8
-	f.must(&Entry{Tasks: ts})
-	start, ok := f.s.Plan(f.at(), "t1", []mesh.PeerID{"t1", "t2"})
+	f.Must(&Entry{Tasks: ts})
+	start, ok := f.S.Plan(f.At(), "t1", []mesh.PeerID{"t1", "t2"})
 	if !ok {
 		t.Fatal("no round")
 	}
 	prompts, live := 0, 0
 	for _, ids := range start.Shares {
 		for _, id := range ids {
-			if f.s.Batches[id].Task != "" {
+			if f.S.Batches[id].Task != "" {
 				prompts++
 			} else {
-				live += f.s.Batches[id].Steps
+				live += f.S.Batches[id].Steps
 			}
 		}
 	}
@@ -149,54 +152,54 @@ func TestTaskRatio(t *testing.T) {
 }
 
 func TestTaskEntriesRefused(t *testing.T) {
-	f := ready(t)
+	f := grouptest.Ready(t)
 	for name, ts := range map[string]TaskSet{
-		"bad hash":  {Hash: "x", Reward: hashN(1), Train: []string{"a"}},
-		"no reward": {Hash: hashN(1), Train: []string{"a"}},
-		"group 1":   {Hash: hashN(1), Reward: hashN(2), Group: 1, Train: []string{"a"}},
-		"no train":  {Hash: hashN(1), Reward: hashN(2)},
-		"dup id":    {Hash: hashN(1), Reward: hashN(2), Train: []string{"a"}, HeldOut: []string{"a"}},
-		"ratio 2":   {Hash: hashN(1), Reward: hashN(2), Ratio: 2, Train: []string{"a"}},
-		"holdout 1": {Hash: hashN(1), Reward: hashN(2), Holdout: 1, Train: []string{"a"}},
-		"too many":  {Hash: hashN(1), Reward: hashN(2), Epochs: MaxTaskItems, Train: []string{"a", "b"}},
-		"bad tools": {Hash: hashN(1), Reward: hashN(2), Tools: "zz", Train: []string{"a"}},
+		"bad hash":  {Hash: "x", Reward: grouptest.HashN(1), Train: []string{"a"}},
+		"no reward": {Hash: grouptest.HashN(1), Train: []string{"a"}},
+		"group 1":   {Hash: grouptest.HashN(1), Reward: grouptest.HashN(2), Group: 1, Train: []string{"a"}},
+		"no train":  {Hash: grouptest.HashN(1), Reward: grouptest.HashN(2)},
+		"dup id":    {Hash: grouptest.HashN(1), Reward: grouptest.HashN(2), Train: []string{"a"}, HeldOut: []string{"a"}},
+		"ratio 2":   {Hash: grouptest.HashN(1), Reward: grouptest.HashN(2), Ratio: 2, Train: []string{"a"}},
+		"holdout 1": {Hash: grouptest.HashN(1), Reward: grouptest.HashN(2), Holdout: 1, Train: []string{"a"}},
+		"too many":  {Hash: grouptest.HashN(1), Reward: grouptest.HashN(2), Epochs: MaxTaskItems, Train: []string{"a", "b"}},
+		"bad tools": {Hash: grouptest.HashN(1), Reward: grouptest.HashN(2), Tools: "zz", Train: []string{"a"}},
 	} {
-		before := stateJSON(t, f.s)
-		if err := f.apply(&Entry{Tasks: &ts}); err == nil {
+		before := grouptest.StateJSON(t, f.S)
+		if err := f.Apply(&Entry{Tasks: &ts}); err == nil {
 			t.Errorf("%s: applied", name)
 		}
-		if after := stateJSON(t, f.s); after != before {
-			t.Errorf("%s: a refused entry changed the state: %s", name, diff(before, after))
+		if after := grouptest.StateJSON(t, f.S); after != before {
+			t.Errorf("%s: a refused entry changed the state: %s", name, grouptest.Diff(before, after))
 		}
 	}
 	ts := taskSet(3, 2)
-	f.must(&Entry{Tasks: ts})
+	f.Must(&Entry{Tasks: ts})
 	good := Eval{Version: 0, Task: ts.Hash, Prompts: 2, Passed: 1, PassAt1: 0.5, MeanReward: 0.1}
 	for name, ev := range map[string]Eval{
 		"no version": {Version: 9, Task: ts.Hash, Prompts: 2},
-		"no set":     {Version: 0, Task: hashN(5), Prompts: 2},
+		"no set":     {Version: 0, Task: grouptest.HashN(5), Prompts: 2},
 		"count":      {Version: 0, Task: ts.Hash, Prompts: 3},
 		"passed":     {Version: 0, Task: ts.Hash, Prompts: 2, Passed: 3},
 		"reward":     {Version: 0, Task: ts.Hash, Prompts: 2, MeanReward: 2},
 	} {
-		if err := f.apply(&Entry{Eval: &ev}); err == nil {
+		if err := f.Apply(&Entry{Eval: &ev}); err == nil {
 			t.Errorf("%s: applied", name)
 		}
 	}
-	if got := f.s.Unevaluated(); len(got) != 1 || got[0] != ts.Hash {
+	if got := f.S.Unevaluated(); len(got) != 1 || got[0] != ts.Hash {
 		t.Fatalf("unevaluated %v", got)
 	}
-	f.must(&Entry{Eval: &good})
+	f.Must(&Entry{Eval: &good})
 	second := good
 	second.Passed, second.PassAt1 = 2, 1
-	f.must(&Entry{Eval: &second}) // the first stands
-	if evs := f.s.Versions[0].Evals; len(evs) != 1 || evs[0] != good {
+	f.Must(&Entry{Eval: &second}) // the first stands
+	if evs := f.S.Versions[0].Evals; len(evs) != 1 || evs[0] != good {
 		t.Fatalf("evals %+v", evs)
 	}
-	if got := f.s.Unevaluated(); len(got) != 0 {
+	if got := f.S.Unevaluated(); len(got) != 0 {
 		t.Fatalf("unevaluated %v", got)
 	}
-	if err := f.apply(&Entry{Tasks: ts, Eval: &good}); !errors.Is(err, ErrEntry) {
+	if err := f.Apply(&Entry{Tasks: ts, Eval: &good}); !errors.Is(err, ErrEntry) {
 		t.Fatalf("two commands: %v", err)
 	}
 }
@@ -205,34 +208,34 @@ func TestTaskEntriesRefused(t *testing.T) {
 // committed with them (no evaluation is then owed); a publication whose
 // evaluations do not fit is refused whole.
 func TestPublishWithEvals(t *testing.T) {
-	f := open(t)
+	f := grouptest.Open(t)
 	ts := taskSet(3, 2)
-	f.must(&Entry{Tasks: ts})
+	f.Must(&Entry{Tasks: ts})
 	pub := func(evs ...Eval) *Entry {
-		return &Entry{Publish: &Publish{Round: 1, Version: 1, Hash: hashN(1),
-			Contributors: []Contribution{{Trainer: "t1", Batches: []core.BatchID{bid(1)}}}, Evals: evs}}
+		return &Entry{Publish: &Publish{Round: 1, Version: 1, Hash: grouptest.HashN(1),
+			Contributors: []Contribution{{Trainer: "t1", Batches: []core.BatchID{grouptest.Bid(1)}}}, Evals: evs}}
 	}
 	good := Eval{Version: 1, Task: ts.Hash, Prompts: 2, Passed: 2, PassAt1: 1, MeanReward: 0.5, By: "t1"}
 	for name, evs := range map[string][]Eval{
 		"other version": {{Version: 0, Task: ts.Hash, Prompts: 2}},
-		"unknown set":   {{Version: 1, Task: hashN(5), Prompts: 2}},
+		"unknown set":   {{Version: 1, Task: grouptest.HashN(5), Prompts: 2}},
 		"count":         {{Version: 1, Task: ts.Hash, Prompts: 1}},
 		"twice":         {good, good},
 	} {
-		before := stateJSON(t, f.s)
-		if err := f.apply(pub(evs...)); !errors.Is(err, ErrEntry) {
+		before := grouptest.StateJSON(t, f.S)
+		if err := f.Apply(pub(evs...)); !errors.Is(err, ErrEntry) {
 			t.Errorf("%s: %v", name, err)
 		}
-		if after := stateJSON(t, f.s); after != before {
-			t.Errorf("%s: a refused publication changed the state: %s", name, diff(before, after))
+		if after := grouptest.StateJSON(t, f.S); after != before {
+			t.Errorf("%s: a refused publication changed the state: %s", name, grouptest.Diff(before, after))
 		}
 	}
-	f.must(pub(good))
-	cur, _ := f.s.Current()
+	f.Must(pub(good))
+	cur, _ := f.S.Current()
 	if cur.Version != 1 || len(cur.Evals) != 1 || cur.Evals[0] != good {
 		t.Fatalf("v1 committed with evals %+v", cur.Evals)
 	}
-	if got := f.s.Unevaluated(); len(got) != 0 {
+	if got := f.S.Unevaluated(); len(got) != 0 {
 		t.Fatalf("v1 still owes evaluations on %v", got)
 	}
 }

@@ -1,4 +1,4 @@
-package weights
+package chunks
 
 import (
 	"bytes"
@@ -11,12 +11,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	ic "github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/peer"
+	"time"
 
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/weights/internal/wire"
 )
 
 // fixedWorld is a world whose keys come from fixed seeds, so that what it
@@ -25,16 +24,9 @@ func fixedWorld(t testing.TB) *world {
 	t.Helper()
 	admin := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{1}, ed25519.SeedSize))
 	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{2}, ed25519.SeedSize))
-	sk, err := ic.UnmarshalEd25519PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := peer.IDFromPrivateKey(sk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &world{admin: admin, trainer: testPeer{key: key, id: mesh.PeerID(id.String())}}
+	w := &world{admin: admin, trainer: testPeer{key: key, id: fixedTrainerID}}
 	// The certificate's serial is read from a fixed stream too.
+	var err error
 	w.cert, err = member.IssueCertificate(admin, nil, member.CertSpec{Subject: string(w.trainer.id), SubjectKey: key.Public().(ed25519.PublicKey), Role: member.RoleTrainer}, t0, bytes.NewReader(make([]byte, 64)))
 	if err != nil {
 		t.Fatal(err)
@@ -42,6 +34,11 @@ func fixedWorld(t testing.TB) *world {
 	w.meshID = member.MeshIDOf(admin.Public().(ed25519.PublicKey))
 	return w
 }
+
+// fixedTrainerID is the libp2p peer id of the key fixedWorld's trainer
+// signs with (seed 2): the certificate's subject in
+// testdata/manifest-cmwm1.hex.
+const fixedTrainerID mesh.PeerID = "12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq"
 
 // fixedBundle is a bundle of two chunks, the same on every run.
 func fixedBundle() []byte {
@@ -189,16 +186,16 @@ func TestManifestEvalsTampered(t *testing.T) {
 // section in place of its evals section.
 func withEvalsSection(m *Manifest, section []byte) []byte {
 	body := m.body(nil)
-	signer := appendBytes(nil, m.Signer)
+	signer := wire.AppendBytes(nil, m.Signer)
 	b := append([]byte(manifestMagicEval), body[len(manifestMagic):len(body)-len(signer)]...)
 	b = append(b, section...)
 	b = append(b, signer...)
-	return appendBytes(b, m.Sig)
+	return wire.AppendBytes(b, m.Sig)
 }
 
 // evalBytes is one evaluation's encoding.
 func evalBytes(task string, prompts, passed uint64, reward float64) []byte {
-	b := appendString(nil, task)
+	b := wire.AppendString(nil, task)
 	b = binary.AppendUvarint(b, prompts)
 	b = binary.AppendUvarint(b, passed)
 	return binary.LittleEndian.AppendUint64(b, math.Float64bits(reward))
@@ -291,5 +288,89 @@ func TestManifestSignRefusesBadEvals(t *testing.T) {
 		if err := mm.Sign(w.trainer.key, w.cert, t0); !errors.Is(err, ErrManifest) {
 			t.Errorf("signed %d evaluations, the first %+v: %v", len(evs), evs[0], err)
 		}
+	}
+}
+
+func TestManifestSignedChain(t *testing.T) {
+	w := newWorld(t)
+	b := randomBytes(t, 2*ChunkSize+17)
+	m := w.manifest(t, b, 3, 2, 40)
+	m2, err := ParseManifest(m.Marshal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(m2.Marshal(), m.Marshal()) || len(m2.Chunks) != 3 || m2.Size != uint64(len(b)) {
+		t.Fatalf("round trip changed the manifest: %+v", m2)
+	}
+	if c, err := m2.Verify(w.pub(), t0.Add(time.Hour), nil); err != nil || c.Subject() != string(w.trainer.id) {
+		t.Fatalf("verify: %v", err)
+	}
+
+	tampered := *m2
+	tampered.Term++
+	if _, err := tampered.Verify(w.pub(), t0, nil); !errors.Is(err, ErrSignature) {
+		t.Fatalf("a changed term verified: %v", err)
+	}
+
+	member := newTestPeer(t)
+	mm := *m2
+	if err := mm.Sign(member.key, w.issue(t, member, 1), t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mm.Verify(w.pub(), t0, nil); !errors.Is(err, ErrSignature) {
+		t.Fatalf("a manifest signed by a device (not a trainer) verified: %v", err)
+	}
+
+	other := newWorld(t)
+	if _, err := m2.Verify(other.pub(), t0, nil); !errors.Is(err, ErrSignature) {
+		t.Fatalf("a manifest of another mesh verified: %v", err)
+	}
+
+	if err := m2.Sign(member.key, w.cert, t0); err == nil {
+		t.Fatal("signed with a key that is not the certificate's")
+	}
+}
+
+func TestManifestRevokedSigner(t *testing.T) {
+	w := newWorld(t)
+	m := w.manifest(t, randomBytes(t, 100), 1, 1, 5)
+	revs := member.NewRevocationList(w.pub())
+	r, err := member.NewRevocation(w.admin, nil, string(w.trainer.id), "stolen laptop", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := revs.Add(r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Verify(w.pub(), t0.Add(time.Minute), revs); !errors.Is(err, ErrSignature) || !errors.Is(err, member.ErrRevoked) {
+		t.Fatalf("a manifest signed by a revoked trainer: %v", err)
+	}
+}
+
+func TestManifestFence(t *testing.T) {
+	w := newWorld(t)
+	b1, b2 := randomBytes(t, 100), randomBytes(t, 100)
+	last := w.manifest(t, b1, 5, 3, 50)
+	for _, tc := range []struct {
+		name string
+		m    *Manifest
+		ok   bool
+	}{
+		{"next version", w.manifest(t, b2, 6, 3, 60), true},
+		{"next version, later term", w.manifest(t, b2, 6, 4, 55), true},
+		{"same commit re-announced", w.manifest(t, b1, 5, 3, 50), true},
+		{"older version", w.manifest(t, b2, 4, 3, 40), false},
+		{"newer version from a lower term", w.manifest(t, b2, 6, 2, 70), false},
+		{"newer version at an earlier index", w.manifest(t, b2, 6, 3, 49), false},
+		{"same version, other bundle", w.manifest(t, b2, 5, 3, 50), false},
+		{"same version, other entry", w.manifest(t, b1, 5, 4, 51), false},
+	} {
+		err := tc.m.Fence(last)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrStale)) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+	if err := last.Fence(nil); err != nil {
+		t.Errorf("first manifest: %v", err)
 	}
 }

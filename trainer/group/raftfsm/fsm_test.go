@@ -1,4 +1,4 @@
-package group
+package raftfsm
 
 import (
 	"bytes"
@@ -14,31 +14,19 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/group/grouptest"
 )
-
-// logEntry is one recorded log entry.
-type logEntry struct {
-	data        []byte
-	term, index uint64
-}
-
-// recordLog runs the property driver with seed and returns the log it
-// applied, encoded, and the state it reached.
-func recordLog(t *testing.T, seed uint64, steps int) ([]logEntry, *State) {
-	d := newDriver(t, seed)
-	d.run(steps)
-	return d.log, d.f.s
-}
 
 func (f *FSM) json(t testing.TB) string {
 	t.Helper()
 	var s string
-	f.View(func(st *State) { s = fullJSON(t, st) })
+	f.View(func(st *group.State) { s = grouptest.FullJSON(t, st) })
 	return s
 }
 
-func applyLog(f *FSM, e logEntry) error {
-	resp := f.Apply(&raft.Log{Type: raft.LogCommand, Term: e.term, Index: e.index, Data: e.data})
+func applyLog(f *FSM, e grouptest.LogEntry) error {
+	resp := f.Apply(&raft.Log{Type: raft.LogCommand, Term: e.Term, Index: e.Index, Data: e.Data})
 	if resp == nil {
 		return nil
 	}
@@ -70,7 +58,7 @@ func snapshotRestore(t *testing.T, f *FSM) *FSM {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := NewFSM()
+	g := New()
 	if err := g.Restore(rc); err != nil {
 		t.Fatalf("restore: %v", err)
 	}
@@ -79,9 +67,9 @@ func snapshotRestore(t *testing.T, f *FSM) *FSM {
 
 func TestFSMSnapshotRestore(t *testing.T) {
 	for seed := range uint64(8) {
-		log, want := recordLog(t, seed, 200)
+		log, want := grouptest.RecordLog(t, seed, 200)
 		for _, cut := range []int{0, 1, 2, len(log) / 3, len(log) / 2, len(log) - 1, len(log)} {
-			a := NewFSM()
+			a := New()
 			var errs []string
 			for _, e := range log[:cut] {
 				err := applyLog(a, e)
@@ -89,7 +77,7 @@ func TestFSMSnapshotRestore(t *testing.T) {
 			}
 			b := snapshotRestore(t, a)
 			if ja, jb := a.json(t), b.json(t); ja != jb {
-				t.Fatalf("seed %d cut %d: restored state differs %s", seed, cut, diff(ja, jb))
+				t.Fatalf("seed %d cut %d: restored state differs %s", seed, cut, grouptest.Diff(ja, jb))
 			}
 			// Both go on with the rest of the log, refusing the same entries.
 			for i, e := range log[cut:] {
@@ -100,10 +88,10 @@ func TestFSMSnapshotRestore(t *testing.T) {
 			}
 			ja, jb := a.json(t), b.json(t)
 			if ja != jb {
-				t.Fatalf("seed %d cut %d: states differ after the rest of the log %s", seed, cut, diff(ja, jb))
+				t.Fatalf("seed %d cut %d: states differ after the rest of the log %s", seed, cut, grouptest.Diff(ja, jb))
 			}
-			if jw := fullJSON(t, want); ja != jw {
-				t.Fatalf("seed %d: the FSM and the state applied directly differ %s", seed, diff(ja, jw))
+			if jw := grouptest.FullJSON(t, want); ja != jw {
+				t.Fatalf("seed %d: the FSM and the state applied directly differ %s", seed, grouptest.Diff(ja, jw))
 			}
 		}
 	}
@@ -117,26 +105,26 @@ func errString(err error) string {
 }
 
 func TestFSMRestoreEmpty(t *testing.T) {
-	f := NewFSM()
+	f := New()
 	for _, in := range []string{`{}`, `{"batches":null,"trainers":null,"revoked":null,"counts":null,"refusals":null}`} {
 		if err := f.Restore(io.NopCloser(strings.NewReader(in))); err != nil {
 			t.Fatalf("restore %s: %v", in, err)
 		}
-		e := &Entry{Genesis: &Genesis{Hash: hashN(0)}}
+		e := &group.Entry{Genesis: &group.Genesis{Hash: grouptest.HashN(0)}}
 		data, _ := e.Encode()
-		if err := applyLog(f, logEntry{data, 1, 1}); err != nil {
+		if err := applyLog(f, grouptest.LogEntry{Data: data, Term: 1, Index: 1}); err != nil {
 			t.Fatal(err)
 		}
-		data, _ = (&Entry{Add: []BatchRef{{ID: bid(1)}}}).Encode()
-		if err := applyLog(f, logEntry{data, 1, 2}); err != nil {
+		data, _ = (&group.Entry{Add: []group.BatchRef{{ID: grouptest.Bid(1)}}}).Encode()
+		if err := applyLog(f, grouptest.LogEntry{Data: data, Term: 1, Index: 2}); err != nil {
 			t.Fatal(err)
 		}
-		data, _ = (&Entry{Revoke: &Revocation{Peer: "x"}}).Encode()
-		if err := applyLog(f, logEntry{data, 1, 3}); err != nil {
+		data, _ = (&group.Entry{Revoke: &group.Revocation{Peer: "x"}}).Encode()
+		if err := applyLog(f, grouptest.LogEntry{Data: data, Term: 1, Index: 3}); err != nil {
 			t.Fatal(err)
 		}
-		data, _ = (&Entry{Refuse: []Refusal{{ID: bid(1), Reason: "r"}}}).Encode()
-		if err := applyLog(f, logEntry{data, 1, 4}); err != nil {
+		data, _ = (&group.Entry{Refuse: []group.Refusal{{ID: grouptest.Bid(1), Reason: "r"}}}).Encode()
+		if err := applyLog(f, grouptest.LogEntry{Data: data, Term: 1, Index: 4}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -150,9 +138,9 @@ type closeCounter struct {
 func (c *closeCounter) Close() error { c.closed++; return nil }
 
 func TestFSMRestoreBad(t *testing.T) {
-	f := NewFSM()
-	data, _ := (&Entry{Genesis: &Genesis{Hash: hashN(0)}}).Encode()
-	if err := applyLog(f, logEntry{data, 1, 1}); err != nil {
+	f := New()
+	data, _ := (&group.Entry{Genesis: &group.Genesis{Hash: grouptest.HashN(0)}}).Encode()
+	if err := applyLog(f, grouptest.LogEntry{Data: data, Term: 1, Index: 1}); err != nil {
 		t.Fatal(err)
 	}
 	before := f.json(t)
@@ -187,7 +175,7 @@ func (s *failSink) ID() string    { return "x" }
 func (s *failSink) Cancel() error { s.canceled = true; return nil }
 
 func TestFSMSnapshotPersist(t *testing.T) {
-	f := NewFSM()
+	f := New()
 	snap, err := f.Snapshot()
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +184,7 @@ func TestFSMSnapshotPersist(t *testing.T) {
 	if err := snap.Persist(ok); err != nil || !ok.closed || ok.canceled {
 		t.Errorf("persist: %v, closed %v, canceled %v", err, ok.closed, ok.canceled)
 	}
-	var st State
+	var st group.State
 	if err := json.Unmarshal(ok.Bytes(), &st); err != nil {
 		t.Errorf("snapshot is not a state: %v", err)
 	}
@@ -205,8 +193,8 @@ func TestFSMSnapshotPersist(t *testing.T) {
 		t.Errorf("persist to a failing sink: %v, closed %v, canceled %v", err, bad.closed, bad.canceled)
 	}
 	// A snapshot is the state when it was taken.
-	data, _ := (&Entry{Genesis: &Genesis{Hash: hashN(0)}}).Encode()
-	if err := applyLog(f, logEntry{data, 1, 1}); err != nil {
+	data, _ := (&group.Entry{Genesis: &group.Genesis{Hash: grouptest.HashN(0)}}).Encode()
+	if err := applyLog(f, grouptest.LogEntry{Data: data, Term: 1, Index: 1}); err != nil {
 		t.Fatal(err)
 	}
 	later := &failSink{}
@@ -216,12 +204,12 @@ func TestFSMSnapshotPersist(t *testing.T) {
 }
 
 func TestFSMWatch(t *testing.T) {
-	f := NewFSM()
+	f := New()
 	var mu sync.Mutex
-	var seen, seen2 []Applied
-	f.Watch(func(a Applied) {
+	var seen, seen2 []group.Applied
+	f.Watch(func(a group.Applied) {
 		// Watchers run outside the state's lock: View must not deadlock.
-		f.View(func(s *State) {
+		f.View(func(s *group.State) {
 			if s.Index != a.Index {
 				t.Errorf("watch of %d sees index %d", a.Index, s.Index)
 			}
@@ -230,12 +218,12 @@ func TestFSMWatch(t *testing.T) {
 		seen = append(seen, a)
 		mu.Unlock()
 	})
-	f.Watch(func(a Applied) {
+	f.Watch(func(a group.Applied) {
 		mu.Lock()
 		seen2 = append(seen2, a)
 		mu.Unlock()
 	})
-	enc := func(e *Entry) []byte {
+	enc := func(e *group.Entry) []byte {
 		b, err := e.Encode()
 		if err != nil {
 			t.Fatal(err)
@@ -243,13 +231,13 @@ func TestFSMWatch(t *testing.T) {
 		return b
 	}
 	logs := []*raft.Log{
-		{Type: raft.LogCommand, Term: 1, Index: 1, Data: enc(&Entry{Genesis: &Genesis{Hash: hashN(0)}})},
+		{Type: raft.LogCommand, Term: 1, Index: 1, Data: enc(&group.Entry{Genesis: &group.Genesis{Hash: grouptest.HashN(0)}})},
 		{Type: raft.LogNoop, Term: 1, Index: 2},
-		{Type: raft.LogCommand, Term: 1, Index: 3, Data: enc(&Entry{Register: &Trainer{ID: "t1"}})},
+		{Type: raft.LogCommand, Term: 1, Index: 3, Data: enc(&group.Entry{Register: &group.Trainer{ID: "t1"}})},
 		{Type: raft.LogCommand, Term: 1, Index: 4, Data: []byte("garbage")},
-		{Type: raft.LogCommand, Term: 2, Index: 5, Data: enc(&Entry{Leave: "t9"})},
+		{Type: raft.LogCommand, Term: 2, Index: 5, Data: enc(&group.Entry{Leave: "t9"})},
 		{Type: raft.LogConfiguration, Term: 2, Index: 6},
-		{Type: raft.LogCommand, Term: 2, Index: 7, Data: enc(&Entry{Leave: "t1"})},
+		{Type: raft.LogCommand, Term: 2, Index: 7, Data: enc(&group.Entry{Leave: "t1"})},
 	}
 	done := make(chan []any)
 	go func() {
@@ -266,12 +254,12 @@ func TestFSMWatch(t *testing.T) {
 		t.Fatal("Apply did not return: a watcher deadlocked")
 	}
 	wantIdx := []uint64{1, 3, 4, 5, 7}
-	wantErrs := []error{nil, nil, ErrEntry, ErrTrainer, nil}
+	wantErrs := []error{nil, nil, group.ErrEntry, group.ErrTrainer, nil}
 	if len(seen) != len(wantIdx) || len(seen2) != len(wantIdx) {
 		t.Fatalf("watch saw %d and %d entries, want %d", len(seen), len(seen2), len(wantIdx))
 	}
 	for i, a := range seen {
-		if a.Index != wantIdx[i] || !wantErr(a.Err, wantErrs[i]) {
+		if a.Index != wantIdx[i] || !grouptest.WantErr(a.Err, wantErrs[i]) {
 			t.Errorf("watch %d: index %d err %v, want %d %v", i, a.Index, a.Err, wantIdx[i], wantErrs[i])
 		}
 		if (a.Entry == nil) != (wantIdx[i] == 4) {
@@ -303,17 +291,17 @@ func TestFSMWatch(t *testing.T) {
 }
 
 func TestFSMMalformed(t *testing.T) {
-	f := NewFSM()
-	data, _ := (&Entry{Genesis: &Genesis{Hash: hashN(0)}}).Encode()
-	if err := applyLog(f, logEntry{data, 1, 1}); err != nil {
+	f := New()
+	data, _ := (&group.Entry{Genesis: &group.Genesis{Hash: grouptest.HashN(0)}}).Encode()
+	if err := applyLog(f, grouptest.LogEntry{Data: data, Term: 1, Index: 1}); err != nil {
 		t.Fatal(err)
 	}
-	data, _ = (&Entry{Register: &Trainer{ID: "t1"}}).Encode()
-	if err := applyLog(f, logEntry{data, 1, 2}); err != nil {
+	data, _ = (&group.Entry{Register: &group.Trainer{ID: "t1"}}).Encode()
+	if err := applyLog(f, grouptest.LogEntry{Data: data, Term: 1, Index: 2}); err != nil {
 		t.Fatal(err)
 	}
 	var before string
-	f.View(func(s *State) { before = stateJSON(t, s) })
+	f.View(func(s *group.State) { before = grouptest.StateJSON(t, s) })
 	bad := []string{
 		"", " ", "{", "}", "[]", "null", "7", `"leave"`, "\xff\xfe",
 		`{}`,
@@ -328,8 +316,8 @@ func TestFSMMalformed(t *testing.T) {
 		`{"leave":7}`,
 		`{"at":"yesterday","leave":"t1"}`,
 		`{"add":[{"id":5}]}`,
-		`{"add":[{"id":"` + hashN(1) + `","steps":1.5}]}`,
-		`{"add":[{"id":"` + hashN(1) + `","extra":1}]}`,
+		`{"add":[{"id":"` + grouptest.HashN(1) + `","steps":1.5}]}`,
+		`{"add":[{"id":"` + grouptest.HashN(1) + `","extra":1}]}`,
 		`{"add":[]}`,
 		`{"add":null}`,
 		`{"register":{"id":"t2","speed":1e400}}`,
@@ -339,34 +327,34 @@ func TestFSMMalformed(t *testing.T) {
 		`{"start":{"round":-1}}`,
 		`{"publish":{"round":1,"version":1,"contributors":{}}}`,
 		`{"configure":{"deadline_ns":"1m"}}`,
-		strings.Repeat(" ", MaxEntry+1),
+		strings.Repeat(" ", group.MaxEntry+1),
 	}
 	for i, in := range bad {
 		idx := uint64(10 + i)
-		err := applyLog(f, logEntry{[]byte(in), 3, idx})
-		if !errors.Is(err, ErrEntry) {
+		err := applyLog(f, grouptest.LogEntry{Data: []byte(in), Term: 3, Index: idx})
+		if !errors.Is(err, group.ErrEntry) {
 			t.Errorf("%.60q: %v, want ErrEntry", in, err)
 		}
-		f.View(func(s *State) {
+		f.View(func(s *group.State) {
 			if s.Term != 3 || s.Index != idx {
 				t.Errorf("%.60q: applied (%d,%d), want (3,%d)", in, s.Term, s.Index, idx)
 			}
-			if after := stateJSON(t, s); after != before {
+			if after := grouptest.StateJSON(t, s); after != before {
 				t.Errorf("%.60q changed the state", in)
 			}
 		})
 	}
 	// What DecodeEntry accepts: surrounding space, a known command.
 	for _, in := range []string{` {"leave":"t1"} `, "{\"leave\":\"t1\"}\n"} {
-		if _, err := DecodeEntry([]byte(in)); err != nil {
+		if _, err := group.DecodeEntry([]byte(in)); err != nil {
 			t.Errorf("DecodeEntry(%q): %v", in, err)
 		}
 	}
 }
 
 func TestFSMConcurrentView(t *testing.T) {
-	log, _ := recordLog(t, 3, 150)
-	f := NewFSM()
+	log, _ := grouptest.RecordLog(t, 3, 150)
+	f := New()
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	wg.Go(func() {
@@ -376,8 +364,8 @@ func TestFSMConcurrentView(t *testing.T) {
 				return
 			default:
 			}
-			f.View(func(s *State) {
-				if err := checkInvariants(s); err != nil {
+			f.View(func(s *group.State) {
+				if err := grouptest.CheckInvariants(s); err != nil {
 					t.Errorf("view: %v", err)
 				}
 			})
@@ -393,17 +381,17 @@ func TestFSMConcurrentView(t *testing.T) {
 // fuzzBase is a state with a lineage, an open round, refusals and a
 // revocation, as JSON: FuzzApply restores it before every input.
 func fuzzBase(tb testing.TB) []byte {
-	fx := published(tb) // v1 from round 1; batches 1..3 trained, 4..6 pending
-	fx.must(&Entry{Add: []BatchRef{{ID: bid(7), From: "d3", Steps: 2, Adapters: []string{"v1"}}, {ID: bid(8), From: "d9", Steps: 300}, {ID: bid(9), Steps: 1, Adapters: []string{"v0"}}}})
-	fx.must(&Entry{Refuse: []Refusal{{ID: bid(4), Reason: "unreadable: x"}}})
-	fx.must(&Entry{Register: &Trainer{ID: "t4", Speed: 3, Addrs: []string{"a"}}})
-	fx.must(&Entry{Revoke: &Revocation{Peer: "d9", Reason: "spam"}})
-	fx.must(&Entry{Add: []BatchRef{{ID: bid(10), From: "d9"}, {ID: bid(11), From: "d4", Steps: 1}}})
-	fx.must(&Entry{Start: &Start{Round: 2, Base: 1, Leader: "t2", Shares: map[mesh.PeerID][]core.BatchID{"t1": {bid(5)}, "t3": {bid(6), bid(7)}}}})
-	if err := checkInvariants(fx.s); err != nil {
+	fx := grouptest.Published(tb) // v1 from round 1; batches 1..3 trained, 4..6 pending
+	fx.Must(&group.Entry{Add: []group.BatchRef{{ID: grouptest.Bid(7), From: "d3", Steps: 2, Adapters: []string{"v1"}}, {ID: grouptest.Bid(8), From: "d9", Steps: 300}, {ID: grouptest.Bid(9), Steps: 1, Adapters: []string{"v0"}}}})
+	fx.Must(&group.Entry{Refuse: []group.Refusal{{ID: grouptest.Bid(4), Reason: "unreadable: x"}}})
+	fx.Must(&group.Entry{Register: &group.Trainer{ID: "t4", Speed: 3, Addrs: []string{"a"}}})
+	fx.Must(&group.Entry{Revoke: &group.Revocation{Peer: "d9", Reason: "spam"}})
+	fx.Must(&group.Entry{Add: []group.BatchRef{{ID: grouptest.Bid(10), From: "d9"}, {ID: grouptest.Bid(11), From: "d4", Steps: 1}}})
+	fx.Must(&group.Entry{Start: &group.Start{Round: 2, Base: 1, Leader: "t2", Shares: map[mesh.PeerID][]core.BatchID{"t1": {grouptest.Bid(5)}, "t3": {grouptest.Bid(6), grouptest.Bid(7)}}}})
+	if err := grouptest.CheckInvariants(fx.S); err != nil {
 		tb.Fatal(err)
 	}
-	return []byte(fullJSON(tb, fx.s))
+	return []byte(grouptest.FullJSON(tb, fx.S))
 }
 
 // FuzzApply decodes arbitrary bytes as log entries (one a line, at most 8)
@@ -413,36 +401,36 @@ func fuzzBase(tb testing.TB) []byte {
 func FuzzApply(f *testing.F) {
 	base := fuzzBase(f)
 	seeds := []string{
-		`{"publish":{"round":2,"version":2,"parent":1,"hash":"` + hashN(2) + `","publisher":"t2","contributors":[{"trainer":"t1","batches":["` + string(bid(5)) + `"]},{"trainer":"t3","batches":["` + string(bid(7)) + `"]}],"refused":[{"id":"` + string(bid(6)) + `","reason":"verify"}]}}`,
-		`{"abort":{"round":2,"reason":"deadline"}}` + "\n" + `{"start":{"round":3,"base":1,"shares":{"t4":["` + string(bid(5)) + `","` + string(bid(9)) + `"]}}}` + "\n" + `{"publish":{"round":3,"version":2,"parent":1,"hash":"` + hashN(3) + `","contributors":[{"trainer":"t4","batches":["` + string(bid(9)) + `"]}]}}`,
-		`{"add":[{"id":"` + hashN(77) + `","from":"d1","steps":3,"adapters":["v1"]}]}`,
-		`{"refuse":[{"id":"` + string(bid(11)) + `","reason":"stale"}]}`,
+		`{"publish":{"round":2,"version":2,"parent":1,"hash":"` + grouptest.HashN(2) + `","publisher":"t2","contributors":[{"trainer":"t1","batches":["` + string(grouptest.Bid(5)) + `"]},{"trainer":"t3","batches":["` + string(grouptest.Bid(7)) + `"]}],"refused":[{"id":"` + string(grouptest.Bid(6)) + `","reason":"verify"}]}}`,
+		`{"abort":{"round":2,"reason":"deadline"}}` + "\n" + `{"start":{"round":3,"base":1,"shares":{"t4":["` + string(grouptest.Bid(5)) + `","` + string(grouptest.Bid(9)) + `"]}}}` + "\n" + `{"publish":{"round":3,"version":2,"parent":1,"hash":"` + grouptest.HashN(3) + `","contributors":[{"trainer":"t4","batches":["` + string(grouptest.Bid(9)) + `"]}]}}`,
+		`{"add":[{"id":"` + grouptest.HashN(77) + `","from":"d1","steps":3,"adapters":["v1"]}]}`,
+		`{"refuse":[{"id":"` + string(grouptest.Bid(11)) + `","reason":"stale"}]}`,
 		`{"register":{"id":"t5","engine":"cuda","device":"h100","speed":2.5,"addrs":["x:1"]}}`,
 		`{"leave":"t3"}` + "\n" + `{"abort":{"round":2}}`,
 		`{"revoke":{"peer":"d3","reason":"bad"}}` + "\n" + `{"abort":{"round":2}}`,
 		`{"speeds":[{"trainer":"t1","speed":4}]}`,
 		`{"configure":{"quota":3,"round_steps":5,"max_lag":1}}`,
-		`{"genesis":{"hash":"` + hashN(9) + `"}}`,
-		`{"start":{"round":3,"base":1,"shares":{"t1":["` + string(bid(11)) + `"]}}}`,
+		`{"genesis":{"hash":"` + grouptest.HashN(9) + `"}}`,
+		`{"start":{"round":3,"base":1,"shares":{"t1":["` + string(grouptest.Bid(11)) + `"]}}}`,
 		`{"at":"2025-01-01T00:00:00Z","leave":"t1","abort":{"round":2}}`,
-		`{"publish":{"round":2,"version":2,"parent":1,"hash":"` + hashN(2) + `","contributors":[{"trainer":"t1","batches":["` + string(bid(5)) + `","` + string(bid(5)) + `"]}]}}`,
+		`{"publish":{"round":2,"version":2,"parent":1,"hash":"` + grouptest.HashN(2) + `","contributors":[{"trainer":"t1","batches":["` + string(grouptest.Bid(5)) + `","` + string(grouptest.Bid(5)) + `"]}]}}`,
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fsm := NewFSM()
+		fsm := New()
 		if err := fsm.Restore(io.NopCloser(bytes.NewReader(base))); err != nil {
 			t.Fatal(err)
 		}
 		var idx uint64
-		fsm.View(func(s *State) { idx = s.Index })
+		fsm.View(func(s *group.State) { idx = s.Index })
 		for i, part := range bytes.SplitN(data, []byte("\n"), 8) {
 			var before string
-			fsm.View(func(s *State) { before = stateJSON(t, s) })
+			fsm.View(func(s *group.State) { before = grouptest.StateJSON(t, s) })
 			idx++
 			resp := fsm.Apply(&raft.Log{Type: raft.LogCommand, Term: 5, Index: idx, Data: part})
-			fsm.View(func(s *State) {
+			fsm.View(func(s *group.State) {
 				if s.Term != 5 || s.Index != idx {
 					t.Fatalf("entry %d: applied (%d,%d)", i, s.Term, s.Index)
 				}
@@ -454,11 +442,11 @@ func FuzzApply(f *testing.F) {
 					if !isSentinel(err) {
 						t.Fatalf("entry %d: error %v wraps no sentinel", i, err)
 					}
-					if after := stateJSON(t, s); after != before {
-						t.Fatalf("entry %d refused (%v) but changed the state %s", i, err, diff(before, after))
+					if after := grouptest.StateJSON(t, s); after != before {
+						t.Fatalf("entry %d refused (%v) but changed the state %s", i, err, grouptest.Diff(before, after))
 					}
 				}
-				if err := checkInvariants(s); err != nil {
+				if err := grouptest.CheckInvariants(s); err != nil {
 					t.Fatalf("entry %d %q: %v", i, part, err)
 				}
 			})
@@ -472,18 +460,18 @@ func FuzzApply(f *testing.F) {
 		if err := snap.Persist(sink); err != nil {
 			t.Fatal(err)
 		}
-		g := NewFSM()
+		g := New()
 		if err := g.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
 			t.Fatalf("restore: %v", err)
 		}
 		if a, b := fsm.json(t), g.json(t); a != b {
-			t.Fatalf("restored state differs %s", diff(a, b))
+			t.Fatalf("restored state differs %s", grouptest.Diff(a, b))
 		}
 	})
 }
 
 func isSentinel(err error) bool {
-	for _, s := range []error{ErrEntry, ErrConfig, ErrNoRound, ErrVersion, ErrBatch, ErrTrainer, ErrFenced, ErrGenesis, ErrNoGenesis} {
+	for _, s := range []error{group.ErrEntry, group.ErrConfig, group.ErrNoRound, group.ErrVersion, group.ErrBatch, group.ErrTrainer, group.ErrFenced, group.ErrGenesis, group.ErrNoGenesis} {
 		if errors.Is(err, s) {
 			return true
 		}

@@ -1,46 +1,43 @@
-package group
+// Package raftfsm adapts the trainers' replicated state (package group) to
+// hashicorp/raft: its FSM applies the committed log entries raft hands
+// over to a group.State, snapshots the state as JSON and restores it, and
+// tells watchers of every entry applied. Everything that names raft's
+// types is here, so that group, and the simulator that runs it, link no
+// raft.
+package raftfsm
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"sync"
 
 	"github.com/hashicorp/raft"
 
-	"github.com/clawmesh/clawmesh/internal/core"
-	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
-// Applied describes one entry as the FSM applied it.
-type Applied struct {
-	Entry       *Entry
-	Term, Index uint64
-	Err         error
-}
-
-// FSM adapts a State to raft: Apply decodes and applies committed entries,
-// Snapshot and Restore move the whole state as JSON. Read the state only
-// through View.
+// FSM adapts a group.State to raft: Apply decodes and applies committed
+// entries, Snapshot and Restore move the whole state as JSON. Read the
+// state only through View.
 type FSM struct {
 	mu    sync.RWMutex
-	st    *State
-	watch []func(Applied)
+	st    *group.State
+	watch []func(group.Applied)
 }
 
-// NewFSM returns an FSM over an empty state.
-func NewFSM() *FSM { return &FSM{st: New()} }
+// New returns an FSM over an empty state.
+func New() *FSM { return &FSM{st: group.New()} }
 
 // Watch calls fn after every applied entry, in log order, outside the
 // state's lock; fn must not block for long.
-func (f *FSM) Watch(fn func(Applied)) {
+func (f *FSM) Watch(fn func(group.Applied)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.watch = append(f.watch, fn)
 }
 
 // View calls fn with the state under a read lock; fn must not keep it.
-func (f *FSM) View(fn func(*State)) {
+func (f *FSM) View(fn func(*group.State)) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	fn(f.st)
@@ -52,7 +49,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	e, err := DecodeEntry(l.Data)
+	e, err := group.DecodeEntry(l.Data)
 	f.mu.Lock()
 	if err == nil {
 		err = f.st.Apply(e, l.Term, l.Index)
@@ -62,7 +59,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 	watch := f.watch
 	f.mu.Unlock()
 	for _, fn := range watch {
-		fn(Applied{Entry: e, Term: l.Term, Index: l.Index, Err: err})
+		fn(group.Applied{Entry: e, Term: l.Term, Index: l.Index, Err: err})
 	}
 	return err
 }
@@ -81,34 +78,14 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 // Restore implements raft.FSM.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	st := New()
-	if err := json.NewDecoder(rc).Decode(st); err != nil {
-		return fmt.Errorf("group: restore: %w", err)
+	st, err := group.DecodeState(rc)
+	if err != nil {
+		return err
 	}
-	st.fill()
 	f.mu.Lock()
 	f.st = st
 	f.mu.Unlock()
 	return nil
-}
-
-// fill makes the maps a decoded state may lack.
-func (s *State) fill() {
-	if s.Batches == nil {
-		s.Batches = map[core.BatchID]*Batch{}
-	}
-	if s.Trainers == nil {
-		s.Trainers = map[mesh.PeerID]*Trainer{}
-	}
-	if s.Revoked == nil {
-		s.Revoked = map[mesh.PeerID]string{}
-	}
-	if s.Counts == nil {
-		s.Counts = map[Status]int{}
-	}
-	if s.Refusals == nil {
-		s.Refusals = map[string]int{}
-	}
 }
 
 type snapshot []byte

@@ -1,6 +1,13 @@
-package group
+// Package grouptest holds what the tests of the trainers' replicated state
+// share, in package group and in what drives it (package raftfsm): fixed
+// states to start from (a Fixture), the invariants every state keeps
+// (CheckInvariants), a seeded random driver of plausible entries that
+// records the log it applied (Driver, RecordLog), and the states' JSON
+// for comparing them. Only tests import it.
+package grouptest
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,47 +18,53 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
-var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+// T0 is when a Fixture's clock starts.
+var T0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// hashN is a valid 64-hex-digit hash (adapter hashes and batch ids alike).
-func hashN(n int) string { return fmt.Sprintf("%064x", n) }
+// HashN is a valid 64-hex-digit hash (adapter hashes and batch ids alike).
+func HashN(n int) string { return fmt.Sprintf("%064x", n) }
 
-// bid is batch n's id.
-func bid(n int) core.BatchID { return core.BatchID(fmt.Sprintf("%064x", 1<<40+n)) }
+// Bid is batch n's id.
+func Bid(n int) core.BatchID { return core.BatchID(fmt.Sprintf("%064x", 1<<40+n)) }
 
-// fixture drives a State with increasing raft indices and a clock that
+// Fixture drives a State with increasing raft indices and a clock that
 // ticks a second per entry.
-type fixture struct {
-	t     testing.TB
-	s     *State
-	term  uint64
-	index uint64
+type Fixture struct {
+	T     testing.TB
+	S     *group.State
+	Term  uint64 // the term of the entries it applies
+	Index uint64 // the index of the last entry it applied
 }
 
-func newFixture(t testing.TB) *fixture { return &fixture{t: t, s: New(), term: 1} }
+// NewFixture is an empty state at term 1.
+func NewFixture(t testing.TB) *Fixture { return &Fixture{T: t, S: group.New(), Term: 1} }
 
-func (f *fixture) at() time.Time { return t0.Add(time.Duration(f.index) * time.Second) }
+// At is the clock: T0 and a second per entry applied.
+func (f *Fixture) At() time.Time { return T0.Add(time.Duration(f.Index) * time.Second) }
 
-// apply applies e at the next index, stamping e.At if unset.
-func (f *fixture) apply(e *Entry) error {
-	f.t.Helper()
-	f.index++
+// Apply applies e at the next index, stamping e.At if unset.
+func (f *Fixture) Apply(e *group.Entry) error {
+	f.T.Helper()
+	f.Index++
 	if e != nil && e.At.IsZero() {
-		e.At = f.at()
+		e.At = f.At()
 	}
-	return f.s.Apply(e, f.term, f.index)
+	return f.S.Apply(e, f.Term, f.Index)
 }
 
-func (f *fixture) must(e *Entry) {
-	f.t.Helper()
-	if err := f.apply(e); err != nil {
-		f.t.Fatalf("apply %s: %v", entryString(e), err)
+// Must applies e and fails the test if it is refused.
+func (f *Fixture) Must(e *group.Entry) {
+	f.T.Helper()
+	if err := f.Apply(e); err != nil {
+		f.T.Fatalf("apply %s: %v", EntryString(e), err)
 	}
 }
 
-func entryString(e *Entry) string {
+// EntryString is e as JSON, for messages.
+func EntryString(e *group.Entry) string {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return fmt.Sprintf("%+v", e)
@@ -59,48 +72,48 @@ func entryString(e *Entry) string {
 	return string(b)
 }
 
-// ready is a configured state with version 0, trainers t1 (speed 1) and t2
+// Ready is a configured state with version 0, trainers t1 (speed 1) and t2
 // (speed 2), t3 (speed 1), and batches 1..6 (from d1 for odd, d2 for even,
 // 4 steps each).
-func ready(t testing.TB) *fixture {
-	f := newFixture(t)
-	f.must(&Entry{Configure: &Config{Quota: 64, RoundSteps: 128}})
-	f.must(&Entry{Genesis: &Genesis{Hash: hashN(0), Publisher: "t1"}})
-	f.must(&Entry{Register: &Trainer{ID: "t1", Engine: "cpu", Device: "x", Speed: 1}})
-	f.must(&Entry{Register: &Trainer{ID: "t2", Engine: "cpu", Device: "y", Speed: 2}})
-	f.must(&Entry{Register: &Trainer{ID: "t3", Engine: "cpu", Device: "z", Speed: 1}})
-	var refs []BatchRef
+func Ready(t testing.TB) *Fixture {
+	f := NewFixture(t)
+	f.Must(&group.Entry{Configure: &group.Config{Quota: 64, RoundSteps: 128}})
+	f.Must(&group.Entry{Genesis: &group.Genesis{Hash: HashN(0), Publisher: "t1"}})
+	f.Must(&group.Entry{Register: &group.Trainer{ID: "t1", Engine: "cpu", Device: "x", Speed: 1}})
+	f.Must(&group.Entry{Register: &group.Trainer{ID: "t2", Engine: "cpu", Device: "y", Speed: 2}})
+	f.Must(&group.Entry{Register: &group.Trainer{ID: "t3", Engine: "cpu", Device: "z", Speed: 1}})
+	var refs []group.BatchRef
 	for i := 1; i <= 6; i++ {
 		from := mesh.PeerID("d1")
 		if i%2 == 0 {
 			from = "d2"
 		}
-		refs = append(refs, BatchRef{ID: bid(i), From: from, Steps: 4, Adapters: []string{"v0"}})
+		refs = append(refs, group.BatchRef{ID: Bid(i), From: from, Steps: 4, Adapters: []string{"v0"}})
 	}
-	f.must(&Entry{Add: refs})
+	f.Must(&group.Entry{Add: refs})
 	return f
 }
 
-// open is ready with round 1 open: t1 has batches 1 and 2, t2 batch 3.
-func open(t testing.TB) *fixture {
-	f := ready(t)
-	f.must(&Entry{Start: &Start{Round: 1, Base: 0, Leader: "t1", Deadline: t0.Add(time.Hour),
-		Shares: map[mesh.PeerID][]core.BatchID{"t1": {bid(1), bid(2)}, "t2": {bid(3)}}}})
+// Open is ready with round 1 open: t1 has batches 1 and 2, t2 batch 3.
+func Open(t testing.TB) *Fixture {
+	f := Ready(t)
+	f.Must(&group.Entry{Start: &group.Start{Round: 1, Base: 0, Leader: "t1", Deadline: T0.Add(time.Hour),
+		Shares: map[mesh.PeerID][]core.BatchID{"t1": {Bid(1), Bid(2)}, "t2": {Bid(3)}}}})
 	return f
 }
 
-// published is open with round 1 published as v1 (t1 trained 1 and 2, t2
+// Published is open with round 1 published as v1 (t1 trained 1 and 2, t2
 // trained 3).
-func published(t testing.TB) *fixture {
-	f := open(t)
-	f.must(&Entry{Publish: &Publish{Round: 1, Version: 1, Parent: 0, Hash: hashN(1), Publisher: "t1",
-		Contributors: []Contribution{{Trainer: "t1", Batches: []core.BatchID{bid(1), bid(2)}, Samples: 8}, {Trainer: "t2", Batches: []core.BatchID{bid(3)}, Samples: 4}}}})
+func Published(t testing.TB) *Fixture {
+	f := Open(t)
+	f.Must(&group.Entry{Publish: &group.Publish{Round: 1, Version: 1, Parent: 0, Hash: HashN(1), Publisher: "t1",
+		Contributors: []group.Contribution{{Trainer: "t1", Batches: []core.BatchID{Bid(1), Bid(2)}, Samples: 8}, {Trainer: "t2", Batches: []core.BatchID{Bid(3)}, Samples: 4}}}})
 	return f
 }
 
-// stateJSON is s as JSON with the applied term and index left out: what a
+// StateJSON is s as JSON with the applied term and index left out: what a
 // refused entry must leave unchanged.
-func stateJSON(t testing.TB, s *State) string {
+func StateJSON(t testing.TB, s *group.State) string {
 	t.Helper()
 	c := *s
 	c.Term, c.Index = 0, 0
@@ -111,7 +124,8 @@ func stateJSON(t testing.TB, s *State) string {
 	return string(b)
 }
 
-func fullJSON(t testing.TB, s *State) string {
+// FullJSON is s as JSON.
+func FullJSON(t testing.TB, s *group.State) string {
 	t.Helper()
 	b, err := json.Marshal(s)
 	if err != nil {
@@ -120,33 +134,33 @@ func fullJSON(t testing.TB, s *State) string {
 	return string(b)
 }
 
-// checkInvariants reports the first invariant s breaks.
-func checkInvariants(s *State) error {
+// CheckInvariants reports the first invariant s breaks.
+func CheckInvariants(s *group.State) error {
 	// Counts is a recount of the statuses; every batch is in a known status
 	// with fields that fit it.
-	recount := map[Status]int{}
+	recount := map[group.Status]int{}
 	for id, b := range s.Batches {
 		if b == nil || b.ID != id {
 			return fmt.Errorf("batch %s: bad line %+v", id, b)
 		}
 		recount[b.Status]++
 		switch b.Status {
-		case Pending:
+		case group.Pending:
 			if b.Round != 0 || b.Trainer != "" || b.Version != 0 || b.Reason != "" {
 				return fmt.Errorf("pending batch %s: %+v", id, b)
 			}
 			if _, ok := s.Revoked[b.From]; ok && b.From != "" {
 				return fmt.Errorf("pending batch %s from revoked %s", id, b.From)
 			}
-		case Assigned:
+		case group.Assigned:
 			if s.Round == nil || b.Round != s.Round.Number || !slices.Contains(s.Round.Shares[b.Trainer], id) {
 				return fmt.Errorf("assigned batch %s (round %d, trainer %s) not in the open round's shares", id, b.Round, b.Trainer)
 			}
-		case Trained:
+		case group.Trained:
 			if b.Version == 0 || b.Version >= uint64(len(s.Versions)) {
 				return fmt.Errorf("trained batch %s in version %d of %d", id, b.Version, len(s.Versions))
 			}
-		case Refused:
+		case group.Refused:
 			if b.Reason == "" || b.Round != 0 || b.Trainer != "" {
 				return fmt.Errorf("refused batch %s: %+v", id, b)
 			}
@@ -157,7 +171,7 @@ func checkInvariants(s *State) error {
 			return fmt.Errorf("batch %s: %+v", id, b)
 		}
 	}
-	for _, st := range []Status{Pending, Assigned, Trained, Refused} {
+	for _, st := range []group.Status{group.Pending, group.Assigned, group.Trained, group.Refused} {
 		if s.Counts[st] != recount[st] {
 			return fmt.Errorf("counts[%s]=%d, recount %d (counts %v)", st, s.Counts[st], recount[st], s.Counts)
 		}
@@ -171,8 +185,8 @@ func checkInvariants(s *State) error {
 	for _, n := range s.Refusals {
 		refusals += n
 	}
-	if refusals != recount[Refused] {
-		return fmt.Errorf("refusals count %d batches, %d are refused (%v)", refusals, recount[Refused], s.Refusals)
+	if refusals != recount[group.Refused] {
+		return fmt.Errorf("refusals count %d batches, %d are refused (%v)", refusals, recount[group.Refused], s.Refusals)
 	}
 
 	// The lineage: version i at index i, each the child of the one before,
@@ -208,7 +222,7 @@ func checkInvariants(s *State) error {
 				}
 				inVersion[id] = v.Version
 				b, ok := s.Batches[id]
-				if !ok || b.Status != Trained || b.Version != v.Version || b.Trainer != c.Trainer {
+				if !ok || b.Status != group.Trained || b.Version != v.Version || b.Trainer != c.Trainer {
 					return fmt.Errorf("batch %s contributed to v%d by %s is %+v", id, v.Version, c.Trainer, b)
 				}
 			}
@@ -220,7 +234,7 @@ func checkInvariants(s *State) error {
 		}
 	}
 	for id, b := range s.Batches {
-		if b.Status == Trained {
+		if b.Status == group.Trained {
 			if _, ok := inVersion[id]; !ok {
 				return fmt.Errorf("trained batch %s is no version's contributor", id)
 			}
@@ -239,7 +253,7 @@ func checkInvariants(s *State) error {
 		for t, ids := range r.Shares {
 			for _, id := range ids {
 				b, ok := s.Batches[id]
-				if !ok || b.Status != Assigned || b.Round != r.Number || b.Trainer != t || seen[id] {
+				if !ok || b.Status != group.Assigned || b.Round != r.Number || b.Trainer != t || seen[id] {
 					return fmt.Errorf("share of %s in round %d: batch %s is %+v", t, r.Number, id, b)
 				}
 				seen[id] = true
@@ -249,11 +263,11 @@ func checkInvariants(s *State) error {
 		if n == 0 {
 			return fmt.Errorf("round %d assigns no batch", r.Number)
 		}
-		if n != recount[Assigned] {
-			return fmt.Errorf("round %d assigns %d batches, %d are assigned", r.Number, n, recount[Assigned])
+		if n != recount[group.Assigned] {
+			return fmt.Errorf("round %d assigns %d batches, %d are assigned", r.Number, n, recount[group.Assigned])
 		}
-	} else if recount[Assigned] != 0 {
-		return fmt.Errorf("%d batches assigned with no round open", recount[Assigned])
+	} else if recount[group.Assigned] != 0 {
+		return fmt.Errorf("%d batches assigned with no round open", recount[group.Assigned])
 	}
 
 	for p := range s.Revoked {
@@ -275,35 +289,48 @@ func checkInvariants(s *State) error {
 	return nil
 }
 
-// wantErr reports whether err matches want (nil: accepted).
-func wantErr(err, want error) bool {
+// WantErr reports whether err matches want (nil: accepted).
+func WantErr(err, want error) bool {
 	if want == nil {
 		return err == nil
 	}
 	return errors.Is(err, want)
 }
 
-// cloneState is a deep copy of s, through JSON as a snapshot would make it.
-func cloneState(t testing.TB, s *State) *State {
+// CloneState is a deep copy of s, through JSON as a snapshot would make it.
+func CloneState(t testing.TB, s *group.State) *group.State {
 	t.Helper()
 	b, err := json.Marshal(s)
 	if err != nil {
 		t.Fatalf("marshal state: %v", err)
 	}
-	c := New()
-	if err := json.Unmarshal(b, c); err != nil {
+	c, err := group.DecodeState(bytes.NewReader(b))
+	if err != nil {
 		t.Fatalf("unmarshal state: %v", err)
 	}
-	c.fill()
 	return c
 }
 
-// diff shows where two JSON texts first differ.
-func diff(a, b string) string {
+// Diff shows where two JSON texts first differ.
+func Diff(a, b string) string {
 	i := 0
 	for i < len(a) && i < len(b) && a[i] == b[i] {
 		i++
 	}
 	from := max(0, i-200)
 	return fmt.Sprintf("at byte %d:\n  %s\n  %s", i, a[from:min(len(a), i+200)], b[from:min(len(b), i+200)])
+}
+
+// validHash is what group takes for a hash: 64 lowercase hex digits.
+func validHash(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	for i := range len(h) {
+		c := h[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }

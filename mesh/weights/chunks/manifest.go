@@ -1,4 +1,4 @@
-package weights
+package chunks
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/weights/internal/wire"
 )
 
 // ChunkSize is the size of every chunk of a bundle but the last.
@@ -34,7 +35,8 @@ const (
 	MaxEvalPrompts = 1 << 20
 	maxEvalTask    = 64
 	maxEvalSize    = 1 + maxEvalTask + 2*binary.MaxVarintLen64 + 8
-	maxManifest    = 64 + 3*255 + MaxBundle/ChunkSize*sha256.Size + 4096 + 2*member.MaxEncodedSize + 1 + MaxEvals*maxEvalSize
+	// MaxManifestSize bounds an encoded manifest.
+	MaxManifestSize = 64 + 3*255 + MaxBundle/ChunkSize*sha256.Size + 4096 + 2*member.MaxEncodedSize + 1 + MaxEvals*maxEvalSize
 )
 
 var (
@@ -116,7 +118,7 @@ func (m *Manifest) Name() string { return fmt.Sprintf("v%d", m.Version) }
 // BundleID is the bundle's SHA-256 in hex: what fetches name it by.
 func (m *Manifest) BundleID() string { return hex.EncodeToString(m.Bundle[:]) }
 
-// NewManifest describes bundle b (see Pack). The caller sets the lineage
+// NewManifest describes bundle b (see weights.Pack). The caller sets the lineage
 // fields, then signs it.
 func NewManifest(b []byte) (*Manifest, error) {
 	if len(b) == 0 || len(b) > MaxBundle {
@@ -202,7 +204,7 @@ func (m *Manifest) Fence(last *Manifest) error {
 // Marshal encodes m.
 func (m *Manifest) Marshal() []byte {
 	b := m.body(nil)
-	return appendBytes(b, m.Sig)
+	return wire.AppendBytes(b, m.Sig)
 }
 
 func (m *Manifest) body(b []byte) []byte {
@@ -211,11 +213,11 @@ func (m *Manifest) body(b []byte) []byte {
 	} else {
 		b = append(b, manifestMagicEval...)
 	}
-	b = appendString(b, m.MeshID)
+	b = wire.AppendString(b, m.MeshID)
 	b = binary.AppendUvarint(b, m.Version)
 	b = binary.AppendUvarint(b, m.Parent)
-	b = appendString(b, m.Base)
-	b = appendString(b, m.AdapterHash)
+	b = wire.AppendString(b, m.Base)
+	b = wire.AppendString(b, m.AdapterHash)
 	b = append(b, m.Bundle[:]...)
 	b = binary.AppendUvarint(b, m.Size)
 	b = binary.AppendUvarint(b, uint64(m.ChunkSize))
@@ -229,152 +231,96 @@ func (m *Manifest) body(b []byte) []byte {
 	if len(m.Evals) > 0 {
 		b = binary.AppendUvarint(b, uint64(len(m.Evals)))
 		for _, e := range m.Evals {
-			b = appendString(b, e.Task)
+			b = wire.AppendString(b, e.Task)
 			b = binary.AppendUvarint(b, uint64(e.Prompts))
 			b = binary.AppendUvarint(b, uint64(e.Passed))
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.MeanReward))
 		}
 	}
-	return appendBytes(b, m.Signer)
+	return wire.AppendBytes(b, m.Signer)
 }
 
 // ParseManifest decodes a manifest ("CMWM1", or "CMWM2" with evaluations)
 // and checks that it is self-consistent (sizes and chunk count agree,
 // evaluations within bounds); Verify checks who signed it.
 func ParseManifest(b []byte) (*Manifest, error) {
-	if len(b) > maxManifest {
+	if len(b) > MaxManifestSize {
 		return nil, fmt.Errorf("%w: %d bytes", ErrManifest, len(b))
 	}
-	d := decoder{b: b}
-	magic := string(d.take(len(manifestMagic)))
+	d := wire.NewDecoder(b, ErrManifest)
+	magic := string(d.Take(len(manifestMagic)))
 	if magic != manifestMagic && magic != manifestMagicEval {
 		return nil, fmt.Errorf("%w: not a manifest", ErrManifest)
 	}
 	m := &Manifest{}
-	m.MeshID = d.string(255)
-	m.Version = d.uvarint()
-	m.Parent = d.uvarint()
-	m.Base = d.string(1024)
-	m.AdapterHash = d.string(255)
-	copy(m.Bundle[:], d.take(sha256.Size))
-	m.Size = d.uvarint()
-	cs := d.uvarint()
-	n := d.uvarint()
-	if d.err == nil && (m.Size == 0 || m.Size > MaxBundle || cs != ChunkSize || n != (m.Size+cs-1)/cs) {
-		d.fail("size %d, chunk size %d, %d chunks", m.Size, cs, n)
+	m.MeshID = d.String(255)
+	m.Version = d.Uvarint()
+	m.Parent = d.Uvarint()
+	m.Base = d.String(1024)
+	m.AdapterHash = d.String(255)
+	copy(m.Bundle[:], d.Take(sha256.Size))
+	m.Size = d.Uvarint()
+	cs := d.Uvarint()
+	n := d.Uvarint()
+	if d.Err() == nil && (m.Size == 0 || m.Size > MaxBundle || cs != ChunkSize || n != (m.Size+cs-1)/cs) {
+		d.Fail("size %d, chunk size %d, %d chunks", m.Size, cs, n)
 	}
 	m.ChunkSize = uint32(cs)
-	if d.err == nil {
+	if d.Err() == nil {
 		m.Chunks = make([][sha256.Size]byte, n)
 		for i := range m.Chunks {
-			copy(m.Chunks[i][:], d.take(sha256.Size))
+			copy(m.Chunks[i][:], d.Take(sha256.Size))
 		}
 	}
-	m.Term = d.uvarint()
-	m.Index = d.uvarint()
-	created := d.uvarint()
+	m.Term = d.Uvarint()
+	m.Index = d.Uvarint()
+	created := d.Uvarint()
 	if created > 1<<40 {
-		d.fail("time")
+		d.Fail("time")
 	}
 	m.Created = time.Unix(int64(created), 0).UTC()
 	if magic == manifestMagicEval {
-		m.Evals = d.evals()
+		m.Evals = readEvals(d)
 	}
-	m.Signer = d.bytes(2 * member.MaxEncodedSize)
-	m.Sig = d.bytes(ed25519.SignatureSize)
-	if d.err == nil && len(m.Sig) != ed25519.SignatureSize {
-		d.fail("signature of %d bytes", len(m.Sig))
+	m.Signer = d.Bytes(2 * member.MaxEncodedSize)
+	m.Sig = d.Bytes(ed25519.SignatureSize)
+	if d.Err() == nil && len(m.Sig) != ed25519.SignatureSize {
+		d.Fail("signature of %d bytes", len(m.Sig))
 	}
-	if d.err == nil && len(d.b) != 0 {
-		d.fail("%d trailing bytes", len(d.b))
+	if d.Err() == nil && d.Len() != 0 {
+		d.Fail("%d trailing bytes", d.Len())
 	}
-	if d.err != nil {
-		return nil, d.err
+	if d.Err() != nil {
+		return nil, d.Err()
 	}
 	return m, nil
 }
 
-func appendString(b []byte, s string) []byte { return appendBytes(b, []byte(s)) }
-
-func appendBytes(b, v []byte) []byte {
-	b = binary.AppendUvarint(b, uint64(len(v)))
-	return append(b, v...)
-}
-
-// decoder reads what the append functions wrote; the first error sticks.
-type decoder struct {
-	b   []byte
-	err error
-}
-
-func (d *decoder) fail(format string, args ...any) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s", ErrManifest, fmt.Sprintf(format, args...))
-	}
-}
-
-func (d *decoder) take(n int) []byte {
-	if d.err != nil {
-		return nil
-	}
-	if n < 0 || n > len(d.b) {
-		d.fail("truncated")
-		return nil
-	}
-	v := d.b[:n]
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.fail("bad varint")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) bytes(max int) []byte {
-	n := d.uvarint()
-	if d.err == nil && n > uint64(max) {
-		d.fail("a field of %d bytes", n)
-		return nil
-	}
-	return bytes.Clone(d.take(int(n)))
-}
-
-func (d *decoder) string(max int) string { return string(d.bytes(max)) }
-
 // evals reads the evals section: at least one evaluation (a manifest
 // without any is "CMWM1"), at most MaxEvals, each within Eval's bounds.
-func (d *decoder) evals() []Eval {
-	n := d.uvarint()
-	if d.err == nil && (n == 0 || n > MaxEvals) {
-		d.fail("%d evaluations", n)
+func readEvals(d *wire.Decoder) []Eval {
+	n := d.Uvarint()
+	if d.Err() == nil && (n == 0 || n > MaxEvals) {
+		d.Fail("%d evaluations", n)
 	}
-	if d.err != nil {
+	if d.Err() != nil {
 		return nil
 	}
 	evs := make([]Eval, 0, n)
 	for range n {
-		task := d.string(maxEvalTask)
-		prompts, passed := d.uvarint(), d.uvarint()
-		bits := d.take(8)
-		if d.err != nil {
+		task := d.String(maxEvalTask)
+		prompts, passed := d.Uvarint(), d.Uvarint()
+		bits := d.Take(8)
+		if d.Err() != nil {
 			return nil
 		}
 		if prompts > MaxEvalPrompts || passed > prompts {
-			d.fail("an evaluation with %d of %d prompts passed", passed, prompts)
+			d.Fail("an evaluation with %d of %d prompts passed", passed, prompts)
 			return nil
 		}
 		e := Eval{Task: task, Prompts: int(prompts), Passed: int(passed), MeanReward: math.Float64frombits(binary.LittleEndian.Uint64(bits))}
 		if err := e.check(); err != nil {
-			d.fail("%v", err)
+			d.Fail("%v", err)
 			return nil
 		}
 		evs = append(evs, e)

@@ -1,4 +1,4 @@
-package weights
+package chunks
 
 import (
 	"fmt"
@@ -8,12 +8,17 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 )
 
+// MaxPerRequest bounds the chunks one request asks a source for: the
+// limit of the weights protocol's chunks request, which a Plan never
+// exceeds.
+const MaxPerRequest = 64
+
 // Plan is the part of a fetch that decides, with no I/O and no clock,
 // which chunks to ask of which source: the chunks still missing, those on
 // their way, the sources in use and those left, and the chunks each source
-// sent wrong. A Fetcher runs one per fetch under its lock; the simulator
-// (package sim) runs the same for each of its devices' fetches. A Plan is
-// not safe for concurrent use.
+// sent wrong. A weights.Fetcher runs one per fetch under its lock; the
+// simulator (package sim) runs the same for each of its devices' fetches.
+// A Plan is not safe for concurrent use.
 type Plan struct {
 	perRequest, maxStrikes int
 
@@ -28,10 +33,10 @@ type Plan struct {
 
 // NewPlan plans the fetch of the missing chunks (their indices, in
 // order), asking for up to perRequest chunks at once and leaving a source
-// after maxStrikes bad chunks (the defaults of FetcherConfig where not
-// positive).
+// after maxStrikes bad chunks (8 and 2, the defaults of
+// weights.FetcherConfig, where not positive).
 func NewPlan(missing []int, perRequest, maxStrikes int) *Plan {
-	if perRequest <= 0 || perRequest > maxChunksPerRequest {
+	if perRequest <= 0 || perRequest > MaxPerRequest {
 		perRequest = 8
 	}
 	if maxStrikes <= 0 {
