@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/model/serveapi"
-	"github.com/clawmesh/clawmesh/sim/scenario"
+	"github.com/clawmesh/clawmesh/sim/live/scenario"
 	"github.com/clawmesh/clawmesh/trainer"
 )
 
