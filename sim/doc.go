@@ -1,7 +1,8 @@
 // Package sim is a deterministic simulator of the mesh at scale: a
 // thousand devices and a few trainers in one process, in virtual time, with
-// churn, partitions, relays and poisoners (`clawmesh sim`). Its learning
-// scenarios for the demo are in sim/scenario.
+// churn, partitions, relays and poisoners (`clawmesh sim`). The demo's
+// mesh, real and on one machine, is sim/live, and its simulated users are
+// sim/live/scenario; this package imports neither.
 //
 // Run runs a scenario (Options) and returns its Report, which prints as a
 // table (WriteTable) or encodes as JSON; CheckLineage is the ledger and

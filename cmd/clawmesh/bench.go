@@ -15,6 +15,7 @@ import (
 	"github.com/clawmesh/clawmesh/model/engine/torch"
 	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/node/gateway/bench"
+	"github.com/clawmesh/clawmesh/node/nodebench"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/trainer"
@@ -140,7 +141,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		r.Print(stdout)
 		return nil
 	case "soak":
-		var o soakOptions
+		var o nodebench.SoakOptions
 		fs.IntVar(&o.Rate, "rate", 1000, "calls a second, sent open loop")
 		fs.DurationVar(&o.Duration, "duration", 60*time.Second, "how long the load runs")
 		fs.DurationVar(&o.Idle, "idle", 30*time.Second, "how long the node is watched idle after the load")
@@ -160,11 +161,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if *nodeLog {
 			o.NodeLog = stderr
 		}
-		progress := stderr
-		if *quiet {
-			progress = nil
+		if !*quiet {
+			o.Progress = stderr
 		}
-		r, err := benchSoak(ctx, o, progress)
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		o.Binary = exe
+		r, err := nodebench.Soak(ctx, o)
 		if err != nil {
 			return err
 		}
@@ -287,18 +292,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		r.Print(stdout)
 		if *idle > 0 {
 			fmt.Fprintf(stdout, "\nidle node, measured for %s once started (this binary as two nodes, neither serving a call):\n", *idle)
-			alone, peer, err := benchIdle(ctx, *idle)
+			exe, err := os.Executable()
 			if err != nil {
 				return err
 			}
-			mib := func(b int64) float64 { return float64(b) / (1 << 20) }
-			fmt.Fprintf(stdout, "  node, not in a mesh (baseline)   CPU %5.2f%% of a core   RSS %6.1f MiB\n", alone.CPU, mib(alone.RSS))
-			fmt.Fprintf(stdout, "  node, a mesh peer                CPU %5.2f%% of a core   RSS %6.1f MiB\n", peer.CPU, mib(peer.RSS))
-			verdict := "met"
-			if peer.CPU-alone.CPU >= 1 || peer.RSS-alone.RSS >= 100<<20 {
-				verdict = "NOT MET"
+			r, err := nodebench.Idle(ctx, nodebench.IdleOptions{Binary: exe, Duration: *idle})
+			if err != nil {
+				return err
 			}
-			fmt.Fprintf(stdout, "  the mesh adds %.2f%% of a core and %.1f MiB; goal < 1%% and < 100 MiB: %s\n", peer.CPU-alone.CPU, mib(peer.RSS-alone.RSS), verdict)
+			r.Print(stdout)
 		}
 		return nil
 	case "trainers":

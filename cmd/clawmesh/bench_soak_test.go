@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"os/exec"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/node/nodebench"
 )
 
 // TestBenchSoak runs `clawmesh bench soak` briefly: every call answered,
@@ -19,7 +21,7 @@ func TestBenchSoak(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench soak: %v\n%s", err, out)
 	}
-	var r SoakResult
+	var r nodebench.SoakResult
 	if err := json.Unmarshal(out, &r); err != nil {
 		t.Fatalf("bench soak --json: %v\n%s", err, out)
 	}

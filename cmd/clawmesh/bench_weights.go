@@ -13,6 +13,7 @@ import (
 	"github.com/clawmesh/clawmesh/model/engine"
 	"github.com/clawmesh/clawmesh/model/engine/native"
 	"github.com/clawmesh/clawmesh/model/tokenizer"
+	"github.com/clawmesh/clawmesh/sim/live"
 )
 
 // deltaReport says whether sending a compressed delta between consecutive
@@ -94,14 +95,14 @@ func benchWeights(ctx context.Context, stdout io.Writer, o weights.BenchOptions,
 		fmt.Fprintf(stdout, "deltas between consecutive versions (tiny model, 3 pairs): bundle %d B, zstd %d B, zstd of the XOR delta %d B (%.2f of the bundle)\n",
 			d.Bundle, d.Zstd, d.DeltaZstd, d.Ratio)
 	}
-	var loop *loopReport
+	var loop *live.LoopReport
 	if versions > 0 {
 		var progress io.Writer
 		if !asJSON {
 			progress = stdout
 			fmt.Fprintf(stdout, "the whole loop on loopback (clawmesh serve --tiny, a node, three trainers), %d versions:\n", versions)
 		}
-		l, err := benchLoop(ctx, versions, progress)
+		l, err := live.Loop(ctx, versions, progress)
 		if err != nil {
 			return err
 		}
@@ -113,8 +114,8 @@ func benchWeights(ctx context.Context, stdout io.Writer, o weights.BenchOptions,
 	if asJSON {
 		return printJSON(stdout, struct {
 			*weights.BenchReport
-			Delta deltaReport `json:"delta"`
-			Loop  *loopReport `json:"loop,omitempty"`
+			Delta deltaReport      `json:"delta"`
+			Loop  *live.LoopReport `json:"loop,omitempty"`
 		}{r, d, loop})
 	}
 	return nil

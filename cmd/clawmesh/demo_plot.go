@@ -8,10 +8,14 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/clawmesh/clawmesh/sim/live"
 )
 
-// plotDemo draws the score per round of every recipe to a PNG file.
-func plotDemo(rep demoReport, path string) error {
+// plotDemo draws the score per round of every recipe to a PNG file. It is
+// the demo's presentation, as sim_plot.go is the simulator's: it stays
+// beside the command, and keeps the plotting library out of sim/live.
+func plotDemo(rep *live.Report, path string) error {
 	p := plot.New()
 	p.Title.Text = "clawmesh demo: personalization score per round"
 	p.X.Label.Text = "round (users talk, trainers train, nodes swap)"

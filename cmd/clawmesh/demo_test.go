@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/sim/live"
 )
 
 // TestDemoQuick runs `clawmesh demo --quick` as CI does: the whole mesh on
@@ -54,7 +56,7 @@ func TestDemoQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep demoReport
+	var rep live.Report
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +114,7 @@ func TestDemoQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base, cached, err := demoBaseModel(t.Context(), filepath.Join(cache, "clawmesh", "demo"), t.TempDir(), func(string, ...any) { t.Error("the base model was taught again") })
+	base, cached, err := live.BaseModel(t.Context(), filepath.Join(cache, "clawmesh", "demo"), t.TempDir(), func(string, ...any) { t.Error("the base model was taught again") })
 	if err != nil || !cached.Cached || cached.HintedAfter != rep.Base.HintedAfter {
 		t.Fatalf("the cached base model: %s, %+v, %v", base, cached, err)
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/model/chat"
-	simscenario "github.com/clawmesh/clawmesh/sim/scenario"
+	simscenario "github.com/clawmesh/clawmesh/sim/live/scenario"
 	"github.com/clawmesh/clawmesh/trainer/sample"
 )
 

@@ -1,4 +1,4 @@
-package main
+package live
 
 import (
 	"bytes"
@@ -12,27 +12,26 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/model/serveapi"
-	"github.com/clawmesh/clawmesh/sim/scenario"
+	"github.com/clawmesh/clawmesh/sim/live/scenario"
 	"github.com/clawmesh/clawmesh/trainer"
 )
 
-// loopReport is the time from a version's commit on the leader to the
+// LoopReport is the time from a version's commit on the leader to the
 // first reply a node served with it.
-type loopReport struct {
+type LoopReport struct {
 	Versions int       `json:"versions"`
 	Seconds  []float64 `json:"commit_to_first_reply_s"`
 	P50      float64   `json:"p50_s"`
 	Max      float64   `json:"max_s"`
 }
 
-var loopbackListen = []string{"/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/127.0.0.1/tcp/0"}
-
-// benchLoop runs the whole loop on loopback: `clawmesh serve --tiny`, a
-// node in front of it in a mesh, three trainers; for each version, calls
-// through the node until the trainers commit it, then the time until the
-// node's first reply served by it.
-func benchLoop(ctx context.Context, versions int, progress io.Writer) (loopReport, error) {
-	r := loopReport{Versions: versions}
+// Loop runs the whole loop on loopback: a model server with the tiny
+// model (as `clawmesh serve --tiny`), a node in front of it in a mesh,
+// three trainers; for each of versions versions, it calls through the node
+// until the trainers commit it, then times until the node's first reply
+// served by it. progress, when not nil, gets a line per version.
+func Loop(ctx context.Context, versions int, progress io.Writer) (LoopReport, error) {
+	r := LoopReport{Versions: versions}
 	root, err := os.MkdirTemp("", "clawmesh-bench-loop-")
 	if err != nil {
 		return r, err
@@ -48,7 +47,7 @@ func benchLoop(ctx context.Context, versions int, progress io.Writer) (loopRepor
 	}()
 	// The demo's mesh, with one user: one model server and one node in
 	// front of it, three trainers.
-	m, err := startDemoMesh(ctx, root, demoOptions{Recipe: "combined", Users: scenario.Users()[:1]}, &stops, func(string, ...any) {})
+	m, err := startMesh(ctx, root, recipeOptions{Recipe: "combined", Users: scenario.Users()[:1]}, &stops, func(string, ...any) {})
 	if err != nil {
 		return r, err
 	}

@@ -1,7 +1,9 @@
-package main
+package nodebench
 
 import (
 	"context"
+	crand "crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,32 +13,58 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/peer"
 )
 
-// idleCost is what an idle process costs: CPU (percent of one core) and
+// IdleOptions configures Idle.
+type IdleOptions struct {
+	// Binary is the clawmesh binary run as the nodes (required).
+	Binary string
+	// Duration is how long the idle nodes are measured once started
+	// (required).
+	Duration time.Duration
+}
+
+// Cost is what an idle process costs: CPU (percent of one core) and
 // resident memory.
-type idleCost struct {
+type Cost struct {
 	CPU float64
 	RSS int64 // bytes
 }
 
-// benchIdle runs this binary as two idle nodes, one whose data directory
-// is not in a mesh and one that is a mesh peer (its own mesh, on loopback,
-// with mDNS and NAT traversal on as by default), waits until they have
-// started, then measures their CPU time over dur and their resident
-// memory, from /proc.
-func benchIdle(ctx context.Context, dur time.Duration) (alone, peer idleCost, err error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return alone, peer, err
+// IdleResult is what an idle node costs, alone and as a mesh peer.
+type IdleResult struct {
+	// Alone is a node whose data directory is not in a mesh (the
+	// baseline); Peer one that is a mesh peer.
+	Alone, Peer Cost
+}
+
+// Idle runs o.Binary as two idle nodes, one whose data directory is not in
+// a mesh and one that is a mesh peer (its own mesh, on loopback, with mDNS
+// and NAT traversal on as by default), waits until they have started, then
+// measures their CPU time over o.Duration and their resident memory, from
+// /proc (Linux only).
+func Idle(ctx context.Context, o IdleOptions) (IdleResult, error) {
+	var r IdleResult
+	if o.Binary == "" || o.Duration <= 0 {
+		return r, errors.New("nodebench: Idle needs a binary and a positive duration")
 	}
+	var err error
+	r.Alone, r.Peer, err = idle(ctx, o.Binary, o.Duration)
+	return r, err
+}
+
+// idle measures the two nodes, exe run as each.
+func idle(ctx context.Context, exe string, dur time.Duration) (alone, peer Cost, err error) {
 	dir, err := os.MkdirTemp("", "clawmesh-bench-idle-")
 	if err != nil {
 		return alone, peer, err
 	}
 	defer os.RemoveAll(dir)
 	meshed := filepath.Join(dir, "meshed")
-	if err := meshInit(meshed, "bench", io.Discard); err != nil {
+	if err := initMesh(meshed, "bench"); err != nil {
 		return alone, peer, err
 	}
 	common := []string{"node", "--upstream", "http://127.0.0.1:9/v1", "--listen", "127.0.0.1:0", "--log", "warn"}
@@ -96,6 +124,31 @@ func benchIdle(ctx context.Context, dur time.Duration) (alone, peer idleCost, er
 	return alone, peer, nil
 }
 
+// Print writes the idle costs, and whether the mesh's stays within its
+// goal (under 1% of a core and 100 MiB more than the baseline).
+func (r IdleResult) Print(w io.Writer) {
+	mib := func(b int64) float64 { return float64(b) / (1 << 20) }
+	fmt.Fprintf(w, "  node, not in a mesh (baseline)   CPU %5.2f%% of a core   RSS %6.1f MiB\n", r.Alone.CPU, mib(r.Alone.RSS))
+	fmt.Fprintf(w, "  node, a mesh peer                CPU %5.2f%% of a core   RSS %6.1f MiB\n", r.Peer.CPU, mib(r.Peer.RSS))
+	verdict := "met"
+	if r.Peer.CPU-r.Alone.CPU >= 1 || r.Peer.RSS-r.Alone.RSS >= 100<<20 {
+		verdict = "NOT MET"
+	}
+	fmt.Fprintf(w, "  the mesh adds %.2f%% of a core and %.1f MiB; goal < 1%% and < 100 MiB: %s\n", r.Peer.CPU-r.Alone.CPU, mib(r.Peer.RSS-r.Alone.RSS), verdict)
+}
+
+// initMesh makes a new mesh named name in the data directory data, as
+// `clawmesh mesh init` does.
+func initMesh(data, name string) error {
+	key, id, err := peer.Identity(data)
+	if err != nil {
+		return err
+	}
+	_, err = mesh.Init(data, name, key, id, time.Now(), crand.Reader)
+	return err
+}
+
+// stop ends a node: SIGTERM, then after 10 s SIGKILL.
 func stop(c *exec.Cmd) {
 	c.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})

@@ -5,7 +5,10 @@
 // their user would accept.
 //
 // The package is pure: no network, no clock; randomness comes in as a
-// *rand.Rand, so a seed replays the same users.
+// *rand.Rand, so a seed replays the same users. It is a leaf apart from
+// sim/live, the mesh the users talk to, so that a package the mesh is
+// built on (trainer/learn's tests use TeachPrompts and WordHints) can use
+// the users without importing the mesh.
 package scenario
 
 import (

@@ -1,9 +1,10 @@
-package main
+package nodebench
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,21 +17,37 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/gateway"
 )
 
-// soakOptions configures benchSoak.
-type soakOptions struct {
-	Rate        int           // calls a second, open loop
-	Duration    time.Duration // of the load
+// SoakOptions configures Soak.
+type SoakOptions struct {
+	// Binary is the clawmesh binary run as the node (required).
+	Binary      string
+	Rate        int           // calls a second, open loop (required)
+	Duration    time.Duration // of the load (required)
 	Idle        time.Duration // measured after the load
-	Every       time.Duration // between samples
+	Every       time.Duration // between samples (required)
 	MaxSessions int           // the node's --max-sessions (0: its default)
 	SessionDone bool          // end each conversation (X-Session-Done)
 	MemoryLimit string        // the node's --memory-limit ("": its default)
 	NodeLog     io.Writer     // where the node's log goes too (nil: kept for errors)
+	// Progress gets a line per sample as the soak runs (nil: none).
+	Progress io.Writer
+}
+
+// Validate reports options Soak cannot run.
+func (o SoakOptions) Validate() error {
+	if o.Binary == "" {
+		return errors.New("nodebench: no binary to run as the node")
+	}
+	if o.Rate <= 0 || o.Duration <= 0 || o.Idle < 0 || o.Every <= 0 || o.MaxSessions < 0 {
+		return errors.New("nodebench: the rate, duration and time between samples must be positive, the idle time and sessions not negative")
+	}
+	return nil
 }
 
 // SoakSample is one look at the node under a soak.
@@ -88,15 +105,15 @@ type SoakResult struct {
 	Samples      []SoakSample `json:"samples"`
 }
 
-// benchSoak runs this binary as a node in front of a scripted upstream,
-// sends it Rate calls a second for Duration (each call its own
-// conversation), then leaves it idle for Idle, sampling its resident
-// memory, CPU and scorer counters (from /proc and its admin API).
-func benchSoak(ctx context.Context, o soakOptions, progress io.Writer) (*SoakResult, error) {
-	exe, err := os.Executable()
-	if err != nil {
+// Soak runs o.Binary as a node in front of a scripted upstream, sends it
+// Rate calls a second for Duration (each call its own conversation), then
+// leaves it idle for Idle, sampling its resident memory, CPU and scorer
+// counters (from /proc, Linux only, and its admin API).
+func Soak(ctx context.Context, o SoakOptions) (*SoakResult, error) {
+	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	progress := o.Progress
 	dir, err := os.MkdirTemp("", "clawmesh-bench-soak-")
 	if err != nil {
 		return nil, err
@@ -121,7 +138,7 @@ func benchSoak(ctx context.Context, o soakOptions, progress io.Writer) (*SoakRes
 	if o.MemoryLimit != "" {
 		args = append(args, "--memory-limit", o.MemoryLimit)
 	}
-	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd := exec.CommandContext(ctx, o.Binary, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if o.NodeLog != nil {
@@ -145,7 +162,7 @@ func benchSoak(ctx context.Context, o soakOptions, progress io.Writer) (*SoakRes
 		return nil, fmt.Errorf("the node did not start: %s", stderr.String())
 	}
 	base := "http://" + addr
-	admin, err := runningNode(&settings{Data: data})
+	admin, err := adminClient(data)
 	if err != nil {
 		return nil, err
 	}
@@ -281,6 +298,19 @@ func benchSoak(ctx context.Context, o soakOptions, progress io.Writer) (*SoakRes
 	last := r.Samples[len(r.Samples)-1]
 	r.Sent, r.Answered, r.Failed, r.Shed, r.NotSent = sent.Load(), last.Answered, last.Failed, last.Shed, notSent.Load()
 	return r, nil
+}
+
+// adminClient is a client of the admin API of the node running on the
+// data directory data, as the commands that ask a running node find it.
+func adminClient(data string) (*node.Client, error) {
+	if hc, ok := adminapi.SocketClient(data); ok {
+		return &node.Client{Base: adminapi.SocketBase, HTTP: hc}, nil
+	}
+	addr, err := node.ReadAddr(data)
+	if err != nil {
+		return nil, fmt.Errorf("no node runs on %s", data)
+	}
+	return &node.Client{Base: "http://" + addr, Token: adminapi.ClientToken(data, "")}, nil
 }
 
 // health reads the gateway's /clawmesh/v1/health.

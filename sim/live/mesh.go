@@ -1,11 +1,14 @@
-package main
+package live
 
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -19,17 +22,23 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/peer"
+	"github.com/clawmesh/clawmesh/model/chat"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/serve"
 	"github.com/clawmesh/clawmesh/model/serveapi"
+	"github.com/clawmesh/clawmesh/model/tokenizer"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
-	"github.com/clawmesh/clawmesh/sim/scenario"
+	"github.com/clawmesh/clawmesh/sim/live/scenario"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
-// demoOptions configures one recipe's run of the demo.
-type demoOptions struct {
+// recipeOptions configures one recipe's run of the demo.
+type recipeOptions struct {
 	Recipe string
 	Rounds int
 	Seed   uint64
@@ -46,39 +55,41 @@ type demoOptions struct {
 	// Samples is how many replies per held-back prompt the score is
 	// measured on (default 32).
 	Samples int
-	// Base is the base model's directory (demoBaseModel); empty means
-	// the tiny model.
+	// Base is the base model's directory (BaseModel); empty means the
+	// tiny model.
 	Base string
 	// Logs, when set, is a directory where each node and trainer writes
 	// its log at debug level (RECIPE-node1.log, RECIPE-trainer1.log, ...).
 	Logs string
 }
 
-// demoMesh is the running mesh of one recipe's run.
-type demoMesh struct {
+// liveMesh is the running mesh of one recipe's run.
+type liveMesh struct {
 	models   []string // the model servers' base URLs (http://addr)
 	nodes    []*node.Node
 	gateways []string // the nodes' base URLs
-	trainers []*demoTrainer
+	trainers []*liveTrainer
 }
 
-type demoTrainer struct {
+// liveTrainer is one of the mesh's trainers. Stopping it (cancel, then
+// waiting for done) is how the demo kills the leader.
+type liveTrainer struct {
 	tr     *trainer.Trainer
 	cancel context.CancelFunc
 	done   chan struct{}
 	alive  bool
 }
 
-// demoRecipe starts the mesh for one recipe, runs the users and the rounds,
+// runRecipe starts the mesh for one recipe, runs the users and the rounds,
 // and tears the mesh down.
-func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error) {
+func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, error) {
 	if o.Sessions == 0 {
 		o.Sessions = 4
 	}
 	if o.Samples == 0 {
 		o.Samples = 32
 	}
-	run := demoRun{Recipe: o.Recipe}
+	run := RecipeRun{Recipe: o.Recipe}
 	start := time.Now()
 	say := func(format string, a ...any) {
 		fmt.Fprintf(w, "[%s %5.1fs] %s\n", o.Recipe, time.Since(start).Seconds(), fmt.Sprintf(format, a...))
@@ -96,13 +107,13 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 			s()
 		}
 	}()
-	m, err := startDemoMesh(ctx, root, o, &stops, say)
+	m, err := startMesh(ctx, root, o, &stops, say)
 	if err != nil {
 		return run, err
 	}
 	say("mesh up: 3 nodes (each before its own model server) and 3 trainers, joined with invite tokens")
 
-	leader := func() *demoTrainer {
+	leader := func() *liveTrainer {
 		for _, t := range m.trainers {
 			if t.alive && t.tr.Status().State == "leader" {
 				return t
@@ -122,15 +133,15 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 		return trainer.Status{}
 	}
 
-	measure := func(round int, version string, liked float64) (demoRound, error) {
-		r := demoRound{Round: round, Version: version, Liked: liked}
+	measure := func(round int, version string, liked float64) (Round, error) {
+		r := Round{Round: round, Version: version, Liked: liked}
 		var replies [][]string
 		for i, u := range o.Users {
 			var rs []string
 			for j, p := range u.HeldBack {
 				// The server draws at most 16 replies a call.
 				for k := 0; k < o.Samples; k += 16 {
-					got, served, err := demoSample(ctx, m.models[i], p, min(16, o.Samples-k), o.Seed*1000+uint64(j*100+k))
+					got, served, err := sampleReplies(ctx, m.models[i], p, min(16, o.Samples-k), o.Seed*1000+uint64(j*100+k))
 					if err != nil {
 						return r, err
 					}
@@ -174,11 +185,11 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 	rng := rand.New(rand.NewPCG(o.Seed, 0xc1a3))
 	var last uint64
 	for round := 1; round <= o.Rounds; round++ {
-		liked, err := demoUsersRound(ctx, m, o, round, rng)
+		liked, err := usersRound(ctx, m, o, round, rng)
 		if err != nil {
 			return run, err
 		}
-		v, err := demoSettle(ctx, m, last, status, say)
+		v, err := settle(ctx, m, last, status, say)
 		if err != nil {
 			return run, fmt.Errorf("round %d: %w", round, err)
 		}
@@ -204,7 +215,7 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 			<-l.done
 			l.tr.Close()
 			l.alive = false
-			var nl *demoTrainer
+			var nl *liveTrainer
 			for deadline := time.Now().Add(time.Minute); nl == nil; {
 				if time.Now().After(deadline) {
 					return run, fmt.Errorf("no new leader within a minute of stopping %s", shortPeer(old))
@@ -213,7 +224,7 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 					time.Sleep(50 * time.Millisecond)
 				}
 			}
-			run.Failover = &demoFailover{AfterRound: round, Stopped: string(old), NewLeader: string(nl.tr.ID()), Seconds: time.Since(stopped).Seconds()}
+			run.Failover = &Failover{AfterRound: round, Stopped: string(old), NewLeader: string(nl.tr.ID()), Seconds: time.Since(stopped).Seconds()}
 			say("failover: %s leads now (%.1f s after the stop); 2 of 3 trainers go on", shortPeer(nl.tr.ID()), run.Failover.Seconds)
 		}
 	}
@@ -222,10 +233,14 @@ func demoRecipe(ctx context.Context, o demoOptions, w io.Writer) (demoRun, error
 	return run, nil
 }
 
-// startDemoMesh starts three model servers, three nodes in one mesh and
-// three trainers, adding what stops them to stops.
-func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]func(), say func(string, ...any)) (*demoMesh, error) {
-	m := &demoMesh{}
+// loopbackListen are the libp2p addresses the mesh's peers listen on: any
+// free QUIC and TCP port on loopback.
+var loopbackListen = []string{"/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/127.0.0.1/tcp/0"}
+
+// startMesh starts one model server and one node per user, in one mesh,
+// and three trainers, adding what stops them to stops.
+func startMesh(ctx context.Context, root string, o recipeOptions, stops *[]func(), say func(string, ...any)) (*liveMesh, error) {
+	m := &liveMesh{}
 	logger := func(name string) (*slog.Logger, error) {
 		if o.Logs == "" {
 			return nil, nil
@@ -238,13 +253,6 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		*stops = slices.Insert(*stops, 0, func() { f.Close() })
 		return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug})), nil
 	}
-	quiet := func(args ...string) (string, error) {
-		var out, errs bytes.Buffer
-		if code := run(ctx, args, &out, &errs); code != 0 {
-			return "", fmt.Errorf("clawmesh %s: %s", args[0], strings.TrimSpace(errs.String()))
-		}
-		return strings.TrimSpace(out.String()), nil
-	}
 	for range o.Users {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -252,14 +260,8 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 		}
 		addr := ln.Addr().String()
 		ln.Close()
-		done := make(chan int, 1)
-		go func() {
-			model := []string{"--tiny"}
-			if o.Base != "" {
-				model = []string{"--model", o.Base}
-			}
-			done <- run(ctx, append(append([]string{"serve"}, model...), "--listen", addr, "--log", "error"), io.Discard, io.Discard)
-		}()
+		done := make(chan error, 1)
+		go func() { done <- serveModel(ctx, o.Base, addr) }()
 		*stops = append(*stops, func() { <-done })
 		m.models = append(m.models, "http://"+addr)
 	}
@@ -275,18 +277,18 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 	}
 	say("3 model servers up (%s)", name)
 	first := filepath.Join(root, "node1")
-	if _, err := quiet("mesh", "init", "--data", first); err != nil {
+	if err := initMesh(first); err != nil {
 		return nil, err
 	}
 	for i, model := range m.models {
 		dir := filepath.Join(root, fmt.Sprint("node", i+1))
 		var bootstrap []string
 		if i > 0 {
-			tok, err := quiet("invite", "--data", first)
+			tok, err := invite(first, member.RoleMember, m.nodes[0])
 			if err != nil {
 				return nil, err
 			}
-			if _, err := quiet("join", tok, "--data", dir, "--p2p-listen", loopbackListen[1]); err != nil {
+			if err := join(ctx, dir, tok); err != nil {
 				return nil, err
 			}
 			bootstrap = m.nodes[0].Peer().Host.Addrs()
@@ -332,11 +334,11 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, VerifyRetry: 2 * time.Second}
 	for i := range 3 {
 		d := filepath.Join(root, fmt.Sprint("trainer", i+1))
-		tok, err := quiet("invite", "--role", "trainer", "--data", first)
+		tok, err := invite(first, member.RoleTrainer, m.nodes[0])
 		if err != nil {
 			return nil, err
 		}
-		if _, err := quiet("join", tok, "--data", d, "--p2p-listen", loopbackListen[1]); err != nil {
+		if err := join(ctx, d, tok); err != nil {
 			return nil, err
 		}
 		if o.Cache != "" {
@@ -357,7 +359,7 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 			tcancel()
 			return nil, err
 		}
-		t := &demoTrainer{tr: tr, cancel: tcancel, done: make(chan struct{}), alive: true}
+		t := &liveTrainer{tr: tr, cancel: tcancel, done: make(chan struct{}), alive: true}
 		go func() { tr.Run(tctx); close(t.done) }()
 		*stops = append(*stops, func() {
 			if t.alive {
@@ -372,10 +374,10 @@ func startDemoMesh(ctx context.Context, root string, o demoOptions, stops *[]fun
 	return m, nil
 }
 
-// demoUsersRound has every user, on its own node and all at once, open
+// usersRound has every user, on its own node and all at once, open
 // o.Sessions sessions per prompt, react to each reply, and close them. It
 // returns the share of replies the users liked.
-func demoUsersRound(ctx context.Context, m *demoMesh, o demoOptions, round int, rng *rand.Rand) (float64, error) {
+func usersRound(ctx context.Context, m *liveMesh, o recipeOptions, round int, rng *rand.Rand) (float64, error) {
 	type result struct {
 		liked, total int
 		err          error
@@ -391,7 +393,7 @@ func demoUsersRound(ctx context.Context, m *demoMesh, o demoOptions, round int, 
 				for j, p := range u.Prompts {
 					sid := fmt.Sprintf("%s-%d-%d-%d", u.Name, round, k, j)
 					msgs := []map[string]string{{"role": "user", "content": p}}
-					reply, err := demoChat(ctx, gw, sid, msgs, false, urng.Uint64()>>1)
+					reply, err := chatCall(ctx, gw, sid, msgs, false, urng.Uint64()>>1)
 					if err != nil {
 						r.err = err
 						return
@@ -402,13 +404,13 @@ func demoUsersRound(ctx context.Context, m *demoMesh, o demoOptions, round int, 
 						r.liked++
 					}
 					if re.Feedback != nil {
-						if err := demoFeedback(ctx, gw, sid, *re.Feedback); err != nil {
+						if err := feedback(ctx, gw, sid, *re.Feedback); err != nil {
 							r.err = err
 							return
 						}
 					}
 					msgs = append(msgs, map[string]string{"role": "assistant", "content": reply}, map[string]string{"role": "user", "content": re.Next})
-					if _, err := demoChat(ctx, gw, sid, msgs, true, urng.Uint64()>>1); err != nil {
+					if _, err := chatCall(ctx, gw, sid, msgs, true, urng.Uint64()>>1); err != nil {
 						r.err = err
 						return
 					}
@@ -428,10 +430,10 @@ func demoUsersRound(ctx context.Context, m *demoMesh, o demoOptions, round int, 
 	return float64(liked) / float64(max(total, 1)), nil
 }
 
-// demoSettle waits until every node has shipped what its users did, the
+// settle waits until every node has shipped what its users did, the
 // trainers have trained it into a version newer than last, and every node
 // serves that version; it returns the version.
-func demoSettle(ctx context.Context, m *demoMesh, last uint64, status func() trainer.Status, say func(string, ...any)) (uint64, error) {
+func settle(ctx context.Context, m *liveMesh, last uint64, status func() trainer.Status, say func(string, ...any)) (uint64, error) {
 	deadline := time.Now().Add(3 * time.Minute)
 	next := time.Now().Add(3 * time.Second)
 	var why string
@@ -488,9 +490,9 @@ func demoSettle(ctx context.Context, m *demoMesh, last uint64, status func() tra
 	}
 }
 
-// demoChat sends one chat call to a node and returns the reply's text.
-func demoChat(ctx context.Context, gw, session string, msgs []map[string]string, done bool, seed uint64) (string, error) {
-	body, _ := json.Marshal(map[string]any{"model": demoModel, "max_tokens": 6, "temperature": 1, "seed": seed, "messages": msgs})
+// chatCall sends one chat call to a node and returns the reply's text.
+func chatCall(ctx context.Context, gw, session string, msgs []map[string]string, done bool, seed uint64) (string, error) {
+	body, _ := json.Marshal(map[string]any{"model": baseModelName, "max_tokens": 6, "temperature": 1, "seed": seed, "messages": msgs})
 	req, err := http.NewRequestWithContext(ctx, "POST", gw+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return "", err
@@ -507,7 +509,7 @@ func demoChat(ctx context.Context, gw, session string, msgs []map[string]string,
 			} `json:"message"`
 		} `json:"choices"`
 	}
-	if _, err := demoPost(req, &out); err != nil {
+	if _, err := post(req, &out); err != nil {
 		return "", err
 	}
 	if len(out.Choices) == 0 {
@@ -516,23 +518,23 @@ func demoChat(ctx context.Context, gw, session string, msgs []map[string]string,
 	return out.Choices[0].Message.Content, nil
 }
 
-// demoFeedback rates the session's latest reply on the feedback endpoint.
-func demoFeedback(ctx context.Context, gw, session string, score float64) error {
+// feedback rates the session's latest reply on the feedback endpoint.
+func feedback(ctx context.Context, gw, session string, score float64) error {
 	body, _ := json.Marshal(map[string]any{"session_id": session, "score": score})
 	req, err := http.NewRequestWithContext(ctx, "POST", gw+"/clawmesh/v1/feedback", bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	_, err = demoPost(req, nil)
+	_, err = post(req, nil)
 	return err
 }
 
-// demoSample draws n replies to prompt from a model server, with a fixed
+// sampleReplies draws n replies to prompt from a model server, with a fixed
 // seed so that every version is measured on the same draws, and returns
 // them with the adapter version that served them.
-func demoSample(ctx context.Context, model, prompt string, n int, seed uint64) ([]string, string, error) {
-	body, _ := json.Marshal(map[string]any{"model": demoModel, "max_tokens": 4, "temperature": 1, "n": n, "seed": seed,
+func sampleReplies(ctx context.Context, model, prompt string, n int, seed uint64) ([]string, string, error) {
+	body, _ := json.Marshal(map[string]any{"model": baseModelName, "max_tokens": 4, "temperature": 1, "n": n, "seed": seed,
 		"messages": []map[string]string{{"role": "user", "content": prompt}}})
 	req, err := http.NewRequestWithContext(ctx, "POST", model+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
@@ -546,7 +548,7 @@ func demoSample(ctx context.Context, model, prompt string, n int, seed uint64) (
 			} `json:"message"`
 		} `json:"choices"`
 	}
-	h, err := demoPost(req, &out)
+	h, err := post(req, &out)
 	if err != nil {
 		return nil, "", err
 	}
@@ -560,7 +562,9 @@ func demoSample(ctx context.Context, model, prompt string, n int, seed uint64) (
 	return rs, h.Get(serveapi.AdapterHeader), nil
 }
 
-func demoPost(req *http.Request, out any) (http.Header, error) {
+// post sends req and decodes its JSON reply into out (nil: none), and
+// returns the reply's header.
+func post(req *http.Request, out any) (http.Header, error) {
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, err
@@ -615,4 +619,97 @@ func shortPeer(p mesh.PeerID) string {
 		return "none"
 	}
 	return s
+}
+
+// serveModel serves the base model's directory (the tiny model when base
+// is empty) on addr, as `clawmesh serve --model base` (or --tiny) does,
+// until ctx ends.
+func serveModel(ctx context.Context, base, addr string) error {
+	log := slog.New(slog.DiscardHandler)
+	opts := native.Options{Seed: 1, Logger: log}
+	var (
+		eng      *native.Engine
+		tok      *tokenizer.Tokenizer
+		renderer chat.Renderer = chat.Qwen3()
+		err      error
+	)
+	if base == "" {
+		opts.Name = "tiny"
+		if eng, tok, err = newTiny(opts); err != nil {
+			return err
+		}
+	} else {
+		opts.Name = filepath.Base(filepath.Clean(base))
+		if tok, err = tokenizer.Load(filepath.Join(base, "tokenizer.json")); err != nil {
+			return err
+		}
+		tc := filepath.Join(base, "tokenizer_config.json")
+		if _, statErr := os.Stat(tc); statErr == nil {
+			if t, err := chat.FromTokenizerConfig(tc); err == nil {
+				renderer = t
+			}
+		} else if !errors.Is(statErr, fs.ErrNotExist) {
+			return statErr
+		}
+		if eng, err = native.Open(ctx, base, opts); err != nil {
+			return err
+		}
+	}
+	defer eng.Close()
+	srv, err := serve.New(serve.Config{Model: eng, Tokenizer: tok, Renderer: renderer, ModelName: opts.Name, Logger: log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return srv.Run(ctx, ln)
+}
+
+// initMesh makes a new mesh in the data directory data, whose peer holds
+// its admin key, as `clawmesh mesh init` does.
+func initMesh(data string) error {
+	key, id, err := peer.Identity(data)
+	if err != nil {
+		return err
+	}
+	_, err = mesh.Init(data, "", key, id, time.Now(), crand.Reader)
+	return err
+}
+
+// invite returns a one-use invite token for role, issued by the peer of
+// the data directory data, on which n runs, with n's addresses, as
+// `clawmesh invite` does.
+func invite(data string, role member.Role, n *node.Node) (string, error) {
+	key, _, err := peer.Identity(data)
+	if err != nil {
+		return "", err
+	}
+	// As `clawmesh invite`: the addresses others can reach first,
+	// loopback last, 8 at most.
+	var addrs, loop []string
+	for _, a := range n.Peer().Host.Addrs() {
+		if strings.Contains(a, "/ip4/127.") || strings.Contains(a, "/ip6/::1/") {
+			loop = append(loop, a)
+		} else {
+			addrs = append(addrs, a)
+		}
+	}
+	addrs = append(addrs, loop...)
+	if len(addrs) > 8 {
+		addrs = addrs[:8]
+	}
+	tok, err := mesh.Invite(data, key, role, 24*time.Hour, 1, addrs, time.Now(), crand.Reader)
+	if err != nil {
+		return "", err
+	}
+	return tok.String(), nil
+}
+
+// join redeems an invite token into the data directory data, as `clawmesh
+// join --p2p-listen` on loopback TCP does.
+func join(ctx context.Context, data, token string) error {
+	_, err := peer.Join(ctx, data, token, loopbackListen[1:], nil)
+	return err
 }

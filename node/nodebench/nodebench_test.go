@@ -1,0 +1,69 @@
+package nodebench
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestOptionsValidate(t *testing.T) {
+	ok := SoakOptions{Binary: "clawmesh", Rate: 10, Duration: time.Second, Every: time.Second}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []func(*SoakOptions){
+		func(o *SoakOptions) { o.Binary = "" },
+		func(o *SoakOptions) { o.Rate = 0 },
+		func(o *SoakOptions) { o.Duration = 0 },
+		func(o *SoakOptions) { o.Every = 0 },
+		func(o *SoakOptions) { o.Idle = -time.Second },
+		func(o *SoakOptions) { o.MaxSessions = -1 },
+	} {
+		o := ok
+		bad(&o)
+		if err := o.Validate(); err == nil {
+			t.Errorf("%+v accepted", o)
+		}
+		if _, err := Soak(context.Background(), o); err == nil {
+			t.Errorf("Soak ran %+v", o)
+		}
+	}
+	if _, err := Idle(context.Background(), IdleOptions{Duration: time.Second}); err == nil {
+		t.Error("Idle ran without a binary")
+	}
+}
+
+// TestProc reads this process's CPU time and resident memory.
+func TestProc(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
+	pid := os.Getpid()
+	if _, err := cpuTicks(pid); err != nil {
+		t.Fatal(err)
+	}
+	n, err := rss(pid)
+	if err != nil || n <= 0 {
+		t.Fatalf("rss %d, %v", n, err)
+	}
+}
+
+func TestIdlePrint(t *testing.T) {
+	for _, tc := range []struct {
+		r    IdleResult
+		want string
+	}{
+		{IdleResult{Alone: Cost{CPU: 0.1, RSS: 50 << 20}, Peer: Cost{CPU: 0.6, RSS: 80 << 20}}, "the mesh adds 0.50% of a core and 30.0 MiB; goal < 1% and < 100 MiB: met"},
+		{IdleResult{Alone: Cost{CPU: 0.1, RSS: 50 << 20}, Peer: Cost{CPU: 1.2, RSS: 80 << 20}}, "NOT MET"},
+		{IdleResult{Alone: Cost{RSS: 50 << 20}, Peer: Cost{RSS: 150 << 20}}, "NOT MET"},
+	} {
+		var b strings.Builder
+		tc.r.Print(&b)
+		if !strings.Contains(b.String(), tc.want) || strings.Count(b.String(), "\n") != 3 {
+			t.Errorf("%+v:\n%s", tc.r, b.String())
+		}
+	}
+}
