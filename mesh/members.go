@@ -133,6 +133,24 @@ func (m *Mesh) readRevocations(ctx context.Context) {
 
 // ---- invites and joining
 
+// InviteAddrs orders a peer's addresses for an invite token: those others
+// can reach first, loopback last, 8 at most.
+func InviteAddrs(addrs []string) []string {
+	var out, loop []string
+	for _, a := range addrs {
+		if strings.Contains(a, "/ip4/127.") || strings.Contains(a, "/ip6/::1/") {
+			loop = append(loop, a)
+		} else {
+			out = append(out, a)
+		}
+	}
+	out = append(out, loop...)
+	if len(out) > 8 {
+		out = out[:8]
+	}
+	return out
+}
+
 // Invite makes an invite token for role, valid for ttl and uses
 // redemptions, that peers redeem with this peer at addrs (this peer's
 // addresses now). The admin's device signs with the admin key; another

@@ -14,6 +14,7 @@ import (
 	"github.com/clawmesh/clawmesh/model/engine/native"
 	"github.com/clawmesh/clawmesh/model/engine/torch"
 	"github.com/clawmesh/clawmesh/model/loss"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/node/gateway/bench"
 	"github.com/clawmesh/clawmesh/node/nodebench"
 	"github.com/clawmesh/clawmesh/node/share"
@@ -368,7 +369,12 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float6
 
 // benchLearn runs learn.CompareRecipes on the tiny model and prints it.
 func benchLearn(ctx context.Context, stdout io.Writer, rounds int, seed uint64, alone bool) error {
-	eng, tok, _, err := newTiny(seed, native.Options{Seed: seed + 100})
+	txt, cfg, err := modeldir.Tiny()
+	if err != nil {
+		return err
+	}
+	tok := txt.Tokenizer
+	eng, err := native.NewTiny(cfg, seed, native.Options{Seed: seed + 100})
 	if err != nil {
 		return err
 	}

@@ -365,31 +365,13 @@ func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	tok, err := mesh.Invite(s.Data, key, r, *ttl, *uses, publicFirst(addrs), time.Now(), rand.Reader)
+	tok, err := mesh.Invite(s.Data, key, r, *ttl, *uses, mesh.InviteAddrs(addrs), time.Now(), rand.Reader)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, tok.String())
 	fmt.Fprintf(stderr, "(a %s token for %s, valid until %s)\n", r, plural(*uses, "use", "uses"), tok.Expires().Local().Format(time.RFC3339))
 	return nil
-}
-
-// publicFirst orders addresses so that those others can reach come first,
-// loopback last, and keeps at most 8.
-func publicFirst(addrs []string) []string {
-	var out, loop []string
-	for _, a := range addrs {
-		if strings.Contains(a, "/ip4/127.") || strings.Contains(a, "/ip6/::1/") {
-			loop = append(loop, a)
-		} else {
-			out = append(out, a)
-		}
-	}
-	out = append(out, loop...)
-	if len(out) > 8 {
-		out = out[:8]
-	}
-	return out
 }
 
 const joinHelp = `Usage: clawmesh join TOKEN --data DIR

@@ -2,20 +2,16 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 
-	"github.com/clawmesh/clawmesh/model/chat"
 	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/model/serve"
-	"github.com/clawmesh/clawmesh/model/tokenizer"
 )
 
 const serveHelp = `Usage: clawmesh serve --model DIR | --tiny [flags]
@@ -100,24 +96,26 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	opts := native.Options{Name: *name, Seed: *seed, Threads: *threads, Logger: log}
 	var (
-		eng      *native.Engine
-		tok      *tokenizer.Tokenizer
-		renderer chat.Renderer = chat.Qwen3()
-		err      error
+		eng *native.Engine
+		txt modeldir.Text
+		err error
 	)
 	if *tiny {
 		if opts.Name == "" {
 			opts.Name = "tiny"
 		}
 		var cfg native.Config
-		if eng, tok, cfg, err = newTiny(*seed, opts); err != nil {
+		if txt, cfg, err = modeldir.Tiny(); err != nil {
+			return err
+		}
+		if eng, err = native.NewTiny(cfg, *seed, opts); err != nil {
 			return err
 		}
 		if *saveTiny != "" {
 			if err := native.CreateTiny(*saveTiny, cfg, *seed); err != nil {
 				return err
 			}
-			if err := tok.Save(filepath.Join(*saveTiny, "tokenizer.json")); err != nil {
+			if err := txt.Tokenizer.Save(filepath.Join(*saveTiny, modeldir.TokenizerFile)); err != nil {
 				return err
 			}
 			log.Info("tiny model written", "dir", *saveTiny)
@@ -126,19 +124,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if opts.Name == "" {
 			opts.Name = filepath.Base(filepath.Clean(*model))
 		}
-		if tok, err = tokenizer.Load(filepath.Join(*model, "tokenizer.json")); err != nil {
+		if txt, err = modeldir.Load(*model); err != nil {
 			return err
 		}
-		tc := filepath.Join(*model, "tokenizer_config.json")
-		if _, statErr := os.Stat(tc); statErr == nil {
-			t, err := chat.FromTokenizerConfig(tc)
-			if err != nil {
-				log.Warn("no usable chat template in tokenizer_config.json; using Qwen3's", "err", err)
-			} else {
-				renderer = t
-			}
-		} else if !errors.Is(statErr, fs.ErrNotExist) {
-			return statErr
+		if txt.TemplateErr != nil {
+			log.Warn("no usable chat template in tokenizer_config.json; using Qwen3's", "err", txt.TemplateErr)
 		}
 		if eng, err = native.Open(ctx, *model, opts); err != nil {
 			return err
@@ -148,8 +138,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	srv, err := serve.New(serve.Config{
 		Model:         eng,
-		Tokenizer:     tok,
-		Renderer:      renderer,
+		Tokenizer:     txt.Tokenizer,
+		Renderer:      txt.Renderer,
 		ModelName:     opts.Name,
 		MaxTokens:     *maxTokens,
 		MaxConcurrent: *concurrency,
@@ -181,22 +171,4 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintln(stderr, "clawmesh serve: stopped")
 	return nil
-}
-
-// newTiny makes the tiny random model (seeded) with the tiny tokenizer, its
-// end of turn as the model's EOS.
-func newTiny(seed uint64, opts native.Options) (*native.Engine, *tokenizer.Tokenizer, native.Config, error) {
-	tok, err := tokenizer.Tiny(tokenizer.TinyOptions{})
-	if err != nil {
-		return nil, nil, native.Config{}, err
-	}
-	cfg := native.TinyConfig(tok.VocabSize())
-	if id, ok := tok.TokenID("<|im_end|>"); ok {
-		cfg.EOS = []int{id}
-	}
-	eng, err := native.NewTiny(cfg, seed, opts)
-	if err != nil {
-		return nil, nil, native.Config{}, err
-	}
-	return eng, tok, cfg, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/clawmesh/clawmesh/model/chat"
 	"github.com/clawmesh/clawmesh/model/engine/native"
 	"github.com/clawmesh/clawmesh/model/loss"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/trainer/learn"
 	"github.com/clawmesh/clawmesh/trainer/sample"
@@ -57,13 +58,17 @@ func TestTrainOnRecordedSteps(t *testing.T) {
 
 	// The model serve --tiny serves (seed 1), with the tokenizer and
 	// template it serves with.
-	eng, tok, _, err := newTiny(1, native.Options{Seed: 1})
+	txt, cfg, err := modeldir.Tiny()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := txt.Tokenizer
+	eng, err := native.NewTiny(cfg, 1, native.Options{Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	r := chat.Qwen3()
-	b := sample.NewBuilder(tok, r, sample.Options{})
+	b := sample.NewBuilder(tok, txt.Renderer, sample.Options{})
 
 	var afterThink, rewritten int
 	for i, st := range steps {
@@ -79,7 +84,7 @@ func TestTrainOnRecordedSteps(t *testing.T) {
 		for k, tl := range ch.Tokens {
 			ids[k] = tl.ID
 		}
-		_, completion, err := chat.ActionSpan(r, st.Request.Messages, nil, ch.Message)
+		_, completion, err := chat.ActionSpan(txt.Renderer, st.Request.Messages, nil, ch.Message)
 		if err != nil {
 			t.Fatal(err)
 		}

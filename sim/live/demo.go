@@ -17,7 +17,7 @@ import (
 	"github.com/clawmesh/clawmesh/model/chat"
 	"github.com/clawmesh/clawmesh/model/engine/native"
 	"github.com/clawmesh/clawmesh/model/loss"
-	"github.com/clawmesh/clawmesh/model/tokenizer"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/sim/live/scenario"
 	"github.com/clawmesh/clawmesh/trainer/learn"
 	"github.com/clawmesh/clawmesh/trainer/sample"
@@ -234,11 +234,12 @@ func BaseModel(ctx context.Context, cache, tmp string, say func(string, ...any))
 	}
 	say("teaching the tiny model to follow a hint that asks for a reply starting with a word (once per machine) ...")
 	start := time.Now()
-	eng, tok, err := newTiny(native.Options{Name: baseModelName, Seed: 1})
+	eng, txt, err := newTiny(native.Options{Name: baseModelName, Seed: 1})
 	if err != nil {
 		return "", nil, err
 	}
 	defer eng.Close()
+	tok := txt.Tokenizer
 	pupil, err := eng.Fork()
 	if err != nil {
 		return "", nil, err
@@ -287,22 +288,15 @@ func BaseModel(ctx context.Context, cache, tmp string, say func(string, ...any))
 	return dir, base, nil
 }
 
-// newTiny makes the tiny random model (seed 1) with the tiny tokenizer,
-// its end of turn as the model's EOS, as `clawmesh serve --tiny` does.
-func newTiny(opts native.Options) (*native.Engine, *tokenizer.Tokenizer, error) {
-	tok, err := tokenizer.Tiny(tokenizer.TinyOptions{})
+// newTiny makes the tiny random model (seed 1), as `clawmesh serve --tiny`
+// does.
+func newTiny(opts native.Options) (*native.Engine, modeldir.Text, error) {
+	txt, cfg, err := modeldir.Tiny()
 	if err != nil {
-		return nil, nil, err
-	}
-	cfg := native.TinyConfig(tok.VocabSize())
-	if id, ok := tok.TokenID("<|im_end|>"); ok {
-		cfg.EOS = []int{id}
+		return nil, txt, err
 	}
 	eng, err := native.NewTiny(cfg, 1, opts)
-	if err != nil {
-		return nil, nil, err
-	}
-	return eng, tok, nil
+	return eng, txt, err
 }
 
 // groupRecipe is the trainers' name of a demo recipe.

@@ -5,10 +5,8 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -24,11 +22,10 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/peer"
-	"github.com/clawmesh/clawmesh/model/chat"
 	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/model/serve"
 	"github.com/clawmesh/clawmesh/model/serveapi"
-	"github.com/clawmesh/clawmesh/model/tokenizer"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
@@ -628,35 +625,26 @@ func serveModel(ctx context.Context, base, addr string) error {
 	log := slog.New(slog.DiscardHandler)
 	opts := native.Options{Seed: 1, Logger: log}
 	var (
-		eng      *native.Engine
-		tok      *tokenizer.Tokenizer
-		renderer chat.Renderer = chat.Qwen3()
-		err      error
+		eng *native.Engine
+		txt modeldir.Text
+		err error
 	)
 	if base == "" {
 		opts.Name = "tiny"
-		if eng, tok, err = newTiny(opts); err != nil {
+		if eng, txt, err = newTiny(opts); err != nil {
 			return err
 		}
 	} else {
 		opts.Name = filepath.Base(filepath.Clean(base))
-		if tok, err = tokenizer.Load(filepath.Join(base, "tokenizer.json")); err != nil {
+		if txt, err = modeldir.Load(base); err != nil {
 			return err
-		}
-		tc := filepath.Join(base, "tokenizer_config.json")
-		if _, statErr := os.Stat(tc); statErr == nil {
-			if t, err := chat.FromTokenizerConfig(tc); err == nil {
-				renderer = t
-			}
-		} else if !errors.Is(statErr, fs.ErrNotExist) {
-			return statErr
 		}
 		if eng, err = native.Open(ctx, base, opts); err != nil {
 			return err
 		}
 	}
 	defer eng.Close()
-	srv, err := serve.New(serve.Config{Model: eng, Tokenizer: tok, Renderer: renderer, ModelName: opts.Name, Logger: log})
+	srv, err := serve.New(serve.Config{Model: eng, Tokenizer: txt.Tokenizer, Renderer: txt.Renderer, ModelName: opts.Name, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -686,21 +674,7 @@ func invite(data string, role member.Role, n *node.Node) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// As `clawmesh invite`: the addresses others can reach first,
-	// loopback last, 8 at most.
-	var addrs, loop []string
-	for _, a := range n.Peer().Host.Addrs() {
-		if strings.Contains(a, "/ip4/127.") || strings.Contains(a, "/ip6/::1/") {
-			loop = append(loop, a)
-		} else {
-			addrs = append(addrs, a)
-		}
-	}
-	addrs = append(addrs, loop...)
-	if len(addrs) > 8 {
-		addrs = addrs[:8]
-	}
-	tok, err := mesh.Invite(data, key, role, 24*time.Hour, 1, addrs, time.Now(), crand.Reader)
+	tok, err := mesh.Invite(data, key, role, 24*time.Hour, 1, mesh.InviteAddrs(n.Peer().Host.Addrs()), time.Now(), crand.Reader)
 	if err != nil {
 		return "", err
 	}

@@ -6,19 +6,13 @@ import (
 	"context"
 	"net"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/model/engine"
 	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/model/serve"
-	"github.com/clawmesh/clawmesh/model/tokenizer"
 )
-
-// tinyTok learns the tiny tokenizer once: it is immutable and shared.
-var tinyTok = sync.OnceValues(func() (*tokenizer.Tokenizer, error) {
-	return tokenizer.Tiny(tokenizer.TinyOptions{})
-})
 
 // Tiny is a running server of the tiny model.
 type Tiny struct {
@@ -31,13 +25,9 @@ type Tiny struct {
 // required of clients; maxConcurrent bounds requests served at once (0: 2).
 func Start(t testing.TB, token string, maxConcurrent int) *Tiny {
 	t.Helper()
-	tok, err := tinyTok()
+	txt, cfg, err := modeldir.Tiny()
 	if err != nil {
 		t.Fatal(err)
-	}
-	cfg := native.TinyConfig(tok.VocabSize())
-	if id, ok := tok.TokenID("<|im_end|>"); ok {
-		cfg.EOS = []int{id}
 	}
 	eng, err := native.NewTiny(cfg, 7, native.Options{Name: "tiny", Seed: 7, Threads: 1})
 	if err != nil {
@@ -47,7 +37,7 @@ func Start(t testing.TB, token string, maxConcurrent int) *Tiny {
 	if maxConcurrent == 0 {
 		maxConcurrent = 2
 	}
-	srv, err := serve.New(serve.Config{Model: eng, Tokenizer: tok, MaxConcurrent: maxConcurrent, Token: token})
+	srv, err := serve.New(serve.Config{Model: eng, Tokenizer: txt.Tokenizer, MaxConcurrent: maxConcurrent, Token: token})
 	if err != nil {
 		t.Fatal(err)
 	}

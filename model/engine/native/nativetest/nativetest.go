@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/model/tokenizer"
 )
 
@@ -16,20 +17,14 @@ import (
 // engine's sums depend on its thread count: fix it for runs to repeat.
 func Tiny(t testing.TB, seed uint64, threads int) (*native.Engine, *tokenizer.Tokenizer) {
 	t.Helper()
-	tok, err := tokenizer.Tiny(tokenizer.TinyOptions{})
+	txt, cfg, err := modeldir.Tiny()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := native.TinyConfig(tok.VocabSize())
-	id, ok := tok.TokenID("<|im_end|>")
-	if !ok {
-		t.Fatal("tiny tokenizer has no <|im_end|>")
-	}
-	cfg.EOS = []int{id}
 	eng, err := native.NewTiny(cfg, seed, native.Options{Seed: seed + 100, Threads: threads})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
-	return eng, tok
+	return eng, txt.Tokenizer
 }
