@@ -54,7 +54,8 @@ type Timing struct {
 	MaxVoters int
 }
 
-func (o Timing) withDefaults() Timing {
+// WithDefaults fills in the zero fields with their defaults.
+func (o Timing) WithDefaults() Timing {
 	if o.Heartbeat == 0 {
 		o.Heartbeat = time.Second
 	}
@@ -170,7 +171,7 @@ func (t *Trainer) redial(p mesh.PeerID, k *knownTrainer) {
 }
 
 func openNode(t *Trainer, timing Timing) (*node, error) {
-	timing = timing.withDefaults()
+	timing = timing.WithDefaults()
 	dir := filepath.Join(t.cfg.DataDir, RaftDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err

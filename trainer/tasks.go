@@ -471,3 +471,20 @@ func (c *Client) TaskSets(ctx context.Context) ([]TaskSetStatus, error) {
 	err := c.do(ctx, http.MethodGet, "tasks", nil, &out)
 	return out, err
 }
+
+// newLocalRuntime makes a task runtime from a parsed set, a verifier file
+// and a tool simulator file ("" for none), without a trainer.
+func newLocalRuntime(ctx context.Context, set *tasks.Set, ts group.TaskSet, plugin, tools string) (*taskRuntime, error) {
+	if set == nil {
+		return nil, errors.New("trainer: no task set")
+	}
+	plugins := []reward.PluginConfig{{Name: verifierName, Path: plugin, Enabled: true}}
+	if tools != "" {
+		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: tools, Enabled: true})
+	}
+	r, err := reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1})
+	if err != nil {
+		return nil, err
+	}
+	return &taskRuntime{ts: ts.WithDefaults(), set: set, byID: set.ByID(), runner: r}, nil
+}

@@ -161,15 +161,3 @@ func TestRolloutsLearn(t *testing.T) {
 		t.Fatalf("pass@1 never rose above v0's %v (best %+v)", first.PassAt1, best)
 	}
 }
-
-func TestBenchRollouts(t *testing.T) {
-	rep, err := BenchRollouts(context.Background(), RolloutBenchOptions{Tasks: letterTasks(20), Verifier: charsetPlugin(t), Group: 4, Prompts: 4, Rounds: 2, LocalSteps: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%+v", rep)
-	if len(rep.Rounds) != 2 || rep.RolloutTokens == 0 || !(rep.RolloutTokensPerS > 0) || !(rep.RawTokensPerS > 0) ||
-		!(rep.RolloutShare > 0 && rep.RolloutShare < 1) || rep.Rounds[0].Samples != 16 {
-		t.Fatalf("report %+v", rep)
-	}
-}

@@ -284,7 +284,7 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 		return nil, err
 	}
 	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
-		timing: cfg.Timing.withDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
+		timing: cfg.Timing.WithDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	if t.verify == nil && !cfg.NoVerify {
 		t.checker, err = verify.New(verify.Config{CacheDir: filepath.Join(cfg.DataDir, PluginsDir), Fetch: t.fetchPlugin, Logger: t.log})
