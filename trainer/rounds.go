@@ -22,7 +22,7 @@ import (
 const maxAdd = 256
 
 // fenceCheck checks a claimed version against the committed lineage.
-func (n *node) fenceCheck(c group.Claim) error {
+func (n *raftMember) fenceCheck(c group.Claim) error {
 	var err error
 	n.view(func(s *group.State) { err = s.Check(c) })
 	return err
@@ -282,7 +282,7 @@ func (t *Trainer) addBatches(ctx context.Context, es []store.Entry, known map[co
 }
 
 // takeDelta accepts a trainer's delta for the open round (leader only).
-func (n *node) takeDelta(from mesh.PeerID, req request, payload []byte) error {
+func (n *raftMember) takeDelta(from mesh.PeerID, req request, payload []byte) error {
 	var share []core.BatchID
 	var ok bool
 	var base group.Version

@@ -134,7 +134,7 @@ type Trainer struct {
 	mesh    *mesh.Mesh
 	self    mesh.PeerID
 	store   *store.Store
-	group   *node
+	group   *raftMember
 	work    *workLoop
 	timing  Timing
 	verify  func(ctx context.Context, id core.BatchID, from mesh.PeerID) (string, error)
@@ -294,7 +294,7 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 		}
 		t.verify = t.check
 	}
-	if t.group, err = openNode(t, t.timing); err != nil {
+	if t.group, err = openRaftMember(t, t.timing); err != nil {
 		s.Close()
 		return nil, err
 	}
