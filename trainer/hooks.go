@@ -41,7 +41,7 @@ func (t *Trainer) SetIsolated(on bool) { t.isolated.Store(on) }
 // set's round, for benchmarks (trainer/harness's BenchRollouts).
 type LocalRollouts struct {
 	w   *worker
-	rt  *taskRuntime
+	rt  *rolloutRuntime
 	cfg group.Config
 }
 

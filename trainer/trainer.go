@@ -10,22 +10,27 @@
 // batch ledger and the trainer registry. The first trainer bootstraps the
 // group, later ones join through its leader (up to group.MaxVoters voters,
 // then non-voters, promoted when a voter leaves or stops answering). The
-// leader runs rounds: it adds the stored batches to the ledger (a follower
-// offers it those it stored that the ledger lacks, which the leader then
-// pulls: it may have missed their announcement), refuses the stale, shares the pending among the live trainers by speed; each trainer
+// leader runs rounds (rounds.go): it adds the stored batches to the ledger
+// (a follower offers it those it stored that the ledger lacks, which the
+// leader then pulls: it may have missed their announcement), refuses the
+// stale, shares the pending among the live trainers by speed; each trainer
 // trains K steps from the current version on its share and hands its delta
 // to the leader (again to a new leader after a failover), which aggregates
 // the deltas (trainer/adapter) into the next version, writes it as a PEFT
 // bundle under DATA/adapters/vN and commits it with the raft term and index
 // that fence it. Trainers fetch versions from each other over Protocol and
-// check them against the lineage. A task set (`clawmesh tasks add`, tasks.go)
-// adds its prompts to the ledger: a trainer whose share holds some samples
-// G rollouts of each from the round's version, scores them with the set's
-// verifier plugin and trains them with its batches (rollout.go); the leader
-// scores every version on the set's held-out split and records it in the
-// lineage. It serves the `clawmesh mesh ...` admin API as a node does, and
-// `clawmesh trainer status|leave|config` and `clawmesh tasks ...`, on a
-// loopback listener of its own.
+// check them against the lineage (versions.go). A task set (`clawmesh tasks
+// add`, tasksets.go; its format is trainer/tasks') adds its prompts to the
+// ledger: a trainer whose share holds some samples G rollouts of each from
+// the round's version, scores them with the set's verifier plugin and
+// trains them with its batches (rollouts.go); the leader scores every
+// version on the set's held-out split and records it in the lineage. It
+// serves the `clawmesh mesh ...` admin API as a node does, and `clawmesh
+// trainer status|leave|config` and `clawmesh tasks ...`, on a loopback
+// listener of its own.
+//
+// trainer/harness runs clusters of trainers, on loopback or in memory, for
+// tests and `clawmesh bench`.
 package trainer
 
 import (
@@ -174,7 +179,7 @@ type Trainer struct {
 	// runtimes holds the task sets' runtimes (their verifiers);
 	// evalLater the evaluations that failed and when to try them again
 	// (the leader's loop only).
-	runtimes  taskRuntimes
+	runtimes  rolloutRuntimes
 	evalLater map[string]time.Time
 
 	// metrics are made on first use (metricsOf).

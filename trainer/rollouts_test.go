@@ -73,7 +73,7 @@ func charsetPlugin(t testing.TB) []byte { return testPlugin(t, "charset") }
 
 // localRuntime makes a task runtime without a trainer: the set and the
 // verifier from a file.
-func localRuntime(t testing.TB, set *tasks.Set, ts group.TaskSet, plugin, tools []byte) *taskRuntime {
+func localRuntime(t testing.TB, set *tasks.Set, ts group.TaskSet, plugin, tools []byte) *rolloutRuntime {
 	t.Helper()
 	write := func(name string, b []byte) string {
 		if b == nil {
