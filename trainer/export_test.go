@@ -64,5 +64,5 @@ func OfferForeignDelta(ctx context.Context, tr *Trainer, round uint64, p []byte,
 	share := tr.Status().Round
 	var ids []core.BatchID
 	tr.group.view(func(s *group.State) { ids = s.Round.Shares[tr.self] })
-	return tr.group.takeDelta(tr.self, request{Op: opDelta, Round: round, Base: share.Base, Samples: res.samples, Batches: ids}, payload)
+	return tr.group.takeDelta(ctx, tr.self, request{Op: opDelta, Round: round, Base: share.Base, Samples: res.samples, Batches: ids}, payload)
 }

@@ -162,7 +162,9 @@ func (t *Trainer) redial(p mesh.PeerID, k *knownTrainer) {
 		return
 	}
 	go func() {
-		ctx, cancel := context.WithTimeout(t.ctx, 10*time.Second)
+		dctx, dcancel := t.detached()
+		defer dcancel()
+		ctx, cancel := context.WithTimeout(dctx, 10*time.Second)
 		defer cancel()
 		if _, err := t.host.Connect(ctx, k.addrs); err != nil {
 			t.log.Debug("cannot reach a trainer", "trainer", p, "err", err)

@@ -282,7 +282,7 @@ func (t *Trainer) addBatches(ctx context.Context, es []store.Entry, known map[co
 }
 
 // takeDelta accepts a trainer's delta for the open round (leader only).
-func (n *raftMember) takeDelta(from mesh.PeerID, req request, payload []byte) error {
+func (n *raftMember) takeDelta(ctx context.Context, from mesh.PeerID, req request, payload []byte) error {
 	var share []core.BatchID
 	var ok bool
 	var base group.Version
@@ -315,7 +315,7 @@ func (n *raftMember) takeDelta(from mesh.PeerID, req request, payload []byte) er
 		if d.Parent != base.Hash {
 			return fmt.Errorf("%w: a delta from %s, not from v%d", adapter.ErrMismatch, short(d.Parent), base.Version)
 		}
-		dir, err := n.t.ensureVersion(n.t.ctx, base)
+		dir, err := n.t.ensureVersion(ctx, base)
 		if err != nil {
 			return err
 		}

@@ -150,8 +150,11 @@ type Trainer struct {
 	// ingested is the store's Puts when the leader last looked at every
 	// stored batch (the leader's loop only).
 	ingested uint64
-	ctx      context.Context
-	cancel   context.CancelFunc
+	// stopped is closed, by cancel, when the trainer stops (Close, a
+	// crash, or Run's ctx done): the work it does outside Run's calls
+	// (stream handlers, redials) ends then.
+	stopped <-chan struct{}
+	cancel  context.CancelFunc
 
 	// beforePublish, in tests, runs before the leader proposes a version;
 	// isolated cuts the trainer off the group (tests of partitions).
@@ -290,7 +293,8 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 	}
 	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
 		timing: cfg.Timing.WithDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
-	t.ctx, t.cancel = context.WithCancel(context.Background())
+	stop, cancel := context.WithCancel(context.Background())
+	t.stopped, t.cancel = stop.Done(), cancel
 	if t.verify == nil && !cfg.NoVerify {
 		t.checker, err = verify.New(verify.Config{CacheDir: filepath.Join(cfg.DataDir, PluginsDir), Fetch: t.fetchPlugin, Logger: t.log})
 		if err != nil {
@@ -360,7 +364,13 @@ func (t *Trainer) Run(ctx context.Context) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	context.AfterFunc(ctx, t.cancel)
-	context.AfterFunc(t.ctx, stop) // Close and a crash stop Run too
+	go func() { // Close and a crash stop Run too
+		select {
+		case <-t.stopped:
+			stop()
+		case <-ctx.Done():
+		}
+	}()
 	// Only the data directory's owner reads the trainer's state.
 	srv := &http.Server{Handler: adminapi.RequireToken(token, t.handler(stop)), ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
@@ -419,6 +429,21 @@ func (t *Trainer) Close() error {
 		errs = append(errs, t.peer.Close())
 	}
 	return errors.Join(append(errs, t.store.Close())...)
+}
+
+// detached returns a context for work the trainer does outside Run's
+// calls (a stream handler, a redial): it is done once the trainer stops,
+// or cancel is called.
+func (t *Trainer) detached() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-t.stopped:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // Batches is a batch store as the admin API lists it.
