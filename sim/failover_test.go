@@ -7,7 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // realElection kills the leader of three real trainers (hashicorp/raft at
@@ -18,8 +18,8 @@ func realElection(t *testing.T, seed uint64) time.Duration {
 	var took time.Duration
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		c, err := trainer.NewSimCluster(ctx, trainer.ClusterOptions{Trainers: 3, Dir: t.TempDir()},
-			trainer.SimOptions{Seed: seed, Latency: 20 * time.Millisecond, Jitter: 30 * time.Millisecond, NoAdmin: true})
+		c, err := harness.NewCluster(ctx, harness.ClusterOptions{Trainers: 3, Dir: t.TempDir(),
+			Net: harness.Memory{Seed: seed, Latency: 20 * time.Millisecond, Jitter: 30 * time.Millisecond, NoAdmin: true}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // The churn scenario's leader kill, small, on the real stack: the real
@@ -21,7 +22,7 @@ func TestRealStackLeaderKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains on the real stack")
 	}
-	leaderKilled(t, trainer.SimOptions{Seed: 7, Latency: time.Millisecond, Jitter: 3 * time.Millisecond})
+	leaderKilled(t, harness.Memory{Seed: 7, Latency: time.Millisecond, Jitter: 3 * time.Millisecond})
 }
 
 // TestRealStackVirtualTime is the same scenario with home-network latencies
@@ -37,7 +38,7 @@ func TestRealStackVirtualTime(t *testing.T) {
 	var virtual time.Duration
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now() // the bubble's clock
-		leaderKilled(t, trainer.SimOptions{Seed: 7, Latency: 20 * time.Millisecond, Jitter: 30 * time.Millisecond, NoAdmin: true})
+		leaderKilled(t, harness.Memory{Seed: 7, Latency: 20 * time.Millisecond, Jitter: 30 * time.Millisecond, NoAdmin: true})
 		virtual = time.Since(start)
 	})
 	t.Logf("%s of virtual time in %s of wall time", virtual, time.Since(wall))
@@ -46,14 +47,15 @@ func TestRealStackVirtualTime(t *testing.T) {
 // leaderKilled runs three trainers on memnet, trains a round of batches,
 // kills the leader, trains another under the new one, restarts the killed
 // trainer, and checks the lineage, the ledger and the catch-up.
-func leaderKilled(t *testing.T, so trainer.SimOptions) {
+func leaderKilled(t *testing.T, so harness.Memory) {
 	ctx := context.Background()
-	c, err := trainer.NewSimCluster(ctx, trainer.ClusterOptions{
+	c, err := harness.NewCluster(ctx, harness.ClusterOptions{
 		Trainers: 3,
 		Timing:   trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, SnapshotThreshold: 4, SnapshotInterval: 200 * time.Millisecond},
 		Group:    group.Config{Deadline: 4 * time.Second, LocalSteps: 2},
 		Dir:      t.TempDir(),
-	}, so)
+		Net:      so,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +75,7 @@ func leaderKilled(t *testing.T, so trainer.SimOptions) {
 	var ids []core.BatchID
 	ship := func(from, n int) {
 		for i := from; i < from+n; i++ {
-			p, err := trainer.SyntheticBatch(uint64(i+1), 8, "")
+			p, err := harness.SyntheticBatch(uint64(i+1), 8, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -150,7 +152,7 @@ func leaderKilled(t *testing.T, so trainer.SimOptions) {
 // bubble that builds them.
 func warmCoders(t *testing.T) {
 	t.Helper()
-	warm, err := trainer.SyntheticBatch(1, 8, "")
+	warm, err := harness.SyntheticBatch(1, 8, "")
 	if err != nil {
 		t.Fatal(err)
 	}

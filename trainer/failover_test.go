@@ -1,4 +1,4 @@
-package trainer
+package trainer_test
 
 import (
 	"context"
@@ -9,14 +9,16 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh/batch"
+	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
-func shipN(t *testing.T, c testCluster, from, n int) []core.BatchID {
+func shipN(t *testing.T, c *harness.Cluster, from, n int) []core.BatchID {
 	t.Helper()
 	var ids []core.BatchID
 	for i := from; i < from+n; i++ {
-		p, err := SyntheticBatch(uint64(i+1), 8, "")
+		p, err := harness.SyntheticBatch(uint64(i+1), 8, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -25,7 +27,7 @@ func shipN(t *testing.T, c testCluster, from, n int) []core.BatchID {
 	return ids
 }
 
-func leaderOf(t *testing.T, c testCluster) (int, *Trainer) {
+func leaderOf(t *testing.T, c *harness.Cluster) (int, *trainer.Trainer) {
 	t.Helper()
 	var i int
 	if err := c.WaitUntil(context.Background(), clusterWait, "leader", func() bool {
@@ -38,9 +40,9 @@ func leaderOf(t *testing.T, c testCluster) (int, *Trainer) {
 	return i, c.Trainer(i)
 }
 
-func waitTrained(t *testing.T, c testCluster, ids []core.BatchID) *Trainer {
+func waitTrained(t *testing.T, c *harness.Cluster, ids []core.BatchID) *trainer.Trainer {
 	t.Helper()
-	var tr *Trainer
+	var tr *trainer.Trainer
 	if err := c.WaitUntil(context.Background(), clusterWait, "every batch trained", func() bool {
 		i, ok := c.Leader()
 		if !ok {
@@ -61,7 +63,7 @@ func waitTrained(t *testing.T, c testCluster, ids []core.BatchID) *Trainer {
 // later; no batch is trained twice or lost.
 func TestLeaderKilledMidRound(t *testing.T) { leaderKilledMidRound(t, newTestCluster(t, 3)) }
 
-func leaderKilledMidRound(t *testing.T, c testCluster) {
+func leaderKilledMidRound(t *testing.T, c *harness.Cluster) {
 	ctx := context.Background()
 	// Every trainer registered, so that the round is shared by three.
 	if err := c.WaitUntil(ctx, clusterWait, "three registered trainers", func() bool {
@@ -80,13 +82,13 @@ func leaderKilledMidRound(t *testing.T, c testCluster) {
 	paused := make(chan pause, 1)
 	var once atomic.Bool
 	for i := range c.Len() {
-		c.Trainer(i).beforePublish = func(ctx context.Context, round uint64) {
+		c.Trainer(i).SetBeforePublish(func(ctx context.Context, round uint64) {
 			if !once.CompareAndSwap(false, true) {
 				return
 			}
 			paused <- pause{i, round}
 			<-ctx.Done()
-		}
+		})
 	}
 	ids := shipN(t, c, 0, 9)
 	var p pause
@@ -102,7 +104,7 @@ func leaderKilledMidRound(t *testing.T, c testCluster) {
 	tr := waitTrained(t, c, ids)
 	lin := tr.Lineage()
 	for _, v := range lin {
-		if v.Publisher == leader.self && v.Round >= round && v.Version > 0 {
+		if v.Publisher == leader.ID() && v.Round >= round && v.Version > 0 {
 			t.Fatalf("v%d was published by the killed leader", v.Version)
 		}
 	}
@@ -122,11 +124,11 @@ func leaderKilledMidRound(t *testing.T, c testCluster) {
 // its late publication is refused and the lineage is the new leader's.
 func TestPausedLeaderIsFenced(t *testing.T) { pausedLeaderIsFenced(t, newTestCluster(t, 3)) }
 
-func pausedLeaderIsFenced(t *testing.T, c testCluster) {
+func pausedLeaderIsFenced(t *testing.T, c *harness.Cluster) {
 	ctx := context.Background()
 	li, leader := leaderOf(t, c)
 	paused, release := make(chan uint64, 1), make(chan struct{})
-	leader.beforePublish = func(ctx context.Context, round uint64) {
+	leader.SetBeforePublish(func(ctx context.Context, round uint64) {
 		select {
 		case paused <- round:
 		default:
@@ -136,7 +138,7 @@ func pausedLeaderIsFenced(t *testing.T, c testCluster) {
 		case <-release:
 		case <-ctx.Done():
 		}
-	}
+	})
 	ids := shipN(t, c, 0, 6)
 	select {
 	case <-paused:
@@ -149,7 +151,7 @@ func pausedLeaderIsFenced(t *testing.T, c testCluster) {
 	var ni int
 	if err := c.WaitUntil(ctx, clusterWait, "a new leader that publishes", func() bool {
 		for i := range c.Len() {
-			if i != li && c.Trainer(i).group.isLeader() && len(c.Trainer(i).Lineage()) > before {
+			if i != li && c.Trainer(i).IsLeader() && len(c.Trainer(i).Lineage()) > before {
 				ni = i
 				return true
 			}
@@ -160,14 +162,14 @@ func pausedLeaderIsFenced(t *testing.T, c testCluster) {
 	}
 	close(release)
 	if err := c.WaitUntil(ctx, clusterWait, "the old leader's publication refused", func() bool {
-		return leader.fenced.Load() > 0
+		return leader.Fenced() > 0
 	}); err != nil {
 		t.Fatal(err)
 	}
 	c.Isolate(li, false)
 	tr := waitTrained(t, c, ids)
 	for _, v := range tr.Lineage()[before:] {
-		if v.Publisher == leader.self {
+		if v.Publisher == leader.ID() {
 			t.Fatalf("v%d is the deposed leader's", v.Version)
 		}
 	}
@@ -175,7 +177,7 @@ func pausedLeaderIsFenced(t *testing.T, c testCluster) {
 	newV := c.Trainer(ni).Lineage()[before]
 	stale := group.Claim{Version: newV.Version, Hash: "0000000000000000000000000000000000000000000000000000000000000001", Term: newV.Term - 1, Index: newV.Index}
 	for i := range c.Len() {
-		if err := c.Trainer(i).group.fenceCheck(stale); err == nil {
+		if err := c.Trainer(i).FenceCheck(stale); err == nil {
 			t.Fatalf("trainer %d accepted a deposed leader's claim", i)
 		}
 	}
@@ -191,14 +193,14 @@ func pausedLeaderIsFenced(t *testing.T, c testCluster) {
 // them) they continue from the last version.
 func TestRestartAllFromDisk(t *testing.T) { restartAllFromDisk(t, newTestCluster(t, 3)) }
 
-func restartAllFromDisk(t *testing.T, c testCluster) {
+func restartAllFromDisk(t *testing.T, c *harness.Cluster) {
 	ctx := context.Background()
 	ids := shipN(t, c, 0, 4)
 	tr := waitTrained(t, c, ids)
 	lin := tr.Lineage()
 	if err := c.WaitUntil(ctx, clusterWait, "a snapshot on every trainer", func() bool {
 		for i := range c.Len() {
-			snaps, _ := filepath.Glob(filepath.Join(c.DataDir(i), RaftDir, "snapshots", "snapshots", "*", "state.bin"))
+			snaps, _ := filepath.Glob(filepath.Join(c.DataDir(i), trainer.RaftDir, "snapshots", "snapshots", "*", "state.bin"))
 			if len(snaps) == 0 {
 				return false
 			}
@@ -249,13 +251,13 @@ func TestVersionHandedOverBeforeCommit(t *testing.T) {
 	// may see an election before then) counts the others' held bundles.
 	holders := make(chan int, 1)
 	for li := range c.Len() {
-		c.Trainer(li).beforePublish = func(ctx context.Context, round uint64) {
+		c.Trainer(li).SetBeforePublish(func(ctx context.Context, round uint64) {
 			n := 0
 			for i := range c.Len() {
 				if i == li {
 					continue
 				}
-				if held, _ := filepath.Glob(filepath.Join(c.DataDir(i), AdaptersDir, ".held-*")); len(held) > 0 {
+				if held, _ := filepath.Glob(filepath.Join(c.DataDir(i), trainer.AdaptersDir, ".held-*")); len(held) > 0 {
 					n++
 				}
 			}
@@ -263,7 +265,7 @@ func TestVersionHandedOverBeforeCommit(t *testing.T) {
 			case holders <- n:
 			default:
 			}
-		}
+		})
 	}
 	shipN(t, c, 0, 3)
 	select {
@@ -284,7 +286,7 @@ func TestStrandedBatchOffered(t *testing.T) {
 	ctx := context.Background()
 	li, leader := leaderOf(t, c)
 	fi := (li + 1) % c.Len()
-	payload, err := SyntheticBatch(99, 8, "")
+	payload, err := harness.SyntheticBatch(99, 8, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,10 +295,10 @@ func TestStrandedBatchOffered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Trainer(fi).store.PutFrom(ctx, id, "", payload, b); err != nil {
+	if err := c.Trainer(fi).Store().PutFrom(ctx, id, "", payload, b); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := leader.store.Has(ctx, id); ok {
+	if ok, _ := leader.Store().Has(ctx, id); ok {
 		t.Fatal("the leader has the batch before any offer")
 	}
 	waitTrained(t, c, []core.BatchID{id})

@@ -1,4 +1,4 @@
-package trainer
+package trainer_test
 
 import (
 	"context"
@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // With three voter seats and four trainers, the fourth is a non-voter; it
@@ -17,12 +19,12 @@ func TestNonVoterPromotedAndLeave(t *testing.T) {
 	timing := testTiming
 	timing.MaxVoters = 3
 	timing.ReplaceAfter = 2 * time.Second
-	c, err := NewCluster(ctx, ClusterOptions{Trainers: 4, Timing: timing, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)})
+	c, err := harness.NewCluster(ctx, harness.ClusterOptions{Trainers: 4, Timing: timing, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	var st Status
+	var st trainer.Status
 	if err := c.WaitUntil(ctx, clusterWait, "three voters and a non-voter", func() bool {
 		i, ok := c.Leader()
 		if !ok {
@@ -58,7 +60,7 @@ func TestNonVoterPromotedAndLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A follower leaves.
-	var leaver *Trainer
+	var leaver *trainer.Trainer
 	for i := range c.Len() {
 		if tr := c.Trainer(i); tr != nil && tr.ID() != st.Leader {
 			leaver = tr
@@ -83,7 +85,7 @@ func TestNonVoterPromotedAndLeave(t *testing.T) {
 	}
 	if err := c.WaitUntil(ctx, clusterWait, "another leader", func() bool {
 		for i := range c.Len() {
-			if tr := c.Trainer(i); tr != nil && tr != old && tr != leaver && tr.group.isLeader() {
+			if tr := c.Trainer(i); tr != nil && tr != old && tr != leaver && tr.IsLeader() {
 				st = tr.Status()
 				return !slices.Contains(st.Voters, old.ID())
 			}

@@ -1,4 +1,4 @@
-package trainer
+package trainer_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // TestMetricsScrape scrapes a real trainer's /metrics over its admin
@@ -17,13 +18,13 @@ import (
 // against its status.
 func TestMetricsScrape(t *testing.T) {
 	ctx := context.Background()
-	c, err := NewCluster(ctx, ClusterOptions{Trainers: 1, Timing: testTiming, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)})
+	c, err := harness.NewCluster(ctx, harness.ClusterOptions{Trainers: 1, Timing: testTiming, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	tr := c.Trainer(0)
-	p, err := SyntheticBatch(7, 4, "")
+	p, err := harness.SyntheticBatch(7, 4, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,8 @@ type Timing struct {
 	MaxVoters int
 }
 
-func (o Timing) withDefaults() Timing {
+// WithDefaults fills in the zero fields with their defaults.
+func (o Timing) WithDefaults() Timing {
 	if o.Heartbeat == 0 {
 		o.Heartbeat = time.Second
 	}
@@ -89,8 +90,8 @@ func (o Timing) withDefaults() Timing {
 	return o
 }
 
-// node is this trainer's member of the raft group.
-type node struct {
+// raftMember is this trainer's member of the raft group.
+type raftMember struct {
 	t      *Trainer
 	log    *slog.Logger
 	timing Timing
@@ -162,7 +163,9 @@ func (t *Trainer) redial(p mesh.PeerID, k *knownTrainer) {
 		return
 	}
 	go func() {
-		ctx, cancel := context.WithTimeout(t.ctx, 10*time.Second)
+		dctx, dcancel := t.detached()
+		defer dcancel()
+		ctx, cancel := context.WithTimeout(dctx, 10*time.Second)
 		defer cancel()
 		if _, err := t.host.Connect(ctx, k.addrs); err != nil {
 			t.log.Debug("cannot reach a trainer", "trainer", p, "err", err)
@@ -170,8 +173,8 @@ func (t *Trainer) redial(p mesh.PeerID, k *knownTrainer) {
 	}()
 }
 
-func openNode(t *Trainer, timing Timing) (*node, error) {
-	timing = timing.withDefaults()
+func openRaftMember(t *Trainer, timing Timing) (*raftMember, error) {
+	timing = timing.WithDefaults()
 	dir := filepath.Join(t.cfg.DataDir, RaftDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -186,7 +189,7 @@ func openNode(t *Trainer, timing Timing) (*node, error) {
 		logs.Close()
 		return nil, err
 	}
-	n := &node{t: t, log: t.log, timing: timing, fsm: raftfsm.New(), logs: logs,
+	n := &raftMember{t: t, log: t.log, timing: timing, fsm: raftfsm.New(), logs: logs,
 		failing: map[mesh.PeerID]time.Time{}, wake: make(chan struct{}, 1)}
 	n.layer = raftnet.New(t.host, t.isTrainerPeer)
 	n.trans = raftnet.NewTransport(n.layer, raftnet.TransportOptions{Logger: t.log})
@@ -220,14 +223,14 @@ func openNode(t *Trainer, timing Timing) (*node, error) {
 	return n, nil
 }
 
-func (n *node) poke() {
+func (n *raftMember) poke() {
 	select {
 	case n.wake <- struct{}{}:
 	default:
 	}
 }
 
-func (n *node) close() error {
+func (n *raftMember) close() error {
 	n.raft.DeregisterObserver(n.obs)
 	err := n.raft.Shutdown().Error()
 	n.trans.Close()
@@ -236,7 +239,7 @@ func (n *node) close() error {
 }
 
 // inGroup reports whether this trainer is in a raft configuration.
-func (n *node) inGroup() bool {
+func (n *raftMember) inGroup() bool {
 	f := n.raft.GetConfiguration()
 	if f.Error() != nil {
 		return false
@@ -244,19 +247,19 @@ func (n *node) inGroup() bool {
 	return len(f.Configuration().Servers) > 0
 }
 
-func (n *node) isLeader() bool { return n.raft.State() == raft.Leader }
+func (n *raftMember) isLeader() bool { return n.raft.State() == raft.Leader }
 
-func (n *node) leader() mesh.PeerID {
+func (n *raftMember) leader() mesh.PeerID {
 	_, id := n.raft.LeaderWithID()
 	return mesh.PeerID(id)
 }
 
 // view reads the replicated state.
-func (n *node) view(fn func(*group.State)) { n.fsm.View(fn) }
+func (n *raftMember) view(fn func(*group.State)) { n.fsm.View(fn) }
 
 // propose applies e through raft (on the leader) and returns the state
 // machine's verdict on it.
-func (n *node) propose(ctx context.Context, e *group.Entry) error {
+func (n *raftMember) propose(ctx context.Context, e *group.Entry) error {
 	if e.At.IsZero() {
 		e.At = time.Now().UTC()
 	}
@@ -282,7 +285,7 @@ func (n *node) propose(ctx context.Context, e *group.Entry) error {
 }
 
 // configuration returns the raft servers.
-func (n *node) configuration() ([]raft.Server, error) {
+func (n *raftMember) configuration() ([]raft.Server, error) {
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return nil, err
@@ -292,7 +295,7 @@ func (n *node) configuration() ([]raft.Server, error) {
 
 // addServer adds trainer p to the group: a voter while there are fewer
 // than group.MaxVoters, else a non-voter.
-func (n *node) addServer(p mesh.PeerID) error {
+func (n *raftMember) addServer(p mesh.PeerID) error {
 	if !n.t.isTrainerPeer(p) {
 		return errors.New("trainer: only the mesh's trainers join the group")
 	}
@@ -321,7 +324,7 @@ func (n *node) addServer(p mesh.PeerID) error {
 }
 
 // removeServer takes p out of the group and the registry.
-func (n *node) removeServer(ctx context.Context, p mesh.PeerID) error {
+func (n *raftMember) removeServer(ctx context.Context, p mesh.PeerID) error {
 	if p == n.t.self {
 		return errors.New("trainer: the leader hands over before it leaves")
 	}
@@ -344,7 +347,7 @@ func (n *node) removeServer(ctx context.Context, p mesh.PeerID) error {
 // can reach to add it, and bootstraps a group of its own when none is in
 // one after JoinWait. Two fresh trainers that find each other agree that
 // the one with the smaller id bootstraps.
-func (n *node) join(ctx context.Context) error {
+func (n *raftMember) join(ctx context.Context) error {
 	deadline := time.Now().Add(n.timing.JoinWait)
 	for {
 		if n.inGroup() {
@@ -383,7 +386,7 @@ func (n *node) join(ctx context.Context) error {
 	}
 }
 
-func (n *node) waitInGroup(ctx context.Context) error {
+func (n *raftMember) waitInGroup(ctx context.Context) error {
 	for range 400 {
 		if n.inGroup() {
 			return nil
@@ -395,7 +398,7 @@ func (n *node) waitInGroup(ctx context.Context) error {
 	return errors.New("trainer: added to the group, but no configuration reached this trainer")
 }
 
-func (n *node) bootstrap() error {
+func (n *raftMember) bootstrap() error {
 	n.log.Info("no trainers' group found: bootstrapping one")
 	f := n.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
 		Suffrage: raft.Voter, ID: raft.ServerID(n.t.self), Address: raft.ServerAddress(n.t.self)}}})
@@ -406,7 +409,7 @@ func (n *node) bootstrap() error {
 }
 
 // trainerPeers lists the admitted trainers connected now, sorted.
-func (n *node) trainerPeers() []mesh.PeerID {
+func (n *raftMember) trainerPeers() []mesh.PeerID {
 	var out []mesh.PeerID
 	for _, p := range n.t.mesh.Peers() {
 		if p.ID != n.t.self && n.t.isTrainerPeer(p.ID) {
@@ -418,7 +421,7 @@ func (n *node) trainerPeers() []mesh.PeerID {
 }
 
 // watchObservations keeps the failing voters and the leader's start.
-func (n *node) watchObservations(ctx context.Context) {
+func (n *raftMember) watchObservations(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -447,7 +450,7 @@ func (n *node) watchObservations(ctx context.Context) {
 
 // live lists the group's trainers the leader hears from now: itself and
 // the servers not failing heartbeats.
-func (n *node) live() []mesh.PeerID {
+func (n *raftMember) live() []mesh.PeerID {
 	servers, err := n.configuration()
 	if err != nil {
 		return []mesh.PeerID{n.t.self}
@@ -468,7 +471,7 @@ func (n *node) live() []mesh.PeerID {
 // promote keeps the group's voters at group.MaxVoters while non-voters
 // are there: a voter failing heartbeats for ReplaceAfter is replaced by a
 // live non-voter, and a free voter seat goes to one.
-func (n *node) promote() {
+func (n *raftMember) promote() {
 	if !n.isLeader() {
 		return
 	}

@@ -213,7 +213,9 @@ func (t *Trainer) serveRPC(s mesh.Stream) {
 			return
 		}
 	}
-	out, err := t.handle(t.ctx, from, req, payload)
+	ctx, cancel := t.detached()
+	out, err := t.handle(ctx, from, req, payload)
+	cancel()
 	rep := reply{OK: err == nil, Size: int64(len(out))}
 	if err != nil {
 		var re *rpcError
@@ -269,7 +271,7 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 		}
 		return nil, g.propose(ctx, &group.Entry{Configure: req.Config})
 	case opDelta:
-		return nil, g.takeDelta(from, req, payload)
+		return nil, g.takeDelta(ctx, from, req, payload)
 	case opTasks:
 		return nil, t.addTasks(ctx, from, payload)
 	}

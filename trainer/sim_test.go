@@ -1,4 +1,4 @@
-package trainer
+package trainer_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // simSeeds is how many seeds each scenario runs over on the simulated
@@ -27,12 +29,12 @@ func simSeeds() int {
 func TestScenariosSimulated(t *testing.T) {
 	scenarios := []struct {
 		name string
-		run  func(*testing.T, testCluster)
+		run  func(*testing.T, *harness.Cluster)
 	}{
 		{"leader killed mid-round", leaderKilledMidRound},
 		{"paused leader fenced", pausedLeaderIsFenced},
 		{"restart all from disk", restartAllFromDisk},
-		{"every batch once", func(t *testing.T, c testCluster) {
+		{"every batch once", func(t *testing.T, c *harness.Cluster) {
 			ids := shipN(t, c, 0, 6)
 			waitTrained(t, c, ids)
 		}},
@@ -40,8 +42,8 @@ func TestScenariosSimulated(t *testing.T) {
 	for seed := range simSeeds() {
 		for _, sc := range scenarios {
 			t.Run(fmt.Sprintf("%s/seed=%d", sc.name, seed+1), func(t *testing.T) {
-				c, err := NewSimCluster(context.Background(), ClusterOptions{Trainers: 3, Timing: testTiming, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)},
-					SimOptions{Seed: uint64(seed + 1), Latency: time.Millisecond, Jitter: 3 * time.Millisecond})
+				c, err := harness.NewCluster(context.Background(), harness.ClusterOptions{Trainers: 3, Timing: testTiming, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t),
+					Net: harness.Memory{Seed: uint64(seed + 1), Latency: time.Millisecond, Jitter: 3 * time.Millisecond}})
 				if err != nil {
 					t.Fatal(err)
 				}

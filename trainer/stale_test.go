@@ -1,4 +1,4 @@
-package trainer
+package trainer_test
 
 import (
 	"context"
@@ -11,8 +11,11 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/batch"
+	"github.com/clawmesh/clawmesh/trainer"
 
+	"github.com/clawmesh/clawmesh/trainer/adapter"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // Steps made by an adapter more than max-lag versions old are refused as
@@ -21,14 +24,14 @@ func TestStaleBatchesRefused(t *testing.T) {
 	ctx := context.Background()
 	g := testGroup
 	g.MaxLag = 1
-	c, err := NewCluster(ctx, ClusterOptions{Trainers: 1, Timing: testTiming, Group: g, Dir: t.TempDir(), Logger: testLogger(t)})
+	c, err := harness.NewCluster(ctx, harness.ClusterOptions{Trainers: 1, Timing: testTiming, Group: g, Dir: t.TempDir(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	tr := func() *Trainer { return c.Trainer(0) }
+	tr := func() *trainer.Trainer { return c.Trainer(0) }
 	for k := range 3 {
-		p, err := SyntheticBatch(uint64(100+k), 4, "")
+		p, err := harness.SyntheticBatch(uint64(100+k), 4, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,8 +42,8 @@ func TestStaleBatchesRefused(t *testing.T) {
 		}
 	}
 	cur := tr().Status().Version.Version.Version
-	old, _ := SyntheticBatch(200, 4, "v0")
-	fresh, _ := SyntheticBatch(201, 4, group.Version{Version: cur}.Name())
+	old, _ := harness.SyntheticBatch(200, 4, "v0")
+	fresh, _ := harness.SyntheticBatch(201, 4, group.Version{Version: cur}.Name())
 	oldID, freshID := c.Ship(old), c.Ship(fresh)
 	if err := c.WaitUntil(ctx, clusterWait, "both batches settled", func() bool {
 		var o, f group.Status
@@ -71,13 +74,13 @@ func TestStaleBatchesRefused(t *testing.T) {
 // are trained.
 func TestUnverifiedBatchesRefused(t *testing.T) {
 	ctx := context.Background()
-	bad, _ := SyntheticBatch(300, 4, "")
-	good, _ := SyntheticBatch(301, 4, "")
+	bad, _ := harness.SyntheticBatch(300, 4, "")
+	good, _ := harness.SyntheticBatch(301, 4, "")
 	badID := batch.ID(bad)
 	var tries atomic.Int32
 	timing := testTiming
 	timing.VerifyRetry = 500 * time.Millisecond
-	c, err := NewCluster(ctx, ClusterOptions{Trainers: 1, Timing: timing, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t),
+	c, err := harness.NewCluster(ctx, harness.ClusterOptions{Trainers: 1, Timing: timing, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t),
 		Verify: func(ctx context.Context, id core.BatchID, from mesh.PeerID) (string, error) {
 			if id != badID {
 				return "", nil
@@ -116,4 +119,37 @@ func TestUnverifiedBatchesRefused(t *testing.T) {
 	if n := tries.Load(); n < 2 {
 		t.Errorf("the bad batch was checked %d times: a check that could not run must be tried again", n)
 	}
+}
+
+// The leader refuses a delta that was not taken from the round's base, so
+// that a bad contributor cannot hold the round up.
+func TestLeaderRefusesAForeignDelta(t *testing.T) {
+	ctx := context.Background()
+	c, err := harness.NewCluster(ctx, harness.ClusterOptions{Trainers: 1, Timing: testTiming, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tr := c.Trainer(0)
+	held, release := make(chan uint64, 1), make(chan struct{})
+	tr.SetBeforePublish(func(ctx context.Context, round uint64) {
+		select {
+		case held <- round:
+		default:
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	})
+	p, _ := harness.SyntheticBatch(7, 4, "")
+	c.Ship(p)
+	round := <-held
+
+	// A delta trained from another seed's version 0.
+	err = trainer.OfferForeignDelta(ctx, tr, round, p, t.TempDir())
+	if !errors.Is(err, adapter.ErrMismatch) {
+		t.Fatalf("a foreign delta: %v", err)
+	}
+	close(release)
 }

@@ -45,7 +45,7 @@ func (e *scriptedEngine) Generate(ctx context.Context, prompt []int, o engine.Ge
 // toolSet is a set of two tasks that declare an add tool, answered by the
 // calculator plugin, checked by the charset verifier; call is a reply that
 // calls add(2, 3), end the end-of-turn token.
-func toolSet(t *testing.T) (tok *tokenizer.Tokenizer, end int, set *tasks.Set, rt *taskRuntime, call []int) {
+func toolSet(t *testing.T) (tok *tokenizer.Tokenizer, end int, set *tasks.Set, rt *rolloutRuntime, call []int) {
 	t.Helper()
 	tok, err := tokenizer.Tiny(tokenizer.TinyOptions{})
 	if err != nil {

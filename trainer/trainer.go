@@ -10,22 +10,27 @@
 // batch ledger and the trainer registry. The first trainer bootstraps the
 // group, later ones join through its leader (up to group.MaxVoters voters,
 // then non-voters, promoted when a voter leaves or stops answering). The
-// leader runs rounds: it adds the stored batches to the ledger (a follower
-// offers it those it stored that the ledger lacks, which the leader then
-// pulls: it may have missed their announcement), refuses the stale, shares the pending among the live trainers by speed; each trainer
+// leader runs rounds (rounds.go): it adds the stored batches to the ledger
+// (a follower offers it those it stored that the ledger lacks, which the
+// leader then pulls: it may have missed their announcement), refuses the
+// stale, shares the pending among the live trainers by speed; each trainer
 // trains K steps from the current version on its share and hands its delta
 // to the leader (again to a new leader after a failover), which aggregates
 // the deltas (trainer/adapter) into the next version, writes it as a PEFT
 // bundle under DATA/adapters/vN and commits it with the raft term and index
 // that fence it. Trainers fetch versions from each other over Protocol and
-// check them against the lineage. A task set (`clawmesh tasks add`, tasks.go)
-// adds its prompts to the ledger: a trainer whose share holds some samples
-// G rollouts of each from the round's version, scores them with the set's
-// verifier plugin and trains them with its batches (rollout.go); the leader
-// scores every version on the set's held-out split and records it in the
-// lineage. It serves the `clawmesh mesh ...` admin API as a node does, and
-// `clawmesh trainer status|leave|config` and `clawmesh tasks ...`, on a
-// loopback listener of its own.
+// check them against the lineage (versions.go). A task set (`clawmesh tasks
+// add`, tasksets.go; its format is trainer/tasks') adds its prompts to the
+// ledger: a trainer whose share holds some samples G rollouts of each from
+// the round's version, scores them with the set's verifier plugin and
+// trains them with its batches (rollouts.go); the leader scores every
+// version on the set's held-out split and records it in the lineage. It
+// serves the `clawmesh mesh ...` admin API as a node does, and `clawmesh
+// trainer status|leave|config` and `clawmesh tasks ...`, on a loopback
+// listener of its own.
+//
+// trainer/harness runs clusters of trainers, on loopback or in memory, for
+// tests and `clawmesh bench`.
 package trainer
 
 import (
@@ -134,7 +139,7 @@ type Trainer struct {
 	mesh    *mesh.Mesh
 	self    mesh.PeerID
 	store   *store.Store
-	group   *node
+	group   *raftMember
 	work    *workLoop
 	timing  Timing
 	verify  func(ctx context.Context, id core.BatchID, from mesh.PeerID) (string, error)
@@ -145,8 +150,11 @@ type Trainer struct {
 	// ingested is the store's Puts when the leader last looked at every
 	// stored batch (the leader's loop only).
 	ingested uint64
-	ctx      context.Context
-	cancel   context.CancelFunc
+	// stopped is closed, by cancel, when the trainer stops (Close, a
+	// crash, or Run's ctx done): the work it does outside Run's calls
+	// (stream handlers, redials) ends then.
+	stopped <-chan struct{}
+	cancel  context.CancelFunc
 
 	// beforePublish, in tests, runs before the leader proposes a version;
 	// isolated cuts the trainer off the group (tests of partitions).
@@ -174,7 +182,7 @@ type Trainer struct {
 	// runtimes holds the task sets' runtimes (their verifiers);
 	// evalLater the evaluations that failed and when to try them again
 	// (the leader's loop only).
-	runtimes  taskRuntimes
+	runtimes  rolloutRuntimes
 	evalLater map[string]time.Time
 
 	// metrics are made on first use (metricsOf).
@@ -284,8 +292,9 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 		return nil, err
 	}
 	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
-		timing: cfg.Timing.withDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
-	t.ctx, t.cancel = context.WithCancel(context.Background())
+		timing: cfg.Timing.WithDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
+	stop, cancel := context.WithCancel(context.Background())
+	t.stopped, t.cancel = stop.Done(), cancel
 	if t.verify == nil && !cfg.NoVerify {
 		t.checker, err = verify.New(verify.Config{CacheDir: filepath.Join(cfg.DataDir, PluginsDir), Fetch: t.fetchPlugin, Logger: t.log})
 		if err != nil {
@@ -294,7 +303,7 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 		}
 		t.verify = t.check
 	}
-	if t.group, err = openNode(t, t.timing); err != nil {
+	if t.group, err = openRaftMember(t, t.timing); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -355,7 +364,13 @@ func (t *Trainer) Run(ctx context.Context) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	context.AfterFunc(ctx, t.cancel)
-	context.AfterFunc(t.ctx, stop) // Close and a crash stop Run too
+	go func() { // Close and a crash stop Run too
+		select {
+		case <-t.stopped:
+			stop()
+		case <-ctx.Done():
+		}
+	}()
 	// Only the data directory's owner reads the trainer's state.
 	srv := &http.Server{Handler: adminapi.RequireToken(token, t.handler(stop)), ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
@@ -414,6 +429,21 @@ func (t *Trainer) Close() error {
 		errs = append(errs, t.peer.Close())
 	}
 	return errors.Join(append(errs, t.store.Close())...)
+}
+
+// detached returns a context for work the trainer does outside Run's
+// calls (a stream handler, a redial): it is done once the trainer stops,
+// or cancel is called.
+func (t *Trainer) detached() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-t.stopped:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // Batches is a batch store as the admin API lists it.

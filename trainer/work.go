@@ -286,7 +286,7 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 			if !ok {
 				return nil, nil, fmt.Errorf("trainer: task set %s not in the state", short(p.Task))
 			}
-			rt, err := t.taskRuntime(ctx, &ts)
+			rt, err := t.rolloutRuntime(ctx, &ts)
 			if err != nil {
 				return nil, nil, err
 			}

@@ -9,10 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/trainer/adapter"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/internal/synthetic"
 )
 
 func TestWorkerTrainsADelta(t *testing.T) {
@@ -24,7 +24,7 @@ func TestWorkerTrainsADelta(t *testing.T) {
 	if _, err := w.genesis(ctx, cfg, dir); err != nil {
 		t.Fatal(err)
 	}
-	p, err := SyntheticBatch(1, 16, "")
+	p, err := synthetic.Batch(1, 16, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,58 +40,6 @@ func TestWorkerTrainsADelta(t *testing.T) {
 	if res.samples == 0 || res.delta.Norm() == 0 {
 		t.Fatalf("trained %d samples, delta norm %v", res.samples, res.delta.Norm())
 	}
-}
-
-// The leader refuses a delta that was not taken from the round's base, so
-// that a bad contributor cannot hold the round up.
-func TestLeaderRefusesAForeignDelta(t *testing.T) {
-	ctx := context.Background()
-	c, err := NewCluster(ctx, ClusterOptions{Trainers: 1, Timing: testTiming, Group: testGroup, Dir: t.TempDir(), Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	tr := c.Trainer(0)
-	held, release := make(chan uint64, 1), make(chan struct{})
-	tr.beforePublish = func(ctx context.Context, round uint64) {
-		select {
-		case held <- round:
-		default:
-		}
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-	}
-	p, _ := SyntheticBatch(7, 4, "")
-	c.Ship(p)
-	round := <-held
-
-	// A delta trained from another seed's version 0.
-	w := &worker{}
-	defer w.close()
-	cfg := group.Config{Seed: 99, LocalSteps: 1}.WithDefaults()
-	dir := filepath.Join(t.TempDir(), "v0")
-	if _, err := w.genesis(ctx, group.Config{Seed: 99}.WithDefaults(), dir); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := batch.Decode(p, batch.Limits{})
-	res, err := w.train(ctx, cfg, dir, 0, 0, b.Steps, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	payload, err := res.delta.MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	share := tr.Status().Round
-	var ids []core.BatchID
-	tr.group.view(func(s *group.State) { ids = s.Round.Shares[tr.self] })
-	err = tr.group.takeDelta(tr.self, request{Op: opDelta, Round: round, Base: share.Base, Samples: res.samples, Batches: ids}, payload)
-	if !errors.Is(err, adapter.ErrMismatch) {
-		t.Fatalf("a foreign delta: %v", err)
-	}
-	close(release)
 }
 
 // TestCheckEngine: what a trainer refuses before it starts, and how it
@@ -132,7 +80,7 @@ func TestWorkerTorchEngine(t *testing.T) {
 		t.Skipf("python3 with torch not found (Debian: apt-get install python3-torch libopenblas0-pthread): %v", err)
 	}
 	cfg := group.Config{LocalSteps: 2}.WithDefaults()
-	p, err := SyntheticBatch(1, 16, "")
+	p, err := synthetic.Batch(1, 16, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 	"github.com/clawmesh/clawmesh/trainer/learn"
 )
 
@@ -245,7 +246,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		o.Size = int(n)
 		return benchWeights(ctx, stdout, o, *versions, *asJSON)
 	case "rollouts":
-		var o trainer.RolloutBenchOptions
+		var o harness.RolloutBenchOptions
 		fs.IntVar(&o.Group, "group", 8, "G: rollouts per prompt")
 		fs.IntVar(&o.Prompts, "prompts", 8, "prompts per round")
 		fs.IntVar(&o.Rounds, "rounds", 4, "rounds (versions) to run")
@@ -278,7 +279,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return benchLearn(ctx, stdout, *rounds, *seed, *alone)
 	case "mesh":
-		var o trainer.BenchOptions
+		var o harness.BenchOptions
 		fs.IntVar(&o.Batches, "batches", 0, "batches announced one at a time for the latency (default 50)")
 		fs.Int64Var(&o.PullBytes, "pull-bytes", 0, "size of the batch pulled for the throughput (default 16 MiB)")
 		fs.IntVar(&o.Rounds, "rounds", 0, "copies of it each way (default 5)")
@@ -286,7 +287,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := parse(fs, args); err != nil {
 			return err
 		}
-		r, err := trainer.BenchMesh(ctx, o)
+		r, err := harness.BenchMesh(ctx, o)
 		if err != nil {
 			return err
 		}
@@ -305,7 +306,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return nil
 	case "trainers":
-		var o trainer.GroupBenchOptions
+		var o harness.GroupBenchOptions
 		fs.IntVar(&o.Kills, "kills", 0, "times the leader is killed (default 10)")
 		fs.IntVar(&o.Trainers, "trainers", 0, "trainers in the failover group (default 3)")
 		fs.IntVar(&o.Rounds, "rounds", 0, "rounds measured for the overhead (default 5)")
@@ -315,7 +316,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := parse(fs, args); err != nil {
 			return err
 		}
-		r, err := trainer.BenchGroup(ctx, o)
+		r, err := harness.BenchGroup(ctx, o)
 		if err != nil {
 			return err
 		}

@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/clawmesh/clawmesh/reward"
-	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // benchCharsetVerifier is the verifier `bench rollouts` builds when it is
@@ -83,7 +83,7 @@ func buildBenchVerifier(ctx context.Context, dir string) ([]byte, error) {
 	return os.ReadFile(out)
 }
 
-func benchRollouts(ctx context.Context, stdout io.Writer, o trainer.RolloutBenchOptions, tasksFile, rewardFile string, maxTokens int, asJSON bool) error {
+func benchRollouts(ctx context.Context, stdout io.Writer, o harness.RolloutBenchOptions, tasksFile, rewardFile string, maxTokens int, asJSON bool) error {
 	dir, err := os.MkdirTemp("", "clawmesh-bench-rollouts-")
 	if err != nil {
 		return err
@@ -107,7 +107,7 @@ func benchRollouts(ctx context.Context, stdout io.Writer, o trainer.RolloutBench
 	} else if o.Verifier, err = buildBenchVerifier(ctx, dir); err != nil {
 		return err
 	}
-	rep, err := trainer.BenchRollouts(ctx, o)
+	rep, err := harness.BenchRollouts(ctx, o)
 	if err != nil {
 		return err
 	}

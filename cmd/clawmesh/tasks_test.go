@@ -14,6 +14,7 @@ import (
 	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // buildChecker scaffolds a verifier with `reward new --verifier` in dir,
@@ -66,7 +67,7 @@ func TestTasksCommands(t *testing.T) {
 	os.WriteFile(bad, []byte(`{"id":"a","messages":[]}`+"\n"), 0o600)
 
 	ctx := context.Background()
-	c, err := trainer.NewCluster(ctx, trainer.ClusterOptions{Trainers: 1, Dir: filepath.Join(dir, "mesh"),
+	c, err := harness.NewCluster(ctx, harness.ClusterOptions{Trainers: 1, Dir: filepath.Join(dir, "mesh"),
 		Timing: trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond},
 		Group:  group.Config{Deadline: 4 * time.Second, LocalSteps: 1}})
 	if err != nil {
@@ -142,7 +143,7 @@ func TestBenchRollouts(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench rollouts: %s %s", out, errOut)
 	}
-	var rep trainer.RolloutBenchReport
+	var rep harness.RolloutBenchReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,20 @@
 package trainer
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/model/chat"
 	"github.com/clawmesh/clawmesh/model/engine"
 	"github.com/clawmesh/clawmesh/reward"
@@ -24,7 +28,7 @@ import (
 type rolloutItem struct {
 	id   core.BatchID
 	task *tasks.Task
-	rt   *taskRuntime
+	rt   *rolloutRuntime
 }
 
 // rolloutStats reports a share's rollouts.
@@ -63,7 +67,7 @@ func rolloutSeed(item core.BatchID, round uint64, g int) uint64 {
 // and sampled them; the verifier scores the last turn (its context holds
 // the whole transcript), and every turn of the episode carries that score
 // as its reward. Temperature 0 is greedy.
-func (w *worker) episode(ctx context.Context, rt *taskRuntime, task *tasks.Task, version uint64, temp float64, seed uint64, id string) ([]*core.Step, core.Score, int, error) {
+func (w *worker) episode(ctx context.Context, rt *rolloutRuntime, task *tasks.Task, version uint64, temp float64, seed uint64, id string) ([]*core.Step, core.Score, int, error) {
 	set := task.Settings(rt.ts.MaxTokens)
 	tools := rt.ts.Tools != "" && len(task.Tools) > 0
 	if !tools {
@@ -166,7 +170,7 @@ func splitToolCalls(text string, turn int) (string, []core.ToolCall) {
 // its input's action is the assistant message with that one call, and its
 // result's hint is the tool's output (a label "error" flags it an error);
 // a simulator that gives no hint yields an error result saying why.
-func (w *worker) callTool(ctx context.Context, rt *taskRuntime, task *tasks.Task, msgs []core.Message, call core.ToolCall) core.Message {
+func (w *worker) callTool(ctx context.Context, rt *rolloutRuntime, task *tasks.Task, msgs []core.Message, call core.ToolCall) core.Message {
 	act := core.Message{Role: core.RoleAssistant, ToolCalls: []core.ToolCall{call}}
 	st := &core.Step{ID: core.StepID("tool-" + call.ID), Turn: core.TurnMain,
 		Request:  core.Request{Messages: msgs[:len(msgs)-1], Tools: task.Tools},
@@ -247,7 +251,7 @@ func (w *worker) rollouts(ctx context.Context, items []rolloutItem, version, rou
 
 // evaluate scores the version in dir on rt's held-out split: one greedy
 // reply per prompt; a prompt passes when the verifier's score is positive.
-func (w *worker) evaluate(ctx context.Context, cfg group.Config, dir string, rt *taskRuntime) (group.Eval, error) {
+func (w *worker) evaluate(ctx context.Context, cfg group.Config, dir string, rt *rolloutRuntime) (group.Eval, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.ready(ctx, cfg); err != nil {
@@ -279,4 +283,187 @@ func (w *worker) evaluate(ctx context.Context, cfg group.Config, dir string, rt 
 		ev.MeanReward = sum / float64(ev.Prompts)
 	}
 	return ev, nil
+}
+
+// rolloutRuntime is what a trainer needs to run a task set's rollouts:
+// its tasks by id and a reward runner holding its verifier (and tool
+// simulator).
+type rolloutRuntime struct {
+	ts     group.TaskSet
+	set    *tasks.Set
+	byID   map[string]*tasks.Task
+	runner *reward.Runner
+}
+
+// rolloutRuntimes caches the runtimes by set hash.
+type rolloutRuntimes struct {
+	mu sync.Mutex
+	m  map[string]*rolloutRuntime
+}
+
+func (t *Trainer) rolloutRuntime(ctx context.Context, ts *group.TaskSet) (*rolloutRuntime, error) {
+	return t.rolloutRuntimeFrom(ctx, ts, "")
+}
+
+func (t *Trainer) rolloutRuntimeFrom(ctx context.Context, ts *group.TaskSet, hint mesh.PeerID) (*rolloutRuntime, error) {
+	c := &t.runtimes
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rt := c.m[ts.Hash]; rt != nil && rt.ts.Reward == ts.Reward && rt.ts.Tools == ts.Tools {
+		return rt, nil
+	}
+	raw, err := t.taskFile(ctx, ts.Hash, hint)
+	if err != nil {
+		return nil, err
+	}
+	set, err := tasks.Parse(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	if set.Hash != ts.Hash {
+		return nil, fmt.Errorf("%w: the file of %s is not canonical", ErrTasks, short(ts.Hash))
+	}
+	plugins := []reward.PluginConfig{{Name: verifierName, Path: t.taskPath(ts.Reward), Enabled: true}}
+	if _, err := t.taskFile(ctx, ts.Reward, hint); err != nil {
+		return nil, err
+	}
+	if ts.Tools != "" {
+		if _, err := t.taskFile(ctx, ts.Tools, hint); err != nil {
+			return nil, err
+		}
+		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: t.taskPath(ts.Tools), Enabled: true})
+	}
+	runner, err := reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1, Logger: t.log})
+	if err != nil {
+		return nil, err
+	}
+	rt := &rolloutRuntime{ts: ts.WithDefaults(), set: set, byID: set.ByID(), runner: runner}
+	if c.m == nil {
+		c.m = map[string]*rolloutRuntime{}
+	}
+	if old := c.m[ts.Hash]; old != nil {
+		old.runner.Close(context.Background())
+	}
+	c.m[ts.Hash] = rt
+	return rt, nil
+}
+
+func (c *rolloutRuntimes) close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, rt := range c.m {
+		errs = append(errs, rt.runner.Close(context.Background()))
+	}
+	c.m = nil
+	return errors.Join(errs...)
+}
+
+// evaluate scores version, its bundle in dir, on ts's held-out split, as
+// this trainer's evaluation.
+func (t *Trainer) evaluate(ctx context.Context, cfg group.Config, dir string, version uint64, ts *group.TaskSet) (group.Eval, error) {
+	rt, err := t.rolloutRuntime(ctx, ts)
+	if err != nil {
+		return group.Eval{}, err
+	}
+	ev, err := t.work.w.evaluate(ctx, cfg, dir, rt)
+	if err != nil {
+		return group.Eval{}, err
+	}
+	ev.Version, ev.Task, ev.By = version, ts.Hash, string(t.self)
+	t.log.Info("version evaluated", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
+	return ev, nil
+}
+
+func evalKey(v uint64, set string) string { return fmt.Sprintf("%d/%s", v, set) }
+
+// evaluateCurrent scores the current version on the held-out split of
+// every task set it has no evaluation on yet, and records the results in
+// the lineage (the leader's loop, between rounds). A set it cannot score
+// now is tried again after Timing.VerifyRetry; the rounds go on.
+func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
+	var (
+		todo []*group.TaskSet
+		cur  group.Version
+	)
+	t.group.view(func(s *group.State) {
+		cur, _ = s.Current()
+		for _, h := range s.Unevaluated() {
+			if next, ok := t.evalLater[evalKey(cur.Version, h)]; ok && time.Now().Before(next) {
+				continue
+			}
+			ts := *s.TaskSets[h]
+			todo = append(todo, &ts)
+		}
+	})
+	if len(todo) == 0 {
+		return nil
+	}
+	dir, err := t.ensureVersion(ctx, cur)
+	if err != nil {
+		return err
+	}
+	for _, ts := range todo {
+		ev, err := t.evaluate(ctx, cfg, dir, cur.Version, ts)
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			// A set that cannot be scored now (its plugin not fetched, say)
+			// must not hold the rounds up: try again later.
+			t.evalLater[evalKey(cur.Version, ts.Hash)] = time.Now().Add(t.timing.VerifyRetry)
+			t.log.Warn("version not evaluated yet: trying again later", "version", cur.Name(), "set", short(ts.Hash), "err", err)
+			continue
+		}
+		if err := t.group.propose(ctx, &group.Entry{Eval: &ev}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// evaluateChild scores the version about to be published (its bundle in
+// dir) on the held-out split of every task set, so that the version is
+// committed with its evaluations and its manifest carries them to the
+// devices. A set it cannot score now is left to evaluateCurrent, after the
+// version is committed.
+func (t *Trainer) evaluateChild(ctx context.Context, cfg group.Config, dir string, version uint64) []group.Eval {
+	var todo []*group.TaskSet
+	t.group.view(func(s *group.State) {
+		for _, ts := range s.SortedTaskSets() {
+			if len(ts.HeldOut) > 0 {
+				c := *ts
+				todo = append(todo, &c)
+			}
+		}
+	})
+	var out []group.Eval
+	for _, ts := range todo {
+		ev, err := t.evaluate(ctx, cfg, dir, version, ts)
+		if err != nil {
+			if ctx.Err() == nil {
+				t.log.Warn("new version not evaluated before publishing: it will be after", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "err", err)
+			}
+			continue
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// newLocalRuntime makes a task runtime from a parsed set, a verifier file
+// and a tool simulator file ("" for none), without a trainer.
+func newLocalRuntime(ctx context.Context, set *tasks.Set, ts group.TaskSet, plugin, tools string) (*rolloutRuntime, error) {
+	if set == nil {
+		return nil, errors.New("trainer: no task set")
+	}
+	plugins := []reward.PluginConfig{{Name: verifierName, Path: plugin, Enabled: true}}
+	if tools != "" {
+		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: tools, Enabled: true})
+	}
+	r, err := reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1})
+	if err != nil {
+		return nil, err
+	}
+	return &rolloutRuntime{ts: ts.WithDefaults(), set: set, byID: set.ByID(), runner: r}, nil
 }

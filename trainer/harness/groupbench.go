@@ -1,4 +1,4 @@
-package trainer
+package harness
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
@@ -20,7 +21,7 @@ type GroupBenchOptions struct {
 	Trainers int
 	// Timing is the group's raft timing (default: the trainer's, tuned for
 	// a WAN-ish mesh).
-	Timing Timing
+	Timing trainer.Timing
 	// Rounds measured for the overhead, each of RoundBatches batches of
 	// BatchSteps steps, trained by a lone trainer (defaults 5, 8, 16).
 	Rounds, RoundBatches, BatchSteps int
@@ -57,13 +58,13 @@ const (
 
 // GroupBenchResult is what BenchGroup measured.
 type GroupBenchResult struct {
-	Trainers int           `json:"trainers"`
-	Timing   Timing        `json:"timing"`
-	Kills    int           `json:"kills"`
-	Failover []float64     `json:"failover_seconds"`
-	P50, P99 time.Duration `json:"-"`
-	P50s     float64       `json:"failover_p50_seconds"`
-	P99s     float64       `json:"failover_p99_seconds"`
+	Trainers int            `json:"trainers"`
+	Timing   trainer.Timing `json:"timing"`
+	Kills    int            `json:"kills"`
+	Failover []float64      `json:"failover_seconds"`
+	P50, P99 time.Duration  `json:"-"`
+	P50s     float64        `json:"failover_p50_seconds"`
+	P99s     float64        `json:"failover_p99_seconds"`
 	// Rounds: each round's wall time (start to commit) and its training
 	// time (the trainer's), in seconds, and the overhead
 	// (wall − training) / training over them all.
@@ -88,7 +89,7 @@ func BenchGroup(ctx context.Context, o GroupBenchOptions) (*GroupBenchResult, er
 	if o.Kills < 1 || o.Trainers < 2 || o.Rounds < 1 || o.RoundBatches < 1 || o.BatchSteps < 1 {
 		return nil, errors.New("trainer: bench: kills, rounds, batches and steps must be positive, trainers at least 2")
 	}
-	res := &GroupBenchResult{Trainers: o.Trainers, Timing: o.Timing.withDefaults(), Kills: o.Kills}
+	res := &GroupBenchResult{Trainers: o.Trainers, Timing: o.Timing.WithDefaults(), Kills: o.Kills}
 	if err := benchFailover(ctx, o, res); err != nil {
 		return nil, err
 	}
@@ -115,7 +116,7 @@ func benchFailover(ctx context.Context, o GroupBenchOptions, res *GroupBenchResu
 		}
 		for k := range c.Len() {
 			t := c.Trainer(k)
-			if t == nil || t.group.leader() != st.Leader {
+			if t == nil || t.Status().Leader != st.Leader {
 				return false
 			}
 		}

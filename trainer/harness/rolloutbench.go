@@ -1,17 +1,13 @@
-package trainer
+package harness
 
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
-	"github.com/clawmesh/clawmesh/model/engine"
-	"github.com/clawmesh/clawmesh/reward"
-	"github.com/clawmesh/clawmesh/trainer/adapter"
+	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/tasks"
 )
@@ -86,66 +82,50 @@ func BenchRollouts(ctx context.Context, o RolloutBenchOptions) (*RolloutBenchRep
 	for _, x := range held {
 		ts.HeldOut = append(ts.HeldOut, x.ID)
 	}
-	rt, err := newLocalRuntime(ctx, set, ts, plugin, "")
+	cfg := group.Config{LocalSteps: o.LocalSteps}.WithDefaults()
+	lr, err := trainer.NewLocalRollouts(ctx, set, ts, plugin, cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer rt.runner.Close(context.Background())
-	w := &worker{}
-	defer w.close()
-	cfg := group.Config{LocalSteps: o.LocalSteps}.WithDefaults()
+	defer lr.Close()
 	vdir := filepath.Join(dir, "v0")
-	if _, err := w.genesis(ctx, cfg, vdir); err != nil {
+	if err := lr.Genesis(ctx, vdir); err != nil {
 		return nil, err
 	}
 	rep := &RolloutBenchReport{}
 	var rawTokens int
 	var rawSecs float64
 	for v := 1; v <= o.Rounds; v++ {
-		var items []rolloutItem
+		var prompts []*tasks.Task
 		for i := range o.Prompts {
-			x := train[((v-1)*o.Prompts+i)%len(train)]
-			items = append(items, rolloutItem{id: group.TaskItemID(set.Hash, x.ID, 0), task: x, rt: rt})
+			prompts = append(prompts, train[((v-1)*o.Prompts+i)%len(train)])
 		}
 		// The baseline: the same prompts, G samples each, from the same
 		// version, sampled by the engine alone, once before the round's
 		// rollouts and once after them (a noisy machine favours neither).
-		n, secs, err := w.rawSample(ctx, cfg, vdir, items, uint64(v))
+		n, secs, err := lr.RawSample(ctx, vdir, prompts, uint64(v))
 		if err != nil {
 			return nil, err
 		}
 		rawTokens += n
 		rawSecs += secs
-		res, err := w.train(ctx, cfg, vdir, uint64(v-1), uint64(v), nil, items)
+		next := filepath.Join(dir, fmt.Sprintf("v%d", v))
+		res, err := lr.Train(ctx, vdir, next, uint64(v-1), uint64(v), prompts)
 		if err != nil {
 			return nil, err
 		}
-		if n, secs, err = w.rawSample(ctx, cfg, vdir, items, uint64(v)); err != nil {
+		if n, secs, err = lr.RawSample(ctx, vdir, prompts, uint64(v)); err != nil {
 			return nil, err
 		}
 		rawTokens += n
 		rawSecs += secs
-		parent, err := adapter.Read(vdir)
+		vdir = next
+		ev, err := lr.Evaluate(ctx, vdir)
 		if err != nil {
 			return nil, err
 		}
-		next := parent
-		if res.samples > 0 {
-			if next, err = adapter.Apply(parent, res.delta); err != nil {
-				return nil, err
-			}
-		}
-		vdir = filepath.Join(dir, fmt.Sprintf("v%d", v))
-		if err := next.Write(vdir); err != nil {
-			return nil, err
-		}
-		ev, err := w.evaluate(ctx, cfg, vdir, rt)
-		if err != nil {
-			return nil, err
-		}
-		ro := res.rollouts
-		r := RolloutBenchRound{Version: uint64(v), Samples: ro.Samples, Tokens: ro.Tokens, RolloutSeconds: ro.Seconds,
-			TrainSeconds: res.trainSeconds, MeanReward: ro.MeanReward, FlatGroups: ro.Flat, TrainedSamples: res.samples,
+		r := RolloutBenchRound{Version: uint64(v), Samples: res.Samples, Tokens: res.Tokens, RolloutSeconds: res.RolloutSeconds,
+			TrainSeconds: res.TrainSeconds, MeanReward: res.MeanReward, FlatGroups: res.FlatGroups, TrainedSamples: res.TrainedSamples,
 			HeldOutPassAt1: ev.PassAt1, HeldOutMeanRwd: ev.MeanReward}
 		if t := r.RolloutSeconds + r.TrainSeconds; t > 0 {
 			r.RolloutShare = r.RolloutSeconds / t
@@ -168,55 +148,6 @@ func BenchRollouts(ctx context.Context, o RolloutBenchOptions) (*RolloutBenchRep
 		rep.RolloutShare = rep.RolloutSeconds / t
 	}
 	return rep, nil
-}
-
-// rawSample samples G replies to each item from the version in dir with
-// the engine alone (the seeds the rollouts used), returning the tokens and
-// the seconds.
-func (w *worker) rawSample(ctx context.Context, cfg group.Config, dir string, items []rolloutItem, round uint64) (int, float64, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if err := w.ready(ctx, cfg); err != nil {
-		return 0, 0, err
-	}
-	if err := w.eng.LoadAdapter(ctx, dir); err != nil {
-		return 0, 0, err
-	}
-	start := time.Now()
-	n := 0
-	for _, it := range items {
-		text, err := w.render.Render(it.task.Messages, it.task.Tools, true)
-		if err != nil {
-			return 0, 0, err
-		}
-		prompt := w.tok.Encode(text)
-		max := it.task.Settings(it.rt.ts.MaxTokens).MaxTokens
-		for k := range it.rt.ts.Group {
-			ids, _, err := w.eng.Generate(ctx, prompt, engine.GenOptions{MaxTokens: max, Temperature: 1, Seed: rolloutSeed(it.id, round, k)})
-			if err != nil {
-				return 0, 0, err
-			}
-			n += len(ids)
-		}
-	}
-	return n, time.Since(start).Seconds(), nil
-}
-
-// newLocalRuntime makes a task runtime from a parsed set, a verifier file
-// and a tool simulator file ("" for none), without a trainer.
-func newLocalRuntime(ctx context.Context, set *tasks.Set, ts group.TaskSet, plugin, tools string) (*taskRuntime, error) {
-	if set == nil {
-		return nil, errors.New("trainer: no task set")
-	}
-	plugins := []reward.PluginConfig{{Name: verifierName, Path: plugin, Enabled: true}}
-	if tools != "" {
-		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: tools, Enabled: true})
-	}
-	r, err := reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1})
-	if err != nil {
-		return nil, err
-	}
-	return &taskRuntime{ts: ts.WithDefaults(), set: set, byID: set.ByID(), runner: r}, nil
 }
 
 func cmpOr(v, d int) int {

@@ -11,14 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/mesh"
-	"github.com/clawmesh/clawmesh/reward"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/tasks"
 )
@@ -98,7 +95,7 @@ func (t *Trainer) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, err
 		}
 	}
 	// The plugins must load here before the group learns of them.
-	if _, err := t.taskRuntime(ctx, &ts); err != nil {
+	if _, err := t.rolloutRuntime(ctx, &ts); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTasks, err)
 	}
 	// The set's ids may not fit a request line: they go as its payload.
@@ -126,7 +123,7 @@ func (t *Trainer) addTasks(ctx context.Context, from mesh.PeerID, payload []byte
 	if err := ts.Validate(); err != nil {
 		return err
 	}
-	rt, err := t.taskRuntimeFrom(ctx, ts, from)
+	rt, err := t.rolloutRuntimeFrom(ctx, ts, from)
 	if err != nil {
 		return err
 	}
@@ -206,171 +203,6 @@ func (t *Trainer) serveTaskFile(hash string) ([]byte, error) {
 		return nil, &rpcError{Code: codeNotFound, Msg: fmt.Sprintf("no task file %s here", short(hash))}
 	}
 	return b, nil
-}
-
-// taskRuntime is what a trainer needs to run a task set: its tasks by id
-// and a reward runner holding its verifier (and tool simulator).
-type taskRuntime struct {
-	ts     group.TaskSet
-	set    *tasks.Set
-	byID   map[string]*tasks.Task
-	runner *reward.Runner
-}
-
-// taskRuntimes caches the runtimes by set hash.
-type taskRuntimes struct {
-	mu sync.Mutex
-	m  map[string]*taskRuntime
-}
-
-func (t *Trainer) taskRuntime(ctx context.Context, ts *group.TaskSet) (*taskRuntime, error) {
-	return t.taskRuntimeFrom(ctx, ts, "")
-}
-
-func (t *Trainer) taskRuntimeFrom(ctx context.Context, ts *group.TaskSet, hint mesh.PeerID) (*taskRuntime, error) {
-	c := &t.runtimes
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if rt := c.m[ts.Hash]; rt != nil && rt.ts.Reward == ts.Reward && rt.ts.Tools == ts.Tools {
-		return rt, nil
-	}
-	raw, err := t.taskFile(ctx, ts.Hash, hint)
-	if err != nil {
-		return nil, err
-	}
-	set, err := tasks.Parse(bytes.NewReader(raw))
-	if err != nil {
-		return nil, err
-	}
-	if set.Hash != ts.Hash {
-		return nil, fmt.Errorf("%w: the file of %s is not canonical", ErrTasks, short(ts.Hash))
-	}
-	plugins := []reward.PluginConfig{{Name: verifierName, Path: t.taskPath(ts.Reward), Enabled: true}}
-	if _, err := t.taskFile(ctx, ts.Reward, hint); err != nil {
-		return nil, err
-	}
-	if ts.Tools != "" {
-		if _, err := t.taskFile(ctx, ts.Tools, hint); err != nil {
-			return nil, err
-		}
-		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: t.taskPath(ts.Tools), Enabled: true})
-	}
-	runner, err := reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1, Logger: t.log})
-	if err != nil {
-		return nil, err
-	}
-	rt := &taskRuntime{ts: ts.WithDefaults(), set: set, byID: set.ByID(), runner: runner}
-	if c.m == nil {
-		c.m = map[string]*taskRuntime{}
-	}
-	if old := c.m[ts.Hash]; old != nil {
-		old.runner.Close(context.Background())
-	}
-	c.m[ts.Hash] = rt
-	return rt, nil
-}
-
-func (c *taskRuntimes) close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var errs []error
-	for _, rt := range c.m {
-		errs = append(errs, rt.runner.Close(context.Background()))
-	}
-	c.m = nil
-	return errors.Join(errs...)
-}
-
-// evaluate scores version, its bundle in dir, on ts's held-out split, as
-// this trainer's evaluation.
-func (t *Trainer) evaluate(ctx context.Context, cfg group.Config, dir string, version uint64, ts *group.TaskSet) (group.Eval, error) {
-	rt, err := t.taskRuntime(ctx, ts)
-	if err != nil {
-		return group.Eval{}, err
-	}
-	ev, err := t.work.w.evaluate(ctx, cfg, dir, rt)
-	if err != nil {
-		return group.Eval{}, err
-	}
-	ev.Version, ev.Task, ev.By = version, ts.Hash, string(t.self)
-	t.log.Info("version evaluated", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
-	return ev, nil
-}
-
-func evalKey(v uint64, set string) string { return fmt.Sprintf("%d/%s", v, set) }
-
-// evaluateCurrent scores the current version on the held-out split of
-// every task set it has no evaluation on yet, and records the results in
-// the lineage (the leader's loop, between rounds). A set it cannot score
-// now is tried again after Timing.VerifyRetry; the rounds go on.
-func (t *Trainer) evaluateCurrent(ctx context.Context, cfg group.Config) error {
-	var (
-		todo []*group.TaskSet
-		cur  group.Version
-	)
-	t.group.view(func(s *group.State) {
-		cur, _ = s.Current()
-		for _, h := range s.Unevaluated() {
-			if next, ok := t.evalLater[evalKey(cur.Version, h)]; ok && time.Now().Before(next) {
-				continue
-			}
-			ts := *s.TaskSets[h]
-			todo = append(todo, &ts)
-		}
-	})
-	if len(todo) == 0 {
-		return nil
-	}
-	dir, err := t.ensureVersion(ctx, cur)
-	if err != nil {
-		return err
-	}
-	for _, ts := range todo {
-		ev, err := t.evaluate(ctx, cfg, dir, cur.Version, ts)
-		if err != nil {
-			if ctx.Err() != nil {
-				return err
-			}
-			// A set that cannot be scored now (its plugin not fetched, say)
-			// must not hold the rounds up: try again later.
-			t.evalLater[evalKey(cur.Version, ts.Hash)] = time.Now().Add(t.timing.VerifyRetry)
-			t.log.Warn("version not evaluated yet: trying again later", "version", cur.Name(), "set", short(ts.Hash), "err", err)
-			continue
-		}
-		if err := t.group.propose(ctx, &group.Entry{Eval: &ev}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// evaluateChild scores the version about to be published (its bundle in
-// dir) on the held-out split of every task set, so that the version is
-// committed with its evaluations and its manifest carries them to the
-// devices. A set it cannot score now is left to evaluateCurrent, after the
-// version is committed.
-func (t *Trainer) evaluateChild(ctx context.Context, cfg group.Config, dir string, version uint64) []group.Eval {
-	var todo []*group.TaskSet
-	t.group.view(func(s *group.State) {
-		for _, ts := range s.SortedTaskSets() {
-			if len(ts.HeldOut) > 0 {
-				c := *ts
-				todo = append(todo, &c)
-			}
-		}
-	})
-	var out []group.Eval
-	for _, ts := range todo {
-		ev, err := t.evaluate(ctx, cfg, dir, version, ts)
-		if err != nil {
-			if ctx.Err() == nil {
-				t.log.Warn("new version not evaluated before publishing: it will be after", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "err", err)
-			}
-			continue
-		}
-		out = append(out, ev)
-	}
-	return out
 }
 
 // TaskSetStatus is a task set as `clawmesh tasks ls|status --json` print

@@ -1,4 +1,4 @@
-package trainer
+package trainer_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
@@ -25,7 +26,7 @@ import (
 // version 0's.
 func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	ctx := context.Background()
-	plugin := charsetPlugin(t)
+	plugin := trainer.CharsetPlugin(t)
 	c := newTestCluster(t, 3)
 	if err := c.WaitUntil(ctx, clusterWait, "three registered trainers", func() bool {
 		i, ok := c.Leader()
@@ -43,16 +44,16 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	paused := make(chan pause, 1)
 	var once atomic.Bool
 	for i := range c.Len() {
-		c.Trainer(i).beforePublish = func(ctx context.Context, round uint64) {
+		c.Trainer(i).SetBeforePublish(func(ctx context.Context, round uint64) {
 			if round < 2 || !once.CompareAndSwap(false, true) {
 				return
 			}
 			paused <- pause{i, round}
 			<-ctx.Done()
-		}
+		})
 	}
 	adder := c.Trainer((li + 1) % 3)
-	ts, err := adder.AddTasks(ctx, AddTasks{Name: "letters.jsonl", Tasks: letterTasks(24), Reward: plugin,
+	ts, err := adder.AddTasks(ctx, trainer.AddTasks{Name: "letters.jsonl", Tasks: trainer.LetterTasks(24), Reward: plugin,
 		Group: 8, Holdout: 0.25, PerRound: 6, Epochs: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +74,7 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 		t.Logf("kill: %v", err)
 	}
 	total := len(ts.Train) * ts.Epochs
-	var tr *Trainer
+	var tr *trainer.Trainer
 	if err := c.WaitUntil(ctx, clusterWait, "every prompt trained and the last version evaluated", func() bool {
 		i, ok := c.Leader()
 		if !ok {
@@ -81,7 +82,7 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 		}
 		tr = c.Trainer(i)
 		var done bool
-		tr.group.view(func(s *group.State) {
+		tr.ViewGroup(func(s *group.State) {
 			p := s.Progress(ts.Hash)
 			cur, _ := s.Current()
 			done = p.Trained == total && s.Round == nil && len(cur.Evals) == 1 && s.Counts[group.Trained] == total+len(batches)
@@ -105,7 +106,7 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	mixed := false
 	lin := tr.Lineage()
 	for _, v := range lin {
-		if v.Publisher == leader.self && v.Round >= round && v.Version > 0 {
+		if v.Publisher == leader.ID() && v.Round >= round && v.Version > 0 {
 			t.Fatalf("v%d was published by the killed leader", v.Version)
 		}
 		live, prompts := 0, 0
@@ -153,12 +154,12 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 	// The manifest the devices get carries the version's evaluation.
 	cur := lin[len(lin)-1]
 	if err := c.WaitUntil(ctx, clusterWait, "the newest version's manifest", func() bool {
-		m := tr.weights.Latest()
+		m := tr.LatestShared()
 		return m != nil && m.Version == cur.Version
 	}); err != nil {
 		t.Fatal(err)
 	}
-	m := tr.weights.Latest()
+	m := tr.LatestShared()
 	if ev := cur.Evals[0]; len(m.Evals) != 1 || m.Evals[0].Task != ev.Task || m.Evals[0].Prompts != ev.Prompts || m.Evals[0].Passed != ev.Passed || m.Evals[0].MeanReward != ev.MeanReward {
 		t.Fatalf("v%d's manifest carries %+v, its lineage %+v", cur.Version, m.Evals, cur.Evals)
 	}
@@ -169,20 +170,20 @@ func TestTaskSetTrainsThroughFailover(t *testing.T) {
 // that does not load, a bad split) is refused before the group hears of it.
 func TestAddLargeTaskSet(t *testing.T) {
 	ctx := context.Background()
-	plugin := charsetPlugin(t)
+	plugin := trainer.CharsetPlugin(t)
 	c := newTestCluster(t, 1)
 	tr := c.Trainer(0)
 	var b strings.Builder
 	for i := range 4000 {
 		fmt.Fprintf(&b, `{"id":"a-rather-long-task-id-%05d","messages":[{"role":"user","content":"x"}],"answer":"x"}`+"\n", i)
 	}
-	if _, err := tr.AddTasks(ctx, AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: []byte("not wasm"), Group: 2, Holdout: 0.1}); !errors.Is(err, ErrTasks) {
+	if _, err := tr.AddTasks(ctx, trainer.AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: []byte("not wasm"), Group: 2, Holdout: 0.1}); !errors.Is(err, trainer.ErrTasks) {
 		t.Fatalf("a plugin that does not load: %v", err)
 	}
 	if len(tr.TaskSets()) != 0 {
 		t.Fatal("a refused set reached the group")
 	}
-	ts, err := tr.AddTasks(ctx, AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: plugin, Group: 2, Holdout: 0.01, Epochs: 1})
+	ts, err := tr.AddTasks(ctx, trainer.AddTasks{Name: "big.jsonl", Tasks: []byte(b.String()), Reward: plugin, Group: 2, Holdout: 0.01, Epochs: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestAddLargeTaskSet(t *testing.T) {
 	bad := *ts
 	bad.Train = bad.Train[1:]
 	payload, _ := json.Marshal(&bad)
-	if err := tr.addTasks(ctx, tr.self, payload); !errors.Is(err, ErrTasks) {
+	if err := tr.AddTasksFrom(ctx, payload); !errors.Is(err, trainer.ErrTasks) {
 		t.Fatalf("a split that does not match: %v", err)
 	}
 }
