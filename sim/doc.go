@@ -23,7 +23,7 @@
 // # What is the real code
 //
 // All of it is pure: the simulator links no transport (no go-libp2p,
-// quic-go or hashicorp/raft; TestNoTransportDeps checks).
+// quic-go or hashicorp/raft; internal/layout's test checks).
 //
 //   - Membership: every peer's key and certificate are made by
 //     mesh/member.IssueCertificate under one admin key; each connection
