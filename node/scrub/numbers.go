@@ -291,7 +291,7 @@ func (d *detector) ssn(g *groups) bool {
 	switch {
 	case g.shape(3, 2, 4) && g.sepsAll('-'):
 		digits = t[g.start:g.start+3] + t[g.start+4:g.start+6] + t[g.start+7:g.end]
-	case g.shape(3, 2, 4) && g.sepsAll(' ') && ssnContext(t, g.start):
+	case g.shape(3, 2, 4) && g.sepsAll(' ') && ssnJustBefore(t, g.start):
 		// "SSN 123 45 6789": spaced, as forms print it, only where a word
 		// says SSN (three numbers in a row are many things).
 		digits = t[g.start:g.start+3] + t[g.start+4:g.start+6] + t[g.start+7:g.end]
@@ -306,6 +306,15 @@ func (d *detector) ssn(g *groups) bool {
 	}
 	d.add(g.start, g.end, SSN, "")
 	return true
+}
+
+// ssnJustBefore: a word that says SSN before s, and no other number
+// between ("SSN 000 12 3456, matrix 512 16 2048" is one SSN-shaped number
+// after the word, and it is not the matrix).
+func ssnJustBefore(t string, s int) bool {
+	pre := strings.ToLower(before(t, s, 32))
+	k := max(strings.LastIndex(pre, "ssn"), strings.LastIndex(pre, "social security"))
+	return k >= 0 && !hasDigit(pre[k:])
 }
 
 func ssnContext(t string, s int) bool {
