@@ -164,6 +164,17 @@ func isLocal(c byte) bool {
 	return isAlnum(c) || c == '.' || c == '_' || c == '%' || c == '+' || c == '-' || c == '\''
 }
 
+// unhex is the value of a hex digit.
+func unhex(c byte) byte {
+	switch {
+	case c >= 'a':
+		return c - 'a' + 10
+	case c >= 'A':
+		return c - 'A' + 10
+	}
+	return c - '0'
+}
+
 func isDomainByte(c byte) bool { return isAlnum(c) || c == '.' || c == '-' }
 
 // email looks at an address around the '@' at at, written in n bytes: 1,
@@ -176,6 +187,16 @@ func (d *detector) email(at, n int) {
 	}
 	if at-s > 64 || s > 0 && t[s-1] == '@' {
 		return
+	}
+	if n > 1 {
+		// Percent-encoded: an encoded byte that no address holds ("%3D",
+		// '=') ends what came before it ("q%3Djane%40example.com").
+		for i := at - 3; i >= s; i-- {
+			if t[i] == '%' && isHex(t[i+1]) && isHex(t[i+2]) && !isLocal(unhex(t[i+1])<<4|unhex(t[i+2])) {
+				s = i + 3
+				break
+			}
+		}
 	}
 	for s < at && !isAlnum(t[s]) {
 		s++ // quotes and dots around the address

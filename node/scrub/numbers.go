@@ -313,8 +313,23 @@ func (d *detector) ssn(g *groups) bool {
 // after the word, and it is not the matrix).
 func ssnJustBefore(t string, s int) bool {
 	pre := strings.ToLower(before(t, s, 32))
-	k := max(strings.LastIndex(pre, "ssn"), strings.LastIndex(pre, "social security"))
+	k := max(lastWord(pre, "ssn"), lastWord(pre, "social security"))
 	return k >= 0 && !hasDigit(pre[k:])
+}
+
+// lastWord returns where w last stands in s as a whole word, or -1:
+// "ssn" in `"ssn": `, not in "classname".
+func lastWord(s, w string) int {
+	for e := len(s); ; {
+		i := strings.LastIndex(s[:e], w)
+		if i < 0 {
+			return -1
+		}
+		if (i == 0 || !isAlpha(s[i-1])) && (i+len(w) == len(s) || !isAlpha(s[i+len(w)])) {
+			return i
+		}
+		e = i + len(w) - 1
+	}
 }
 
 func ssnContext(t string, s int) bool {

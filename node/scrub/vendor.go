@@ -157,8 +157,8 @@ func (d *detector) vendor(s int) {
 
 // awsSecretAfter: the secret access key that follows an access key id
 // (within a few lines), unnamed, as in a list of both: 40 characters of
-// base64, mixed case with a digit. Alone, such a run is too like other
-// things to take.
+// base64, mixed case with a digit, random (a path of that length is less
+// so). Alone, such a run is too like other things to take.
 func (d *detector) awsSecretAfter(e int) {
 	t := d.text
 	end := min(len(t), e+256)
@@ -167,7 +167,7 @@ func (d *detector) awsSecretAfter(e int) {
 			continue
 		}
 		j := runOf(t, i, isB64Std)
-		if j-i == 40 && (j == len(t) || t[j] != '=') && hasDigit(t[i:j]) && hasUpperLower(t[i:j]) {
+		if j-i == 40 && (j == len(t) || t[j] != '=') && hasDigit(t[i:j]) && hasUpperLower(t[i:j]) && entropy(t[i:j]) >= 4.3 {
 			d.add(i, j, APIKey, "aws")
 			return
 		}
