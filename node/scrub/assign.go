@@ -1,6 +1,7 @@
 package scrub
 
 import (
+	"encoding/base64"
 	"math"
 	"strings"
 )
@@ -502,10 +503,16 @@ func secretValue(v string, cls nameClass, quoted bool) bool {
 	if placeholderWords[lv] || lv == "password" && cls != classPassword {
 		return false
 	}
-	for _, s := range []string{"${", "{{", "}}", "$(", "os.environ", "process.env", "getenv", "env(", "env.", "redacted", "placeholder", "your_", "your-", "yourpass", "your ", "<your", "xxxx", "****", "…", "...", "change_me_later", "example", "masked"} {
+	for _, s := range []string{"${", "{{", "}}", "$(", "os.environ", "process.env", "getenv", "env(", "env.", "redacted", "placeholder", "your_", "your-", "yourpass", "your ", "<your", "xxxx", "****", "…", "...", "change_me_later", "masked"} {
 		if strings.Contains(lv, s) {
 			return false
 		}
+	}
+	if strings.Contains(lv, "example") && !randomLooking(v) {
+		// "example-password" stands for one; the docs' example keys
+		// (wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY) are shaped like one
+		// and go as one.
+		return false
 	}
 	if allSame(v) {
 		return false
@@ -525,6 +532,9 @@ func secretValue(v string, cls nameClass, quoted bool) bool {
 	case classStrict:
 		return len(v) >= 16 && !strings.ContainsAny(v, " ") && hasDigit(v) && (hasUpperLower(v) || isHexString(v)) && entropy(v) >= 3.3
 	default:
+		if base64Text(v) {
+			return true // "dGVzdA==": a short secret, encoded
+		}
 		if len(v) < 8 {
 			return false
 		}
@@ -539,6 +549,34 @@ func secretValue(v string, cls nameClass, quoted bool) bool {
 		}
 		return entropy(v) >= 2.8
 	}
+}
+
+// randomLooking reports a value long and mixed enough to be a generated
+// key, whatever words it holds.
+func randomLooking(v string) bool {
+	return len(v) >= 16 && hasDigit(v) && hasUpperLower(v) && entropy(v) >= 3.5
+}
+
+// base64Text reports a value of 8 to 44 characters that is standard base64
+// of printable text: how a short password or token is written in a
+// Kubernetes secret or a config file ("c2VjcmV0MTIz", "dGVzdA=="). Too
+// short to be random enough for the entropy test, it is recognised by
+// decoding: a word ("Password") does not decode to text.
+func base64Text(v string) bool {
+	if len(v) < 8 || len(v) > 44 || len(v)%4 != 0 {
+		return false
+	}
+	var buf [33]byte
+	n, err := base64.StdEncoding.Decode(buf[:], []byte(v))
+	if err != nil || n < 4 {
+		return false
+	}
+	for _, c := range buf[:n] {
+		if c <= ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
 }
 
 func isHexString(s string) bool {

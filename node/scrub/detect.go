@@ -76,7 +76,15 @@ func (d *detector) scan() {
 		c := t[i]
 		switch c {
 		case '@':
-			d.email(i)
+			d.email(i, 1)
+		case '%':
+			// Percent-encoded in a URL: "jane%40example.com",
+			// "phone=%2B4930123456".
+			if i+3 < n && t[i+1] == '4' && t[i+2] == '0' {
+				d.email(i, 3)
+			} else if i+3 < n && t[i+1] == '2' && (t[i+2] == 'B' || t[i+2] == 'b') && isDigit(t[i+3]) && (i == 0 || !isAlnum(t[i-1])) {
+				d.number(i)
+			}
 		case ':':
 			if i+2 < n && t[i+1] == '/' && t[i+2] == '/' {
 				d.url(i)
@@ -156,9 +164,22 @@ func isLocal(c byte) bool {
 	return isAlnum(c) || c == '.' || c == '_' || c == '%' || c == '+' || c == '-' || c == '\''
 }
 
+// unhex is the value of a hex digit.
+func unhex(c byte) byte {
+	switch {
+	case c >= 'a':
+		return c - 'a' + 10
+	case c >= 'A':
+		return c - 'A' + 10
+	}
+	return c - '0'
+}
+
 func isDomainByte(c byte) bool { return isAlnum(c) || c == '.' || c == '-' }
 
-func (d *detector) email(at int) {
+// email looks at an address around the '@' at at, written in n bytes: 1,
+// or 3 for "%40" in a URL.
+func (d *detector) email(at, n int) {
 	t := d.text
 	s := at
 	for s > 0 && at-s <= 64 && isLocal(t[s-1]) {
@@ -166,6 +187,16 @@ func (d *detector) email(at int) {
 	}
 	if at-s > 64 || s > 0 && t[s-1] == '@' {
 		return
+	}
+	if n > 1 {
+		// Percent-encoded: an encoded byte that no address holds ("%3D",
+		// '=') ends what came before it ("q%3Djane%40example.com").
+		for i := at - 3; i >= s; i-- {
+			if t[i] == '%' && isHex(t[i+1]) && isHex(t[i+2]) && !isLocal(unhex(t[i+1])<<4|unhex(t[i+2])) {
+				s = i + 3
+				break
+			}
+		}
 	}
 	for s < at && !isAlnum(t[s]) {
 		s++ // quotes and dots around the address
@@ -176,14 +207,15 @@ func (d *detector) email(at int) {
 	if s >= 3 && t[s-3:s] == "://" {
 		return // a URL's user without a password: not an address
 	}
-	e := at + 1
-	for e < len(t) && e-at < 256 && isDomainByte(t[e]) {
+	ds := at + n
+	e := ds
+	for e < len(t) && e-ds < 256 && isDomainByte(t[e]) {
 		e++
 	}
-	for e > at+1 && (t[e-1] == '.' || t[e-1] == '-') {
+	for e > ds && (t[e-1] == '.' || t[e-1] == '-') {
 		e--
 	}
-	if !validDomain(t[at+1 : e]) {
+	if !validDomain(t[ds:e]) {
 		return
 	}
 	if e < len(t) && (isWord(t[e]) || t[e] == '@') {

@@ -21,6 +21,9 @@ func FuzzScrub(f *testing.F) {
 		"Alice Zhou <EMAIL_1> <TOOL_RESULT_WITHHELD> token: <SECRET_2>",
 		"Authorization: Bearer abcdefghij1234567890",
 		"a@b.cd@e.fg +1 (415) 555-0132 (020) 7946 0958",
+		"030/12345678 089 / 123 456 (0)20 7946 0958 0 800 12 34 56 0049301234567 0044 20 7946 0958",
+		"mailto:jane%40example.com?x=1&phone=%2B4930123456789&e=a%40b%40c.de %2",
+		"SSN 123 45 6789 token=dGVzdA== AKIAIOSFODNN7EXAMPLE 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY'",
 	} {
 		f.Add(s)
 	}

@@ -29,6 +29,9 @@ func scanGroups(t string, s int) (g groups, ok bool) {
 	if t[i] == '+' {
 		g.plus = true
 		i++
+	} else if t[i] == '%' {
+		g.plus = true // "%2B", a '+' percent-encoded in a URL
+		i += 3
 	}
 	// groupEnd is where the groups read so far end: a group that turns
 	// out not to be one ("3ds", "(Tobias)") is dropped with the separator
@@ -68,6 +71,14 @@ func scanGroups(t string, s int) (g groups, ok bool) {
 			}
 		}
 		groupEnd = i
+		// An area code and a slash: "030/12345678", "089 / 123 456".
+		if len(g.lens) == 1 && !g.plus && g.paren < 0 && t[s] == '0' {
+			if n := slashSep(t, i); n > 0 {
+				g.seps = append(g.seps, '/')
+				i += n
+				continue
+			}
+		}
 		if i+1 < len(t) && (t[i] == ' ' || t[i] == '-' || t[i] == '.') && (isDigit(t[i+1]) || t[i+1] == '(' && g.paren < 0) {
 			if paren && t[i] == '.' {
 				break
@@ -84,10 +95,22 @@ func scanGroups(t string, s int) (g groups, ok bool) {
 	}
 	// A further '.', '-' or ':' then a digit continues the number in a way
 	// none of these are written (a longer version string, a date-time).
-	if i+1 < len(t) && (t[i] == '.' || t[i] == '-') && isDigit(t[i+1]) {
+	if i+1 < len(t) && (t[i] == '.' || t[i] == '-' || t[i] == '/') && isDigit(t[i+1]) {
 		return g, false
 	}
 	return g, true
+}
+
+// slashSep returns the length of a slash between digit groups at i ("/" or
+// " / "), or 0.
+func slashSep(t string, i int) int {
+	switch {
+	case i+1 < len(t) && t[i] == '/' && isDigit(t[i+1]):
+		return 1
+	case i+3 < len(t) && t[i] == ' ' && t[i+1] == '/' && t[i+2] == ' ' && isDigit(t[i+3]):
+		return 3
+	}
+	return 0
 }
 
 func (g *groups) sepsAll(c byte) bool {
@@ -268,6 +291,10 @@ func (d *detector) ssn(g *groups) bool {
 	switch {
 	case g.shape(3, 2, 4) && g.sepsAll('-'):
 		digits = t[g.start:g.start+3] + t[g.start+4:g.start+6] + t[g.start+7:g.end]
+	case g.shape(3, 2, 4) && g.sepsAll(' ') && ssnJustBefore(t, g.start):
+		// "SSN 123 45 6789": spaced, as forms print it, only where a word
+		// says SSN (three numbers in a row are many things).
+		digits = t[g.start:g.start+3] + t[g.start+4:g.start+6] + t[g.start+7:g.end]
 	case g.shape(9) && ssnContext(t, g.start):
 		digits = t[g.start:g.end]
 	default:
@@ -275,24 +302,53 @@ func (d *detector) ssn(g *groups) bool {
 	}
 	area, grp, serial := digits[:3], digits[3:5], digits[5:]
 	if area == "000" || area == "666" || area[0] == '9' || grp == "00" || serial == "0000" {
-		return g.shape(3, 2, 4) // shaped like one: no phone either
+		return g.shape(3, 2, 4) && g.sepsAll('-') // shaped like one: no phone either
 	}
 	d.add(g.start, g.end, SSN, "")
 	return true
 }
 
+// ssnJustBefore: a word that says SSN before s, and no other number
+// between ("SSN 000 12 3456, matrix 512 16 2048" is one SSN-shaped number
+// after the word, and it is not the matrix).
+func ssnJustBefore(t string, s int) bool {
+	pre := strings.ToLower(before(t, s, 32))
+	k := max(lastWord(pre, "ssn"), lastWord(pre, "social security"))
+	return k >= 0 && !hasDigit(pre[k:])
+}
+
+// lastWord returns where w last stands in s as a whole word, or -1:
+// "ssn" in `"ssn": `, not in "classname".
+func lastWord(s, w string) int {
+	for e := len(s); ; {
+		i := strings.LastIndex(s[:e], w)
+		if i < 0 {
+			return -1
+		}
+		if (i == 0 || !isAlpha(s[i-1])) && (i+len(w) == len(s) || !isAlpha(s[i+len(w)])) {
+			return i
+		}
+		e = i + len(w) - 1
+	}
+}
+
 func ssnContext(t string, s int) bool {
-	pre := strings.ToLower(before(t, s, 24))
+	pre := strings.ToLower(before(t, s, 32))
 	return strings.Contains(pre, "ssn") || strings.Contains(pre, "social security")
 }
 
-// phone: international numbers (+CC ...), numbers with a parenthesised area
-// code, and the common national shapes: North American 3-3-4, Chinese
-// mobiles 3-4-4, and numbers with a trunk 0 in two to five groups (UK,
-// Germany, France, Japan, ...). Bare digit runs count only after a word
-// that says phone.
+// phone: international numbers (+CC ..., %2BCC... in a URL, 00CC ...),
+// numbers with a parenthesised area code or trunk prefix ("(0)20 ..."), and
+// the common national shapes: North American 3-3-4, Chinese mobiles 3-4-4,
+// and numbers with a trunk 0 in two to five groups (UK, Germany, France,
+// Japan, ...), the area code perhaps set off by a slash (030/1234567).
+// Bare digit runs count only after a word that says phone.
 func (d *detector) phone(g *groups) {
 	t := d.text
+	slash := len(g.seps) > 0 && g.seps[0] == '/'
+	if slash && g.start > 0 && t[g.start-1] == '/' {
+		return // a path: /spool/0800/1234
+	}
 	switch {
 	case g.plus:
 		if g.total < 8 || g.total > 15 {
@@ -308,12 +364,28 @@ func (d *detector) phone(g *groups) {
 		if !g.sepsAll('.') && strings.IndexByte(string(g.seps), '.') >= 0 {
 			return
 		}
+	case g.paren == 0 && g.lens[0] == 1:
+		// "(0)20 7946 0958": the trunk prefix that callers from abroad
+		// leave out, then the national number.
+		if t[g.start+1] != '0' || g.total < 9 || g.total > 12 || len(g.lens) < 3 || !g.restGroups(2) {
+			return
+		}
 	case g.paren == 0:
 		if g.lens[0] < 2 || g.lens[0] > 5 || g.total < 10 || g.total > 12 || len(g.lens) < 2 {
 			return
 		}
 	case g.paren > 0:
 		return
+	case g.total >= 3 && t[g.start] == '0' && t[g.start+1] == '0' && t[g.start+2] != '0':
+		// The international prefix: "0049301234567", "0044 20 7946 0958".
+		switch {
+		case len(g.lens) == 1:
+			if g.total < 12 || g.total > 17 || idContext(t, g.start) {
+				return
+			}
+		case g.lens[0] < 3 || g.lens[0] > 5 || g.total < 11 || g.total > 17 || !g.sepsAll(' '):
+			return
+		}
 	case len(g.lens) < 2:
 		if g.total < 7 || g.total > 15 || !phoneContext(t, g.start) {
 			return
@@ -323,11 +395,20 @@ func (d *detector) phone(g *groups) {
 			return
 		}
 	case g.shape(3, 4, 4) && (g.sepsAll(' ') || g.sepsAll('-')) && t[g.start] == '1' && t[g.start+1] >= '3':
+	case len(g.lens) >= 3 && g.lens[0] == 1 && g.lens[1] == 3 && t[g.start] == '0':
+		// French service numbers: "0 800 12 34 56", "0 805 123 456".
+		if t[g.start+2] != '8' || g.total != 10 || !g.sepsAll(' ') || !g.restGroups(2) {
+			return
+		}
 	case t[g.start] == '0' && t[g.start+1] != '0':
 		if g.total < 9 || g.total > 12 || len(g.lens) > 5 || g.lens[0] > 5 || g.lens[0] < 2 {
 			return
 		}
-		if !(g.sepsAll(' ') || g.sepsAll('-') || g.sepsAll('.') && len(g.lens) == 5) {
+		seps := g.seps
+		if slash {
+			seps = seps[1:]
+		}
+		if !(allByte(seps, ' ') || allByte(seps, '-') || allByte(seps, '.') && len(g.lens) == 5) {
 			return
 		}
 		for _, l := range g.lens {
@@ -341,6 +422,26 @@ func (d *detector) phone(g *groups) {
 		}
 	}
 	d.add(g.start, g.end, Phone, "")
+}
+
+// restGroups reports whether every group after the first has at least n
+// digits.
+func (g *groups) restGroups(n int) bool {
+	for _, l := range g.lens[1:] {
+		if l < n {
+			return false
+		}
+	}
+	return true
+}
+
+func allByte(s []byte, c byte) bool {
+	for _, b := range s {
+		if b != c {
+			return false
+		}
+	}
+	return true
 }
 
 func phoneContext(t string, s int) bool {

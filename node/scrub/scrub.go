@@ -11,11 +11,12 @@
 // conversation resends at every call is scanned once per pass, not once per
 // step.
 //
-// What is detected (see Kind): e-mail addresses, phone numbers, IP
-// addresses, credentials in URLs, secrets in assignments and query strings,
-// vendor API keys and tokens, PEM private keys, card numbers (Luhn checked),
-// IBANs (mod-97 checked), US social security numbers, user names in
-// home-directory paths, and the user's listed names. Ordinary text, code,
+// What is detected (see Kind): e-mail addresses and phone numbers (also
+// percent-encoded in a URL), IP addresses, credentials in URLs, secrets in
+// assignments and query strings, vendor API keys and tokens, PEM private
+// keys, card numbers (Luhn checked), IBANs (mod-97 checked), US social
+// security numbers, user names in home-directory paths, and the user's
+// listed names. Ordinary text, code,
 // hashes, UUIDs, version numbers and dates are left as they are.
 //
 // What is not: free-form personal facts in prose ("my sister has cancer").

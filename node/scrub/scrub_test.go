@@ -172,3 +172,64 @@ func TestChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestFindWrittenOtherwise: personal data and secrets in the other ways
+// they are written (national phone formats, ids with spaces, encoded in a
+// URL, the docs' example keys, short secrets in base64), each beside a
+// look-alike that must stay.
+func TestFindWrittenOtherwise(t *testing.T) {
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, in, want string
+	}{
+		// national phone formats
+		{"area code slash", "ruf 030/12345678 an, Büro 089 / 123 456 oder 0172 / 987 65 43",
+			"ruf <PHONE_1> an, Büro <PHONE_2> oder <PHONE_3>"},
+		{"trunk prefix", "+44 (0)20 7946 0958, (0)20 7946 0958, +49 (0)89 123456-78, (0) 69 9876 5432",
+			"<PHONE_1>, <PHONE_2>, <PHONE_3>, <PHONE_4>"},
+		{"french", "01 23 45 67 89 or 0 800 12 34 56 or 0 805 123 456", "<PHONE_1> or <PHONE_2> or <PHONE_3>"},
+		{"country code run in", "+4930123456, 0049301234567, +33612345678, 0044 20 7946 0958",
+			"<PHONE_1>, <PHONE_2>, <PHONE_3>, <PHONE_4>"},
+		{"phone look-alikes", "pages 030/120, 03/11/2026, /spool/0800/1234, seq=000123456789, 0049-301-2345-67, 0/15, (0) 1 2 3, 0 800 1 2",
+			"pages 030/120, 03/11/2026, /spool/0800/1234, seq=000123456789, 0049-301-2345-67, 0/15, (0) 1 2 3, 0 800 1 2"},
+		// identity numbers with spaces
+		{"ssn spaced", "SSN 123 45 6789; social security number: 078 05 1120; {\"ssn\": \"536 22 1987\"}",
+			"SSN <SSN_1>; social security number: <SSN_2>; {\"ssn\": \"<SSN_3>\"}"},
+		{"ids grouped", "IBAN DE44 5001 0517 5407 3249 31, card 4539 8997 2074 3225, Amex 3714 825396 72858",
+			"IBAN <IBAN_1>, card <CARD_1>, Amex <CARD_2>"},
+		{"ssn look-alikes", "dims 123 45 6789, SSN 000 12 3456, matrix 512 16 2048, classname 123 45 6789",
+			"dims 123 45 6789, SSN 000 12 3456, matrix 512 16 2048, classname 123 45 6789"},
+		// percent-encoded in URLs
+		{"encoded address", "mailto:jane%40example.com?subject=Hi https://x.example/c?email=jane.doe%40corp.example&limit=20",
+			"mailto:<EMAIL_1>?subject=Hi https://x.example/c?email=<EMAIL_2>&limit=20"},
+		{"encoded phone", "https://x.example/lookup?phone=%2B4930123456789&country=DE tel=%2b447700900789",
+			"https://x.example/lookup?phone=<PHONE_1>&country=DE tel=<PHONE_2>"},
+		{"encoded in a query", "https://x.example/s?q=from%3Djane%40example.com&page=2",
+			"https://x.example/s?q=from%3D<EMAIL_1>&page=2"},
+		{"encoded look-alikes", "q=50%25%20off user%40 is empty, %2B alone, %2B12, next=%2Fdashboard%3Ftab%3D2",
+			"q=50%25%20off user%40 is empty, %2B alone, %2B12, next=%2Fdashboard%3Ftab%3D2"},
+		// the docs' example credentials
+		{"aws example", "aws_access_key_id = AKIAIOSFODNN7EXAMPLE\naws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+			"aws_access_key_id = <API_KEY_1>\naws_secret_access_key = <API_KEY_2>"},
+		{"aws example pair", "allow: ['AKIAIOSFODNN7EXAMPLE', 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY']",
+			"allow: ['<API_KEY_1>', '<API_KEY_2>']"},
+		{"aws key then a path", "AKIAI2V7ICB4WTCBE4ET in src/components/Header/Index2Test/fooBar1",
+			"<API_KEY_1> in src/components/Header/Index2Test/fooBar1"},
+		{"stripe and github examples", "sk_test_4eC39HqLyjWDarjtT1zdp7dc GH_TOKEN=ghp_ExampleToken1234567890abcdefghijklmn",
+			"<API_KEY_1> GH_TOKEN=<API_KEY_2>"},
+		{"example look-alikes", "AKIAXXXXXXXXXXXXXXXX sk_test_xxxxxxxxxxxxxxxxxxxxxxxx password: example\napi_key=example-key AKIA...EXAMPLE",
+			"AKIAXXXXXXXXXXXXXXXX sk_test_xxxxxxxxxxxxxxxxxxxxxxxx password: example\napi_key=example-key AKIA...EXAMPLE"},
+		// short base64 secrets after a keyword
+		{"base64 secrets", "password: c2VjcmV0MTIz\ntoken=dGVzdA==\n{\"secret\": \"Zm9vYmFy\"} api_key=ZGV2LXBhc3M= SESSION_SECRET=czNjcjN0cHc=",
+			"password: <SECRET_1>\ntoken=<SECRET_2>\n{\"secret\": \"<SECRET_3>\"} api_key=<SECRET_4> SESSION_SECRET=<SECRET_5>"},
+		{"base64 look-alikes", "token: Password\nLOG_LEVEL: aW5mbw==\nformat=dGV4dA icon=data:image/gif;base64,R0lGODlhAQABAAAAACw= checksum=Q2hlY2tzdW0h",
+			"token: Password\nLOG_LEVEL: aW5mbw==\nformat=dGV4dA icon=data:image/gif;base64,R0lGODlhAQABAAAAACw= checksum=Q2hlY2tzdW0h"},
+	} {
+		if got := s.Text(&Table{}, c.in); got != c.want {
+			t.Errorf("%s: Text(%q)\n got %q\nwant %q", c.name, c.in, got, c.want)
+		}
+	}
+}

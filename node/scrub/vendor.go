@@ -74,9 +74,12 @@ func (d *detector) vendor(s int) {
 		if e < 0 {
 			return false
 		}
+		// A placeholder is no key; the docs' example keys
+		// (AKIAIOSFODNN7EXAMPLE) are: the shape is all a scrubber can
+		// know, and a real key can end the same way.
 		tok := t[s:e]
-		if strings.Contains(tok, "xxxxxxxx") || strings.Contains(tok, "XXXXXXXX") || strings.HasSuffix(tok, "EXAMPLE") || strings.Contains(tok, "EXAMPLEKEY") {
-			return false // a placeholder, or the docs' example key
+		if strings.Contains(tok, "xxxxxxxx") || strings.Contains(tok, "XXXXXXXX") {
+			return false
 		}
 		d.add(s, e, APIKey, vendor)
 		return true
@@ -95,7 +98,8 @@ func (d *detector) vendor(s int) {
 	case matched:
 	case c == 'A':
 		if len(rest) >= 20 && awsPrefix(rest[:4]) {
-			if add(exact(4, 16, isUpperDigit), "aws") {
+			if e := exact(4, 16, isUpperDigit); add(e, "aws") {
+				d.awsSecretAfter(e)
 				return
 			}
 		}
@@ -149,6 +153,26 @@ func (d *detector) vendor(s int) {
 		d.discordBot(s)
 	}
 	d.azureSecret(s)
+}
+
+// awsSecretAfter: the secret access key that follows an access key id
+// (within a few lines), unnamed, as in a list of both: 40 characters of
+// base64, mixed case with a digit, random (a path of that length is less
+// so). Alone, such a run is too like other things to take.
+func (d *detector) awsSecretAfter(e int) {
+	t := d.text
+	end := min(len(t), e+256)
+	for i := e; i < end; i++ {
+		if !isB64Std(t[i]) || i > 0 && (isB64Std(t[i-1]) || t[i-1] == '=') {
+			continue
+		}
+		j := runOf(t, i, isB64Std)
+		if j-i == 40 && (j == len(t) || t[j] != '=') && hasDigit(t[i:j]) && hasUpperLower(t[i:j]) && entropy(t[i:j]) >= 4.3 {
+			d.add(i, j, APIKey, "aws")
+			return
+		}
+		i = j
+	}
 }
 
 func awsPrefix(p string) bool {

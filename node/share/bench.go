@@ -17,6 +17,9 @@ import (
 // BenchResult is what `clawmesh bench scrub` measures.
 type BenchResult struct {
 	Corpus *corpus.Result
+	// HeldOut is the measure on the held-out part of the corpus, which the
+	// detectors were not tuned on.
+	HeldOut *corpus.Result
 	// CorpusMBps is the scrubber's rate on the corpus text; CleanMBps on
 	// an agent's system prompt with nothing to find.
 	CorpusMBps, CleanMBps float64
@@ -46,6 +49,13 @@ func BenchScrub(ctx context.Context, minTime time.Duration) (*BenchResult, error
 		return nil, err
 	}
 	if r.Corpus, err = corpus.Evaluate(docs); err != nil {
+		return nil, err
+	}
+	held, err := corpus.LoadHeldOut()
+	if err != nil {
+		return nil, err
+	}
+	if r.HeldOut, err = corpus.Evaluate(held); err != nil {
 		return nil, err
 	}
 	plain, err := scrub.New(scrub.Options{})
@@ -170,14 +180,21 @@ func rate(minTime time.Duration, fn func() int) float64 {
 
 // Print writes r for people.
 func (r *BenchResult) Print(w io.Writer) {
-	fmt.Fprintln(w, "scrubber on the labelled corpus (node/scrub/corpus):")
-	r.Corpus.Print(w)
-	if bad := r.Corpus.Check(); len(bad) > 0 {
+	goals := func(bad []string) {
 		for _, b := range bad {
 			fmt.Fprintf(w, "  BELOW GOAL: %s\n", b)
 		}
-	} else {
-		fmt.Fprintln(w, "every goal met")
+		if len(bad) == 0 {
+			fmt.Fprintln(w, "every goal met")
+		}
+	}
+	fmt.Fprintln(w, "scrubber on the labelled corpus, tuned part (node/scrub/corpus/files):")
+	r.Corpus.Print(w)
+	goals(r.Corpus.Check())
+	if r.HeldOut != nil {
+		fmt.Fprintln(w, "\nscrubber on the labelled corpus, held-out part, not tuned on (node/scrub/corpus/heldout):")
+		r.HeldOut.PrintHeldOut(w)
+		goals(r.HeldOut.CheckHeldOut())
 	}
 	fmt.Fprintf(w, "\nrate: %.0f MB/s on the corpus text, %.0f MB/s on an agent's system prompt with nothing to find\n", r.CorpusMBps, r.CleanMBps)
 	fmt.Fprintf(w, "\nan agent-sized step (40,000-character system prompt, 12 tools, 16 messages and a tool result; %d KB of JSON):\n", r.StepBytes/1000)

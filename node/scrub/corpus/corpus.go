@@ -6,15 +6,24 @@
 // or secret labelled, and as many hard negatives (versions, hashes, UUIDs,
 // dates, ids, look-alikes) left unlabelled.
 //
-// A file (files/*.txt) is UTF-8 text in which a label is written inline as
-// ⟦KIND:value⟧ or ⟦API_KEY/vendor:value⟧; the text with the markup removed
-// is what the scrubber sees. An optional first line "#names: A, B" lists the
+// The corpus has two parts. The tuned part (files/*.txt) is what the
+// detectors were developed against; the held-out part (heldout/*.txt) was
+// written from public formats (numbering plans, national id and IBAN
+// formats, the vendors' documented key shapes) before the detectors were
+// last tuned, and is not tuned on: its figures say how the scrubber does on
+// text it was not fitted to. A held-out file is only ever corrected where a
+// label is wrong.
+//
+// A file (files/*.txt or heldout/*.txt) is UTF-8 text in which a label is
+// written inline as ⟦KIND:value⟧ or ⟦API_KEY/vendor:value⟧; the text with
+// the markup removed is what the scrubber sees. An optional first line "#names: A, B" lists the
 // names the user asked to hide for that file.
 package corpus
 
 import (
 	"embed"
 	"fmt"
+	"io"
 	"io/fs"
 	"slices"
 	"strings"
@@ -23,7 +32,7 @@ import (
 	"github.com/clawmesh/clawmesh/node/scrub"
 )
 
-//go:embed files/*.txt
+//go:embed files/*.txt heldout/*.txt
 var files embed.FS
 
 const (
@@ -46,9 +55,14 @@ type Doc struct {
 	Labels []Label
 }
 
-// Load parses every file of the corpus.
-func Load() ([]Doc, error) {
-	entries, err := fs.Glob(files, "files/*.txt")
+// Load parses every file of the tuned part of the corpus.
+func Load() ([]Doc, error) { return load("files") }
+
+// LoadHeldOut parses every file of the held-out part of the corpus.
+func LoadHeldOut() ([]Doc, error) { return load("heldout") }
+
+func load(dir string) ([]Doc, error) {
+	entries, err := fs.Glob(files, dir+"/*.txt")
 	if err != nil {
 		return nil, err
 	}
@@ -58,7 +72,7 @@ func Load() ([]Doc, error) {
 		if err != nil {
 			return nil, err
 		}
-		d, err := Parse(strings.TrimPrefix(e, "files/"), string(b))
+		d, err := Parse(strings.TrimPrefix(e, dir+"/"), string(b))
 		if err != nil {
 			return nil, err
 		}
@@ -297,16 +311,22 @@ func mapKeys[V any](m map[string]V) func(func(string) bool) {
 	}
 }
 
-// Goals are the figures the scrubber must reach on the corpus.
+// Goals are the figures the scrubber must reach on the tuned corpus.
 const (
-	GoalRecall    = 0.98 // every kind, every vendor
-	GoalPrecision = 0.95 // every kind
+	GoalRecall    = 0.98 // every kind, every vendor, and all together
+	GoalPrecision = 0.95 // every kind, and all together
 )
 
-// Check reports every figure of r below its goal.
+// Goals on the held-out part, which is small and not tuned on: recall
+// GoalRecall all together and GoalHeldOutKindRecall for every kind,
+// precision GoalPrecision all together.
+const GoalHeldOutKindRecall = 0.90
+
+// Check reports every figure of r, measured on the tuned corpus, below its
+// goal.
 func (r *Result) Check() []string {
 	var bad []string
-	for _, s := range append(slices.Clone(r.Kinds), r.Vendors...) {
+	for _, s := range append(append(slices.Clone(r.Kinds), r.Vendors...), r.Total) {
 		if s.Labels > 0 && s.Recall() < GoalRecall {
 			bad = append(bad, fmt.Sprintf("%s: recall %.3f (%d of %d) below %.2f", s.Name, s.Recall(), s.Recalled, s.Labels, GoalRecall))
 		}
@@ -319,8 +339,35 @@ func (r *Result) Check() []string {
 	return bad
 }
 
-// Print writes r as a table.
-func (r *Result) Print(w interface{ Write([]byte) (int, error) }) {
+// CheckHeldOut reports every figure of r, measured on the held-out part,
+// below its goal.
+func (r *Result) CheckHeldOut() []string {
+	var bad []string
+	for _, s := range r.Kinds {
+		if s.Labels > 0 && s.Recall() < GoalHeldOutKindRecall {
+			bad = append(bad, fmt.Sprintf("%s: recall %.3f (%d of %d) below %.2f", s.Name, s.Recall(), s.Recalled, s.Labels, GoalHeldOutKindRecall))
+		}
+	}
+	if s := r.Total; s.Recall() < GoalRecall {
+		bad = append(bad, fmt.Sprintf("%s: recall %.3f (%d of %d) below %.2f", s.Name, s.Recall(), s.Recalled, s.Labels, GoalRecall))
+	}
+	if s := r.Total; s.Found > 0 && s.Precision() < GoalPrecision {
+		bad = append(bad, fmt.Sprintf("%s: precision %.3f (%d of %d) below %.2f", s.Name, s.Precision(), s.Right, s.Found, GoalPrecision))
+	}
+	return bad
+}
+
+// Print writes r, measured on the tuned corpus, as a table.
+func (r *Result) Print(w io.Writer) {
+	r.print(w, fmt.Sprintf("goals: recall >= %.2f for every kind and vendor, precision >= %.2f", GoalRecall, GoalPrecision))
+}
+
+// PrintHeldOut writes r, measured on the held-out part, as a table.
+func (r *Result) PrintHeldOut(w io.Writer) {
+	r.print(w, fmt.Sprintf("goals: recall >= %.2f in all and >= %.2f for every kind, precision >= %.2f in all", GoalRecall, GoalHeldOutKindRecall, GoalPrecision))
+}
+
+func (r *Result) print(w io.Writer, goals string) {
 	fmt.Fprintf(w, "%-22s %7s %9s %7s %10s\n", "kind", "labels", "recall", "found", "precision")
 	row := func(s Score) {
 		fmt.Fprintf(w, "%-22s %7d %9.3f %7d %10.3f\n", s.Name, s.Labels, s.Recall(), s.Found, s.Precision())
@@ -333,5 +380,5 @@ func (r *Result) Print(w interface{ Write([]byte) (int, error) }) {
 		row(s)
 	}
 	row(r.Total)
-	fmt.Fprintf(w, "(%d documents, %d bytes; goals: recall >= %.2f for every kind and vendor, precision >= %.2f)\n", r.Docs, r.Bytes, GoalRecall, GoalPrecision)
+	fmt.Fprintf(w, "(%d documents, %d bytes; %s)\n", r.Docs, r.Bytes, goals)
 }

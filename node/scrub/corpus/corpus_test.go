@@ -1,35 +1,50 @@
 package corpus
 
 import (
+	"io"
 	"strings"
 	"testing"
 )
 
-// TestCorpus measures the scrubber on the labelled corpus, prints recall
-// and precision per kind and vendor, and holds them to the goals.
+// TestCorpus measures the scrubber on both parts of the labelled corpus,
+// prints recall and precision per kind and vendor, and holds each part to
+// its goals.
 func TestCorpus(t *testing.T) {
-	docs, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(docs) < 20 {
-		t.Fatalf("only %d documents", len(docs))
-	}
-	r, err := Evaluate(docs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	r.Print(&b)
-	t.Logf("scrubber on the corpus:\n%s", b.String())
-	for _, m := range r.Missed {
-		t.Logf("missed %-18s %s: %q in …%s…", m.Kind, m.Doc, m.Text, m.Context)
-	}
-	for _, m := range r.Wrong {
-		t.Logf("wrong  %-18s %s: %q in …%s…", m.Kind, m.Doc, m.Text, m.Context)
-	}
-	for _, bad := range r.Check() {
-		t.Error(bad)
+	for _, part := range []struct {
+		name  string
+		load  func() ([]Doc, error)
+		min   int
+		print func(*Result, io.Writer)
+		check func(*Result) []string
+	}{
+		{"tuned", Load, 20, (*Result).Print, (*Result).Check},
+		{"held-out", LoadHeldOut, 5, (*Result).PrintHeldOut, (*Result).CheckHeldOut},
+	} {
+		t.Run(part.name, func(t *testing.T) {
+			docs, err := part.load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(docs) < part.min {
+				t.Fatalf("only %d documents", len(docs))
+			}
+			r, err := Evaluate(docs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			part.print(r, &b)
+			t.Logf("scrubber on the %s corpus:\n%s", part.name, b.String())
+			for _, m := range r.Missed {
+				t.Logf("missed %-18s %s: %q in …%s…", m.Kind, m.Doc, m.Text, m.Context)
+			}
+			for _, m := range r.Wrong {
+				t.Logf("wrong  %-18s %s: %q in …%s…", m.Kind, m.Doc, m.Text, m.Context)
+			}
+			for _, bad := range part.check(r) {
+				t.Error(bad)
+			}
+		})
 	}
 }
 
