@@ -22,6 +22,7 @@ import (
 	"github.com/clawmesh/clawmesh/model/engine"
 	"github.com/clawmesh/clawmesh/model/engine/native"
 	"github.com/clawmesh/clawmesh/model/engine/torch"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/model/tokenizer"
 	"github.com/clawmesh/clawmesh/trainer/adapter"
 	"github.com/clawmesh/clawmesh/trainer/group"
@@ -195,18 +196,13 @@ func (w *worker) ready(ctx context.Context, cfg group.Config) error {
 		return fmt.Errorf("trainer: the group trains base %q (%s), this trainer has %q (%s): restart with the group's --base", cfg.Base, short(cfg.BaseHash), name, short(hash))
 	}
 	var (
-		eng      engine.Engine
-		tok      *tokenizer.Tokenizer
-		renderer chat.Renderer = chat.Qwen3()
+		eng engine.Engine
+		txt modeldir.Text
 	)
 	if w.baseDir == "" {
-		tok, err = tokenizer.Tiny(tokenizer.TinyOptions{})
-		if err != nil {
+		var nc native.Config
+		if txt, nc, err = modeldir.Tiny(); err != nil {
 			return err
-		}
-		nc := native.TinyConfig(tok.VocabSize())
-		if id, ok := tok.TokenID("<|im_end|>"); ok {
-			nc.EOS = []int{id}
 		}
 		if w.engineID == EngineTorch {
 			eng, err = torch.OpenTiny(ctx, nc, cfg.Seed, w.torchOptions(cfg, "tiny"))
@@ -214,16 +210,11 @@ func (w *worker) ready(ctx context.Context, cfg group.Config) error {
 			eng, err = native.NewTiny(nc, cfg.Seed, native.Options{Name: "tiny", Seed: cfg.Seed})
 		}
 	} else {
-		if tok, err = tokenizer.Load(filepath.Join(w.baseDir, "tokenizer.json")); err != nil {
+		if txt, err = modeldir.Load(w.baseDir); err != nil {
 			return err
 		}
-		tc := filepath.Join(w.baseDir, "tokenizer_config.json")
-		if _, statErr := os.Stat(tc); statErr == nil {
-			if t, err := chat.FromTokenizerConfig(tc); err == nil {
-				renderer = t
-			}
-		} else if !errors.Is(statErr, fs.ErrNotExist) {
-			return statErr
+		if txt.TemplateErr != nil {
+			w.log.Warn("no usable chat template in the base's tokenizer_config.json; using Qwen3's", "err", txt.TemplateErr)
 		}
 		if w.engineID == EngineTorch {
 			eng, err = torch.Open(ctx, w.baseDir, w.torchOptions(cfg, ""))
@@ -235,8 +226,8 @@ func (w *worker) ready(ctx context.Context, cfg group.Config) error {
 		return err
 	}
 	w.eng, w.cfg = eng, cfg
-	w.builder = sample.NewBuilder(tok, renderer, sample.Options{})
-	w.tok, w.render = tok, renderer
+	w.builder = sample.NewBuilder(txt.Tokenizer, txt.Renderer, sample.Options{})
+	w.tok, w.render = txt.Tokenizer, txt.Renderer
 	return nil
 }
 
