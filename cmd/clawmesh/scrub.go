@@ -3,16 +3,12 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 
-	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node/scrub"
 	"github.com/clawmesh/clawmesh/node/share"
 )
@@ -89,7 +85,7 @@ func runScrub(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		if err != nil {
 			return err
 		}
-		counts, err = scrubSteps(ctx, sc, stdin, bw, &scrub.StepOptions{Key: key, Tools: pol.Tools})
+		counts, err = sc.ScrubJSONL(ctx, stdin, bw, &scrub.StepOptions{Key: key, Tools: pol.Tools}, maxScrubInput)
 		if err != nil {
 			bw.Flush()
 			return err
@@ -129,80 +125,6 @@ func scrubKey(dataDir string, stderr io.Writer) ([]byte, error) {
 	defer os.RemoveAll(dir)
 	fmt.Fprintf(stderr, "clawmesh scrub: no data directory %s: ids are hashed with a key for this run only\n", dataDir)
 	return share.LoadKey(filepath.Join(dir, "key"))
-}
-
-func scrubSteps(ctx context.Context, sc *scrub.Scrubber, in io.Reader, out io.Writer, o *scrub.StepOptions) (map[scrub.Kind]int, error) {
-	br := bufio.NewReaderSize(in, 1<<20)
-	pass := sc.NewPass()
-	tables := map[core.SessionID]*scrub.Table{}
-	enc := json.NewEncoder(out)
-	enc.SetEscapeHTML(false)
-	counts := map[scrub.Kind]int{}
-	for line := 1; ; line++ {
-		if err := ctx.Err(); err != nil {
-			return counts, err
-		}
-		raw, err := readLongLine(br, maxScrubInput)
-		if errors.Is(err, io.EOF) && len(raw) == 0 {
-			break
-		}
-		if err != nil && !errors.Is(err, io.EOF) {
-			return counts, fmt.Errorf("line %d: %w", line, err)
-		}
-		if len(strings.TrimSpace(string(raw))) == 0 {
-			continue
-		}
-		var e core.ExportedStep
-		if jerr := json.Unmarshal(raw, &e); jerr != nil {
-			return counts, fmt.Errorf("line %d: not a step: %v", line, jerr)
-		}
-		if e.Schema != "" && e.Schema != core.SchemaVersion {
-			return counts, fmt.Errorf("line %d: schema %q, want %q", line, e.Schema, core.SchemaVersion)
-		}
-		if verr := e.Step.Validate(); verr != nil {
-			return counts, fmt.Errorf("line %d: %v", line, verr)
-		}
-		t := tables[e.SessionID]
-		if t == nil {
-			t = &scrub.Table{}
-			tables[e.SessionID] = t
-		}
-		s, serr := pass.Step(t, &e.Step, o)
-		if serr != nil {
-			return counts, serr
-		}
-		if werr := enc.Encode(core.ExportedStep{Schema: core.SchemaVersion, Step: *s}); werr != nil {
-			return counts, werr
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-	}
-	for _, t := range tables {
-		for k, n := range t.Counts() {
-			counts[k] += n
-		}
-	}
-	return counts, nil
-}
-
-// readLongLine reads a line of up to max bytes, without its newline.
-func readLongLine(br *bufio.Reader, max int) ([]byte, error) {
-	var buf []byte
-	for {
-		chunk, err := br.ReadSlice('\n')
-		buf = append(buf, chunk...)
-		if len(buf) > max {
-			return nil, fmt.Errorf("a line over %d MiB", max>>20)
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue
-		}
-		if n := len(buf); n > 0 && buf[n-1] == '\n' {
-			buf = buf[:n-1]
-		}
-		return buf, err
-	}
 }
 
 func printScrubReport(w io.Writer, counts map[scrub.Kind]int) {
