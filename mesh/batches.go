@@ -322,16 +322,52 @@ type Outbox interface {
 }
 
 // ShipOptions time the announcements of unshipped batches: the first at
-// once, then again after Retry, doubling up to MaxRetry, until acked.
+// once, then again after Retry, doubling up to MaxRetry, until acked; and
+// again whenever a trainer is admitted (after Settle, at most once per
+// ArrivalGap), so that a batch sealed before any trainer was in the mesh
+// does not wait out its backoff.
 type ShipOptions struct {
 	Retry, MaxRetry time.Duration // defaults 30s and 30m
 	// Poll is how often the outbox is looked at for new batches; default 2s.
 	Poll time.Duration
+	// Settle is how long after a trainer's admission the batches are
+	// announced again (its gossip subscription settles meanwhile); default
+	// 1s. ArrivalGap bounds how often arrivals do it; default 10s.
+	Settle, ArrivalGap time.Duration
+}
+
+// schedule is when each unshipped batch is announced next.
+type schedule struct {
+	mu   sync.Mutex
+	next map[core.BatchID]*announcement
+}
+
+// announcement is when a batch is announced next, and how.
+type announcement struct {
+	at    time.Time
+	delay time.Duration
+	round int
+	man   *Manifest // read from the batch once
+}
+
+// NextAnnounce is when Ship announces batch id again, if it is shipping
+// it (and this peer was not removed from the mesh).
+func (m *Mesh) NextAnnounce(id core.BatchID) (time.Time, bool) {
+	if m.Revoked() != nil {
+		return time.Time{}, false
+	}
+	m.ship.mu.Lock()
+	defer m.ship.mu.Unlock()
+	n, ok := m.ship.next[id]
+	if !ok {
+		return time.Time{}, false
+	}
+	return n.at, true
 }
 
 // Ship announces out's unshipped batches to the mesh, serves them to the
 // trainers that pull them, and marks each shipped at its first valid ack,
-// until ctx is done.
+// until ctx is done. A peer removed from the mesh announces nothing.
 func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 	if o.Retry <= 0 {
 		o.Retry = 30 * time.Second
@@ -342,6 +378,12 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 	if o.Poll <= 0 {
 		o.Poll = 2 * time.Second
 	}
+	if o.Settle <= 0 {
+		o.Settle = time.Second
+	}
+	if o.ArrivalGap <= 0 {
+		o.ArrivalGap = 10 * time.Second
+	}
 	topic, acks, err := m.joinBatchTopics()
 	if err != nil {
 		return err
@@ -350,14 +392,10 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 	defer acks.Close()
 	m.servePull(out)
 
-	type next struct {
-		at    time.Time
-		delay time.Duration
-		round int
-		man   *Manifest // read from the batch once
-	}
-	var mu sync.Mutex
-	sched := map[core.BatchID]*next{}
+	sched := &m.ship
+	sched.mu.Lock()
+	sched.next = map[core.BatchID]*announcement{}
+	sched.mu.Unlock()
 	go func() {
 		for {
 			msg, err := acks.Next(ctx)
@@ -369,10 +407,10 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 				m.log.Debug("an ack refused", "err", err)
 				continue
 			}
-			mu.Lock()
-			_, ours := sched[a.ID]
-			delete(sched, a.ID)
-			mu.Unlock()
+			sched.mu.Lock()
+			_, ours := sched.next[a.ID]
+			delete(sched.next, a.ID)
+			sched.mu.Unlock()
 			if !ours {
 				continue
 			}
@@ -383,20 +421,46 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 			m.log.Info("batch shipped", "batch", a.ID, "trainer", a.Trainer)
 		}
 	}()
-	tick := time.NewTicker(o.Poll)
-	defer tick.Stop()
+	var arrival, lastArrival time.Time // when to announce for a trainer's arrival; when it was last done
 	for {
+		now := time.Now()
+		if !arrival.IsZero() && !now.Before(arrival) {
+			// A trainer arrived: every unshipped batch is due now, its
+			// backoff kept.
+			arrival, lastArrival = time.Time{}, now
+			sched.mu.Lock()
+			for _, n := range sched.next {
+				n.at = now
+			}
+			sched.mu.Unlock()
+		}
 		ids, err := out.Unshipped(ctx)
 		if err != nil && ctx.Err() == nil {
 			m.log.Warn("listing unshipped batches", "err", err)
 		}
-		now := time.Now()
+		if m.Revoked() != nil {
+			ids = nil // removed from the mesh: no one would take them
+		}
+		if err == nil {
+			// Forget the batches the outbox no longer lists as unshipped.
+			listed := make(map[core.BatchID]bool, len(ids))
+			for _, id := range ids {
+				listed[id] = true
+			}
+			sched.mu.Lock()
+			for id := range sched.next {
+				if !listed[id] {
+					delete(sched.next, id)
+				}
+			}
+			sched.mu.Unlock()
+		}
 		for _, id := range ids {
-			mu.Lock()
-			n, ok := sched[id]
+			sched.mu.Lock()
+			n, ok := sched.next[id]
 			if !ok {
-				n = &next{at: now, delay: o.Retry}
-				sched[id] = n
+				n = &announcement{at: now, delay: o.Retry}
+				sched.next[id] = n
 			}
 			due := !now.Before(n.at)
 			round, man := n.round, n.man
@@ -405,7 +469,7 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 				n.delay = min(2*n.delay, o.MaxRetry)
 				n.round++
 			}
-			mu.Unlock()
+			sched.mu.Unlock()
 			if !due {
 				continue
 			}
@@ -413,17 +477,31 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 				if man = m.manifest(ctx, out, id); man == nil {
 					continue
 				}
-				mu.Lock()
+				sched.mu.Lock()
 				n.man = man
-				mu.Unlock()
+				sched.mu.Unlock()
 			}
 			m.announce(ctx, topic, *man, round)
 		}
+		wait := o.Poll
+		if !arrival.IsZero() {
+			wait = min(wait, max(time.Until(arrival), 0))
+		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return nil
-		case <-tick.C:
+		case <-m.trainerIn:
+			if arrival.IsZero() {
+				arrival = time.Now().Add(o.Settle)
+				if gap := lastArrival.Add(o.ArrivalGap); gap.After(arrival) {
+					arrival = gap
+				}
+			}
+		case <-timer.C:
 		}
+		timer.Stop()
 	}
 }
 

@@ -33,12 +33,21 @@ type StreamHandler func(Stream)
 type Gate interface {
 	// Blocked reports a peer that must not connect at all (revoked, or
 	// refused admission lately): connections to and from it are refused
-	// once its identity is known.
+	// once its identity is known (but see Teller).
 	Blocked(PeerID) bool
 	// Admitted reports a peer whose certificate for this mesh was checked:
 	// only admitted peers may open streams of protocols other than the
 	// open ones (Config.Open), and only they send or receive gossip.
 	Admitted(PeerID) bool
+}
+
+// Teller is a Gate that lets some of the peers it blocks connect in for a
+// moment, to be told why they are refused: a revoked peer is shown its
+// revocation. Such a peer may dial this host (it is not dialled), and only
+// the open protocols serve it. A Host that finds the Gate is a Teller
+// asks it; one that does not refuses blocked peers outright.
+type Teller interface {
+	MayTell(PeerID) bool
 }
 
 // Host is what the mesh's protocol code needs of a peer-to-peer host. The

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,9 +18,12 @@ import (
 // ---- revocations
 
 // merge takes in the revocations of l that this peer did not know, saves
-// them, and disconnects the peers they revoke. The list is replaced, never
-// changed in place, so readers may hold it without the lock.
-func (m *Mesh) merge(l *member.RevocationList) {
+// them, and drops the admitted peers they revoke: each is shown its
+// revocation, then disconnected and refused (tellAndDrop). It returns
+// those peers. The list is replaced, never changed in place, so readers
+// may hold it without the lock. When the news revokes this peer itself, it
+// says so, once.
+func (m *Mesh) merge(l *member.RevocationList) []PeerID {
 	m.revMu.Lock()
 	defer m.revMu.Unlock()
 	m.mu.Lock()
@@ -27,14 +31,16 @@ func (m *Mesh) merge(l *member.RevocationList) {
 	m.mu.Unlock()
 	next := member.NewRevocationList(m.admin)
 	if err := next.Merge(cur); err != nil {
-		return
+		return nil
 	}
 	before := next.Len()
 	if err := next.Merge(l); err != nil || next.Len() == before {
-		return
+		return nil
 	}
 	m.mu.Lock()
 	m.revs = next
+	wasOut := cur.RevocationOf(m.cert) != nil
+	out := next.RevocationOf(m.cert)
 	var gone []PeerID
 	for p, pe := range m.admitted {
 		if next.RevocationOf(pe.Cert) != nil {
@@ -46,21 +52,68 @@ func (m *Mesh) merge(l *member.RevocationList) {
 	if err := SaveRevocations(m.cfg.DataDir, next); err != nil {
 		m.log.Warn("saving revocations", "err", err)
 	}
+	if out != nil && !wasOut {
+		m.logRemoved(out)
+	}
 	for _, p := range gone {
 		m.log.Info("peer revoked: disconnected", "peer", p)
 		if m.host != nil {
-			m.host.Disconnect(p)
+			go m.tellAndDrop(p)
 		}
 	}
+	return gone
+}
+
+// Errors of Revoke.
+var (
+	// ErrBadPeerID: the peer to revoke is not a peer id.
+	ErrBadPeerID = errors.New("mesh: not a peer id")
+	// ErrUnknownPeer: the peer to revoke is none this device admitted or
+	// issued a certificate to (RevokeOptions.Force revokes it anyway).
+	ErrUnknownPeer = errors.New("mesh: not a member or trainer this device knows")
+	// ErrAlreadyRevoked: the peer is revoked already, as this device's
+	// revocation would revoke it.
+	ErrAlreadyRevoked = errors.New("mesh: already revoked")
+)
+
+// RevokeOptions say why and how a peer is revoked.
+type RevokeOptions struct {
+	// Reason is kept with the revocation and shown to the peer.
+	Reason string
+	// Force revokes a peer this device does not know: one it never
+	// admitted nor issued a certificate to.
+	Force bool
 }
 
 // Revoke removes a peer from the mesh: it signs a revocation (with the
 // admin key on the admin's device, else as the inviter that issued the
-// peer's certificate), keeps it, publishes it to the mesh and disconnects
-// the peer. The peer's certificate, if this peer has seen it, lets an
-// inviter's revocation be checked here.
-func (m *Mesh) Revoke(ctx context.Context, peer PeerID, reason string) (*member.Revocation, error) {
-	r, err := m.sign(peer, reason)
+// peer's certificate), keeps it, publishes it to the mesh and shows it to
+// the peer, which is then disconnected. The peer must be a peer id this
+// device knows (Known) unless o.Force; a peer revoked already is not
+// revoked again: Revoke returns the revocation there is and an error
+// wrapping ErrAlreadyRevoked.
+func (m *Mesh) Revoke(ctx context.Context, peer PeerID, o RevokeOptions) (*member.Revocation, error) {
+	if _, err := m.cfg.KeyOf(peer); err != nil {
+		return nil, fmt.Errorf("%w: %q (a peer id looks like 12D3KooW..., as 'clawmesh mesh peers' lists them)", ErrBadPeerID, clip(string(peer), 60))
+	}
+	if peer == m.self {
+		return nil, fmt.Errorf("mesh: a peer cannot revoke itself")
+	}
+	var issuer ed25519.PublicKey // nil: the admin's revocation
+	if m.adminKey == nil {
+		if !m.Cert().MayInvite() {
+			return nil, fmt.Errorf("%w: only the mesh admin, or the inviter that let the peer in, may revoke it", member.ErrNotAllowed)
+		}
+		issuer = m.cfg.Key.Public().(ed25519.PublicKey)
+	}
+	if r := m.revocationOf(peer, issuer); r != nil {
+		return r, fmt.Errorf("%w: %s was removed from the mesh on %s by %s%s", ErrAlreadyRevoked, peer,
+			r.RevokedAt().Local().Format(time.RFC3339), RevokedBy(r), reasonNote(r.Reason()))
+	}
+	if _, ok := m.Known(peer); !ok && !o.Force {
+		return nil, fmt.Errorf("%w: %s was never admitted by this device nor invited by it; check the id ('clawmesh mesh peers' lists the peers connected now), or revoke it anyway with --force", ErrUnknownPeer, peer)
+	}
+	r, err := m.sign(peer, o.Reason)
 	if err != nil {
 		return nil, err
 	}
@@ -68,26 +121,69 @@ func (m *Mesh) Revoke(ctx context.Context, peer PeerID, reason string) (*member.
 	if err := l.Add(r); err != nil {
 		return nil, err
 	}
-	m.merge(l)
+	gone := m.merge(l)
 	if m.host != nil {
-		m.host.Disconnect(peer)
 		if m.revTopic != nil {
 			if err := m.revTopic.Publish(ctx, r.Marshal()); err != nil {
 				m.log.Warn("publishing a revocation", "err", err)
 			}
 		}
+		if !slices.Contains(gone, peer) && m.linkOf(peer) != 0 {
+			go m.tellAndDrop(peer)
+		}
 	}
 	return r, nil
 }
 
+// revocationOf returns the revocation of p that one by issuer (nil: the
+// admin) would repeat: the admin's, or issuer's own.
+func (m *Mesh) revocationOf(p PeerID, issuer ed25519.PublicKey) *member.Revocation {
+	m.mu.Lock()
+	revs := m.revs
+	m.mu.Unlock()
+	var own *member.Revocation
+	for _, r := range revs.Revocations() {
+		switch {
+		case r.Subject() != string(p):
+		case r.ByAdmin():
+			return r
+		case issuer != nil && issuer.Equal(r.IssuerKey()):
+			own = r
+		}
+	}
+	return own
+}
+
+func reasonNote(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return " (reason: " + reason + ")"
+}
+
+// clip cuts s to n bytes at most, marking the cut, and makes it one line.
+func clip(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > n {
+		return strings.ToValidUTF8(s[:n], "") + "..."
+	}
+	return s
+}
+
 // RevokeOffline signs a revocation in dataDir, for a peer that is not
-// running: it is kept and spreads when the peer next runs.
-func RevokeOffline(dataDir string, key ed25519.PrivateKey, keyOf func(PeerID) (ed25519.PublicKey, error), peer PeerID, reason string, now time.Time) (*member.Revocation, error) {
+// running: it is kept and spreads when the peer next runs. It checks as
+// Revoke does.
+func RevokeOffline(dataDir string, key ed25519.PrivateKey, keyOf func(PeerID) (ed25519.PublicKey, error), peer PeerID, o RevokeOptions, now time.Time) (*member.Revocation, error) {
 	m, err := New(Config{DataDir: dataDir, Key: key, KeyOf: keyOf, Now: func() time.Time { return now }})
 	if err != nil {
 		return nil, err
 	}
-	return m.Revoke(context.Background(), peer, reason)
+	return m.Revoke(context.Background(), peer, o)
 }
 
 func (m *Mesh) sign(peer PeerID, reason string) (*member.Revocation, error) {
@@ -225,8 +321,14 @@ func (m *Mesh) redeem(p PeerID, token string) (*member.Certificate, error) {
 	if err := tok.VerifyFor(m.admin, now, revs); err != nil {
 		return nil, err
 	}
-	if revs.IsRevoked(string(p)) {
-		return nil, fmt.Errorf("%w: peer %s was removed from this mesh", member.ErrRevoked, p)
+	var issuer ed25519.PublicKey // the key that would sign its certificate: nil for the admin's
+	if tok.InviterCert() != nil {
+		issuer = m.cfg.Key.Public().(ed25519.PublicKey)
+	}
+	if r := m.revocationOf(p, issuer); r != nil {
+		return nil, fmt.Errorf("%w: this device (peer %s) was removed from the mesh on %s by %s%s; ask the mesh admin for a new invite, "+
+			"and join with it from a fresh data directory: this peer id stays refused",
+			member.ErrRevoked, p, r.RevokedAt().UTC().Format(time.RFC3339), RevokedBy(r), reasonNote(r.Reason()))
 	}
 	key, err := m.cfg.KeyOf(p)
 	if err != nil {
@@ -255,16 +357,66 @@ func (m *Mesh) redeem(p PeerID, token string) (*member.Certificate, error) {
 	if err := SaveLedger(m.cfg.DataDir, m.ledger); err != nil {
 		return nil, err
 	}
+	m.remember(p, cert.Role().String(), true)
 	return cert, nil
 }
 
 // ErrUnreachable reports that no address in a token answered.
 var ErrUnreachable = errors.New("mesh: cannot reach the inviter")
 
+// UnreachableError is Join's error when no address in the token answered:
+// its message is one line; Detail has each address's error.
+type UnreachableError struct {
+	Addrs []string
+	Errs  []error // one per address
+}
+
+func (e *UnreachableError) Error() string {
+	n := "its address"
+	if len(e.Addrs) != 1 {
+		n = fmt.Sprintf("any of its %d addresses", len(e.Addrs))
+	}
+	return fmt.Sprintf("%v at %s: is its node (or trainer) running, and online where this device can reach it?", ErrUnreachable, n)
+}
+
+func (e *UnreachableError) Unwrap() error { return ErrUnreachable }
+
+// Detail is each address tried, and its error, a line or more each.
+func (e *UnreachableError) Detail() string {
+	var b strings.Builder
+	for i, a := range e.Addrs {
+		fmt.Fprintf(&b, "%s: %v\n", a, e.Errs[i])
+	}
+	return b.String()
+}
+
+// JoinAttempt is one try to reach the inviter at one address of a token,
+// as JoinOptions.Progress is told of it: before (Done false) and after.
+type JoinAttempt struct {
+	Addr  string
+	N, Of int // which address, of how many
+	Done  bool
+	Err   error // after: why the address did not answer; nil if it did
+}
+
+// JoinOptions tune Join. The zero value is the default.
+type JoinOptions struct {
+	// Progress, if set, is told of each address tried, before and after.
+	Progress func(JoinAttempt)
+	// DialTimeout bounds each address's try; default 10s.
+	DialTimeout time.Duration
+}
+
 // Join redeems token with its inviter over h and records the membership
 // in dataDir. The inviter must be online: Join says so when no address in
 // the token answers.
 func Join(ctx context.Context, h Host, dataDir, token string, now time.Time) (*State, error) {
+	return JoinWith(ctx, h, dataDir, token, now, JoinOptions{})
+}
+
+// JoinWith is Join with options. When no address in the token answers,
+// its error is an *UnreachableError.
+func JoinWith(ctx context.Context, h Host, dataDir, token string, now time.Time, o JoinOptions) (*State, error) {
 	if _, err := LoadState(dataDir); err == nil {
 		return nil, fmt.Errorf("%w (%s): a data directory belongs to one mesh", ErrJoined, dataDir)
 	} else if !errors.Is(err, ErrNotJoined) {
@@ -277,19 +429,33 @@ func Join(ctx context.Context, h Host, dataDir, token string, now time.Time) (*S
 	if err := tok.Verify(now); err != nil {
 		return nil, err
 	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 10 * time.Second
+	}
+	progress := o.Progress
+	if progress == nil {
+		progress = func(JoinAttempt) {}
+	}
 	var p PeerID
-	var errs []string
-	for _, a := range tok.Addrs() {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	unreachable := &UnreachableError{}
+	addrs := tok.Addrs()
+	for i, a := range addrs {
+		progress(JoinAttempt{Addr: a, N: i + 1, Of: len(addrs)})
+		cctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
 		p, err = h.Connect(cctx, []string{a})
 		cancel()
+		progress(JoinAttempt{Addr: a, N: i + 1, Of: len(addrs), Done: true, Err: err})
 		if err == nil {
 			break
 		}
-		errs = append(errs, fmt.Sprintf("%s: %v", a, err))
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		unreachable.Addrs = append(unreachable.Addrs, a)
+		unreachable.Errs = append(unreachable.Errs, err)
 	}
 	if p == "" {
-		return nil, fmt.Errorf("%w at any address in the token (is it online?): %s", ErrUnreachable, strings.Join(errs, "; "))
+		return nil, unreachable
 	}
 	if string(p) != tok.Inviter() {
 		return nil, fmt.Errorf("%w: the peer at the token's address is %s, not the inviter %s", member.ErrTampered, p, tok.Inviter())
@@ -298,7 +464,7 @@ func Join(ctx context.Context, h Host, dataDir, token string, now time.Time) (*S
 	defer cancel()
 	s, err := h.NewStream(sctx, p, ProtoRedeem)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
+		return nil, fmt.Errorf("%w: it answered, but not on the invite protocol: %s", ErrUnreachable, clip(err.Error(), 200))
 	}
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(exchangeTimeout))
@@ -310,7 +476,8 @@ func Join(ctx context.Context, h Host, dataDir, token string, now time.Time) (*S
 		return nil, fmt.Errorf("mesh: the inviter's answer: %w", err)
 	}
 	if rep.Error != "" {
-		return nil, &RefusedError{Reason: rep.Error}
+		// The inviter's words, a claim: one line, bounded.
+		return nil, &RefusedError{Reason: clip(rep.Error, 1000)}
 	}
 	b, err := hex.DecodeString(rep.Cert)
 	if err != nil {

@@ -81,6 +81,7 @@ type Mesh struct {
 
 	revMu    sync.Mutex // serializes revocation merges
 	ledgerMu sync.Mutex // serializes redemptions
+	knownMu  sync.Mutex // serializes writes of the known members
 
 	mu        sync.Mutex
 	state     *State
@@ -97,6 +98,14 @@ type Mesh struct {
 	gen     uint64
 	refused map[PeerID]time.Time // until when
 	onAdmit []func(*Peer)
+	// known are the peers this device admitted or issued certificates to
+	// (DATA/mesh/members.json).
+	known map[PeerID]Known
+	// trainerIn has a token when a trainer was admitted since the shipper
+	// last looked.
+	trainerIn chan struct{}
+	// ship is the announcement schedule of the batches Ship ships.
+	ship schedule
 
 	host     Host
 	revTopic Topic
@@ -132,6 +141,7 @@ func New(cfg Config) (*Mesh, error) {
 	m := &Mesh{
 		cfg: cfg, log: cfg.Logger.With("component", "mesh"), now: cfg.Now, admin: admin, state: st, cert: cert,
 		admitted: map[PeerID]*Peer{}, connected: map[PeerID]time.Time{}, refused: map[PeerID]time.Time{}, links: map[PeerID]uint64{},
+		trainerIn: make(chan struct{}, 1),
 	}
 	if !bytes.Equal(cert.SubjectKey(), cfg.Key.Public().(ed25519.PublicKey)) {
 		return nil, fmt.Errorf("mesh: the certificate in %s is for another key than this peer's identity", cfg.DataDir)
@@ -150,6 +160,10 @@ func New(cfg Config) (*Mesh, error) {
 	}
 	if m.ledger, err = LoadLedger(cfg.DataDir, admin, m.self); err != nil {
 		return nil, err
+	}
+	if m.known, err = LoadKnown(cfg.DataDir); err != nil {
+		// A convenience record: a damaged one is started afresh.
+		m.log.Warn("the known members", "err", err)
 	}
 	return m, nil
 }
@@ -189,6 +203,45 @@ func (m *Mesh) Blocked(p PeerID) bool {
 		delete(m.refused, p)
 	}
 	return m.revs.IsRevoked(string(p))
+}
+
+// MayTell implements Teller: a revoked peer not refused lately may
+// connect, to be shown its revocation (the certificate exchange carries
+// it) and so learn that it was removed; only the open protocols serve it
+// meanwhile, as they serve a stranger, and once told it is disconnected
+// and refused for RefuseFor.
+func (m *Mesh) MayTell(p PeerID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if until, ok := m.refused[p]; ok && m.now().Before(until) {
+		return false
+	}
+	return m.revs.IsRevoked(string(p))
+}
+
+// Revoked returns the revocation that removed this peer from the mesh, or
+// nil while it is a member.
+func (m *Mesh) Revoked() *member.Revocation {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.revs.RevocationOf(m.cert)
+}
+
+// RevokedBy says who signed a revocation: the mesh admin, or the inviter
+// that issued the certificate it revokes.
+func RevokedBy(r *member.Revocation) string {
+	if r.ByAdmin() || r.IssuerCert() == nil {
+		return "the mesh admin"
+	}
+	return "its inviter " + r.IssuerCert().Subject()
+}
+
+// logRemoved says, once, that this peer was removed from the mesh, by
+// whom, why, and what to do.
+func (m *Mesh) logRemoved(r *member.Revocation) {
+	m.log.Error("this device was removed from the mesh: every peer refuses it and its batches will not ship; "+
+		"to take part again, ask the mesh admin for a new invite and join with it from a fresh data directory (this peer id stays refused)",
+		"by", RevokedBy(r), "reason", r.Reason(), "at", r.RevokedAt().Format(time.RFC3339))
 }
 
 // Admitted implements Gate.
@@ -275,6 +328,9 @@ func (m *Mesh) Start(ctx context.Context, h Host) error {
 	m.mu.Unlock()
 	if err := SaveState(m.cfg.DataDir, &st); err != nil {
 		m.log.Warn("saving the state", "err", err)
+	}
+	if r := m.Revoked(); r != nil {
+		m.logRemoved(r)
 	}
 	return nil
 }
@@ -405,6 +461,34 @@ type hello struct {
 // maxExchanged bounds the peers a hello names, and the addresses of each.
 const maxExchanged = 64
 
+// helloFor is the hello for peer p, whose certificate is cert if known: a
+// bare one for a peer that is revoked (the revocations of it, so that it
+// learns it was removed, and not where the members listen), the full one
+// otherwise.
+func (m *Mesh) helloFor(p PeerID, cert *member.Certificate) hello {
+	m.mu.Lock()
+	revs := m.revs
+	m.mu.Unlock()
+	if !revs.IsRevoked(string(p)) && revs.RevocationOf(cert) == nil {
+		return m.hello()
+	}
+	return m.bareHello(p)
+}
+
+// bareHello is this peer's certificate and the revocations of p only.
+func (m *Mesh) bareHello(p PeerID) hello {
+	m.mu.Lock()
+	revs, cert := m.revs, m.cert
+	m.mu.Unlock()
+	l := member.NewRevocationList(m.admin)
+	for _, r := range revs.Revocations() {
+		if r.Subject() == string(p) {
+			l.Add(r)
+		}
+	}
+	return hello{Cert: hex.EncodeToString(cert.Marshal()), Revocations: hex.EncodeToString(l.Marshal())}
+}
+
 func (m *Mesh) hello() hello {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -452,7 +536,7 @@ func (m *Mesh) admit(ctx context.Context, p PeerID) {
 	}
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(exchangeTimeout))
-	if err := writeMsg(s, m.hello()); err != nil {
+	if err := writeMsg(s, m.helloFor(p, nil)); err != nil {
 		s.Reset()
 		return
 	}
@@ -465,20 +549,68 @@ func (m *Mesh) admit(ctx context.Context, p PeerID) {
 	m.check(p, h, link)
 }
 
+// handleAdmit answers a peer's hello: with the full hello if its
+// certificate is valid, else with the bare one (a revoked peer learns it
+// was removed; a stranger learns nothing of the members). A peer about to
+// be refused is given the time to read the answer before it is cut off.
 func (m *Mesh) handleAdmit(s Stream) {
 	defer s.Close()
-	link := m.linkOf(s.RemotePeer())
+	p := s.RemotePeer()
+	link := m.linkOf(p)
 	s.SetDeadline(time.Now().Add(exchangeTimeout))
+	br := bufio.NewReader(s)
 	var h hello
-	if err := readMsg(bufio.NewReader(s), &h, maxMsg); err != nil {
+	if err := readMsg(br, &h, maxMsg); err != nil {
 		s.Reset()
 		return
 	}
-	if err := writeMsg(s, m.hello()); err != nil {
+	reply, valid := m.bareHello(p), false
+	if h.Cert != "" {
+		if _, err := m.verifyPeerCert(p, h.Cert); err == nil {
+			reply, valid = m.hello(), true
+		}
+	}
+	if err := writeMsg(s, reply); err != nil {
 		s.Reset()
 		return
 	}
-	m.check(s.RemotePeer(), h, link)
+	if h.Cert != "" && !valid {
+		// It is refused below: let it read the answer first (it closes
+		// the stream once it has).
+		s.CloseWrite()
+		s.SetReadDeadline(time.Now().Add(tellTimeout))
+		io.Copy(io.Discard, io.LimitReader(br, maxMsg))
+	}
+	m.check(p, h, link)
+}
+
+// tellTimeout bounds the telling of a revoked peer that it was removed.
+const tellTimeout = 5 * time.Second
+
+// tellAndDrop shows a revoked peer its revocation (an exchange of hellos:
+// ours carries it), then disconnects it; once told, it is refused for
+// RefuseFor (untold, it may connect again to be told).
+func (m *Mesh) tellAndDrop(p PeerID) {
+	ctx, cancel := context.WithTimeout(context.Background(), tellTimeout)
+	defer cancel()
+	told := false
+	if s, err := m.host.NewStream(ctx, p, ProtoAdmit); err == nil {
+		s.SetDeadline(time.Now().Add(tellTimeout))
+		if writeMsg(s, m.bareHello(p)) == nil {
+			var h hello
+			// Its answer: it has read ours.
+			told = readMsg(bufio.NewReader(s), &h, maxMsg) == nil
+		}
+		s.Close()
+	}
+	m.mu.Lock()
+	if told {
+		m.refused[p] = m.now().Add(m.cfg.RefuseFor)
+	}
+	delete(m.connected, p)
+	delete(m.admitted, p)
+	m.mu.Unlock()
+	m.host.Disconnect(p)
 }
 
 // check admits p if its hello carries a valid certificate for it and the
@@ -494,6 +626,9 @@ func (m *Mesh) check(p PeerID, h hello, link uint64) {
 	}
 	if h.Cert == "" {
 		return // joining: it has until the admission timeout
+	}
+	if m.Revoked() != nil {
+		return // removed from the mesh: it admits no one
 	}
 	cert, err := m.verifyPeerCert(p, h.Cert)
 	if err != nil {
@@ -529,6 +664,13 @@ func (m *Mesh) check(p PeerID, h hello, link uint64) {
 	m.mu.Unlock()
 	if !was {
 		m.log.Info("peer admitted", "peer", p, "role", cert.Role())
+		m.remember(p, cert.Role().String(), false)
+		if cert.Role() == member.RoleTrainer {
+			select {
+			case m.trainerIn <- struct{}{}:
+			default:
+			}
+		}
 		for _, fn := range fns {
 			go fn(pe)
 		}

@@ -23,6 +23,7 @@ import (
 //	DATA/mesh/admin.key         the mesh admin's private key (only on the device that made the mesh)
 //	DATA/mesh/revocations.bin   the revocations this peer knows (member.RevocationList)
 //	DATA/mesh/ledger.bin        uses of the invite tokens this peer issued (member.Ledger)
+//	DATA/mesh/members.json      the peers this peer admitted or issued certificates to (Known), MaxKnown at most
 //
 // The peer's own key is its libp2p identity (DATA/identity.key, mesh/p2p).
 const Dir = "mesh"

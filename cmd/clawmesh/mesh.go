@@ -41,6 +41,18 @@ join with an invite token.
   clawmesh mesh revoke PEER [--reason R]    remove a member: it is disconnected everywhere and
                                             refused from then on (the admin, or its inviter)
 
+revoke takes a peer id this device knows: one it admitted or invited. For
+another, check the id ('mesh peers' lists the peers connected now) or pass
+--force. A peer revoked already is left as it is: revoke says so and exits 0.
+A revoked device is told when it next meets a peer: its log and 'mesh
+status' say it was removed, by whom and why, and its batches that it will
+not ship them. To take part again it needs a new invite, redeemed from a
+fresh data directory (its peer id stays refused).
+
+'mesh batches' on a running node says when each unshipped batch is
+announced again: at once when a trainer joins, else with backoff (30 s
+doubling to 30 min).
+
 See also: clawmesh invite, clawmesh join, clawmesh trainer.
 
 While a node or trainer runs on the data directory, these ask it over its
@@ -57,7 +69,7 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var s settings
 	fs := newFlags("mesh "+sub, meshHelp, stderr)
 	s.bindClient(fs)
-	var asJSON bool
+	var asJSON, force bool
 	var name, reason string
 	switch sub {
 	case "-h", "--help", "help":
@@ -69,7 +81,8 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.BoolVar(&asJSON, "json", false, "print JSON (a stable format)")
 	case "batch":
 	case "revoke":
-		fs.StringVar(&reason, "reason", "", "why, kept with the revocation")
+		fs.StringVar(&reason, "reason", "", "why, kept with the revocation and shown to the revoked device")
+		fs.BoolVar(&force, "force", false, "revoke a peer id this device never admitted nor invited")
 	default:
 		return usageErr("unknown mesh command %q: want init, status, peers, batches, batch or revoke", sub)
 	}
@@ -144,6 +157,11 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if list == nil {
 			list = []peer.BatchInfo{}
 		}
+		if c == nil {
+			if st, err := peer.OfflineStatus(s.Data); err == nil {
+				peer.Annotate(list, st, nil)
+			}
+		}
 		if asJSON {
 			return printJSON(stdout, list)
 		}
@@ -152,6 +170,10 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		for _, b := range list {
 			when := "waiting for a trainer"
 			switch {
+			case b.Blocked != "":
+				when = "will not ship: " + b.Blocked
+			case !b.NextAnnounce.IsZero():
+				when = "waiting for a trainer; announced again " + nextAt(b.NextAnnounce, time.Now())
 			case !b.Shipped.IsZero():
 				when = "shipped " + b.Shipped.Local().Format("01-02 15:04:05")
 			case !b.Received.IsZero():
@@ -175,25 +197,81 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return peer.WriteSteps(stdout, b)
 	case "revoke":
-		p := mesh.PeerID(fs.Arg(0))
-		if c != nil {
-			if err := c.Revoke(ctx, p, reason); err != nil {
-				return err
+		return meshRevoke(ctx, c, &s, fs.Arg(0), mesh.RevokeOptions{Reason: reason, Force: force}, stdout)
+	}
+	return nil
+}
+
+// meshRevoke revokes the peer named by arg, through the running peer c
+// if there is one, else in the data directory.
+func meshRevoke(ctx context.Context, c *peer.Client, s *settings, arg string, o mesh.RevokeOptions, stdout io.Writer) error {
+	p := mesh.PeerID(strings.TrimSpace(arg))
+	if _, err := p2p.PublicKey(p); err != nil {
+		shown := arg
+		if len(shown) > 60 || strings.ContainsAny(shown, "\n\r\t") {
+			shown = strings.Join(strings.Fields(shown), " ")
+			if len(shown) > 60 {
+				shown = strings.ToValidUTF8(shown[:60], "") + "..."
 			}
-			fmt.Fprintf(stdout, "revoked %s: it is disconnected and refused across the mesh\n", p)
-			return nil
 		}
-		key, _, err := peer.Identity(s.Data)
+		return fmt.Errorf("%q is not a peer id: a peer id looks like 12D3KooW... ('clawmesh mesh peers' lists the peers connected now)", shown)
+	}
+	if c != nil {
+		res, err := c.RevokeWith(ctx, p, o)
 		if err != nil {
 			return err
 		}
-		if _, err := mesh.RevokeOffline(s.Data, key, p2p.PublicKey, p, reason, time.Now()); err != nil {
-			return err
+		if res.Already {
+			fmt.Fprintf(stdout, "%s was already revoked, on %s by %s%s: nothing to do\n", p, res.At.Local().Format(time.RFC3339), res.By, reasonNote(res.Reason))
+			return nil
 		}
-		fmt.Fprintf(stdout, "revoked %s; the revocation spreads when this device next runs in the mesh\n", p)
+		fmt.Fprintf(stdout, "revoked %s: it is disconnected and refused across the mesh\n", p)
 		return nil
 	}
+	key, _, err := peer.Identity(s.Data)
+	if err != nil {
+		return err
+	}
+	r, err := mesh.RevokeOffline(s.Data, key, p2p.PublicKey, p, o, time.Now())
+	if errors.Is(err, mesh.ErrAlreadyRevoked) {
+		fmt.Fprintf(stdout, "%s was already revoked, on %s by %s%s: nothing to do\n", p, r.RevokedAt().Local().Format(time.RFC3339), mesh.RevokedBy(r), reasonNote(r.Reason()))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "revoked %s; the revocation spreads when this device next runs in the mesh\n", p)
 	return nil
+}
+
+// plainLine is text from another device as a terminal shows it: one line,
+// no control characters.
+func plainLine(s string) string {
+	return strings.TrimSpace(strings.Map(func(r rune) rune {
+		if r < 0x20 || r >= 0x7f && r < 0xa0 {
+			return ' '
+		}
+		return r
+	}, s))
+}
+
+// reasonNote is a revocation's reason, as a terminal shows it.
+func reasonNote(reason string) string {
+	reason = plainLine(reason)
+	if reason == "" {
+		return ""
+	}
+	return " (reason: " + reason + ")"
+}
+
+// nextAt says when t is, from now: "at 15:04:05 (in 25s)", or "any
+// moment now" once it is due.
+func nextAt(t, now time.Time) string {
+	d := t.Sub(now).Round(time.Second)
+	if d <= 0 {
+		return "any moment now"
+	}
+	return fmt.Sprintf("at %s (in %s)", t.Local().Format("15:04:05"), d)
 }
 
 func meshInit(data, name string, stdout io.Writer) error {
@@ -300,7 +378,15 @@ func printMeshStatus(w io.Writer, st peer.Status) {
 	if st.Admin {
 		role += ", holds the admin key"
 	}
+	if st.Revoked {
+		role += ", REVOKED"
+	}
 	fmt.Fprintf(w, "peer      %s (%s)\n", st.PeerID, role)
+	if st.Revoked {
+		fmt.Fprintf(w, "revoked   removed from the mesh by %s on %s%s: every peer refuses it and its batches will not ship\n",
+			plainLine(st.RevokedBy), st.RevokedAt.Local().Format(time.RFC3339), reasonNote(st.RevokedReason))
+		fmt.Fprintf(w, "          to take part again, ask the mesh admin for a new invite and join from a fresh data directory\n")
+	}
 	fmt.Fprintf(w, "cert      expires %s\n", st.CertExpires.Local().Format(time.RFC3339))
 	if st.Running {
 		fmt.Fprintf(w, "running   %s connected, %d admitted; %s known\n", plural(st.Connected, "peer", "peers"), st.Admitted, plural(st.Revocations, "revocation", "revocations"))
@@ -382,9 +468,14 @@ gets this device's certificate, and records the membership in DIR. Then run
 the node (or 'clawmesh trainer', with a trainer token) on DIR: it takes part
 in the mesh.
 
+While it tries the token's addresses it says which, one line each on
+stderr; when none answers it says so in one line (--verbose adds each
+address's error).
+
 Refusals say why: the token is malformed or tampered with, expired, already
 redeemed as many times as it allows, of another mesh, or its inviter (or
-this device) was removed from the mesh.
+this device) was removed from the mesh. A device that was removed cannot
+come back under the same peer id: join from a fresh data directory.
 `
 
 func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -393,6 +484,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	s.bindClient(fs)
 	var listen multiFlag
 	fs.Var(&listen, "p2p-listen", "libp2p address to use while joining (repeatable; default any free QUIC and TCP port)")
+	verbose := fs.Bool("verbose", false, "when the inviter cannot be reached, print each address's error in full")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -402,7 +494,23 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := s.resolve(fs); err != nil {
 		return err
 	}
-	st, err := peer.Join(ctx, s.Data, fs.Arg(0), listen, nil)
+	progress := func(a mesh.JoinAttempt) {
+		switch {
+		case !a.Done:
+			fmt.Fprintf(stderr, "reaching the inviter at %s (%d of %d)...\n", plainLine(a.Addr), a.N, a.Of)
+		case a.Err != nil:
+			fmt.Fprintf(stderr, "  no answer: %s\n", dialReason(a.Err))
+		}
+	}
+	st, err := peer.JoinWith(ctx, s.Data, fs.Arg(0), peer.JoinOptions{Listen: listen, Progress: progress})
+	var unreachable *mesh.UnreachableError
+	if errors.As(err, &unreachable) {
+		if *verbose {
+			fmt.Fprint(stderr, unreachable.Detail())
+			return err
+		}
+		return fmt.Errorf("%w (--verbose shows each address's error)", err)
+	}
 	if err != nil {
 		return err
 	}
@@ -420,6 +528,32 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "next: run the node with --data %s\n", s.Data)
 	}
 	return nil
+}
+
+// dialReason is why a dial failed, in a few words: libp2p's own error
+// lists every transport's attempt, many lines long (join --verbose shows
+// it).
+func dialReason(err error) string {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "deadline exceeded") || strings.Contains(msg, "timeout"):
+		return "no answer in time"
+	case strings.Contains(msg, "connection refused"):
+		return "connection refused (nothing listens there)"
+	case strings.Contains(msg, "no route to host"), strings.Contains(msg, "network is unreachable"):
+		return "no route to that address from here"
+	case strings.Contains(msg, "peer id mismatch"):
+		return "another peer answers there"
+	case errors.Is(err, p2p.ErrBadAddr):
+		return "not a usable address"
+	}
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i]
+	}
+	if len(msg) > 120 {
+		msg = strings.ToValidUTF8(msg[:120], "") + "..."
+	}
+	return msg
 }
 
 // multiFlag is a repeatable string flag.

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,6 +17,8 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/p2p"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/node"
@@ -299,11 +303,112 @@ func TestMeshOffline(t *testing.T) {
 	if _, errs, code := runCLI(t, "join", "clawmesh-invite1:not*base64", "--data", t.TempDir()); code == 0 || !strings.Contains(errs, "tampered") {
 		t.Errorf("a bad token: %d %s", code, errs)
 	}
-	if out := cli(t, "mesh", "revoke", "12D3KooWLeSUBrLkmC5jiqPQv84yMbNk3EY5bd3vyDm6H8i92N9S", "--data", d); !strings.Contains(out, "spreads when") {
+	// revoke takes a peer id, of a peer this device knows unless --force,
+	// and says so in one line.
+	for _, bad := range []string{"12D3KooWbogus", "Traceback (most recent call last):\n  File \"agent.py\", line 12, in <module>\nKeyError: 'peer'"} {
+		if _, errs, code := runCLI(t, "mesh", "revoke", bad, "--data", d); code != 1 || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, "not a peer id") {
+			t.Errorf("revoke %q: %d %q", bad, code, errs)
+		}
+	}
+	const stranger = "12D3KooWLeSUBrLkmC5jiqPQv84yMbNk3EY5bd3vyDm6H8i92N9S"
+	if _, errs, code := runCLI(t, "mesh", "revoke", stranger, "--data", d); code != 1 || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, "--force") {
+		t.Errorf("revoke an unknown peer: %d %q", code, errs)
+	}
+	if err := json.Unmarshal([]byte(cli(t, "mesh", "status", "--json", "--data", d)), &st); err != nil || st.Revocations != 0 {
+		t.Errorf("after refused revokes: %+v", st)
+	}
+	if out := cli(t, "mesh", "revoke", stranger, "--force", "--reason", "typo'd? no", "--data", d); !strings.Contains(out, "spreads when") {
 		t.Errorf("offline revoke: %s", out)
 	}
-	if err := json.Unmarshal([]byte(cli(t, "mesh", "status", "--json", "--data", d)), &st); err != nil || st.Revocations != 1 {
+	if out := cli(t, "mesh", "revoke", stranger, "--force", "--data", d); !strings.Contains(out, "already revoked") || !strings.Contains(out, "typo'd? no") {
+		t.Errorf("revoking twice: %s", out)
+	}
+	if err := json.Unmarshal([]byte(cli(t, "mesh", "status", "--json", "--data", d)), &st); err != nil || st.Revocations != 1 || st.Revoked {
 		t.Errorf("after an offline revoke: %+v", st)
+	}
+}
+
+// startBarePeer runs the mesh peer of data (no node) on loopback until the
+// test ends, and returns it and a stop function.
+func startBarePeer(t *testing.T, data string) (*peer.Peer, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p, err := peer.Start(ctx, peer.Options{DataDir: data, Listen: loopbackP2P})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done; p.Close() }) }
+	t.Cleanup(stop)
+	return p, stop
+}
+
+// TestMeshRevokedCLI: a device removed from the mesh says so in `mesh
+// status`, and when it tries to join again under its old peer id, `join`
+// prints the inviter's refusal, not that the inviter is unreachable.
+func TestMeshRevokedCLI(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	cli(t, "mesh", "init", "--data", a)
+	pa, stopA := startBarePeer(t, a)
+	cli(t, "join", strings.TrimSpace(cli(t, "invite", "--data", a)), "--data", b)
+	pb, stopB := startBarePeer(t, b)
+	waitFor(t, "the device admitted", func() bool { return pa.Mesh.Admitted(pb.Mesh.ID()) })
+	if _, err := pa.Mesh.Revoke(context.Background(), pb.Mesh.ID(), mesh.RevokeOptions{Reason: "sold"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the device told", func() bool { return pb.Mesh.Revoked() != nil })
+	stopB()
+	var st peer.Status
+	if err := json.Unmarshal([]byte(cli(t, "mesh", "status", "--json", "--data", b)), &st); err != nil || !st.Revoked || st.RevokedBy != "the mesh admin" || st.RevokedReason != "sold" {
+		t.Errorf("status --json of a revoked device: %+v %v", st, err)
+	}
+	if out := cli(t, "mesh", "status", "--data", b); !strings.Contains(out, "REVOKED") || !strings.Contains(out, "removed from the mesh by the mesh admin") || !strings.Contains(out, "(reason: sold)") {
+		t.Errorf("status of a revoked device:\n%s", out)
+	}
+	// Joining again under the same peer id, once the refusal of its last
+	// connection has passed (a restarted inviter forgets it).
+	stopA()
+	startBarePeer(t, a)
+	again := t.TempDir()
+	id, err := os.ReadFile(filepath.Join(b, p2p.IdentityFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(again, p2p.IdentityFile), id, 0o600)
+	tok := strings.TrimSpace(cli(t, "invite", "--data", a))
+	_, errs, code := runCLI(t, "join", tok, "--data", again)
+	if code != 1 || !strings.Contains(errs, "removed from the mesh") || !strings.Contains(errs, "sold") {
+		t.Errorf("join of a revoked device: %d\n%s", code, errs)
+	}
+}
+
+// TestJoinUnreachable: `join` says which addresses it tries and, when
+// none answers, one line of why; --verbose adds each address's error.
+func TestJoinUnreachable(t *testing.T) {
+	a := t.TempDir()
+	cli(t, "mesh", "init", "--data", a)
+	key, id, err := peer.Identity(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []string{"/ip4/127.0.0.1/tcp/9/p2p/" + string(id), "/ip4/127.0.0.1/tcp/1/p2p/" + string(id)}
+	tok, err := mesh.Invite(a, key, member.RoleMember, time.Hour, 1, addrs, time.Now(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := runCLI(t, "join", tok.String(), "--data", t.TempDir(), "--p2p-listen", loopbackP2P[1])
+	lines := strings.Split(strings.TrimSpace(errs), "\n")
+	if code != 1 || len(lines) != 5 || !strings.Contains(lines[0], addrs[0]+" (1 of 2)") || !strings.Contains(lines[2], addrs[1]+" (2 of 2)") ||
+		!strings.Contains(lines[1], "no answer") || !strings.Contains(lines[4], "cannot reach the inviter at any of its 2 addresses") ||
+		!strings.Contains(lines[4], "--verbose") || strings.Contains(errs, "dial tcp") {
+		t.Errorf("join with the inviter offline: %d\n%s", code, errs)
+	}
+	_, errs, code = runCLI(t, "join", tok.String(), "--verbose", "--data", t.TempDir(), "--p2p-listen", loopbackP2P[1])
+	if code != 1 || !strings.Contains(errs, "dial tcp") || !strings.Contains(errs, addrs[1]+": ") {
+		t.Errorf("join --verbose with the inviter offline: %d\n%s", code, errs)
 	}
 }
 

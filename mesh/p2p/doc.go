@@ -9,7 +9,8 @@
 //
 // Admission works in layers. A peer the Gate calls Blocked is refused by
 // the connection gater as soon as its identity is known, in both
-// directions. A peer that is connected but not Admitted may only use the
+// directions, unless the Gate is a mesh.Teller that lets it connect in to
+// be told why (a revoked peer): then only the open protocols serve it. A peer that is connected but not Admitted may only use the
 // open protocols (Options.Open): streams of other protocols are reset before
 // the mesh's handler sees them, and NewStream refuses to open them. In
 // gossip, a peer not admitted is never sent a message (peer filter, peer

@@ -40,7 +40,18 @@ func (g *gater) InterceptAddrDial(peer.ID, ma.Multiaddr) bool { return true }
 func (g *gater) InterceptAccept(network.ConnMultiaddrs) bool { return true }
 
 func (g *gater) InterceptSecured(dir network.Direction, p peer.ID, _ network.ConnMultiaddrs) bool {
+	if dir == network.DirInbound && mayTell(g.gate, meshID(p)) {
+		g.log.Debug("connection from a blocked peer let in: it is told why", "peer", p)
+		return true
+	}
 	return !g.blocked(p, dir.String())
+}
+
+// mayTell reports a blocked peer the gate lets connect in, to be told why
+// it is refused (mesh.Teller).
+func mayTell(gate mesh.Gate, p mesh.PeerID) bool {
+	t, ok := gate.(mesh.Teller)
+	return ok && t.MayTell(p)
 }
 
 func (g *gater) InterceptUpgraded(network.Conn) (bool, control.DisconnectReason) { return true, 0 }

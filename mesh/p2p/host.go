@@ -454,7 +454,7 @@ func (h *Host) NewStream(ctx context.Context, p mesh.PeerID, proto string) (mesh
 	if err != nil {
 		return nil, err
 	}
-	if h.gate.Blocked(p) {
+	if h.gate.Blocked(p) && !(h.open[proto] && mayTell(h.gate, p)) {
 		return nil, fmt.Errorf("%w: %s", ErrBlocked, p)
 	}
 	if !h.open[proto] && !h.gate.Admitted(p) {
@@ -480,7 +480,7 @@ func (h *Host) Handle(proto string, fn mesh.StreamHandler) {
 	open := h.open[proto]
 	h.host.SetStreamHandler(pid, func(s network.Stream) {
 		remote := meshID(s.Conn().RemotePeer())
-		if h.gate.Blocked(remote) || (!open && !h.gate.Admitted(remote)) {
+		if h.gate.Blocked(remote) && !(open && mayTell(h.gate, remote)) || (!open && !h.gate.Admitted(remote)) {
 			h.log.Debug("stream refused: peer not admitted", "from", remote, "proto", proto)
 			_ = s.Reset()
 			return

@@ -33,6 +33,13 @@ type Status struct {
 	Connected   int       `json:"connected"`
 	Admitted    int       `json:"admitted"`
 	Revocations int       `json:"revocations"`
+	// Revoked is set once this peer knows it was removed from the mesh:
+	// by whom (RevokedBy: "the mesh admin" or "its inviter PEER"), when
+	// and why.
+	Revoked       bool      `json:"revoked"`
+	RevokedBy     string    `json:"revoked_by,omitempty"`
+	RevokedAt     time.Time `json:"revoked_at,omitzero"`
+	RevokedReason string    `json:"revoked_reason,omitempty"`
 }
 
 // PeerInfo is one admitted peer, as `clawmesh mesh peers --json` prints it.
@@ -54,11 +61,40 @@ type BatchInfo struct {
 	Created  time.Time    `json:"created,omitzero"`
 	Shipped  time.Time    `json:"shipped,omitzero"`
 	Received time.Time    `json:"received,omitzero"`
+	// NextAnnounce is when a running node announces an unshipped batch
+	// to the mesh again.
+	NextAnnounce time.Time `json:"next_announce,omitzero"`
+	// Blocked says why an unshipped batch will not ship (this device was
+	// removed from the mesh).
+	Blocked string `json:"blocked,omitempty"`
+}
+
+// Unshipped reports an outbox batch no trainer has acked.
+func (b BatchInfo) Unshipped() bool { return b.Shipped.IsZero() && b.Received.IsZero() }
+
+// Annotate says, on each unshipped batch of l, why it will not ship if st
+// says this peer was removed from the mesh, else when it is announced next
+// (next, if not nil, tells).
+func Annotate(l []BatchInfo, st Status, next func(core.BatchID) (time.Time, bool)) {
+	for i := range l {
+		if !l[i].Unshipped() {
+			continue
+		}
+		if st.Revoked {
+			l[i].Blocked = "this device was removed from the mesh by " + st.RevokedBy
+			continue
+		}
+		if next != nil {
+			if t, ok := next(l[i].ID); ok {
+				l[i].NextAnnounce = t.UTC()
+			}
+		}
+	}
 }
 
 // StatusOf is the running peer's status.
 func StatusOf(p *Peer) Status {
-	st := offline(p.Mesh.State(), p.Mesh.Cert(), p.Mesh.IsAdmin(), len(p.Mesh.Revocations()))
+	st := offline(p.Mesh.State(), p.Mesh.Cert(), p.Mesh.IsAdmin(), len(p.Mesh.Revocations()), p.Mesh.Revoked())
 	st.Running = true
 	st.Addrs = p.Host.Addrs()
 	st.Connected = len(p.Host.Connected())
@@ -79,14 +115,18 @@ func OfflineStatus(dataDir string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	return offline(*s, cert, aerr == nil, revs.Len()), nil
+	return offline(*s, cert, aerr == nil, revs.Len(), revs.RevocationOf(cert)), nil
 }
 
-func offline(s mesh.State, cert *member.Certificate, admin bool, revs int) Status {
-	return Status{
+func offline(s mesh.State, cert *member.Certificate, admin bool, revs int, revoked *member.Revocation) Status {
+	st := Status{
 		MeshID: s.MeshID, Name: s.Name, PeerID: cert.Subject(), Role: cert.Role().String(), MayInvite: cert.MayInvite(),
 		Admin: admin, CertExpires: cert.Expires().UTC(), Addrs: s.Addrs, Revocations: revs,
 	}
+	if r := revoked; r != nil {
+		st.Revoked, st.RevokedBy, st.RevokedAt, st.RevokedReason = true, mesh.RevokedBy(r), r.RevokedAt().UTC(), r.Reason()
+	}
+	return st
 }
 
 // Batches lists batches for the admin API.
@@ -103,7 +143,7 @@ type Batches interface {
 //	GET  /clawmesh/v1/mesh/peers         []PeerInfo
 //	GET  /clawmesh/v1/mesh/batches       []BatchInfo
 //	GET  /clawmesh/v1/mesh/batches/{id}  the batch's steps as JSONL
-//	POST /clawmesh/v1/mesh/revoke        {"peer", "reason"} → the revocation's subject
+//	POST /clawmesh/v1/mesh/revoke        {"peer", "reason", "force"} → RevokeResult
 const AdminPrefix = "/clawmesh/v1/mesh/"
 
 // Handler serves the admin API of a running peer.
@@ -117,6 +157,7 @@ func Handler(p *Peer, b Batches) http.Handler {
 	})
 	mux.HandleFunc("GET "+AdminPrefix+"batches", func(w http.ResponseWriter, r *http.Request) {
 		l, err := b.List(r.Context())
+		Annotate(l, StatusOf(p), p.Mesh.NextAnnounce)
 		writeJSON(w, l, err)
 	})
 	mux.HandleFunc("GET "+AdminPrefix+"batches/{id}", func(w http.ResponseWriter, r *http.Request) {
@@ -132,19 +173,44 @@ func Handler(p *Peer, b Batches) http.Handler {
 		var req struct {
 			Peer   string `json:"peer"`
 			Reason string `json:"reason"`
+			Force  bool   `json:"force"`
 		}
 		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil || req.Peer == "" {
-			writeErr(w, http.StatusBadRequest, fmt.Errorf("want {\"peer\": ID, \"reason\": TEXT}"))
+			writeErr(w, http.StatusBadRequest, fmt.Errorf("want {\"peer\": ID, \"reason\": TEXT, \"force\": BOOL}"))
 			return
 		}
-		rv, err := p.Mesh.Revoke(r.Context(), mesh.PeerID(req.Peer), req.Reason)
-		if err != nil {
+		rv, err := p.Mesh.Revoke(r.Context(), mesh.PeerID(req.Peer), mesh.RevokeOptions{Reason: req.Reason, Force: req.Force})
+		switch {
+		case errors.Is(err, mesh.ErrAlreadyRevoked):
+			writeJSON(w, resultOf(rv, true), nil)
+		case errors.Is(err, mesh.ErrBadPeerID):
+			writeErr(w, http.StatusBadRequest, err)
+		case err != nil:
 			writeJSON(w, nil, err)
-			return
+		default:
+			writeJSON(w, resultOf(rv, false), nil)
 		}
-		writeJSON(w, map[string]string{"revoked": rv.Subject()}, nil)
 	})
 	return mux
+}
+
+// RevokeResult is the admin API's answer to a revocation: the revoked
+// peer, and, when it was revoked already (and nothing was done), by whom,
+// when and why.
+type RevokeResult struct {
+	Revoked string    `json:"revoked"`
+	Already bool      `json:"already,omitempty"`
+	By      string    `json:"by,omitempty"`
+	At      time.Time `json:"at,omitzero"`
+	Reason  string    `json:"reason,omitempty"`
+}
+
+func resultOf(r *member.Revocation, already bool) RevokeResult {
+	res := RevokeResult{Revoked: r.Subject(), Already: already}
+	if already {
+		res.By, res.At, res.Reason = mesh.RevokedBy(r), r.RevokedAt().UTC(), r.Reason()
+	}
+	return res
 }
 
 func peersOf(p *Peer) []PeerInfo {
@@ -175,6 +241,8 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 			code = http.StatusNotFound
 		case errors.Is(err, member.ErrNotAllowed):
 			code = http.StatusForbidden
+		case errors.Is(err, mesh.ErrUnknownPeer):
+			code = http.StatusConflict
 		}
 		writeErr(w, code, err)
 		return
@@ -245,13 +313,22 @@ func (c *Client) Batch(ctx context.Context, id core.BatchID, w io.Writer) error 
 	return err
 }
 
-// Revoke asks the running peer to revoke a peer.
+// Revoke asks the running peer to revoke a peer it knows.
 func (c *Client) Revoke(ctx context.Context, p mesh.PeerID, reason string) error {
-	b, _ := json.Marshal(map[string]string{"peer": string(p), "reason": reason})
+	_, err := c.RevokeWith(ctx, p, mesh.RevokeOptions{Reason: reason})
+	return err
+}
+
+// RevokeWith asks the running peer to revoke a peer; the result says
+// whether it was revoked already.
+func (c *Client) RevokeWith(ctx context.Context, p mesh.PeerID, o mesh.RevokeOptions) (RevokeResult, error) {
+	var res RevokeResult
+	b, _ := json.Marshal(map[string]any{"peer": string(p), "reason": o.Reason, "force": o.Force})
 	resp, err := c.do(ctx, http.MethodPost, "revoke", strings.NewReader(string(b)))
 	if err != nil {
-		return err
+		return res, err
 	}
-	resp.Body.Close()
-	return nil
+	defer resp.Body.Close()
+	err = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&res)
+	return res, err
 }

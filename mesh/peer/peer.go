@@ -99,6 +99,22 @@ func (nobody) Admitted(mesh.PeerID) bool { return false }
 // Join redeems an invite token with its inviter, on a host started for
 // the purpose, and records the membership in dataDir.
 func Join(ctx context.Context, dataDir, token string, listen []string, log *slog.Logger) (*mesh.State, error) {
+	return JoinWith(ctx, dataDir, token, JoinOptions{Listen: listen, Logger: log})
+}
+
+// JoinOptions tune JoinWith. The zero value is the default.
+type JoinOptions struct {
+	// Listen are the libp2p addresses of the host that joins; default any
+	// free QUIC and TCP port.
+	Listen []string
+	Logger *slog.Logger
+	// Progress is told of each try to reach the inviter (mesh.JoinOptions).
+	Progress func(mesh.JoinAttempt)
+}
+
+// JoinWith is Join with options.
+func JoinWith(ctx context.Context, dataDir, token string, o JoinOptions) (*mesh.State, error) {
+	listen, log := o.Listen, o.Logger
 	if _, err := mesh.LoadState(dataDir); err == nil {
 		return nil, fmt.Errorf("%w: %s is in a mesh already", mesh.ErrJoined, dataDir)
 	} else if !errors.Is(err, mesh.ErrNotJoined) {
@@ -112,5 +128,5 @@ func Join(ctx context.Context, dataDir, token string, listen []string, log *slog
 		return nil, err
 	}
 	defer h.Close()
-	return mesh.Join(ctx, h, dataDir, token, time.Now())
+	return mesh.JoinWith(ctx, h, dataDir, token, time.Now(), mesh.JoinOptions{Progress: o.Progress})
 }

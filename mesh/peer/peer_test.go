@@ -167,7 +167,7 @@ func TestInviteJoinAdmit(t *testing.T) {
 		t.Errorf("a token whose address is another peer's: %v", err)
 	}
 	// A revoked peer cannot come back with a new token.
-	if _, err := a.Mesh.Revoke(ctx, b.Mesh.ID(), "test"); err != nil {
+	if _, err := a.Mesh.Revoke(ctx, b.Mesh.ID(), mesh.RevokeOptions{Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	again := t.TempDir()
@@ -407,7 +407,7 @@ func TestBatchesReachTrainer(t *testing.T) {
 
 	// Revoke the member: it is disconnected everywhere, and its later
 	// batches are not pulled.
-	if _, err := a.Mesh.Revoke(context.Background(), b.Mesh.ID(), "lost device"); err != nil {
+	if _, err := a.Mesh.Revoke(context.Background(), b.Mesh.ID(), mesh.RevokeOptions{Reason: "lost device"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the trainer to drop the revoked member", func() bool { return !tr.Mesh.Admitted(b.Mesh.ID()) && tr.Mesh.Blocked(b.Mesh.ID()) })
