@@ -165,27 +165,7 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if asJSON {
 			return printJSON(stdout, list)
 		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "BATCH\tSTEPS\tBYTES\tMADE\tSHIPPED/RECEIVED")
-		for _, b := range list {
-			when := "waiting for a trainer"
-			switch {
-			case b.Blocked != "":
-				when = "will not ship: " + b.Blocked
-			case !b.NextAnnounce.IsZero():
-				when = "waiting for a trainer; announced again " + nextAt(b.NextAnnounce, time.Now())
-			case !b.Shipped.IsZero():
-				when = "shipped " + b.Shipped.Local().Format("01-02 15:04:05")
-			case !b.Received.IsZero():
-				when = "received " + b.Received.Local().Format("01-02 15:04:05")
-			}
-			made := "-"
-			if !b.Created.IsZero() {
-				made = b.Created.Local().Format("01-02 15:04")
-			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", b.ID, b.Steps, b.Size, made, when)
-		}
-		return tw.Flush()
+		return printBatches(stdout, list, time.Now())
 	case "batch":
 		id := core.BatchID(fs.Arg(0))
 		if c != nil {
@@ -272,6 +252,32 @@ func nextAt(t, now time.Time) string {
 		return "any moment now"
 	}
 	return fmt.Sprintf("at %s (in %s)", t.Local().Format("15:04:05"), d)
+}
+
+// printBatches prints the batches' table: for each, when it shipped (or
+// was received), or why it waits and when it is announced next.
+func printBatches(w io.Writer, list []peer.BatchInfo, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BATCH\tSTEPS\tBYTES\tMADE\tSHIPPED/RECEIVED")
+	for _, b := range list {
+		when := "waiting for a trainer"
+		switch {
+		case b.Blocked != "":
+			when = "will not ship: " + b.Blocked
+		case !b.NextAnnounce.IsZero():
+			when = "waiting for a trainer; announced again " + nextAt(b.NextAnnounce, now)
+		case !b.Shipped.IsZero():
+			when = "shipped " + b.Shipped.Local().Format("01-02 15:04:05")
+		case !b.Received.IsZero():
+			when = "received " + b.Received.Local().Format("01-02 15:04:05")
+		}
+		made := "-"
+		if !b.Created.IsZero() {
+			made = b.Created.Local().Format("01-02 15:04")
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", b.ID, b.Steps, b.Size, made, when)
+	}
+	return tw.Flush()
 }
 
 func meshInit(data, name string, stdout io.Writer) error {

@@ -460,3 +460,31 @@ func TestUnshippedSurvivesRestart(t *testing.T) {
 		t.Fatalf("the trainer holds %+v, %v; the node shipped %s", held, err, mine[0].ID)
 	}
 }
+
+// TestPrintBatches: `mesh batches` says of each batch when it shipped or
+// was received, and of one waiting when it is announced next, or why it
+// will not ship.
+func TestPrintBatches(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.Local)
+	id := func(c string) core.BatchID { return core.BatchID(strings.Repeat(c, 64)) }
+	for _, tc := range []struct {
+		b    peer.BatchInfo
+		want string
+	}{
+		{peer.BatchInfo{ID: id("a"), Shipped: now.Add(-time.Minute)}, "shipped 11-29 11:59:00"},
+		{peer.BatchInfo{ID: id("b"), Received: now.Add(-time.Hour)}, "received 11-29 11:00:00"},
+		{peer.BatchInfo{ID: id("c"), NextAnnounce: now.Add(25 * time.Second)}, "waiting for a trainer; announced again at 12:00:25 (in 25s)"},
+		{peer.BatchInfo{ID: id("d"), NextAnnounce: now.Add(-time.Second)}, "waiting for a trainer; announced again any moment now"},
+		{peer.BatchInfo{ID: id("e"), Blocked: "this device was removed from the mesh by the mesh admin"}, "will not ship: this device was removed from the mesh by the mesh admin"},
+		{peer.BatchInfo{ID: id("f")}, "waiting for a trainer"},
+	} {
+		var b bytes.Buffer
+		if err := printBatches(&b, []peer.BatchInfo{tc.b}, now); err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+		if len(lines) != 2 || !strings.HasSuffix(lines[1], tc.want) {
+			t.Errorf("%+v:\n%s\nwant it to end in %q", tc.b, b.String(), tc.want)
+		}
+	}
+}

@@ -3,10 +3,13 @@ package peer_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/p2p"
 	"github.com/clawmesh/clawmesh/mesh/peer"
@@ -230,6 +234,13 @@ func TestTrainerArrivalAnnounces(t *testing.T) {
 	if d := time.Until(next); d < 4*time.Minute {
 		t.Errorf("next announcement in %s, want the 5m backoff", d)
 	}
+	// The admin API lists it with its next announcement.
+	rec := httptest.NewRecorder()
+	peer.Handler(a, listedBatches{{ID: id, Steps: 2}}).ServeHTTP(rec, httptest.NewRequest("GET", peer.AdminPrefix+"batches", nil))
+	var listed []peer.BatchInfo
+	if err := json.Unmarshal(rec.Body.Bytes(), &listed); err != nil || len(listed) != 1 || !listed[0].NextAnnounce.Equal(next) || listed[0].Blocked != "" {
+		t.Errorf("the admin API's batches: %s %v", rec.Body, err)
+	}
 
 	tData := join(t, invite(t, adminData, a, member.RoleTrainer, 1))
 	tr := start(t, tData)
@@ -243,4 +254,12 @@ func TestTrainerArrivalAnnounces(t *testing.T) {
 	if _, ok := a.Mesh.NextAnnounce(id); ok {
 		t.Error("a shipped batch is still scheduled")
 	}
+}
+
+// listedBatches lists fixed batches for the admin API.
+type listedBatches []peer.BatchInfo
+
+func (l listedBatches) List(context.Context) ([]peer.BatchInfo, error) { return slices.Clone(l), nil }
+func (l listedBatches) Get(context.Context, core.BatchID) (*batch.Batch, error) {
+	return nil, mesh.ErrNoBatch
 }
