@@ -117,4 +117,16 @@ func TestRenderMeshNode(t *testing.T) {
 			t.Errorf("page lacks %s", want)
 		}
 	}
+	if strings.Contains(out, `id="revoked"`) {
+		t.Error("a member's page says it was removed")
+	}
+	// A device removed from the mesh says so, by whom and why.
+	d.Mesh.Revoked, d.Mesh.RevokedBy, d.Mesh.RevokedReason = true, "the mesh admin", "sold <b>"
+	buf.Reset()
+	if err := Render(&buf, d); err != nil {
+		t.Fatal(err)
+	}
+	if out := buf.String(); !strings.Contains(out, `id="revoked">This device was removed from the mesh by the mesh admin (sold &lt;b&gt;)`) {
+		t.Errorf("the page of a revoked device:\n%s", out)
+	}
 }
