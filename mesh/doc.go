@@ -4,10 +4,12 @@
 // certificate exchange that admits a peer and tells it the peers admitted
 // so far, run again with each admitted peer in turn so that every peer
 // comes to know every other, the redeeming of invite tokens,
-// renewal, revocations spread and enforced; the tokens, certificates and
+// renewal, revocations spread, enforced and shown to the peers they
+// revoke, the record of the peers known; the tokens, certificates and
 // revocations themselves are mesh/member), and the shipping of batches:
 // announcements on gossip that name no device, the pull protocol only
-// trainers may use, and the signed acks that mark a batch shipped; and the
+// trainers may use, the signed acks that mark a batch shipped, and the
+// announcements made again when a trainer is admitted; and the
 // plugin protocol, by which an admitted peer fetches, by content hash, the
 // reward plugin modules a batch's scores name, to replay them. The batch
 // wire format is mesh/batch.
