@@ -45,9 +45,9 @@ revoke takes a peer id this device knows: one it admitted or invited. For
 another, check the id ('mesh peers' lists the peers connected now) or pass
 --force. A peer revoked already is left as it is: revoke says so and exits 0.
 A revoked device is told when it next meets a peer: its log and 'mesh
-status' say it was removed, by whom and why, and its batches that it will
-not ship them. To take part again it needs a new invite, redeemed from a
-fresh data directory (its peer id stays refused).
+status' say it was removed, by whom and why, and 'mesh batches' that its
+batches will not ship. To take part again it needs a new invite, redeemed
+from a fresh data directory (its peer id stays refused).
 
 'mesh batches' on a running node says when each unshipped batch is
 announced again: at once when a trainer joins, else with backoff (30 s
