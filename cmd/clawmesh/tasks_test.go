@@ -269,7 +269,16 @@ func TestPrintTaskSetsAbstentions(t *testing.T) {
 	var b strings.Builder
 	printTaskSets(&b, sets, true)
 	out := b.String()
-	for _, want := range []string{"ABSTAINED", "v1  0.30    3/10    +0.000       5/10", "9/10",
+	rows := map[string]bool{}
+	for _, l := range strings.Split(out, "\n") {
+		rows[strings.Join(strings.Fields(l), " ")] = true
+	}
+	for _, want := range []string{"VERSION PASS@1 PASSED MEAN REWARD ABSTAINED", "v1 0.30 3/10 +0.000 5/10", "v2 0.00 0/10 +0.000 9/10"} {
+		if !rows[want] {
+			t.Errorf("no row %q in\n%s", want, out)
+		}
+	}
+	for _, want := range []string{
 		"the verifier gave no score to more than half the held-out prompts of v2:", "(verifier abstained on 9/10)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
