@@ -7,6 +7,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
+	"github.com/clawmesh/clawmesh/reward"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
@@ -19,7 +20,55 @@ var (
 	NewTestLogger = testLogger
 	LetterTasks   = letterTasks
 	CharsetPlugin = charsetPlugin
+	MoodyPlugin   = moodyPlugin
+	MoodyTasks    = moodyTasks
 )
+
+// HoldTaskRuntime holds the runtime of the group's task set hash as a
+// share's rollouts or an evaluation hold it; score has its verifier score
+// a reply made of letters to the set's first task.
+func (t *Trainer) HoldTaskRuntime(ctx context.Context, hash string) (score func(context.Context) core.Score, release func(), err error) {
+	var ts group.TaskSet
+	t.group.view(func(s *group.State) {
+		if p := s.TaskSets[hash]; p != nil {
+			ts = *p
+		}
+	})
+	rt, err := t.acquireRuntime(ctx, &ts)
+	if err != nil {
+		return nil, nil, err
+	}
+	task := rt.set.Tasks[0]
+	score = func(ctx context.Context) core.Score {
+		st := &core.Step{ID: "held", Turn: core.TurnMain, Request: core.Request{Messages: task.Messages},
+			Response: core.Response{Choices: []core.Choice{{Message: core.Message{Role: core.RoleAssistant, Content: "abc"}}}}}
+		sc, _ := rt.runner.ScoreTask(ctx, verifierName, st, reward.Task{ID: task.ID, Answer: task.Answer, Meta: task.Meta})
+		return sc
+	}
+	return score, rt.release, nil
+}
+
+// EvaluateVersion scores version v on the held-out split of task set
+// hash, as the leader does, without recording it.
+func (t *Trainer) EvaluateVersion(ctx context.Context, hash string, v uint64) (group.Eval, error) {
+	var (
+		ts  group.TaskSet
+		ver group.Version
+		cfg group.Config
+	)
+	t.group.view(func(s *group.State) {
+		if p := s.TaskSets[hash]; p != nil {
+			ts = *p
+		}
+		ver, _ = s.Version(v)
+		cfg = s.Config
+	})
+	dir, err := t.ensureVersion(ctx, ver)
+	if err != nil {
+		return group.Eval{}, err
+	}
+	return t.evaluate(ctx, cfg, dir, v, &ts)
+}
 
 // SetBeforePublish has fn run before the leader proposes a version.
 func (t *Trainer) SetBeforePublish(fn func(ctx context.Context, round uint64)) { t.beforePublish = fn }
@@ -38,7 +87,8 @@ func (t *Trainer) LatestShared() *chunks.Manifest { return t.weights.Latest() }
 
 // AddTasksFrom has the trainer take a task-set payload from itself.
 func (t *Trainer) AddTasksFrom(ctx context.Context, payload []byte) error {
-	return t.addTasks(ctx, t.self, payload)
+	_, err := t.addTasks(ctx, t.self, payload)
+	return err
 }
 
 // OfferForeignDelta trains a delta on batch p from another seed's version

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -271,11 +273,13 @@ func (w *worker) evaluate(ctx context.Context, cfg group.Config, dir string, rt 
 		if err != nil {
 			return group.Eval{}, err
 		}
-		if sc.Value != nil {
-			sum += *sc.Value
-			if *sc.Value > 0 {
-				ev.Passed++
-			}
+		if sc.Value == nil {
+			ev.Abstained++
+			continue
+		}
+		sum += *sc.Value
+		if *sc.Value > 0 {
+			ev.Passed++
 		}
 	}
 	if ev.Prompts > 0 {
@@ -286,32 +290,112 @@ func (w *worker) evaluate(ctx context.Context, cfg group.Config, dir string, rt 
 }
 
 // rolloutRuntime is what a trainer needs to run a task set's rollouts:
-// its tasks by id and a reward runner holding its verifier (and tool
-// simulator).
+// the set's settings as the group holds them, its tasks by id and a
+// reward runner holding its verifier (and tool simulator). One that
+// Trainer.acquireRuntime gave is held until release: its runner stays
+// open until then, whatever else happens to the cache.
 type rolloutRuntime struct {
 	ts     group.TaskSet
 	set    *tasks.Set
 	byID   map[string]*tasks.Task
 	runner *reward.Runner
+	shared *sharedRuntime // nil for one made alone (newLocalRuntime)
+	once   sync.Once
 }
 
-// rolloutRuntimes caches the runtimes by set hash.
+// release gives back a runtime acquireRuntime gave; it may be called more
+// than once.
+func (rt *rolloutRuntime) release() {
+	if rt != nil && rt.shared != nil {
+		rt.once.Do(func() { rt.shared.cache.release(rt.shared) })
+	}
+}
+
+// runtimeKey names what a runtime runs: a set's canonical file and its
+// plugins, by hash. The group never changes them for a set it holds, so a
+// runtime is never replaced while rollouts or evaluations hold it; what a
+// trainer was asked to add and the group refused never reaches the cache.
+type runtimeKey struct{ set, reward, tools string }
+
+// sharedRuntime is a cached runtime's parts, with the count of its
+// holders.
+type sharedRuntime struct {
+	cache  *rolloutRuntimes
+	key    runtimeKey
+	set    *tasks.Set
+	byID   map[string]*tasks.Task
+	runner *reward.Runner
+	refs   int
+}
+
+// rolloutRuntimes caches the runtimes of the group's task sets.
 type rolloutRuntimes struct {
-	mu sync.Mutex
-	m  map[string]*rolloutRuntime
+	mu     sync.Mutex
+	m      map[runtimeKey]*sharedRuntime
+	closed bool
 }
 
-func (t *Trainer) rolloutRuntime(ctx context.Context, ts *group.TaskSet) (*rolloutRuntime, error) {
-	return t.rolloutRuntimeFrom(ctx, ts, "")
-}
-
-func (t *Trainer) rolloutRuntimeFrom(ctx context.Context, ts *group.TaskSet, hint mesh.PeerID) (*rolloutRuntime, error) {
-	c := &t.runtimes
+func (c *rolloutRuntimes) release(sr *sharedRuntime) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if rt := c.m[ts.Hash]; rt != nil && rt.ts.Reward == ts.Reward && rt.ts.Tools == ts.Tools {
-		return rt, nil
+	sr.refs--
+	if c.closed && sr.refs == 0 {
+		sr.runner.Close(context.Background())
+		delete(c.m, sr.key)
 	}
+}
+
+// close closes the runtimes no one holds, and the others as their last
+// holder releases them.
+func (c *rolloutRuntimes) close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	var errs []error
+	for k, sr := range c.m {
+		if sr.refs == 0 {
+			errs = append(errs, sr.runner.Close(context.Background()))
+			delete(c.m, k)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// acquireRuntime returns the runtime of ts, a set the group holds (its
+// settings are the runtime's), making it on first use: the set's files
+// are fetched from the group's trainers when this one lacks them. The
+// caller releases it.
+func (t *Trainer) acquireRuntime(ctx context.Context, ts *group.TaskSet) (*rolloutRuntime, error) {
+	c := &t.runtimes
+	key := runtimeKey{ts.Hash, ts.Reward, ts.Tools}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errors.New("trainer: closed")
+	}
+	sr := c.m[key]
+	if sr == nil {
+		set, err := t.loadTaskSet(ctx, ts, "")
+		if err != nil {
+			return nil, err
+		}
+		runner, err := t.taskRunner(ctx, ts)
+		if err != nil {
+			return nil, err
+		}
+		sr = &sharedRuntime{cache: c, key: key, set: set, byID: set.ByID(), runner: runner}
+		if c.m == nil {
+			c.m = map[runtimeKey]*sharedRuntime{}
+		}
+		c.m[key] = sr
+	}
+	sr.refs++
+	return &rolloutRuntime{ts: ts.WithDefaults(), set: sr.set, byID: sr.byID, runner: sr.runner, shared: sr}, nil
+}
+
+// loadTaskSet reads ts's canonical file and checks it, and has its
+// plugins here too, fetching what this trainer lacks (from hint first).
+func (t *Trainer) loadTaskSet(ctx context.Context, ts *group.TaskSet, hint mesh.PeerID) (*tasks.Set, error) {
 	raw, err := t.taskFile(ctx, ts.Hash, hint)
 	if err != nil {
 		return nil, err
@@ -323,55 +407,114 @@ func (t *Trainer) rolloutRuntimeFrom(ctx context.Context, ts *group.TaskSet, hin
 	if set.Hash != ts.Hash {
 		return nil, fmt.Errorf("%w: the file of %s is not canonical", ErrTasks, short(ts.Hash))
 	}
-	plugins := []reward.PluginConfig{{Name: verifierName, Path: t.taskPath(ts.Reward), Enabled: true}}
-	if _, err := t.taskFile(ctx, ts.Reward, hint); err != nil {
-		return nil, err
-	}
-	if ts.Tools != "" {
-		if _, err := t.taskFile(ctx, ts.Tools, hint); err != nil {
-			return nil, err
+	for _, h := range []string{ts.Reward, ts.Tools} {
+		if h != "" {
+			if _, err := t.taskFile(ctx, h, hint); err != nil {
+				return nil, err
+			}
 		}
-		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: t.taskPath(ts.Tools), Enabled: true})
 	}
-	runner, err := reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1, Logger: t.log})
-	if err != nil {
-		return nil, err
-	}
-	rt := &rolloutRuntime{ts: ts.WithDefaults(), set: set, byID: set.ByID(), runner: runner}
-	if c.m == nil {
-		c.m = map[string]*rolloutRuntime{}
-	}
-	if old := c.m[ts.Hash]; old != nil {
-		old.runner.Close(context.Background())
-	}
-	c.m[ts.Hash] = rt
-	return rt, nil
+	return set, nil
 }
 
-func (c *rolloutRuntimes) close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var errs []error
-	for _, rt := range c.m {
-		errs = append(errs, rt.runner.Close(context.Background()))
+// taskRunner loads ts's plugins, kept here, into a new reward runner.
+func (t *Trainer) taskRunner(ctx context.Context, ts *group.TaskSet) (*reward.Runner, error) {
+	tools := ""
+	if ts.Tools != "" {
+		tools = t.taskPath(ts.Tools)
 	}
-	c.m = nil
-	return errors.Join(errs...)
+	return newTaskRunner(ctx, t.taskPath(ts.Reward), tools, t.log)
+}
+
+func newTaskRunner(ctx context.Context, verifier, tools string, log *slog.Logger) (*reward.Runner, error) {
+	plugins := []reward.PluginConfig{{Name: verifierName, Path: verifier, Enabled: true}}
+	if tools != "" {
+		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: tools, Enabled: true})
+	}
+	return reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1, Logger: log})
+}
+
+// Trying a verifier when its set is added.
+const (
+	// probeTasks is how many of a set's first tasks the verifier is
+	// tried on, probeTime how long those tries may take together.
+	probeTasks = 5
+	probeTime  = 20 * time.Second
+)
+
+// probeVerifier tries the verifier in runner on the set's first tasks,
+// each with its answer as the reply (what a verifier scores, and should
+// score well). A verifier that scores none of them (it abstains, traps or
+// runs out of time on every one) would score no rollout: the rounds would
+// mark the set's prompts done and learn nothing, and its evaluations would
+// read as a neutral mean reward. It is refused, saying why.
+func probeVerifier(ctx context.Context, runner *reward.Runner, set *tasks.Set) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTime)
+	defer cancel()
+	n := min(probeTasks, len(set.Tasks))
+	var why []string
+	for _, task := range set.Tasks[:n] {
+		reply := core.Message{Role: core.RoleAssistant, Content: answerText(task.Answer)}
+		st := &core.Step{ID: core.StepID("probe-" + task.ID), Turn: core.TurnMain,
+			Request:  core.Request{Messages: slices.Clone(task.Messages), Tools: task.Tools},
+			Response: core.Response{Choices: []core.Choice{{Message: reply, FinishReason: "stop"}}}}
+		sc, _ := runner.ScoreTask(ctx, verifierName, st, reward.Task{ID: task.ID, Answer: task.Answer, Meta: task.Meta})
+		if sc.Value != nil {
+			return nil
+		}
+		reason := sc.Reason
+		if reason == "" {
+			reason = "no reason given"
+		}
+		if !slices.Contains(why, reason) {
+			why = append(why, reason)
+		}
+		if ctx.Err() != nil {
+			why = append(why, fmt.Sprintf("the tries ran out of their %s", probeTime))
+			break
+		}
+	}
+	return fmt.Errorf("%w: the verifier scored none of the set's first %d tasks, each tried with its answer as the reply: it abstained or failed on every one (%s); "+
+		"it would score no rollout. Fix the verifier (try it with 'clawmesh reward test') and add the set again",
+		ErrTasks, n, clipReason(strings.Join(why, "; ")))
+}
+
+// answerText is a task's answer as a reply would give it: a JSON string's
+// value, any other value's JSON text.
+func answerText(answer json.RawMessage) string {
+	var s string
+	if json.Unmarshal(answer, &s) == nil {
+		return s
+	}
+	return string(answer)
+}
+
+func clipReason(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "…"
+	}
+	return s
 }
 
 // evaluate scores version, its bundle in dir, on ts's held-out split, as
 // this trainer's evaluation.
 func (t *Trainer) evaluate(ctx context.Context, cfg group.Config, dir string, version uint64, ts *group.TaskSet) (group.Eval, error) {
-	rt, err := t.rolloutRuntime(ctx, ts)
+	rt, err := t.acquireRuntime(ctx, ts)
 	if err != nil {
 		return group.Eval{}, err
 	}
+	defer rt.release()
 	ev, err := t.work.w.evaluate(ctx, cfg, dir, rt)
 	if err != nil {
 		return group.Eval{}, err
 	}
 	ev.Version, ev.Task, ev.By = version, ts.Hash, string(t.self)
-	t.log.Info("version evaluated", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward)
+	t.log.Info("version evaluated", "version", "v"+strconv.FormatUint(version, 10), "set", short(ts.Hash), "pass@1", ev.PassAt1, "mean_reward", ev.MeanReward,
+		"abstained", ev.Abstained)
+	if ev.MostlyAbstained() {
+		t.log.Warn("the verifier abstained on most held-out prompts: the evaluation says little", "version", "v"+strconv.FormatUint(version, 10),
+			"set", short(ts.Hash), "abstained", ev.Abstained, "prompts", ev.Prompts)
+	}
 	return ev, nil
 }
 
@@ -457,11 +600,7 @@ func newLocalRuntime(ctx context.Context, set *tasks.Set, ts group.TaskSet, plug
 	if set == nil {
 		return nil, errors.New("trainer: no task set")
 	}
-	plugins := []reward.PluginConfig{{Name: verifierName, Path: plugin, Enabled: true}}
-	if tools != "" {
-		plugins = append(plugins, reward.PluginConfig{Name: toolsName, Path: tools, Enabled: true})
-	}
-	r, err := reward.New(ctx, reward.Options{Plugins: plugins, Strict: true, FailureLimit: -1})
+	r, err := newTaskRunner(ctx, plugin, tools, nil)
 	if err != nil {
 		return nil, err
 	}

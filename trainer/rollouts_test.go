@@ -71,6 +71,25 @@ func testPlugin(t testing.TB, name string) []byte {
 // charsetPlugin is the verifier of letterTasks.
 func charsetPlugin(t testing.TB) []byte { return testPlugin(t, "charset") }
 
+// moodyPlugin is a verifier that scores letterTasks as charset does, and
+// traps, abstains or gives every reply the same score on the tasks whose
+// meta says so (moodyTasks).
+func moodyPlugin(t testing.TB) []byte { return testPlugin(t, "moody") }
+
+// moodyTasks is letterTasks(n) with task i's meta given extra(i) as well
+// (say `"trap":true`; "" for nothing more).
+func moodyTasks(n int, extra func(i int) string) []byte {
+	var b strings.Builder
+	for i := range n {
+		meta := `"max_tokens":4`
+		if x := extra(i); x != "" {
+			meta += "," + x
+		}
+		fmt.Fprintf(&b, `{"id":"w%03d","messages":[{"role":"user","content":"Answer in lower-case words only. Item %d."}],"answer":"abcdefghijklmnopqrstuvwxyz ","meta":{%s}}`+"\n", i, i, meta)
+	}
+	return []byte(b.String())
+}
+
 // localRuntime makes a task runtime without a trainer: the set and the
 // verifier from a file.
 func localRuntime(t testing.TB, set *tasks.Set, ts group.TaskSet, plugin, tools []byte) *rolloutRuntime {
@@ -159,5 +178,43 @@ func TestRolloutsLearn(t *testing.T) {
 	}
 	if !(best.PassAt1 > first.PassAt1) {
 		t.Fatalf("pass@1 never rose above v0's %v (best %+v)", first.PassAt1, best)
+	}
+}
+
+// TestEvaluateCountsAbstentions: an evaluation counts the held-out
+// prompts the verifier gave no score, whether it abstained or trapped;
+// they count 0 in the mean reward and never pass.
+func TestEvaluateCountsAbstentions(t *testing.T) {
+	ctx := context.Background()
+	set, err := tasks.Parse(strings.NewReader(string(moodyTasks(8, func(i int) string {
+		switch i % 4 {
+		case 0:
+			return `"abstain":true`
+		case 1:
+			return `"trap":true`
+		}
+		return ""
+	}))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := group.TaskSet{Hash: set.Hash, Reward: tasks.Hash([]byte("x")), Group: 2}
+	for _, x := range set.Tasks {
+		ts.HeldOut = append(ts.HeldOut, x.ID)
+	}
+	rt := localRuntime(t, set, ts, moodyPlugin(t), nil)
+	w := &worker{}
+	defer w.close()
+	cfg := testGroup.WithDefaults()
+	dir := filepath.Join(t.TempDir(), "v0")
+	if _, err := w.genesis(ctx, cfg, dir); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := w.evaluate(ctx, cfg, dir, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Prompts != 8 || ev.Abstained != 4 || ev.Passed > 4 || ev.MostlyAbstained() {
+		t.Fatalf("evaluation %+v", ev)
 	}
 }

@@ -431,6 +431,19 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 		}
 		contributors = append(contributors, c)
 	}
+	if len(parts) == 0 {
+		// Nothing the round trained changes the adapter (every task
+		// group flat, no sample to train): a version would be its parent
+		// again. The round closes with none; what it took is done.
+		err := t.group.propose(ctx, &group.Entry{Close: &group.Close{Round: r.Number, Contributors: contributors, Refused: refused,
+			Reason: "no learning signal: every group flat, no sample to train"}})
+		if err != nil {
+			return fmt.Errorf("trainer: closing round %d: %w", r.Number, err)
+		}
+		t.log.Info("round closed with no version: nothing it trained changes the adapter", "round", r.Number, "from", cur.Name(),
+			"contributors", len(contributors))
+		return nil
+	}
 	child := parent
 	if len(parts) > 0 {
 		agg, rep, err := adapter.Aggregate(parts, aggOptions(cfg))

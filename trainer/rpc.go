@@ -273,7 +273,7 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 	case opDelta:
 		return nil, g.takeDelta(ctx, from, req, payload)
 	case opTasks:
-		return nil, t.addTasks(ctx, from, payload)
+		return t.addTasks(ctx, from, payload)
 	}
 	return nil, fmt.Errorf("trainer: unknown operation %q", req.Op)
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
@@ -59,9 +60,21 @@ type AddTasks struct {
 	MaxTokens int     `json:"max_tokens,omitempty"`
 }
 
-// AddTasks checks a task set (its lines, that its plugins load), keeps its
-// files, and has the group's leader add it.
-func (t *Trainer) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, error) {
+// TasksAdded is what AddTasks did: the set as the group holds it, and
+// whether the group held it already with the same settings (then nothing
+// changed: its ledger and its split are the ones it was added with).
+type TasksAdded struct {
+	group.TaskSet
+	Existing bool `json:"existing,omitempty"`
+}
+
+// AddTasks checks a task set (its lines, that its plugins load, that its
+// verifier scores some of its first tasks), keeps its files, and has the
+// group's leader add it. A set the group holds already is not added
+// again: with the same settings AddTasks says so (Existing), with others
+// it is refused, naming them. Nothing it does before the group commits
+// the set touches what the rounds run.
+func (t *Trainer) AddTasks(ctx context.Context, a AddTasks) (*TasksAdded, error) {
 	set, err := tasks.Parse(bytes.NewReader(a.Tasks))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTasks, err)
@@ -78,14 +91,12 @@ func (t *Trainer) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, err
 		ts.Tools = tasks.Hash(a.Tools)
 	}
 	train, held := set.Split(a.Holdout)
-	for _, x := range train {
-		ts.Train = append(ts.Train, x.ID)
-	}
-	for _, x := range held {
-		ts.HeldOut = append(ts.HeldOut, x.ID)
-	}
+	ts.Train, ts.HeldOut = taskIDs(train), taskIDs(held)
 	if err := ts.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTasks, err)
+	}
+	if in, err := t.compareTaskSet(&ts); in != nil || err != nil {
+		return in, err
 	}
 	for _, b := range [][]byte{set.Canonical, a.Reward, a.Tools} {
 		if len(b) > 0 {
@@ -94,55 +105,133 @@ func (t *Trainer) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, err
 			}
 		}
 	}
-	// The plugins must load here before the group learns of them.
-	if _, err := t.rolloutRuntime(ctx, &ts); err != nil {
+	// The plugins must load here, and the verifier score something,
+	// before the group learns of them. The runner is this check's alone:
+	// the rounds' runtimes are made from what the group commits.
+	runner, err := t.taskRunner(ctx, &ts)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTasks, err)
+	}
+	err = probeVerifier(ctx, runner, set)
+	runner.Close(context.Background())
+	if err != nil {
+		return nil, err
 	}
 	// The set's ids may not fit a request line: they go as its payload.
 	payload, err := json.Marshal(&ts)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := t.toLeader(ctx, request{Op: opTasks}, payload); err != nil {
+	out, err := t.toLeader(ctx, request{Op: opTasks}, payload)
+	if err != nil {
 		return nil, err
 	}
-	ts = ts.WithDefaults()
-	return &ts, nil
+	var rep addReply
+	if len(out) > 0 && json.Unmarshal(out, &rep) == nil && rep.Existing {
+		// Added by someone else since this trainer looked.
+		if in, err := t.compareTaskSet(&ts); in != nil || err != nil {
+			return in, err
+		}
+		return &TasksAdded{TaskSet: ts.WithDefaults(), Existing: true}, nil
+	}
+	return &TasksAdded{TaskSet: ts.WithDefaults()}, nil
+}
+
+// addReply is the leader's answer to opTasks: Existing says the group
+// holds the set already, with the same settings.
+type addReply struct {
+	Existing bool `json:"existing"`
+}
+
+func taskIDs(xs []*tasks.Task) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = x.ID
+	}
+	return out
+}
+
+// compareTaskSet compares ts with the set of the same hash in the group:
+// nil, nil when the group lacks it; the group's set (Existing) when it
+// holds it with the same settings; ErrTasks naming the settings that
+// differ otherwise.
+func (t *Trainer) compareTaskSet(ts *group.TaskSet) (*TasksAdded, error) {
+	var (
+		in   group.TaskSet
+		ok   bool
+		diff []string
+	)
+	t.group.view(func(s *group.State) {
+		if p := s.TaskSets[ts.Hash]; p != nil {
+			in, ok = *p, true
+			diff = group.SettingsDiff(in, *ts)
+		}
+	})
+	switch {
+	case !ok:
+		return nil, nil
+	case len(diff) > 0:
+		return nil, fmt.Errorf("%w: %s (sha256 %s) is in the group already, added as %s with other settings: %s; "+
+			"add it with the group's settings, or change the file to add it as another set",
+			ErrTasks, orName(ts.Name), short(ts.Hash), orName(in.Name), strings.Join(diff, "; "))
+	}
+	in.Train, in.HeldOut = slices.Clone(in.Train), slices.Clone(in.HeldOut)
+	return &TasksAdded{TaskSet: in, Existing: true}, nil
+}
+
+func orName(name string) string {
+	if name == "" {
+		return "a set"
+	}
+	return name
 }
 
 // addTasks is the leader's side of AddTasks: it fetches the set's files
 // from the trainer that asked (if it lacks them), checks the split against
-// its own reading of the file, and commits the set.
-func (t *Trainer) addTasks(ctx context.Context, from mesh.PeerID, payload []byte) error {
+// its own reading of the file and that the plugins load, and commits the
+// set. A set the group holds already is not proposed again: with the same
+// settings the reply says so, with others it is refused, naming them.
+func (t *Trainer) addTasks(ctx context.Context, from mesh.PeerID, payload []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.DisallowUnknownFields()
 	ts := new(group.TaskSet)
 	if err := dec.Decode(ts); err != nil {
-		return fmt.Errorf("%w: %v", ErrTasks, err)
+		return nil, fmt.Errorf("%w: %v", ErrTasks, err)
 	}
 	if err := ts.Validate(); err != nil {
-		return err
+		return nil, err
 	}
-	rt, err := t.rolloutRuntimeFrom(ctx, ts, from)
+	if in, err := t.compareTaskSet(ts); err != nil {
+		return nil, err
+	} else if in != nil {
+		return json.Marshal(addReply{Existing: true})
+	}
+	set, err := t.loadTaskSet(ctx, ts, from)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	train, held := rt.set.Split(ts.Holdout)
-	ids := func(xs []*tasks.Task) []string {
-		out := make([]string, len(xs))
-		for i, x := range xs {
-			out[i] = x.ID
+	// A trainer of an earlier version draws the split as it did.
+	train, held := set.Split(ts.Holdout)
+	ltrain, lheld := set.LegacySplit(ts.Holdout)
+	if !(slices.Equal(taskIDs(train), ts.Train) && slices.Equal(taskIDs(held), ts.HeldOut)) &&
+		!(slices.Equal(taskIDs(ltrain), ts.Train) && slices.Equal(taskIDs(lheld), ts.HeldOut)) {
+		return nil, fmt.Errorf("%w: the split does not match the set's holdout", ErrTasks)
+	}
+	if from != t.self {
+		runner, err := t.taskRunner(ctx, ts)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrTasks, err)
 		}
-		return out
-	}
-	if !slices.Equal(ids(train), ts.Train) || !slices.Equal(ids(held), ts.HeldOut) {
-		return fmt.Errorf("%w: the split does not match the set's holdout", ErrTasks)
+		runner.Close(context.Background())
 	}
 	if err := t.group.propose(ctx, &group.Entry{Tasks: ts}); err != nil {
-		return err
+		if errors.Is(err, group.ErrConfig) {
+			return nil, fmt.Errorf("%w: %w", ErrTasks, err)
+		}
+		return nil, err
 	}
 	t.log.Info("task set added", "set", short(ts.Hash), "name", ts.Name, "train", len(ts.Train), "held_out", len(ts.HeldOut))
-	return nil
+	return nil, nil
 }
 
 func (t *Trainer) taskPath(hash string) string {
@@ -234,8 +323,19 @@ type TaskSetStatus struct {
 	// Added is when the group committed the set (the leader's clock).
 	Added time.Time `json:"added"`
 	// Evals are the versions' evaluations on the held-out split, oldest
-	// version first: version, pass_at_1, mean_reward, prompts, passed.
-	Evals []group.Eval `json:"evals"`
+	// version first: version, pass_at_1, mean_reward, prompts, passed,
+	// abstained, mostly_abstained.
+	Evals []TaskEval `json:"evals"`
+}
+
+// TaskEval is a version's evaluation as `tasks status --json` prints it:
+// the lineage's, with the held-out prompts the verifier gave no score
+// (Abstained, always printed) and whether they were more than half of
+// them (MostlyAbstained: then pass@1 and the mean reward say little).
+type TaskEval struct {
+	group.Eval
+	Abstained       int  `json:"abstained"`
+	MostlyAbstained bool `json:"mostly_abstained"`
 }
 
 // TaskSets lists the group's task sets with their progress and their
@@ -248,11 +348,11 @@ func (t *Trainer) TaskSets() []TaskSetStatus {
 			st := TaskSetStatus{Hash: ts.Hash, Name: ts.Name, Reward: ts.Reward, Tools: ts.Tools, Group: ts.Group,
 				Holdout: ts.Holdout, Ratio: ts.Ratio, PerRound: ts.PerRound, Epochs: ts.Epochs, MaxTokens: ts.MaxTokens,
 				Prompts: len(ts.Train), HeldOut: len(ts.HeldOut), Items: p.Total, Done: p.Trained, Assigned: p.Assigned,
-				Pending: p.Pending, Added: ts.Added, Evals: []group.Eval{}}
+				Pending: p.Pending, Added: ts.Added, Evals: []TaskEval{}}
 			for _, v := range s.Versions {
 				for _, e := range v.Evals {
 					if e.Task == ts.Hash {
-						st.Evals = append(st.Evals, e)
+						st.Evals = append(st.Evals, TaskEval{Eval: e, Abstained: e.Abstained, MostlyAbstained: e.MostlyAbstained()})
 					}
 				}
 			}
@@ -275,7 +375,7 @@ func (t *Trainer) handleTasks(mux *http.ServeMux) {
 			adminapi.WriteError(w, http.StatusBadRequest, err)
 			return
 		}
-		ts, err := t.AddTasks(r.Context(), a)
+		added, err := t.AddTasks(r.Context(), a)
 		if err != nil {
 			code := http.StatusConflict
 			if errors.Is(err, ErrTasks) {
@@ -284,17 +384,17 @@ func (t *Trainer) handleTasks(mux *http.ServeMux) {
 			adminapi.WriteError(w, code, err)
 			return
 		}
-		writeJSON(w, ts)
+		writeJSON(w, added)
 	})
 }
 
 // AddTasks hands a task set to the trainer, which has the group add it.
-func (c *Client) AddTasks(ctx context.Context, a AddTasks) (*group.TaskSet, error) {
-	var ts group.TaskSet
-	if err := c.do(ctx, http.MethodPost, "tasks", a, &ts); err != nil {
+func (c *Client) AddTasks(ctx context.Context, a AddTasks) (*TasksAdded, error) {
+	var added TasksAdded
+	if err := c.do(ctx, http.MethodPost, "tasks", a, &added); err != nil {
 		return nil, err
 	}
-	return &ts, nil
+	return &added, nil
 }
 
 // TaskSets lists the group's task sets.

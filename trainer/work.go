@@ -280,15 +280,25 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 			}
 		}
 	})
+	// The share's runtimes are held until its rollouts are done.
+	rts := map[string]*rolloutRuntime{}
+	defer func() {
+		for _, rt := range rts {
+			rt.release()
+		}
+	}()
 	for _, id := range r.Shares[t.self] {
 		if p := prompts[id]; p != nil {
 			ts, ok := sets[p.Task]
 			if !ok {
 				return nil, nil, fmt.Errorf("trainer: task set %s not in the state", short(p.Task))
 			}
-			rt, err := t.rolloutRuntime(ctx, &ts)
-			if err != nil {
-				return nil, nil, err
+			rt := rts[p.Task]
+			if rt == nil {
+				if rt, err = t.acquireRuntime(ctx, &ts); err != nil {
+					return nil, nil, err
+				}
+				rts[p.Task] = rt
 			}
 			task := rt.byID[p.Prompt]
 			if task == nil {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
@@ -31,22 +32,31 @@ id (unique) and messages are required; answer and meta (any JSON; meta an
 object) reach the verifier as input.task (see wasm-rewards/ABI.md; write one
 with 'clawmesh reward new --verifier NAME'); meta.max_tokens bounds a reply.
 
-  add     checks the file and the plugin (it must load), and has the group's
-          leader add the set: it is named by the SHA-256 of its canonical
-          form, and a held-out split (--holdout of the tasks, drawn from the
-          hash and the ids, the same on every trainer) is never trained on
-          but scored after every version: pass@1 (the share of held-out
-          prompts whose greedy reply the verifier scores positive) and the
-          mean reward, kept in the version's lineage record.
+  add     checks the file and the plugins (they must load, and the verifier
+          must score at least one of the set's first 5 tasks, each tried
+          with its answer as the reply: a verifier that abstains or fails on
+          all of them is refused), and has the group's leader add the set:
+          it is named by the SHA-256 of its canonical form, and a held-out
+          split (round(--holdout x tasks) of them, drawn from the hash and
+          the ids, the same on every trainer, and recorded when the set is
+          added) is never trained on but scored after every version: pass@1
+          (the share of held-out prompts whose greedy reply the verifier
+          scores positive) and the mean reward, kept in the version's
+          lineage record.
   ls      the task sets and their progress.
-  status  the same with every version's evaluation.
+  status  the same with every version's evaluation, and the held-out
+          prompts the verifier gave no score (ABSTAINED; when more than half,
+          status says the evaluation says little).
 
 Each round takes at most --per-round prompts of a set (G rollouts each from
 the round's version, advantages normalised within each prompt's group:
 (r - mean) / (std + eps); a group whose rewards are all equal carries no
-signal and is left out of the step); while device batches are pending too,
-the prompts take at most --ratio of the round's steps. Adding the same set
-again changes nothing; with other settings it is refused. Every prompt is trained
+signal and is left out of the step; a round in which every group is so
+publishes no version, and its prompts count as done); while device batches
+are pending too, the prompts take at most --ratio of the round's steps.
+Adding a set the group holds already with the same settings says so and
+changes nothing; with other settings it is refused, naming them
+("--holdout 0.25 here, 0.1 in the group"). Every prompt is trained
 --epochs times; the ledger records which round trained it, so a failover
 neither skips nor repeats one.
 
@@ -54,7 +64,8 @@ neither skips nor repeats one.
 reward, tools (the plugins' SHA-256), group, holdout, ratio, per_round,
 epochs, max_tokens, prompts (training split), held_out, items (prompts x
 epochs), done, assigned, pending, added, and evals: [{version, task,
-prompts, passed, pass_at_1, mean_reward, by}], oldest version first.
+prompts, passed, pass_at_1, mean_reward, by, abstained, mostly_abstained}],
+oldest version first.
 `
 
 func runTasks(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -133,6 +144,11 @@ func runTasks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
+		if ts.Existing {
+			fmt.Fprintf(stdout, "task set %s (sha256 %s) is there already, with the same settings: nothing changed (%s to train on, %d held out, %d/%d done)\n",
+				orDash(ts.Name), shortHash(ts.Hash), plural(len(ts.Train), "prompt", "prompts"), len(ts.HeldOut), setDone(ctx, c, ts.Hash), len(ts.Train)*ts.Epochs)
+			return nil
+		}
 		fmt.Fprintf(stdout, "task set %s added (sha256 %s): %s to train on, %d held out, %s each\n",
 			ts.Name, shortHash(ts.Hash), plural(len(ts.Train), "prompt", "prompts"), len(ts.HeldOut), plural(ts.Group, "rollout", "rollouts"))
 		return nil
@@ -146,6 +162,18 @@ func runTasks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	printTaskSets(stdout, sets, sub == "status")
 	return nil
+}
+
+// setDone is how many of set's ledger lines are trained, as the trainer says
+// (0 when it cannot say).
+func setDone(ctx context.Context, c *trainer.Client, set string) int {
+	sets, _ := c.TaskSets(ctx)
+	for _, s := range sets {
+		if s.Hash == set {
+			return s.Done
+		}
+	}
+	return 0
 }
 
 // trainerClient reaches the trainer running on s.Data.
@@ -172,6 +200,9 @@ func printTaskSets(w io.Writer, sets []trainer.TaskSetStatus, evals bool) {
 		if n := len(s.Evals); n > 0 {
 			e := s.Evals[n-1]
 			latest, pass, mean = fmt.Sprintf("v%d", e.Version), fmt.Sprintf("%.2f", e.PassAt1), fmt.Sprintf("%+.3f", e.MeanReward)
+			if e.MostlyAbstained {
+				mean += fmt.Sprintf(" (verifier abstained on %d/%d)", e.Abstained, e.Prompts)
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%d\t%s\t%s\t%s\n", shortHash(s.Hash), orDash(s.Name), s.Prompts, s.HeldOut,
 			s.Done, s.Items, s.Group, latest, pass, mean)
@@ -187,10 +218,18 @@ func printTaskSets(w io.Writer, sets []trainer.TaskSetStatus, evals bool) {
 			continue
 		}
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  VERSION\tPASS@1\tPASSED\tMEAN REWARD")
+		fmt.Fprintln(tw, "  VERSION\tPASS@1\tPASSED\tMEAN REWARD\tABSTAINED")
+		var most []string
 		for _, e := range s.Evals {
-			fmt.Fprintf(tw, "  v%d\t%.2f\t%d/%d\t%+.3f\n", e.Version, e.PassAt1, e.Passed, e.Prompts, e.MeanReward)
+			fmt.Fprintf(tw, "  v%d\t%.2f\t%d/%d\t%+.3f\t%d/%d\n", e.Version, e.PassAt1, e.Passed, e.Prompts, e.MeanReward, e.Abstained, e.Prompts)
+			if e.MostlyAbstained {
+				most = append(most, fmt.Sprintf("v%d", e.Version))
+			}
 		}
 		tw.Flush()
+		if len(most) > 0 {
+			fmt.Fprintf(w, "  the verifier gave no score to more than half the held-out prompts of %s: their pass@1 and mean reward\n"+
+				"  (abstentions count 0) say little; check the verifier with 'clawmesh reward test'\n", strings.Join(most, ", "))
+		}
 	}
 }

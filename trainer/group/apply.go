@@ -27,6 +27,7 @@ type Entry struct {
 	Start     *Start        `json:"start,omitempty"`
 	Publish   *Publish      `json:"publish,omitempty"`
 	Abort     *Abort        `json:"abort,omitempty"`
+	Close     *Close        `json:"close,omitempty"`
 	Revoke    *Revocation   `json:"revoke,omitempty"`
 	Speeds    []SpeedUpdate `json:"speeds,omitempty"`
 	// Tasks adds a task set; Eval records a version's evaluation on one.
@@ -94,6 +95,20 @@ type Abort struct {
 	Reason string `json:"reason"`
 }
 
+// Close closes the open round with no new version because what its
+// trainers took trained nothing: every task prompt's group was flat (its
+// rewards all equal: no learning signal) and no batch gave a sample to
+// train, so a version would be its parent again. The contributors'
+// batches and prompts are done (trained in the round into no version:
+// their Version is the round's base, which they left as it was), the
+// refused ones refused, the round's others go back to pending.
+type Close struct {
+	Round        uint64         `json:"round"`
+	Contributors []Contribution `json:"contributors"`
+	Refused      []Refusal      `json:"refused,omitempty"`
+	Reason       string         `json:"reason,omitempty"`
+}
+
 // Revocation mirrors a mesh revocation.
 type Revocation struct {
 	Peer   mesh.PeerID `json:"peer"`
@@ -142,7 +157,7 @@ func DecodeEntry(b []byte) (*Entry, error) {
 func (e *Entry) kinds() int {
 	n := 0
 	for _, set := range []bool{e.Configure != nil, e.Genesis != nil, len(e.Add) > 0, len(e.Refuse) > 0,
-		e.Register != nil, e.Leave != "", e.Start != nil, e.Publish != nil, e.Abort != nil, e.Revoke != nil, len(e.Speeds) > 0,
+		e.Register != nil, e.Leave != "", e.Start != nil, e.Publish != nil, e.Abort != nil, e.Close != nil, e.Revoke != nil, len(e.Speeds) > 0,
 		e.Tasks != nil, e.Eval != nil} {
 		if set {
 			n++
@@ -179,6 +194,8 @@ func (s *State) Apply(e *Entry, term, index uint64) error {
 		return s.publish(e, term, index)
 	case e.Abort != nil:
 		return s.abort(*e.Abort)
+	case e.Close != nil:
+		return s.close(e)
 	case e.Revoke != nil:
 		return s.revoke(*e.Revoke)
 	case e.Tasks != nil:
@@ -387,6 +404,23 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 			return err
 		}
 	}
+	if err := s.settle(r, p.Contributors, p.Refused, p.Version); err != nil {
+		return err
+	}
+	cs := slices.Clone(p.Contributors)
+	for i := range cs {
+		cs[i].Batches = slices.Clone(cs[i].Batches)
+	}
+	s.Versions = append(s.Versions, Version{Version: p.Version, Hash: p.Hash, Parent: p.Parent, Term: term, Index: index,
+		Round: r.Number, Started: r.Started, Publisher: p.Publisher, Contributors: cs, At: e.At, Evals: slices.Clone(p.Evals)})
+	s.Round = nil
+	return nil
+}
+
+// settle closes round r: the contributors' batches are trained into
+// version, the refused ones refused, the others go back to pending. It
+// checks everything before it changes anything.
+func (s *State) settle(r *Round, contributors []Contribution, refusals []Refusal, version uint64) error {
 	owner := map[core.BatchID]mesh.PeerID{}
 	for t, ids := range r.Shares {
 		for _, id := range ids {
@@ -394,11 +428,11 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 		}
 	}
 	trained := map[core.BatchID]mesh.PeerID{}
-	for i, c := range p.Contributors {
+	for i, c := range contributors {
 		if _, ok := r.Shares[c.Trainer]; !ok {
 			return fmt.Errorf("%w: %s has no share of round %d", ErrTrainer, c.Trainer, r.Number)
 		}
-		if slices.ContainsFunc(p.Contributors[:i], func(o Contribution) bool { return o.Trainer == c.Trainer }) {
+		if slices.ContainsFunc(contributors[:i], func(o Contribution) bool { return o.Trainer == c.Trainer }) {
 			return fmt.Errorf("%w: %s contributes twice", ErrEntry, c.Trainer)
 		}
 		if !finite(c.Norm) || !finite(c.Clipped) || !finite(c.Seconds) {
@@ -412,7 +446,7 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 		}
 	}
 	refused := map[core.BatchID]string{}
-	for _, rf := range p.Refused {
+	for _, rf := range refusals {
 		b, ok := s.Batches[rf.ID]
 		if !ok || b.Round != r.Number || b.Status != Assigned || trained[rf.ID] != "" || rf.Reason == "" {
 			return fmt.Errorf("%w: refusal of %s", ErrBatch, rf.ID)
@@ -425,7 +459,7 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 			switch {
 			case trained[id] != "":
 				s.setStatus(b, Trained)
-				b.Version, b.Trainer = p.Version, trained[id]
+				b.Version, b.Trainer = version, trained[id]
 			case refused[id] != "":
 				s.refuseBatch(b, refused[id])
 			default:
@@ -433,12 +467,27 @@ func (s *State) publish(e *Entry, term, index uint64) error {
 			}
 		}
 	}
-	cs := slices.Clone(p.Contributors)
+	return nil
+}
+
+// close closes the open round with no version (Close).
+func (s *State) close(e *Entry) error {
+	c := e.Close
+	r := s.Round
+	switch {
+	case r == nil || r.Number != c.Round:
+		return fmt.Errorf("%w: round %d", ErrNoRound, c.Round)
+	case len(c.Contributors) == 0:
+		return fmt.Errorf("%w: a round closed with no contributor (abort it)", ErrEntry)
+	}
+	if err := s.settle(r, c.Contributors, c.Refused, r.Base); err != nil {
+		return err
+	}
+	cs := slices.Clone(c.Contributors)
 	for i := range cs {
 		cs[i].Batches = slices.Clone(cs[i].Batches)
 	}
-	s.Versions = append(s.Versions, Version{Version: p.Version, Hash: p.Hash, Parent: p.Parent, Term: term, Index: index,
-		Round: r.Number, Started: r.Started, Publisher: p.Publisher, Contributors: cs, At: e.At, Evals: slices.Clone(p.Evals)})
+	s.Closed = append(s.Closed, ClosedRound{Round: r.Number, Base: r.Base, Started: r.Started, At: e.At, Contributors: cs, Reason: c.Reason})
 	s.Round = nil
 	return nil
 }

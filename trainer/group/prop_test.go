@@ -23,7 +23,7 @@ func TestProperties(t *testing.T) {
 		}
 	}
 	// The driver must exercise every kind of entry, accepted and refused.
-	for _, op := range []string{"add", "register", "leave", "revoke", "refuse", "start", "publish", "abort", "configure"} {
+	for _, op := range []string{"add", "register", "leave", "revoke", "refuse", "start", "publish", "abort", "close", "configure"} {
 		if totals[op][0] == 0 || totals[op][1] == 0 {
 			t.Errorf("%s: %d accepted, %d refused", op, totals[op][0], totals[op][1])
 		}

@@ -219,7 +219,9 @@ type Batch struct {
 	Added    time.Time `json:"added"`
 	Status   Status    `json:"status"`
 	// Round and Trainer: the round it is assigned to (or was trained in)
-	// and the trainer that has it; Version the version it went into.
+	// and the trainer that has it; Version the version it went into (for
+	// one of a round closed with no version, Close, the round's base,
+	// which it left as it was).
 	Round   uint64      `json:"round,omitempty"`
 	Trainer mesh.PeerID `json:"trainer,omitempty"`
 	Version uint64      `json:"version,omitempty"`
@@ -282,6 +284,18 @@ type Version struct {
 	Evals []Eval `json:"evals,omitempty"`
 }
 
+// ClosedRound is a round closed with no version: what its contributors
+// trained changed nothing (Close).
+type ClosedRound struct {
+	Round uint64 `json:"round"`
+	// Base is the version the round trained from, and stays current.
+	Base         uint64         `json:"base"`
+	Started      time.Time      `json:"started,omitzero"`
+	At           time.Time      `json:"at"`
+	Contributors []Contribution `json:"contributors"`
+	Reason       string         `json:"reason,omitempty"`
+}
+
 // Name is the version as adapters are named on devices: "v7".
 func (v Version) Name() string { return "v" + strconv.FormatUint(v.Version, 10) }
 
@@ -314,8 +328,10 @@ type State struct {
 	Counts     map[Status]int           `json:"counts"`
 	Refusals   map[string]int           `json:"refusals,omitempty"`
 	TaskSets   map[string]*TaskSet      `json:"task_sets,omitempty"`
-	Term       uint64                   `json:"term"`
-	Index      uint64                   `json:"index"`
+	// Closed are the rounds closed with no version (Close), oldest first.
+	Closed []ClosedRound `json:"closed,omitempty"`
+	Term   uint64        `json:"term"`
+	Index  uint64        `json:"index"`
 }
 
 // New returns an empty state.

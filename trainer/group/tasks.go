@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -119,7 +120,10 @@ func TaskItemID(set, prompt string, epoch int) core.BatchID {
 // Eval is one evaluation of a version on a task set's held-out split: a
 // held-out prompt passes when the verifier gives its greedy (temperature
 // 0) reply a positive score; PassAt1 is the share that pass, MeanReward
-// the verifier's mean score (abstentions count 0).
+// the verifier's mean score (abstentions count 0). Abstained counts the
+// held-out prompts whose reply the verifier gave no score (it abstained,
+// trapped or timed out): when they are most of them, PassAt1 and
+// MeanReward say little.
 type Eval struct {
 	Version    uint64  `json:"version"`
 	Task       string  `json:"task"`
@@ -128,6 +132,49 @@ type Eval struct {
 	PassAt1    float64 `json:"pass_at_1"`
 	MeanReward float64 `json:"mean_reward"`
 	By         string  `json:"by,omitempty"`
+	Abstained  int     `json:"abstained,omitempty"`
+}
+
+// MostlyAbstained reports whether the verifier abstained on more than
+// half the evaluation's prompts.
+func (e Eval) MostlyAbstained() bool { return e.Prompts > 0 && 2*e.Abstained > e.Prompts }
+
+// SettingsDiff lists, in `clawmesh tasks add`'s terms, the settings in
+// which here, a set as a trainer would add it, differs from in, the same
+// set as the group holds it (defaults applied to both): "--holdout 0.25
+// here, 0.1 in the group". The splits are not compared: the group keeps
+// the split a set was added with, and Holdout says what was asked.
+func SettingsDiff(in, here TaskSet) []string {
+	in, here = in.WithDefaults(), here.WithDefaults()
+	var out []string
+	plugin := func(h string) string {
+		if h == "" {
+			return "none"
+		}
+		return short(h)
+	}
+	if here.Reward != in.Reward {
+		out = append(out, fmt.Sprintf("--reward: verifier %s here, %s in the group", plugin(here.Reward), plugin(in.Reward)))
+	}
+	if here.Tools != in.Tools {
+		out = append(out, fmt.Sprintf("--tools: tool simulator %s here, %s in the group", plugin(here.Tools), plugin(in.Tools)))
+	}
+	for _, f := range []struct {
+		flag        string
+		here, group any
+	}{
+		{"--group", here.Group, in.Group},
+		{"--holdout", here.Holdout, in.Holdout},
+		{"--ratio", here.Ratio, in.Ratio},
+		{"--per-round", here.PerRound, in.PerRound},
+		{"--epochs", here.Epochs, in.Epochs},
+		{"--max-tokens", here.MaxTokens, in.MaxTokens},
+	} {
+		if f.here != f.group {
+			out = append(out, fmt.Sprintf("%s %v here, %v in the group", f.flag, f.here, f.group))
+		}
+	}
+	return out
 }
 
 func (s *State) addTasks(ts TaskSet, at time.Time) error {
@@ -136,11 +183,11 @@ func (s *State) addTasks(ts TaskSet, at time.Time) error {
 	}
 	ts = ts.WithDefaults()
 	if old, ok := s.TaskSets[ts.Hash]; ok {
-		// Added already: the same content keeps its ledger; settings that
-		// differ are refused rather than ignored.
-		if old.Reward != ts.Reward || old.Tools != ts.Tools || old.Group != ts.Group || old.Epochs != ts.Epochs ||
-			old.Ratio != ts.Ratio || old.PerRound != ts.PerRound || old.MaxTokens != ts.MaxTokens || !slices.Equal(old.HeldOut, ts.HeldOut) {
-			return fmt.Errorf("%w: task set %s was added already with other settings", ErrConfig, short(ts.Hash))
+		// Added already: the same content keeps its ledger and the split
+		// it was added with; settings that differ are refused rather than
+		// ignored.
+		if diff := SettingsDiff(*old, ts); len(diff) > 0 {
+			return fmt.Errorf("%w: task set %s is in the group already with other settings: %s", ErrConfig, short(ts.Hash), strings.Join(diff, "; "))
 		}
 		return nil
 	}
@@ -185,7 +232,7 @@ func (s *State) checkEval(ev Eval) error {
 	switch {
 	case ts == nil:
 		return fmt.Errorf("%w: evaluation on an unknown task set", ErrEntry)
-	case ev.Prompts != len(ts.HeldOut) || ev.Passed < 0 || ev.Passed > ev.Prompts ||
+	case ev.Prompts != len(ts.HeldOut) || ev.Passed < 0 || ev.Abstained < 0 || ev.Passed+ev.Abstained > ev.Prompts ||
 		!finite(ev.PassAt1) || !finite(ev.MeanReward) || math.Abs(ev.MeanReward) > 1 || ev.PassAt1 < 0 || ev.PassAt1 > 1:
 		return fmt.Errorf("%w: evaluation %+v", ErrEntry, ev)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -181,6 +182,8 @@ func TestTaskEntriesRefused(t *testing.T) {
 		"count":      {Version: 0, Task: ts.Hash, Prompts: 3},
 		"passed":     {Version: 0, Task: ts.Hash, Prompts: 2, Passed: 3},
 		"reward":     {Version: 0, Task: ts.Hash, Prompts: 2, MeanReward: 2},
+		"abstained":  {Version: 0, Task: ts.Hash, Prompts: 2, Passed: 1, PassAt1: 0.5, Abstained: 2},
+		"negative":   {Version: 0, Task: ts.Hash, Prompts: 2, Abstained: -1},
 	} {
 		if err := f.Apply(&Entry{Eval: &ev}); err == nil {
 			t.Errorf("%s: applied", name)
@@ -237,5 +240,121 @@ func TestPublishWithEvals(t *testing.T) {
 	}
 	if got := f.S.Unevaluated(); len(got) != 0 {
 		t.Fatalf("v1 still owes evaluations on %v", got)
+	}
+}
+
+// TestTaskSetAddedAgain: the same set added again with the same settings
+// changes nothing, even with another split (the group keeps the split it
+// was added with: sets added before the split was exact keep theirs);
+// with other settings it is refused, and the error names each setting
+// that differs in `tasks add`'s terms.
+func TestTaskSetAddedAgain(t *testing.T) {
+	f := grouptest.Ready(t)
+	ts := taskSet(5, 2)
+	ts.Holdout = 0.1
+	f.Must(&Entry{Tasks: ts})
+	before := grouptest.StateJSON(t, f.S)
+	resplit := *ts
+	resplit.Train, resplit.HeldOut = ts.Train[1:], append([]string{ts.Train[0]}, ts.HeldOut...)
+	f.Must(&Entry{Tasks: &resplit})
+	if after := grouptest.StateJSON(t, f.S); after != before {
+		t.Fatalf("the same set again changed the state: %s", grouptest.Diff(before, after))
+	}
+	other := *ts
+	other.Holdout, other.Group, other.Reward = 0.25, 8, grouptest.HashN(903)
+	err := f.Apply(&Entry{Tasks: &other})
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("other settings: %v", err)
+	}
+	for _, want := range []string{"--holdout 0.25 here, 0.1 in the group", "--group 8 here, 4 in the group",
+		"--reward: verifier " + grouptest.HashN(903)[:12] + " here, " + ts.Reward[:12] + " in the group"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	if d := SettingsDiff(*ts, *ts); len(d) != 0 {
+		t.Fatalf("a set differs from itself: %v", d)
+	}
+	// Defaults count as what they stand for.
+	dflt := *ts
+	dflt.PerRound, dflt.Epochs = 0, 0
+	if d := SettingsDiff(TaskSet{Group: 4, Holdout: 0.1, PerRound: DefaultTaskPerRound, Epochs: 1, Ratio: 0.25, Reward: ts.Reward, Hash: ts.Hash}, dflt); len(d) != 0 {
+		t.Fatalf("defaults differ: %v", d)
+	}
+}
+
+// TestFlatRoundClosed: a round whose contributors trained nothing that
+// changes the adapter closes with no version: the prompts they took are
+// done (trained in that round, into no version), the refused ones
+// refused, the others pending again; no later round takes the done ones.
+func TestFlatRoundClosed(t *testing.T) {
+	f := grouptest.NewFixture(t)
+	f.Must(&Entry{Configure: &Config{Quota: 64, RoundSteps: 128}})
+	f.Must(&Entry{Genesis: &Genesis{Hash: grouptest.HashN(0), Publisher: "t1"}})
+	f.Must(&Entry{Register: &Trainer{ID: "t1", Speed: 1}})
+	f.Must(&Entry{Register: &Trainer{ID: "t2", Speed: 1}})
+	ts := taskSet(4, 1)
+	ts.Epochs, ts.PerRound = 1, 4
+	f.Must(&Entry{Tasks: ts})
+	live := []mesh.PeerID{"t1", "t2"}
+	start, ok := f.S.Plan(f.At(), "t1", live)
+	if !ok {
+		t.Fatal("no round")
+	}
+	f.Must(&Entry{Start: start})
+	r := *f.S.Round
+	if err := f.Apply(&Entry{Close: &Close{Round: r.Number}}); !errors.Is(err, ErrEntry) {
+		t.Fatalf("a close with no contributor: %v", err)
+	}
+	if err := f.Apply(&Entry{Close: &Close{Round: r.Number + 1, Contributors: []Contribution{{Trainer: "t1"}}}}); !errors.Is(err, ErrNoRound) {
+		t.Fatalf("a close of another round: %v", err)
+	}
+	var (
+		done, back []core.BatchID
+		cs         []Contribution
+	)
+	for _, p := range r.Trainers() {
+		if len(r.Shares[p]) > 0 {
+			done = append(done, r.Shares[p][0])
+			back = append(back, r.Shares[p][1:]...)
+			cs = append(cs, Contribution{Trainer: p, Batches: r.Shares[p][:1]})
+		}
+	}
+	if len(back) == 0 {
+		t.Fatalf("a round of %d prompts: %v", len(done), r.Shares)
+	}
+	f.Must(&Entry{Close: &Close{Round: r.Number, Contributors: cs, Reason: "every group flat"}})
+	if len(f.S.Versions) != 1 || f.S.Round != nil || len(f.S.Closed) != 1 || f.S.Closed[0].Round != r.Number || f.S.Closed[0].Base != 0 {
+		t.Fatalf("after the close: %d versions, round %v, closed %+v", len(f.S.Versions), f.S.Round, f.S.Closed)
+	}
+	for _, id := range done {
+		if b := f.S.Batches[id]; b.Status != Trained || b.Round != r.Number || b.Version != 0 {
+			t.Fatalf("a prompt of the closed round: %+v", b)
+		}
+	}
+	for _, id := range back {
+		if b := f.S.Batches[id]; b.Status != Pending {
+			t.Fatalf("a prompt no one trained: %+v", b)
+		}
+	}
+	if p := f.S.Progress(ts.Hash); p.Trained != len(done) || p.Pending != 4-len(done) {
+		t.Fatalf("progress %+v", p)
+	}
+	if err := grouptest.CheckInvariants(f.S); err != nil {
+		t.Fatal(err)
+	}
+	if c := grouptest.CloneState(t, f.S); len(c.Closed) != 1 {
+		t.Fatal("the closed round did not survive a snapshot")
+	}
+	next, ok := f.S.Plan(f.At(), "t1", live)
+	if !ok {
+		t.Fatal("no round for the pending prompts")
+	}
+	for _, ids := range next.Shares {
+		for _, id := range ids {
+			if slices.Contains(done, id) {
+				t.Fatalf("%s, done in the closed round, planned again", id)
+			}
+		}
 	}
 }

@@ -7,14 +7,16 @@
 // Decoding is strict (unknown fields, duplicate ids and oversized sets are
 // refused), the canonical form of a set (its tasks re-encoded one a line,
 // in file order) is what its content hash names, and the held-out split is
-// a pure function of that hash and each task's id, so every trainer draws
-// the same split and never trains on a held-out task. Nothing here touches
+// a pure function of that hash and the tasks' ids, of the size asked for
+// (rounded), so every trainer draws the same split and never trains on a
+// held-out task. Nothing here touches
 // a disk, a clock or a network.
 package tasks
 
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -22,6 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -220,25 +224,77 @@ func Hash(b []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-// HeldOut reports whether task id of the set whose hash is setHash is in
-// the held-out split of fraction frac: the first 8 bytes of
+// HeldOut reports whether task id of the set whose hash is setHash falls
+// in the held-out split of fraction frac as sets were split before the
+// split was made exact (LegacySplit): the first 8 bytes of
 // SHA-256(setHash "\x00" id), read as a number, fall below frac of their
-// range. The split depends on nothing else, so every trainer draws the
-// same one.
+// range. The number of tasks it holds out only follows frac on average.
 func HeldOut(setHash, id string, frac float64) bool {
 	if frac <= 0 {
 		return false
 	}
+	return float64(rank(setHash, id))/float64(^uint64(0)) < frac
+}
+
+// rank is task id's draw in the set whose hash is setHash: the first 8
+// bytes of SHA-256(setHash "\x00" id), read as a number.
+func rank(setHash, id string) uint64 {
 	h := sha256.Sum256([]byte(setHash + "\x00" + id))
-	x := binary.BigEndian.Uint64(h[:8])
-	return float64(x)/float64(^uint64(0)) < frac
+	return binary.BigEndian.Uint64(h[:8])
+}
+
+// HeldOutCount is how many of n tasks a split of fraction frac holds
+// out: frac·n rounded to the nearest, at least one when frac > 0 and at
+// most n-1, so that each side keeps a task (n >= 2).
+func HeldOutCount(n int, frac float64) int {
+	if frac <= 0 || n < 2 {
+		return 0
+	}
+	k := int(math.Round(frac * float64(n)))
+	return min(max(k, 1), n-1)
 }
 
 // Split divides the set's tasks into the training split and the held-out
-// one (HeldOut), each in file order. A split that would leave either side
-// empty moves one task over: the first task is trained on, the last held
-// out.
+// one, each in file order. The held-out split is exactly HeldOutCount
+// tasks: those whose draw (SHA-256 of the set's hash and the task's id)
+// ranks lowest, ties broken by id. It depends on nothing else, so every
+// trainer draws the same split.
+//
+// The group records a set's split when it adds it: a set added before
+// the split was exact keeps the split it was added with (LegacySplit).
 func (s *Set) Split(frac float64) (train, held []*Task) {
+	k := HeldOutCount(len(s.Tasks), frac)
+	order := make([]int, len(s.Tasks))
+	ranks := make([]uint64, len(s.Tasks))
+	for i, t := range s.Tasks {
+		order[i], ranks[i] = i, rank(s.Hash, t.ID)
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if c := cmp.Compare(ranks[a], ranks[b]); c != 0 {
+			return c
+		}
+		return strings.Compare(s.Tasks[a].ID, s.Tasks[b].ID)
+	})
+	out := make([]bool, len(s.Tasks))
+	for _, i := range order[:k] {
+		out[i] = true
+	}
+	for i, t := range s.Tasks {
+		if out[i] {
+			held = append(held, t)
+		} else {
+			train = append(train, t)
+		}
+	}
+	return train, held
+}
+
+// LegacySplit is the split of earlier versions: each task drawn on its
+// own (HeldOut), so that the held-out split's size only follows frac on
+// average. A split that would leave either side empty moves one task
+// over: the first task is trained on, the last held out. The leader still
+// accepts it from a trainer of an earlier version.
+func (s *Set) LegacySplit(frac float64) (train, held []*Task) {
 	for _, t := range s.Tasks {
 		if HeldOut(s.Hash, t.ID, frac) {
 			held = append(held, t)

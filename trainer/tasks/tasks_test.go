@@ -61,7 +61,7 @@ func TestParseAndSplit(t *testing.T) {
 		t.Fatalf("hash %s vs %s (%v)", s2.Hash, s.Hash, err)
 	}
 	train, held := s.Split(0.2)
-	if len(train)+len(held) != 100 || len(held) < 8 || len(held) > 35 {
+	if len(train) != 80 || len(held) != 20 {
 		t.Fatalf("split %d/%d", len(train), len(held))
 	}
 	again, held2 := s.Split(0.2)
@@ -71,13 +71,17 @@ func TestParseAndSplit(t *testing.T) {
 	inHeld := map[string]bool{}
 	for _, h := range held {
 		inHeld[h.ID] = true
-		if !HeldOut(s.Hash, h.ID, 0.2) {
-			t.Fatalf("%s held out but HeldOut says no", h.ID)
-		}
 	}
 	for _, tr := range train {
 		if inHeld[tr.ID] {
 			t.Fatalf("%s in both splits", tr.ID)
+		}
+	}
+	// The split of earlier versions is still drawn the same.
+	_, legacy := s.LegacySplit(0.2)
+	for _, h := range legacy {
+		if !HeldOut(s.Hash, h.ID, 0.2) {
+			t.Fatalf("%s held out but HeldOut says no", h.ID)
 		}
 	}
 	// Tiny sets keep one task on each side.
@@ -87,6 +91,10 @@ func TestParseAndSplit(t *testing.T) {
 	}
 	if tr, h := two.Split(0); len(tr) != 2 || len(h) != 0 {
 		t.Fatalf("no holdout: %d/%d", len(tr), len(h))
+	}
+
+	if tr, h := two.LegacySplit(0.01); len(tr) != 1 || len(h) != 1 {
+		t.Fatalf("2-task legacy split %d/%d", len(tr), len(h))
 	}
 
 	for name, in := range map[string]string{
@@ -131,4 +139,31 @@ func FuzzTaskLine(f *testing.F) {
 			t.Fatalf("round trip changed the task: %+v vs %+v", s.Tasks[0], task)
 		}
 	})
+}
+
+// TestSplitSize: the held-out split holds round(holdout·n) tasks, whatever
+// the set's hash, where the per-task draw of earlier versions held out 11
+// or 23 of 56 tasks for 0.25; a task's side does not depend on the
+// others' order in the file beyond the hash.
+func TestSplitSize(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		frac float64
+		want int
+	}{{56, 0.25, 14}, {56, 0.1, 6}, {10, 0.25, 3}, {10, 0.24, 2}, {3, 0.01, 1}, {3, 0.99, 2}, {2, 0.5, 1}, {100, 0, 0}} {
+		for seed := range 20 {
+			var b strings.Builder
+			for i := range c.n {
+				fmt.Fprintf(&b, "{\"id\":\"s%d-%d\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}\n", seed, i)
+			}
+			s, err := Parse(strings.NewReader(b.String()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			train, held := s.Split(c.frac)
+			if len(held) != c.want || len(train)+len(held) != c.n {
+				t.Fatalf("%d tasks, holdout %v (set %d): %d/%d, want %d held out", c.n, c.frac, seed, len(train), len(held), c.want)
+			}
+		}
+	}
 }

@@ -380,6 +380,43 @@ func (d *Driver) publish() {
 	}
 }
 
+// closeRound closes the open round with no version (its contributors
+// trained nothing that changes the adapter), sometimes with a mistake.
+func (d *Driver) closeRound() {
+	s := d.f.S
+	if s.Round == nil || d.r.IntN(6) == 0 {
+		d.apply("close", &group.Entry{Close: &group.Close{Round: s.Rounds + 1, Contributors: []group.Contribution{{Trainer: "t1"}}}}, group.ErrNoRound)
+		return
+	}
+	r := s.Round
+	cl := &group.Close{Round: r.Number, Reason: "every group flat"}
+	for _, t := range r.Trainers() {
+		if d.r.IntN(4) == 0 {
+			continue
+		}
+		c := group.Contribution{Trainer: t, Seconds: d.r.Float64()}
+		for _, id := range r.Shares[t] {
+			switch d.r.IntN(6) {
+			case 0:
+			case 1:
+				cl.Refused = append(cl.Refused, group.Refusal{ID: id, Reason: "verify: test"})
+			default:
+				c.Batches = append(c.Batches, id)
+			}
+		}
+		cl.Contributors = append(cl.Contributors, c)
+	}
+	want := error(nil)
+	if len(cl.Contributors) == 0 {
+		want = group.ErrEntry
+	} else if d.r.IntN(8) == 0 {
+		if id, ok := d.anyBatch(); ok && s.Batches[id].Trainer != cl.Contributors[0].Trainer {
+			cl.Contributors[0].Batches, want = append(cl.Contributors[0].Batches, id), group.ErrBatch
+		}
+	}
+	d.apply("close", &group.Entry{Close: cl}, want)
+}
+
 func (d *Driver) abort() {
 	s := d.f.S
 	if s.Round == nil || d.r.IntN(5) == 0 {
@@ -406,7 +443,7 @@ func (d *Driver) Run(steps int) {
 		fn func()
 	}{
 		{20, d.add}, {8, d.register}, {3, d.leave}, {2, d.revoke}, {3, d.speeds}, {6, d.refuse},
-		{15, d.start}, {15, d.publish}, {4, d.abort}, {2, d.configure},
+		{15, d.start}, {15, d.publish}, {4, d.abort}, {3, d.closeRound}, {2, d.configure},
 		{1, func() {
 			d.apply("genesis again", &group.Entry{Genesis: &group.Genesis{Hash: HashN(1)}}, group.ErrGenesis)
 		}},

@@ -157,7 +157,8 @@ func CheckInvariants(s *group.State) error {
 				return fmt.Errorf("assigned batch %s (round %d, trainer %s) not in the open round's shares", id, b.Round, b.Trainer)
 			}
 		case group.Trained:
-			if b.Version == 0 || b.Version >= uint64(len(s.Versions)) {
+			// Version 0 only for one of a round closed with no version.
+			if b.Version >= uint64(len(s.Versions)) || b.Version == 0 && !slices.ContainsFunc(s.Closed, func(c group.ClosedRound) bool { return c.Round == b.Round }) {
 				return fmt.Errorf("trained batch %s in version %d of %d", id, b.Version, len(s.Versions))
 			}
 		case group.Refused:
@@ -233,8 +234,33 @@ func CheckInvariants(s *group.State) error {
 			}
 		}
 	}
+	// A round closed with no version: its contributors' batches were
+	// trained in it, into none, and left its base current.
+	closed := map[core.BatchID]bool{}
+	for i, c := range s.Closed {
+		if c.Round == 0 || c.Round > s.Rounds || i > 0 && c.Round <= s.Closed[i-1].Round || c.Base >= uint64(len(s.Versions)) || len(c.Contributors) == 0 {
+			return fmt.Errorf("closed round %+v", c)
+		}
+		for _, v := range s.Versions {
+			if v.Round == c.Round {
+				return fmt.Errorf("round %d closed with no version and published v%d", c.Round, v.Version)
+			}
+		}
+		for _, ct := range c.Contributors {
+			for _, id := range ct.Batches {
+				if _, ok := inVersion[id]; ok || closed[id] {
+					return fmt.Errorf("batch %s of closed round %d trained twice", id, c.Round)
+				}
+				closed[id] = true
+				b, ok := s.Batches[id]
+				if !ok || b.Status != group.Trained || b.Version != c.Base || b.Round != c.Round || b.Trainer != ct.Trainer {
+					return fmt.Errorf("batch %s of closed round %d by %s is %+v", id, c.Round, ct.Trainer, b)
+				}
+			}
+		}
+	}
 	for id, b := range s.Batches {
-		if b.Status == group.Trained {
+		if b.Status == group.Trained && !closed[id] {
 			if _, ok := inVersion[id]; !ok {
 				return fmt.Errorf("trained batch %s is no version's contributor", id)
 			}
