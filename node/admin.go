@@ -228,7 +228,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 			// The node's message already says it (pool.ErrNotFound's).
 			return nil, remoteError{se.Message, []error{ErrRemote, pool.ErrNotFound}}
 		}
-		return nil, remoteError{"the node answered " + se.Status + ": " + se.Message, []error{ErrRemote}}
+		return nil, remoteError{se.Error(), []error{ErrRemote}}
 	}
 	return resp, err
 }

@@ -30,9 +30,26 @@ type StatusError struct {
 	Code    int
 	Status  string
 	Message string
+	// Path is the path asked for; Plain is set when the body was not an
+	// error WriteError wrote (another server, or no such route).
+	Path  string
+	Plain bool
 }
 
-func (e *StatusError) Error() string { return e.Status + ": " + e.Message }
+// Error says what went wrong in the user's terms: the message a clawmesh
+// server wrote, as it wrote it (it names the problem; the HTTP status adds
+// nothing), and for a path the server has no route for, that the process
+// on the data directory is not the one the command talks to.
+func (e *StatusError) Error() string {
+	switch {
+	case !e.Plain:
+		return e.Message
+	case e.Code == http.StatusNotFound:
+		return "the process running on this data directory does not answer " + e.Path +
+			": is it a node's directory where a trainer's was expected, or the other way round? ('clawmesh mesh status --data DIR' shows the peer's role)"
+	}
+	return e.Status + ": " + e.Message
+}
 
 // Do sends a request with a bearer token (if any) and returns the response
 // if it is 2xx, else a *StatusError.
@@ -62,11 +79,11 @@ func Do(ctx context.Context, hc *http.Client, method, url, token string, body io
 		Error struct{ Message string } `json:"error"`
 	}
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	msg := strings.TrimSpace(string(raw))
+	se := &StatusError{Code: resp.StatusCode, Status: resp.Status, Message: strings.TrimSpace(string(raw)), Path: req.URL.Path, Plain: true}
 	if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
-		msg = e.Error.Message
+		se.Message, se.Plain = e.Error.Message, false
 	}
-	return nil, &StatusError{Code: resp.StatusCode, Status: resp.Status, Message: msg}
+	return nil, se
 }
 
 // WriteAddr writes addr to the file name in dir (atomically), for the

@@ -264,10 +264,10 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*
 	resp, err := adminapi.Do(ctx, c.HTTP, method, strings.TrimSuffix(c.Base, "/")+AdminPrefix+path, c.Token, body)
 	var se *adminapi.StatusError
 	if errors.As(err, &se) {
-		if se.Code == http.StatusNotFound {
+		if se.Code == http.StatusNotFound && !se.Plain {
 			return nil, fmt.Errorf("%w: %s", mesh.ErrNoBatch, se.Message)
 		}
-		return nil, errors.New(se.Message)
+		return nil, errors.New(se.Error())
 	}
 	return resp, err
 }
