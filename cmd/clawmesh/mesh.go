@@ -86,6 +86,15 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return usageErr("%s takes no arguments", sub)
 	}
+	if sub == "init" || sub == "revoke" {
+		// They write the directory when nothing runs on it (revoke goes
+		// through the running node or trainer otherwise).
+		release, err := lockOffline(s.Data, "mesh "+sub, sub == "init")
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	if sub == "init" {
 		return meshInit(s.Data, name, stdout)
 	}
@@ -361,6 +370,11 @@ func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	} else {
 		fmt.Fprintln(stderr, "clawmesh invite: no node or trainer runs on this data directory: the token carries the addresses it last listened on, and it must be running when the token is redeemed")
 	}
+	release, err := lockOffline(s.Data, "invite", false)
+	if err != nil {
+		return err
+	}
+	defer release()
 	key, _, err := peer.Identity(s.Data)
 	if err != nil {
 		return err
@@ -402,6 +416,11 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := s.resolve(fs); err != nil {
 		return err
 	}
+	release, err := lockOffline(s.Data, "join", true)
+	if err != nil {
+		return err
+	}
+	defer release()
 	st, err := peer.Join(ctx, s.Data, fs.Arg(0), listen, nil)
 	if err != nil {
 		return err
