@@ -137,6 +137,16 @@ func TestNodeAndTrainerDirectories(t *testing.T) {
 	if code != 1 || !strings.HasSuffix(errs, want) {
 		t.Errorf("trainer on a node's directory: code %d, %q; want %q", code, errs, want)
 	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, errs, code = runBriefly(t, 20*time.Second, "trainer", "--data", tdir, "--admin", ln.Addr().String(), "--no-mdns", "--weights", "off")
+	want = "clawmesh trainer: the admin API address " + ln.Addr().String() + " is in use by another process (another trainer?): stop it, or pick another --admin\n"
+	if code != 1 || errs != want {
+		t.Errorf("trainer on a taken --admin: code %d, %q; want %q", code, errs, want)
+	}
 	_, errs, code = runCLI(t, "pool", "import", os.DevNull, "--data", tdir)
 	if code != 1 || !strings.Contains(errs, "is a trainer's data directory") {
 		t.Errorf("pool import into a trainer's directory: code %d, %q", code, errs)

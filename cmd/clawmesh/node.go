@@ -329,14 +329,20 @@ func nodeStartError(err error, data string) error {
 
 // listenError says why the gateway cannot listen on addr, and what to do.
 func listenError(err error, addr string) error {
+	return addrError(err, "the gateway", "node", addr, "listen")
+}
+
+// addrError says why what (of a process like peer) cannot listen on addr,
+// in one line, and which flag picks another.
+func addrError(err error, what, peer, addr, flag string) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return fmt.Errorf("the gateway address %s is in use by another process (another node?): stop it, or pick another --listen", addr)
+		return fmt.Errorf("%s address %s is in use by another process (another %s?): stop it, or pick another --%s", what, addr, peer, flag)
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Err != nil {
 		err = op.Err
 	}
-	return fmt.Errorf("the gateway cannot listen on %s (%v): pick another --listen", addr, err)
+	return fmt.Errorf("%s cannot listen on %s (%v): pick another --%s", what, addr, err, flag)
 }
 
 // poolFS is the filesystem the node's pool is on: the disk (nil), unless

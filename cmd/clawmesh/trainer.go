@@ -138,7 +138,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *admin != "off" {
 		ln, err := net.Listen("tcp", *admin)
 		if err != nil {
-			return fmt.Errorf("the admin address %s cannot be listened on (%v): stop what holds it, or pick another --admin", *admin, err)
+			return addrError(err, "the admin API", "trainer", *admin, "admin")
 		}
 		ln.Close()
 	}
