@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/batch"
+	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/reward"
@@ -45,11 +47,26 @@ type MeshConfig struct {
 
 // joined reports whether the node's data directory is in a mesh.
 func joined(dataDir string) (bool, error) {
-	_, err := mesh.LoadState(dataDir)
+	st, err := mesh.LoadState(dataDir)
 	if errors.Is(err, mesh.ErrNotJoined) {
 		return false, nil
 	}
-	return err == nil, err
+	if err != nil {
+		return false, err
+	}
+	if c, _ := st.Certificate(); c.Role() == member.RoleTrainer {
+		return false, &datadir.KindError{Dir: dataDir, Want: "node", Is: "trainer", Why: "its mesh certificate is a trainer's"}
+	}
+	return true, nil
+}
+
+// notTrainers refuses a trainer's data directory: a node there would take
+// the trainer's identity and write its pool and keys beside its batches.
+func notTrainers(dataDir string) error {
+	if datadir.Is(dataDir, datadir.TrainerMark) {
+		return &datadir.KindError{Dir: dataDir, Want: "node", Is: "trainer", Why: "it holds a trainer's batch store, " + datadir.TrainerMark + "/"}
+	}
+	return nil
 }
 
 // startMesh starts the node's mesh peer, if its data directory is in a

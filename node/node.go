@@ -32,6 +32,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/private"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/mesh/weights"
@@ -261,8 +262,11 @@ type Node struct {
 // New opens the node's pool and reward runner and builds its gateway. The
 // caller runs it with Run and closes it with Close.
 func New(ctx context.Context, cfg Config) (*Node, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := Preflight(ctx, cfg); err != nil {
 		return nil, err
+	}
+	if err := notTrainers(cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = DefaultListen
@@ -307,7 +311,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	// A pool that cannot be opened (damaged, a failing disk) does not take
 	// the agent down: the node serves, recording paused, and says what to
 	// do.
-	poolDir := filepath.Join(cfg.DataDir, "pool")
+	poolDir := filepath.Join(cfg.DataDir, datadir.NodeMark)
 	p, err := pool.OpenServing(poolDir, pool.Options{
 		Logger: log, Now: cfg.Now, MaxAge: cfg.MaxAge, MaxBytes: cfg.MaxBytes, MinFree: minFree(cfg.DataDir, cfg.MinFree),
 		FS: cfg.PoolFS,

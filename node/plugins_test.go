@@ -10,9 +10,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/peer"
@@ -66,6 +68,14 @@ func TestNodeServesPlugins(t *testing.T) {
 	trData := t.TempDir()
 	if _, err := peer.Join(ctx, trData, tok.String(), loopback, nil); err != nil {
 		t.Fatal(err)
+	}
+	// A trainer's directory is refused to a node, by its certificate,
+	// before the node writes anything there.
+	if _, err := node.New(ctx, node.Config{DataDir: trData, Upstream: "http://127.0.0.1:9/v1", NoScoring: true}); !errors.Is(err, datadir.ErrKind) || !strings.Contains(err.Error(), "its mesh certificate is a trainer's") {
+		t.Errorf("a node on a trainer's directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(trData, datadir.NodeMark)); err == nil {
+		t.Error("the refused node made a pool in the trainer's directory")
 	}
 	tr, err := peer.Start(ctx, peer.Options{DataDir: trData, Listen: loopback, Bootstrap: n.Peer().Host.Addrs()})
 	if err != nil {

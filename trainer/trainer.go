@@ -50,6 +50,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/internal/private"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/batch"
@@ -63,8 +64,8 @@ import (
 
 // Files in a trainer's data directory, beside the mesh peer's.
 const (
-	// StoreDir holds the batch store.
-	StoreDir = "batches"
+	// StoreDir holds the batch store; it marks a trainer's data directory.
+	StoreDir = datadir.TrainerMark
 	// WeightsDir holds the packed versions served to the mesh, with
 	// their signed manifests.
 	WeightsDir = "weights"
@@ -200,6 +201,11 @@ func New(ctx context.Context, cfg Config) (*Trainer, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	// A node's directory is not a trainer's, whatever its certificate: a
+	// trainer there would take the node's identity beside its pool.
+	if datadir.Is(cfg.DataDir, datadir.NodeMark) {
+		return nil, fmt.Errorf("trainer: %w", &datadir.KindError{Dir: cfg.DataDir, Want: "trainer", Is: "node", Why: "it holds a device's DataPool, " + datadir.NodeMark + "/"})
 	}
 	st, err := mesh.LoadState(cfg.DataDir)
 	if err != nil {

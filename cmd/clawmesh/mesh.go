@@ -99,6 +99,15 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return usageErr("%s takes no arguments", sub)
 	}
+	if sub == "init" || sub == "revoke" {
+		// They write the directory when nothing runs on it (revoke goes
+		// through the running node or trainer otherwise).
+		release, err := lockOffline(s.Data, "mesh "+sub, sub == "init")
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	if sub == "init" {
 		return meshInit(s.Data, name, stdout)
 	}
@@ -453,6 +462,11 @@ func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	} else {
 		fmt.Fprintln(stderr, "clawmesh invite: no node or trainer runs on this data directory: the token carries the addresses it last listened on, and it must be running when the token is redeemed")
 	}
+	release, err := lockOffline(s.Data, "invite", false)
+	if err != nil {
+		return err
+	}
+	defer release()
 	key, _, err := peer.Identity(s.Data)
 	if err != nil {
 		return err
@@ -500,6 +514,11 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := s.resolve(fs); err != nil {
 		return err
 	}
+	release, err := lockOffline(s.Data, "join", true)
+	if err != nil {
+		return err
+	}
+	defer release()
 	progress := func(a mesh.JoinAttempt) {
 		switch {
 		case !a.Done:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,6 +96,15 @@ DATA/cache) and score what was recorded meanwhile once they are ready. The
 node does not start if an enabled plugin's file cannot be read or is not
 WebAssembly, and stops, naming it, if one turns out unusable as it is
 compiled (missing exports, a start-up that fails).
+
+One process at a time has a data directory: a node refuses one that a
+node, a trainer or a command writing it (pool import, mesh init, ...)
+holds, naming the command, its pid and since when; and it refuses a
+trainer's directory. An upstream that is the gateway itself (its --listen
+address; 127.0.0.1, localhost, [::1] and 0.0.0.0 count as one) is refused
+at start, and a call that comes back to the gateway through other hops
+(X-Clawmesh-Hop) is answered 508 Loop Detected and not recorded. A
+--listen address in use is found before the data directory is made.
 
 Example:
   clawmesh node --upstream http://127.0.0.1:11434/v1 --upstream-kind ollama --data ~/.clawmesh
@@ -210,7 +220,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if s.Listen != "" && !isLoopback(s.Listen) && s.Token == "" {
 		log.Warn("gateway listens beyond loopback with no --token: anyone who can reach it can use your LLM through it", "listen", s.Listen)
 	}
-	n, err := node.New(ctx, node.Config{
+	cfg := node.Config{
 		DataDir:       s.Data,
 		Listen:        s.Listen,
 		Upstream:      s.Upstream,
@@ -240,8 +250,33 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		PluginDeadline:    s.PluginDeadline,
 		PluginMemoryLimit: uint64(s.PluginMemoryMiB) << 20,
 		JudgeTimeout:      s.JudgeTimeout,
-	})
+	}
+	// Everything that can be checked is checked before the data directory
+	// is made or a plugin compiled, and the directory is this process's
+	// before anything in it is opened: taken first when it exists, so that
+	// a node or trainer already on it is named (not its port).
+	lock, err := lockData(s.Data, "node", false)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	defer func() { lock.Release() }()
+	if err := node.Preflight(ctx, cfg); err != nil {
+		return nodeStartError(err, s.Data)
+	}
+	listen := cmp.Or(s.Listen, node.DefaultListen)
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
+		return listenError(err, listen)
+	}
+	if lock == nil {
+		if lock, err = lockData(s.Data, "node", true); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+	n, err := node.New(ctx, cfg)
+	if err != nil {
+		ln.Close()
 		return nodeStartError(err, s.Data)
 	}
 	// SIGHUP re-reads the config file's plugins and swaps them in.
@@ -262,7 +297,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	finished := make(chan struct{})
 	defer close(finished)
 	go exitIfStuck(ctx, finished, s.DrainTimeout, stderr)
-	runErr := n.Run(ctx)
+	runErr := n.Serve(ctx, ln)
 	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := n.Close(closeCtx); err != nil && runErr == nil {
@@ -290,6 +325,24 @@ func nodeStartError(err error, data string) error {
 		return fmt.Errorf("the gateway address %s is in use by another process (another node?): stop it, or pick another --listen", op.Addr)
 	}
 	return err
+}
+
+// listenError says why the gateway cannot listen on addr, and what to do.
+func listenError(err error, addr string) error {
+	return addrError(err, "the gateway", "node", addr, "listen")
+}
+
+// addrError says why what (of a process like peer) cannot listen on addr,
+// in one line, and which flag picks another.
+func addrError(err error, what, peer, addr, flag string) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s address %s is in use by another process (another %s?): stop it, or pick another --%s", what, addr, peer, flag)
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		err = op.Err
+	}
+	return fmt.Errorf("%s cannot listen on %s (%v): pick another --%s", what, addr, err, flag)
 }
 
 // poolFS is the filesystem the node's pool is on: the disk (nil), unless

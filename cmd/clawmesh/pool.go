@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/scrub"
 	"github.com/clawmesh/clawmesh/node/share"
@@ -88,9 +89,14 @@ func (l localPool) Preview(ctx context.Context, limit int) (*share.Preview, erro
 // openPool opens the pool under s.Data, or reaches the running node that
 // holds it. create allows making a new pool (import does).
 func openPool(s *settings, create bool) (poolAccess, func(), error) {
-	dir := filepath.Join(s.Data, "pool")
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) && !create {
-		return nil, nil, fmt.Errorf("no pool at %s (has a node run with --data %s?)", dir, s.Data)
+	dir := filepath.Join(s.Data, datadir.NodeMark)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if !create {
+			return nil, nil, fmt.Errorf("no pool at %s (has a node run with --data %s?)", dir, s.Data)
+		}
+		if datadir.Is(s.Data, datadir.TrainerMark) {
+			return nil, nil, fmt.Errorf("%s is a trainer's data directory (it holds a trainer's batch store, %s/): a pool belongs in a node's; give a node's --data", s.Data, datadir.TrainerMark)
+		}
 	}
 	p, err := pool.Open(dir, pool.Options{})
 	if err == nil {
@@ -188,6 +194,11 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if fs.NArg() > 0 {
 			return usageErr("repair takes no arguments")
 		}
+		release, err := lockOffline(s.Data, "pool repair", false)
+		if err != nil {
+			return err
+		}
+		defer release()
 		return repairPool(ctx, s.Data, asJSON, stdout)
 	}
 	switch want := map[string]int{"stats": 0, "ls": 0, "show": 1, "export": 0, "import": 1, "preview": 0}[sub]; {
@@ -198,6 +209,14 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return usageErr("import takes one file (or - for standard input)")
 	default:
 		return usageErr("%s takes no arguments", sub)
+	}
+	if sub == "import" {
+		// An import writes: no node may start on the directory meanwhile.
+		release, err := lockOffline(s.Data, "pool import", true)
+		if err != nil {
+			return err
+		}
+		defer release()
 	}
 	p, closeFn, err := openPool(&s, sub == "import")
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -59,6 +61,10 @@ The recipe, base model and training settings are the group's: the first
 trainer proposes its flags (--recipe, --local-steps, ...); 'trainer config'
 changes them later (the base model and seed never change once a version
 exists). Every trainer must run the group's base model.
+
+One process at a time has a data directory: a trainer refuses one that
+another trainer, a node or a command writing it holds (naming the command,
+its pid and since when), and a node's directory (one with a pool).
 
 SIGINT or SIGTERM stops it.
 `
@@ -121,6 +127,20 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usageErr("--gpus %d: several GPUs need --engine torch --device cuda", *gpus)
 	case *gradCkpt && *engine != trainer.EngineTorch:
 		return usageErr("--grad-checkpoint needs --engine torch")
+	}
+	// The data directory is this process's before anything in it is
+	// opened (its identity, its stores), and the admin address is free.
+	lock, err := lockData(s.Data, "trainer", false)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	defer lock.Release()
+	if *admin != "off" {
+		ln, err := net.Listen("tcp", *admin)
+		if err != nil {
+			return addrError(err, "the admin API", "trainer", *admin, "admin")
+		}
+		ln.Close()
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,

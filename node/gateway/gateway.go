@@ -173,6 +173,10 @@ type Config struct {
 	// the API and how long the call took in the gateway. It runs on the
 	// call's goroutine and must be cheap (an atomic histogram update).
 	OnCall func(api core.APIKind, d time.Duration)
+	// HopID is the id this gateway adds to HopHeader of every call it
+	// forwards, and refuses a call that already carries (a loop of
+	// gateways: see loop.go). Default: random, one per gateway.
+	HopID string
 }
 
 const (
@@ -203,6 +207,9 @@ func (c *Config) validate() error {
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("%w: MaxBodyBytes is negative", ErrConfig)
 	}
+	if strings.ContainsAny(c.HopID, ", \t\r\n") {
+		return fmt.Errorf("%w: HopID %q has a comma or a space", ErrConfig, c.HopID)
+	}
 	return nil
 }
 
@@ -229,6 +236,9 @@ type Stats struct {
 	// full (laterMax, under a sustained overload): their steps stay open
 	// until the node next starts, which closes them.
 	ClosuresDropped uint64
+	// Loops counts the calls refused with 508 Loop Detected: they had
+	// come back to this gateway (loop.go).
+	Loops uint64
 }
 
 // Gateway is the recording proxy. It is an http.Handler; Run serves it.
@@ -253,6 +263,10 @@ type Gateway struct {
 	laterWarned  time.Time // when a drop was last logged
 
 	requests, recorded, recordFailures, upstreamFailures, disconnected, unrecorded atomic.Uint64
+	// loops counts the calls refused as having come round a loop of
+	// gateways; loopWarned is when that was last logged.
+	loops      atomic.Uint64
+	loopWarned atomic.Int64
 
 	// pauseLog throttles the log of unrecorded calls; see noteUnrecorded.
 	pauseLog struct {
@@ -311,6 +325,9 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Transport == nil {
 		cfg.Transport = DefaultTransport()
 	}
+	if cfg.HopID == "" {
+		cfg.HopID = newHopID()
+	}
 	tr, err := session.New(cfg.Sessions)
 	if err != nil {
 		return nil, fmt.Errorf("%w: sessions: %w", ErrConfig, err)
@@ -350,6 +367,7 @@ func (g *Gateway) Stats() Stats {
 		Unrecorded:         g.unrecorded.Load(),
 		ClosuresWaiting:    g.laterLen(),
 		ClosuresDropped:    g.laterDropped.Load(),
+		Loops:              g.loops.Load(),
 	}
 }
 

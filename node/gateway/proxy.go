@@ -20,7 +20,8 @@ var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy
 var errIdle = errors.New("gateway: upstream idle timeout")
 
 // upstreamHeader is the header to send upstream: the client's, minus
-// hop-by-hop and session headers, with the upstream token if configured.
+// hop-by-hop and session headers, with the upstream token if configured
+// and this gateway added to HopHeader.
 func (g *Gateway) upstreamHeader(in http.Header, recorded bool) http.Header {
 	h := in.Clone()
 	for _, k := range hopHeaders {
@@ -44,6 +45,7 @@ func (g *Gateway) upstreamHeader(in http.Header, recorded bool) http.Header {
 	if g.cfg.UpstreamToken != "" {
 		h.Set("Authorization", "Bearer "+g.cfg.UpstreamToken)
 	}
+	g.addHop(h)
 	return h
 }
 

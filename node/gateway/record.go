@@ -172,6 +172,18 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	defer resp.Body.Close()
+	if loopRefusal(resp) {
+		// The call came round a loop of gateways (loop.go): a
+		// misconfiguration, not a call of the agent's; nothing is recorded.
+		g.mu.Lock()
+		g.tr.Abort(step.ID)
+		g.mu.Unlock()
+		g.closeLater(chain)
+		copyHeader(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, io.LimitReader(resp.Body, 64<<10))
+		return
+	}
 	// An upstream that names the adapter version that served the call
 	// (clawmesh serve) is more exact than the node's notion of it.
 	if v := resp.Header.Get(serveapi.AdapterHeader); v != "" {

@@ -119,6 +119,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, false, http.StatusNotFound, "not_found_error", "not_found", "no route for "+r.URL.Path)
 		return
 	}
+	if rt.rest != "" && g.looped(r.Header) {
+		g.refuseLoop(w, anthropic, rt)
+		return
+	}
 	if rt.admin && g.cfg.AdminAuth != nil {
 		// The recorded data is the owner's: the gateway's own token, which
 		// agents and other accounts may hold, does not open it.
