@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
@@ -80,8 +81,14 @@ func (g *Gateway) feedback(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	fb := core.Feedback{Score: f.Score, Text: f.Text, At: g.cfg.Now()}
+	var state core.State
 	err = g.storeCall(r.Context(), func(ctx context.Context) error {
-		return g.cfg.Store.Update(ctx, id, addFeedback(f.SessionID, fb))
+		add := addFeedback(f.SessionID, fb)
+		return g.cfg.Store.Update(ctx, id, func(s *core.Step) error {
+			err := add(s)
+			state = s.State
+			return err
+		})
 	})
 	switch {
 	case errors.Is(err, pool.ErrNotFound), errors.Is(err, errSessionMismatch):
@@ -95,10 +102,37 @@ func (g *Gateway) feedback(w http.ResponseWriter, r *http.Request) {
 		writeError(w, false, http.StatusInternalServerError, "api_error", "store_failed", "feedback not stored")
 		return
 	}
-	out, _ := json.Marshal(map[string]core.StepID{"step_id": id})
+	g.mu.Lock()
+	idle := g.tr.IdleTimeout()
+	g.mu.Unlock()
+	out, _ := json.Marshal(FeedbackReply{StepID: id, State: state, Scoring: scoringNote(state, idle)})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	w.Write(out)
+}
+
+// FeedbackReply is the answer to POST /clawmesh/v1/feedback: the step the
+// feedback went to, its state after it, and when the feedback will count.
+type FeedbackReply struct {
+	StepID core.StepID `json:"step_id"`
+	State  core.State  `json:"state"`
+	// Scoring says, in words, when the step will be scored with the
+	// feedback.
+	Scoring string `json:"scoring"`
+}
+
+// scoringNote says when a step in state st is scored with its feedback.
+func scoringNote(st core.State, idle time.Duration) string {
+	switch st {
+	case core.StateOpen:
+		return "the step is still open: it is scored with this feedback when its session ends (the next call with X-Session-Done: true) or after " +
+			idle.String() + " with no continuation, whichever comes first"
+	case core.StateClosed:
+		return "the step is scored with this feedback within seconds"
+	case core.StateFailed:
+		return "the call failed: the step is kept for the record and never scored"
+	}
+	return "the step is past scoring (" + st.String() + "): the feedback is kept with it, and it is not scored again"
 }
 
 // addFeedback is the change feedback makes to its step.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 )
 
@@ -56,6 +57,22 @@ func TestParseFeedbackErrorText(t *testing.T) {
 	} {
 		if _, err := ParseFeedback([]byte(body)); err == nil || err.Error() != want {
 			t.Errorf("%s: %v, want %q", body, err, want)
+		}
+	}
+}
+
+// TestScoringNote: the feedback's answer says when it counts, by the
+// step's state.
+func TestScoringNote(t *testing.T) {
+	for st, want := range map[core.State]string{
+		core.StateOpen:    "when its session ends",
+		core.StateClosed:  "within seconds",
+		core.StateFailed:  "never scored",
+		core.StateBatched: "past scoring (batched)",
+		core.StateHeld:    "past scoring (held)",
+	} {
+		if got := scoringNote(st, 30*time.Minute); !strings.Contains(got, want) {
+			t.Errorf("%v: %q, want %q", st, got, want)
 		}
 	}
 }

@@ -615,8 +615,16 @@ func TestRealPool(t *testing.T) {
 	e := newEnv(t, fakeupstream.Script{Turns: []fakeupstream.Turn{{Text: "one"}, {Text: "two"}}}, func(c *Config) { c.Store = p })
 	post(t, e.url+"/s/disk/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"a"}]}`, nil)
 	post(t, e.url+"/s/disk/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"one"},{"role":"user","content":"b"}]}`, nil)
-	if st, _, b := post(t, e.url+"/clawmesh/v1/feedback", `{"session_id":"disk","score":0.5}`, nil); st != 200 {
+	st, _, b := post(t, e.url+"/clawmesh/v1/feedback", `{"session_id":"disk","score":0.5}`, nil)
+	if st != 200 {
 		t.Fatalf("feedback: %d %s", st, b)
+	}
+	// The session's last step is open: the answer says when the feedback
+	// will count.
+	var fr FeedbackReply
+	if err := json.Unmarshal([]byte(b), &fr); err != nil || fr.StepID == "" || fr.State != core.StateOpen ||
+		!strings.Contains(fr.Scoring, "X-Session-Done") || !strings.Contains(fr.Scoring, "30m0s") {
+		t.Errorf("feedback answer %s: %v", b, err)
 	}
 	if st, _, _ := post(t, e.url+"/clawmesh/v1/feedback", `{"step_id":"unknown","score":0.5}`, nil); st != 404 {
 		t.Errorf("unknown step: %d", st)

@@ -580,6 +580,10 @@ func (t *Tracker) Last(s core.SessionID) core.StepID {
 }
 
 // Stats reports what the Tracker holds.
+// IdleTimeout is how long a completed step waits for its continuation
+// before it closes with no next state.
+func (t *Tracker) IdleTimeout() time.Duration { return t.opts.IdleTimeout }
+
 func (t *Tracker) Stats() Stats {
 	st := Stats{Sessions: len(t.sessions), InFlight: t.inflight, Open: len(t.idle), Nodes: t.tree.nodes}
 	for _, s := range t.sessions {
