@@ -472,6 +472,9 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	defer os.Remove(addrPath)
 	n.log.Info("gateway listening", "addr", ln.Addr().String(), "upstream", n.cfg.Upstream)
+	if n.outbox != nil {
+		n.log.Info("sharing: " + n.outbox.Policy().Summary())
+	}
 
 	// A plugin set that cannot be loaded, found in the background, stops
 	// the gateway (cause).

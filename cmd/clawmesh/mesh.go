@@ -21,6 +21,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/p2p"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/store"
@@ -109,7 +110,11 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		defer release()
 	}
 	if sub == "init" {
-		return meshInit(s.Data, name, stdout)
+		if err := meshInit(s.Data, name, stdout); err != nil {
+			return err
+		}
+		printSharing(stdout, s)
+		return nil
 	}
 	c := runningPeer(&s)
 	switch sub {
@@ -551,6 +556,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "next: clawmesh trainer --data %s\n", s.Data)
 	} else {
 		fmt.Fprintf(stdout, "next: run the node with --data %s\n", s.Data)
+		printSharing(stdout, s)
 	}
 	return nil
 }
@@ -595,3 +601,16 @@ func (m *multiFlag) Set(v string) error {
 }
 
 var _ flag.Value = (*multiFlag)(nil)
+
+// printSharing says what a node on s.Data lets leave the device now that
+// it is in a mesh, and how to keep everything on the device.
+func printSharing(w io.Writer, s settings) {
+	p := s.Share
+	if p.Mode == "" {
+		p.Mode = share.DefaultMode(true)
+	}
+	fmt.Fprintf(w, "sharing: %s\n", p.Summary())
+	if p.Mode != share.ModeNone {
+		fmt.Fprintf(w, "  to keep everything on this device, set [share] mode = \"none\" in %s; 'clawmesh pool preview --data %s' shows what would leave\n", nodeConfigPath(s), s.Data)
+	}
+}

@@ -151,6 +151,10 @@ func TestMeshCLI(t *testing.T) {
 	if !strings.Contains(out, "mesh m") || !strings.Contains(out, "admin key") {
 		t.Fatalf("init: %s", out)
 	}
+	// What will leave the device from now on, and how not to.
+	if !strings.Contains(out, `sharing: the scored steps that carry a learning signal leave`) || !strings.Contains(out, `mode = "none" in `+filepath.Join(a, "config.toml")) {
+		t.Errorf("init says nothing of sharing: %s", out)
+	}
 	if _, errs, code := runCLI(t, "mesh", "init", "--data", a); code == 0 || !strings.Contains(errs, "already in a mesh") {
 		t.Errorf("init twice: %d %s", code, errs)
 	}
@@ -172,7 +176,9 @@ func TestMeshCLI(t *testing.T) {
 	runTrainerPeer(t, tr)
 
 	mtok := strings.TrimSpace(cli(t, "invite", "--data", a))
-	cli(t, "join", mtok, "--data", b)
+	if out := cli(t, "join", mtok, "--data", b); !strings.Contains(out, "sharing: the scored steps") {
+		t.Errorf("a member's join says nothing of sharing: %s", out)
+	}
 	nb := runMeshNode(t, b, upstream, share.Policy{Mode: share.ModeAll})
 
 	var st peer.Status

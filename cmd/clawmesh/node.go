@@ -55,7 +55,10 @@ CLAWMESH_UPSTREAM_KIND, CLAWMESH_CONFIG), then the config file
 Scored steps leave the device only as the sharing policy ([share] in the
 config file) allows, scrubbed of personal data and secrets, in outbox
 batches: see 'clawmesh pool preview' for exactly what would leave, and
-'clawmesh scrub --help'. With no [share] mode, nothing leaves.
+'clawmesh scrub --help'. With no [share] mode, a node that has joined a
+mesh shares its scored steps that carry a learning signal (mode
+"scored"), and a node in no mesh shares nothing; mode = "none" keeps
+everything on this device. The node logs the policy in force at start.
 
 SIGINT or SIGTERM stops accepting new calls, lets in-flight streams finish
 (up to --drain-timeout), and exits; whatever state the pool is in, the node
@@ -421,7 +424,7 @@ func reloadShare(s settings, n *node.Node, log *slog.Logger) {
 		return
 	}
 	p := n.Outbox().Policy()
-	log.Info("sharing policy reloaded", "config", fresh.Config, "mode", p.Mode, "policy", p.Digest())
+	log.Info("sharing policy reloaded: "+p.Summary(), "config", fresh.Config, "mode", p.Mode, "policy", p.Digest())
 }
 
 func isLoopback(addr string) bool {

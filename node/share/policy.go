@@ -64,6 +64,31 @@ type Policy struct {
 	MinRewardAbs float64 `json:"min_reward_abs,omitempty"`
 }
 
+// Summary says in one line what p lets leave the device. The policy must
+// have a mode (see DefaultMode).
+func (p Policy) Summary() string {
+	var what string
+	switch p.Mode {
+	case ModeNone:
+		return `nothing leaves this device ([share] mode = "none")`
+	case ModeScored:
+		what = `the scored steps that carry a learning signal leave, scrubbed, for the mesh's trainers ([share] mode = "scored")`
+	case ModeAll:
+		what = `every scored step leaves, scrubbed, for the mesh's trainers ([share] mode = "all")`
+	default:
+		return fmt.Sprintf("no sharing mode %q", p.Mode)
+	}
+	switch {
+	case len(p.Tools) == 0:
+		what += "; no tool result"
+	case slices.Contains(p.Tools, "*"):
+		what += "; every tool's results, scrubbed"
+	default:
+		what += "; the results of the tools " + strings.Join(p.Tools, ", ") + ", scrubbed"
+	}
+	return what
+}
+
 // DefaultMode is the mode of a policy that names none: ModeScored for a
 // node that has joined a mesh, ModeNone for one that has not (there is
 // nowhere for anything to go).
