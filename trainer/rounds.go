@@ -392,11 +392,13 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 	// Each contribution weighs the steps the leader assigned it, not what
 	// it says it trained.
 	steps := map[core.BatchID]int{}
+	tasksOnly := true // every item of the round is a task set's prompt
 	t.group.view(func(s *group.State) {
 		for _, ids := range r.Shares {
 			for _, id := range ids {
 				if b, ok := s.Batches[id]; ok {
 					steps[id] = max(b.Steps, 1)
+					tasksOnly = tasksOnly && b.Task != ""
 				}
 			}
 		}
@@ -431,10 +433,12 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 		}
 		contributors = append(contributors, c)
 	}
-	if len(parts) == 0 {
+	if len(parts) == 0 && tasksOnly {
 		// Nothing the round trained changes the adapter (every task
 		// group flat, no sample to train): a version would be its parent
-		// again. The round closes with none; what it took is done.
+		// again. The round closes with none; what it took is done. A
+		// round that took devices' batches still publishes its version,
+		// which records the batches it took, as it always did.
 		err := t.group.propose(ctx, &group.Entry{Close: &group.Close{Round: r.Number, Contributors: contributors, Refused: refused,
 			Reason: "no learning signal: every group flat, no sample to train"}})
 		if err != nil {
