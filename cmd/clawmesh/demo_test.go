@@ -99,10 +99,14 @@ func TestDemoQuick(t *testing.T) {
 	if f := run.Failover; f == nil || f.NewLeader == "" || f.NewLeader == f.Stopped || f.AfterRound != 2 {
 		t.Errorf("failover: %+v", run.Failover)
 	}
-	for _, want := range []string{"stopping the trainers' leader", "failover:", "personalization score per round", "round 4"} {
+	for _, want := range []string{"stopping the trainers' leader", "failover:", "personalization score per round", "round 4", "what the words mean:"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("the output lacks %q:\n%s", want, stdout)
 		}
+	}
+	// The output ends saying where the files went, by absolute path.
+	if want := "plot written to " + png + "\nJSON written to " + out + "\nlogs written to " + logs + "\n"; !strings.HasSuffix(stdout, want) {
+		t.Errorf("the output does not end with\n%s\n%s", want, stdout)
 	}
 	p, err := os.ReadFile(png)
 	if err != nil || !bytes.HasPrefix(p, []byte("\x89PNG\r\n\x1a\n")) || len(p) < 5000 {
@@ -166,6 +170,36 @@ func followBatch(t *testing.T, logs string) {
 		}
 	}
 	t.Errorf("no batch sealed on node 1 (%d) can be followed to a published version in the trainers' logs (%d batches trained, %d versions)", len(sealed), len(trainedIn), len(published))
+}
+
+// TestDemoPlotPath checks where the plot goes: where --plot says, made
+// absolute; else in the logs directory; else in the user's cache
+// directory, never in the current one.
+func TestDemoPlotPath(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", filepath.Join(dir, "cache"))
+	t.Setenv("HOME", filepath.Join(dir, "home"))
+	t.Chdir(dir)
+	wd, _ := os.Getwd()
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ plot, logs, want string }{
+		{"score.png", "", filepath.Join(wd, "score.png")},
+		{"", "logs", filepath.Join(wd, "logs", "clawmesh-demo.png")},
+		{"", "", filepath.Join(cache, "clawmesh", "demo", "clawmesh-demo.png")},
+	} {
+		got, err := demoPlotPath(c.plot, c.logs)
+		if err != nil || got != c.want {
+			t.Errorf("--plot %q --logs %q: %q, %v; want %q", c.plot, c.logs, got, err, c.want)
+		}
+		if c.plot == "" {
+			if _, err := os.Stat(filepath.Dir(got)); err != nil {
+				t.Errorf("the plot's directory: %v", err)
+			}
+		}
+	}
 }
 
 func TestDemoBadInput(t *testing.T) {
