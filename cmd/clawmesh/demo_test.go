@@ -219,3 +219,36 @@ func TestDemoBadInput(t *testing.T) {
 		t.Errorf("demo --help: code %d\n%s", code, out)
 	}
 }
+
+// TestDemoPlot checks the plot's frame: points at 0 and 1, and at the first
+// and last round, lie inside the axes with room around them, so that they
+// show whole, and the file is a PNG.
+func TestDemoPlot(t *testing.T) {
+	rep := &live.Report{}
+	for i, r := range []string{"binary", "opd", "combined"} {
+		run := live.RecipeRun{Recipe: r}
+		for k := 0; k <= 8; k++ {
+			run.Rounds = append(run.Rounds, live.Round{Round: k, Score: min(1, 0.1*float64(i)+0.15*float64(k))})
+		}
+		run.Before, run.After = run.Rounds[0].Score, run.Rounds[8].Score
+		if i == 0 {
+			run.Failover = &live.Failover{AfterRound: 4}
+		}
+		rep.Runs = append(rep.Runs, run)
+	}
+	p, err := demoPlot(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Y.Min >= 0 || p.Y.Max <= 1 || p.X.Min >= 0 || p.X.Max <= 8 {
+		t.Errorf("axes x [%g, %g], y [%g, %g]: no room around the points", p.X.Min, p.X.Max, p.Y.Min, p.Y.Max)
+	}
+	path := filepath.Join(t.TempDir(), "score.png")
+	if err := plotDemo(rep, path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+		t.Fatalf("the plot: %d bytes, %v", len(b), err)
+	}
+}
