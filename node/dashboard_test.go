@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -286,6 +287,18 @@ func dashboardInChromium(t *testing.T, exe string, inMesh bool) {
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("dashboard without a session: %s", resp.Status)
 	}
+	// A browser without a session gets a page that says how to log in.
+	req, _ := http.NewRequest("GET", base+"/clawmesh/", nil)
+	req.Header.Set("Accept", "text/html")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || !strings.Contains(string(body), "clawmesh login") {
+		t.Fatalf("a browser without a session: %s %s\n%s", resp.Status, resp.Header.Get("Content-Type"), body)
+	}
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox,
 		chromedp.Flag("headless", true), chromedp.WindowSize(1100, 1600))
@@ -318,11 +331,13 @@ func dashboardInChromium(t *testing.T, exe string, inMesh bool) {
 	if err != nil {
 		t.Fatalf("starting %s: %v", exe, err)
 	}
-	if err := chromedp.Do(bctx, chromedp.Navigate(login.URL)); err != nil {
+	// The login URL takes the browser to the dashboard.
+	if err := chromedp.Do(bctx, chromedp.Navigate(login.URL), chromedp.WaitVisible(chromedp.ID("rewards-chart"))); err != nil {
 		t.Fatalf("browser: login URL: %v", err)
 	}
-	if err := chromedp.Do(bctx, chromedp.Navigate(base+"/clawmesh/"), chromedp.WaitVisible(chromedp.ID("rewards-chart"))); err != nil {
-		t.Fatalf("browser: dashboard: %v", err)
+	// The session holds by the other loopback name too.
+	if err := chromedp.Do(bctx, chromedp.Navigate(strings.Replace(base, "127.0.0.1", "localhost", 1)+"/clawmesh/"), chromedp.WaitVisible(chromedp.ID("rewards-chart"))); err != nil {
+		t.Fatalf("browser: dashboard on localhost: %v", err)
 	}
 	text := func(sel string) string {
 		t.Helper()

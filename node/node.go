@@ -378,6 +378,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		Logger:          log,
 		Admin:           n.adminHandler(),
 		AdminAuth:       n.sessions.Authorized,
+		AdminDenied:     n.sessions.Denied,
 		LogCalls:        cfg.LogCalls,
 		MaxBodyBytes:    cfg.MaxBody,
 		Pages:           n.dashboard(),

@@ -45,6 +45,11 @@ Examples:
   clawmesh demo                         # all three recipes, a few minutes
   clawmesh demo --quick                 # fewer rounds, the combined recipe
   clawmesh demo --json out.json --plot score.png
+
+At the end it says where it wrote the plot, the JSON and the logs, by
+absolute path. Unless --plot names a file, the plot goes to
+clawmesh-demo.png in the --logs directory, else in the user's cache
+directory (clawmesh/demo, e.g. ~/.cache/clawmesh/demo on Linux).
 `
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -52,7 +57,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	quick := fs.Bool("quick", false, "fewer rounds and one recipe (combined unless --recipe says): the short form CI runs")
 	recipe := fs.String("recipe", "", "binary, opd, combined or all (default all; combined with --quick)")
 	jsonOut := fs.String("json", "", "also write the figures as JSON to this file (- for stdout)")
-	plot := fs.String("plot", "", "write a plot of the score per round to this PNG file (default clawmesh-demo.png; - for none)")
+	plot := fs.String("plot", "", "write a plot of the score per round to this PNG file (default clawmesh-demo.png in the --logs directory, else in the user's cache directory, clawmesh/demo; - for none)")
 	seed := fs.Uint64("seed", 1, "seed of the users' choices and of the sampling")
 	rounds := fs.Int("rounds", 0, "versions trained per recipe (default 8, 4 with --quick)")
 	logs := fs.String("logs", "", "write each node's and trainer's log (debug level) to a file in this directory: RECIPE-node1.log, RECIPE-trainer1.log, ...")
@@ -75,10 +80,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			*rounds = 4
 		}
 	}
-	if *plot == "" {
-		*plot = "clawmesh-demo.png"
-	}
-	if *plot != "-" && !strings.HasSuffix(strings.ToLower(*plot), ".png") {
+	if *plot != "" && *plot != "-" && !strings.HasSuffix(strings.ToLower(*plot), ".png") {
 		return usageErr("--plot writes a PNG: give a file name ending in .png")
 	}
 
@@ -103,11 +105,18 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	rep.Print(progress)
+	// What the demo wrote, said last and by absolute path, so that it can
+	// be found from wherever the demo ran.
+	var written []string
 	if *plot != "-" {
-		if err := plotDemo(rep, *plot); err != nil {
+		path, err := demoPlotPath(*plot, *logs)
+		if err != nil {
 			return fmt.Errorf("writing the plot: %w", err)
 		}
-		fmt.Fprintf(progress, "plot written to %s\n", *plot)
+		if err := plotDemo(rep, path); err != nil {
+			return fmt.Errorf("writing the plot: %w", err)
+		}
+		written = append(written, "plot written to "+path)
 	}
 	if *jsonOut != "" {
 		b, _ := json.MarshalIndent(rep, "", "  ")
@@ -116,12 +125,50 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			_, err = stdout.Write(b)
 		} else {
 			err = os.WriteFile(*jsonOut, b, 0o644)
+			written = append(written, "JSON written to "+absPath(*jsonOut))
 		}
 		if err != nil {
 			return err
 		}
 	}
+	if *logs != "" {
+		written = append(written, "logs written to "+absPath(*logs))
+	}
+	for _, l := range written {
+		fmt.Fprintln(progress, l)
+	}
 	return nil
+}
+
+// demoPlotPath is the absolute path the plot goes to: plot when given,
+// else clawmesh-demo.png in the logs directory when there is one, else in
+// the user's cache directory (clawmesh/demo, beside the base model), else
+// in the temporary directory. It never lands in the current directory
+// unasked (in a clone, as a file git does not know).
+func demoPlotPath(plot, logs string) (string, error) {
+	if plot != "" {
+		return absPath(plot), nil
+	}
+	dir := logs
+	if dir == "" {
+		if c, err := os.UserCacheDir(); err == nil {
+			dir = filepath.Join(c, "clawmesh", "demo")
+		} else {
+			dir = os.TempDir()
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	return absPath(filepath.Join(dir, "clawmesh-demo.png")), nil
+}
+
+// absPath is p made absolute, or p when it cannot be.
+func absPath(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
 }
 
 // demoRecipes parses --recipe.

@@ -3,11 +3,13 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"os"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/clawmesh/clawmesh/sim/live"
 )
@@ -16,11 +18,50 @@ import (
 // the demo's presentation, as sim_plot.go is the simulator's: it stays
 // beside the command, and keeps the plotting library out of sim/live.
 func plotDemo(rep *live.Report, path string) error {
+	p, err := demoPlot(rep)
+	if err != nil {
+		return err
+	}
+	// The legend goes right of the plot, where no line can run under it.
+	const w, h = 10 * vg.Inch, 5 * vg.Inch
+	img := vgimg.New(w, h)
+	dc := draw.New(img)
+	legend := p.Legend
+	lw := legend.Rectangle(dc).Size().X + 2*legendPad
+	p.Legend = plot.NewLegend() // drawn apart, below
+	p.Draw(draw.Crop(dc, 0, -lw, 0, 0))
+	legend.Draw(draw.Crop(dc, w-lw+legendPad, 0, 0, -4*legendPad))
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// legendPad is the room around the legend.
+const legendPad = vg.Length(10)
+
+// demoPlot is the plot of rep's score per round, its legend to be drawn
+// beside it.
+func demoPlot(rep *live.Report) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "clawmesh demo: personalization score per round"
 	p.X.Label.Text = "round (users talk, trainers train, nodes swap)"
 	p.Y.Label.Text = "score (share of held-back replies accepted)"
-	p.Y.Min, p.Y.Max = 0, 1
+	// A margin around [0, 1] and the rounds, so that points at 0 and 1
+	// and at the first and last round show whole; ticks on 0..1 only.
+	p.Y.Min, p.Y.Max = -0.04, 1.04
+	p.Y.Tick.Marker = plot.ConstantTicks(scoreTicks())
+	rounds := 1
+	for _, run := range rep.Runs {
+		rounds = max(rounds, len(run.Rounds)-1)
+	}
+	p.X.Min, p.X.Max = -0.3, float64(rounds)+0.3
+	p.X.Tick.Marker = plot.ConstantTicks(roundTicks(rounds))
 	p.Add(plotter.NewGrid())
 	colors := []color.Color{color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}, color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}}
 	for i, run := range rep.Runs {
@@ -30,7 +71,7 @@ func plotDemo(rep *live.Report, path string) error {
 		}
 		line, points, err := plotter.NewLinePoints(pts)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		c := colors[i%len(colors)]
 		line.Color, points.Color = c, c
@@ -39,9 +80,9 @@ func plotDemo(rep *live.Report, path string) error {
 		p.Add(line, points)
 		p.Legend.Add(fmt.Sprintf("%s (%.2f → %.2f)", run.Recipe, run.Before, run.After), line, points)
 		if f := run.Failover; f != nil && i == 0 {
-			v, err := plotter.NewLine(plotter.XYs{{X: float64(f.AfterRound) + 0.5, Y: 0}, {X: float64(f.AfterRound) + 0.5, Y: 1}})
+			v, err := plotter.NewLine(plotter.XYs{{X: float64(f.AfterRound) + 0.5, Y: p.Y.Min}, {X: float64(f.AfterRound) + 0.5, Y: p.Y.Max}})
 			if err != nil {
-				return err
+				return nil, err
 			}
 			v.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
 			v.Color = color.Gray{Y: 0x80}
@@ -49,7 +90,34 @@ func plotDemo(rep *live.Report, path string) error {
 			p.Legend.Add("trainers' leader stopped", v)
 		}
 	}
-	p.Legend.Top = false
-	p.Legend.Left = false
-	return p.Save(8*vg.Inch, 5*vg.Inch, path)
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return p, nil
+}
+
+// scoreTicks marks 0, 0.2, ... 1 on the score axis.
+func scoreTicks() []plot.Tick {
+	var ts []plot.Tick
+	for i := 0; i <= 10; i++ {
+		t := plot.Tick{Value: float64(i) / 10}
+		if i%2 == 0 {
+			t.Label = fmt.Sprintf("%.1f", t.Value)
+		}
+		ts = append(ts, t)
+	}
+	return ts
+}
+
+// roundTicks marks every round, labelling at most about ten.
+func roundTicks(rounds int) []plot.Tick {
+	step := max(1, (rounds+9)/10)
+	var ts []plot.Tick
+	for r := 0; r <= rounds; r++ {
+		t := plot.Tick{Value: float64(r)}
+		if r%step == 0 {
+			t.Label = fmt.Sprint(r)
+		}
+		ts = append(ts, t)
+	}
+	return ts
 }

@@ -99,10 +99,14 @@ func TestDemoQuick(t *testing.T) {
 	if f := run.Failover; f == nil || f.NewLeader == "" || f.NewLeader == f.Stopped || f.AfterRound != 2 {
 		t.Errorf("failover: %+v", run.Failover)
 	}
-	for _, want := range []string{"stopping the trainers' leader", "failover:", "personalization score per round", "round 4"} {
+	for _, want := range []string{"stopping the trainers' leader", "failover:", "personalization score per round", "round 4", "what the words mean:"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("the output lacks %q:\n%s", want, stdout)
 		}
+	}
+	// The output ends saying where the files went, by absolute path.
+	if want := "plot written to " + png + "\nJSON written to " + out + "\nlogs written to " + logs + "\n"; !strings.HasSuffix(stdout, want) {
+		t.Errorf("the output does not end with\n%s\n%s", want, stdout)
 	}
 	p, err := os.ReadFile(png)
 	if err != nil || !bytes.HasPrefix(p, []byte("\x89PNG\r\n\x1a\n")) || len(p) < 5000 {
@@ -168,6 +172,36 @@ func followBatch(t *testing.T, logs string) {
 	t.Errorf("no batch sealed on node 1 (%d) can be followed to a published version in the trainers' logs (%d batches trained, %d versions)", len(sealed), len(trainedIn), len(published))
 }
 
+// TestDemoPlotPath checks where the plot goes: where --plot says, made
+// absolute; else in the logs directory; else in the user's cache
+// directory, never in the current one.
+func TestDemoPlotPath(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", filepath.Join(dir, "cache"))
+	t.Setenv("HOME", filepath.Join(dir, "home"))
+	t.Chdir(dir)
+	wd, _ := os.Getwd()
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ plot, logs, want string }{
+		{"score.png", "", filepath.Join(wd, "score.png")},
+		{"", "logs", filepath.Join(wd, "logs", "clawmesh-demo.png")},
+		{"", "", filepath.Join(cache, "clawmesh", "demo", "clawmesh-demo.png")},
+	} {
+		got, err := demoPlotPath(c.plot, c.logs)
+		if err != nil || got != c.want {
+			t.Errorf("--plot %q --logs %q: %q, %v; want %q", c.plot, c.logs, got, err, c.want)
+		}
+		if c.plot == "" {
+			if _, err := os.Stat(filepath.Dir(got)); err != nil {
+				t.Errorf("the plot's directory: %v", err)
+			}
+		}
+	}
+}
+
 func TestDemoBadInput(t *testing.T) {
 	for _, args := range [][]string{
 		{"demo", "--recipe", "ppo"},
@@ -183,5 +217,38 @@ func TestDemoBadInput(t *testing.T) {
 	out, errs, code := runCLI(t, "demo", "--help")
 	if out += errs; code != 0 || !strings.Contains(out, "personalization score") || !strings.Contains(out, "--quick") {
 		t.Errorf("demo --help: code %d\n%s", code, out)
+	}
+}
+
+// TestDemoPlot checks the plot's frame: points at 0 and 1, and at the first
+// and last round, lie inside the axes with room around them, so that they
+// show whole, and the file is a PNG.
+func TestDemoPlot(t *testing.T) {
+	rep := &live.Report{}
+	for i, r := range []string{"binary", "opd", "combined"} {
+		run := live.RecipeRun{Recipe: r}
+		for k := 0; k <= 8; k++ {
+			run.Rounds = append(run.Rounds, live.Round{Round: k, Score: min(1, 0.1*float64(i)+0.15*float64(k))})
+		}
+		run.Before, run.After = run.Rounds[0].Score, run.Rounds[8].Score
+		if i == 0 {
+			run.Failover = &live.Failover{AfterRound: 4}
+		}
+		rep.Runs = append(rep.Runs, run)
+	}
+	p, err := demoPlot(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Y.Min >= 0 || p.Y.Max <= 1 || p.X.Min >= 0 || p.X.Max <= 8 {
+		t.Errorf("axes x [%g, %g], y [%g, %g]: no room around the points", p.X.Min, p.X.Max, p.Y.Min, p.Y.Max)
+	}
+	path := filepath.Join(t.TempDir(), "score.png")
+	if err := plotDemo(rep, path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+		t.Fatalf("the plot: %d bytes, %v", len(b), err)
 	}
 }

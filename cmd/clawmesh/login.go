@@ -13,8 +13,10 @@ const loginHelp = `Usage: clawmesh login [--json] --data DIR
 
 Prints a URL that logs a browser in to the admin pages of the node running
 on DIR: open it once (it is single-use, and expires in 10 minutes) and the
-browser holds a session for 12 hours, in an HttpOnly, SameSite=Strict
-cookie. Only the data directory's owner can get one: the command asks the
+browser goes to the node's dashboard and holds a session for 12 hours, in
+an HttpOnly, SameSite=Strict cookie for the host the URL names; the node
+sends a browser that comes by the other loopback name (localhost for
+127.0.0.1, or back) to that host. Only the data directory's owner can get one: the command asks the
 node through its socket (DIR/admin.sock), else with the owner's token
 (DIR/admin.token). The node's dashboard is then at /clawmesh/ on its
 address (http://127.0.0.1:8400/clawmesh/ by default).

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -110,8 +111,8 @@ func TestSessions(t *testing.T) {
 	}
 	code := s.NewCode()
 	w := login(code)
-	if w.Code != 200 {
-		t.Fatalf("login: %d", w.Code)
+	if w.Code != http.StatusSeeOther || w.Header().Get("Location") != Dashboard {
+		t.Fatalf("login: %d to %q, want 303 to the dashboard", w.Code, w.Header().Get("Location"))
 	}
 	c := w.Result().Cookies()
 	if len(c) != 1 || !c[0].HttpOnly || c[0].SameSite != http.SameSiteStrictMode || c[0].Name != CookieName {
@@ -142,5 +143,63 @@ func TestSessions(t *testing.T) {
 	}
 	if n := len(s.codes); n > maxPending {
 		t.Errorf("%d codes kept", n)
+	}
+}
+
+// TestSessionsDenied checks what a request without a session gets: an API
+// client is left to the caller's JSON error; a browser gets a page that
+// says to run 'clawmesh login', or, when it came by the other loopback name
+// than the one it logged in on, is sent there, where its cookie is.
+func TestSessionsDenied(t *testing.T) {
+	s := NewSessions("owner-token-0123456789abcdef0123456789", nil)
+	get := func(host string, browser bool) (*httptest.ResponseRecorder, bool) {
+		r := httptest.NewRequest("GET", "http://"+host+"/clawmesh/?x=1", nil)
+		if browser {
+			r.Header.Set("Accept", "text/html,application/xhtml+xml,*/*;q=0.8")
+		}
+		w := httptest.NewRecorder()
+		return w, s.Denied(w, r)
+	}
+	if _, ok := get("127.0.0.1:8400", false); ok {
+		t.Fatal("an API client got a page")
+	}
+	w, ok := get("127.0.0.1:8400", true)
+	if !ok || w.Code != http.StatusUnauthorized || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/html") ||
+		!strings.Contains(w.Body.String(), "clawmesh login") || strings.Contains(w.Body.String(), "admin.token") {
+		t.Fatalf("browser without a session: %v %d %q\n%s", ok, w.Code, w.Header().Get("Content-Type"), w.Body)
+	}
+
+	lw := httptest.NewRecorder()
+	lr := httptest.NewRequest("GET", "http://127.0.0.1:8400"+LoginPath+"?code="+s.NewCode(), nil)
+	lr.Header.Set("Accept", "text/html")
+	s.Login(lw, lr)
+	if lw.Code != http.StatusSeeOther {
+		t.Fatalf("login: %d", lw.Code)
+	}
+	for _, c := range []struct {
+		host, to string
+	}{
+		{"localhost:8400", "http://127.0.0.1:8400/clawmesh/?x=1"},
+		{"[::1]:8400", "http://127.0.0.1:8400/clawmesh/?x=1"},
+		{"127.0.0.1:8400", ""}, // the session's own host: no cookie there either
+		{"localhost:8401", ""}, // another port is another server
+		{"example.com:8400", ""},
+	} {
+		w, ok := get(c.host, true)
+		if !ok {
+			t.Fatalf("%s: not answered", c.host)
+		}
+		if c.to == "" && w.Code != http.StatusUnauthorized || c.to != "" && (w.Code != http.StatusSeeOther || w.Header().Get("Location") != c.to) {
+			t.Errorf("%s: %d to %q, want %q", c.host, w.Code, w.Header().Get("Location"), c.to)
+		}
+	}
+
+	// A spent code, in a browser, gets the page with why.
+	w = httptest.NewRecorder()
+	lr = httptest.NewRequest("GET", LoginPath+"?code=spent", nil)
+	lr.Header.Set("Accept", "text/html")
+	s.Login(w, lr)
+	if w.Code != http.StatusUnauthorized || !strings.Contains(w.Body.String(), "used already") {
+		t.Errorf("spent code in a browser: %d\n%s", w.Code, w.Body)
 	}
 }

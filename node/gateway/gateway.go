@@ -160,6 +160,10 @@ type Config struct {
 	// its own single-use code. Without it those paths take the gateway's
 	// Token like every other path.
 	AdminAuth func(*http.Request) bool
+	// AdminDenied, if set, may answer a request AdminAuth refused (a
+	// browser's, with a page that says how to log in) and reports whether
+	// it did; otherwise the gateway answers with a JSON error.
+	AdminDenied func(http.ResponseWriter, *http.Request) bool
 	// TickInterval is how often Run lets idle chains time out (default 30s).
 	TickInterval time.Duration
 	// Pages, if set, serves the owner's pages outside the API: /clawmesh/

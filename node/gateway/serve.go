@@ -127,6 +127,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The recorded data is the owner's: the gateway's own token, which
 		// agents and other accounts may hold, does not open it.
 		if r.URL.Path != adminapi.LoginPath && !g.cfg.AdminAuth(r) {
+			if g.cfg.AdminDenied != nil && g.cfg.AdminDenied(w, r) {
+				return
+			}
 			writeError(w, false, http.StatusUnauthorized, "authentication_error", "invalid_api_key", adminapi.ErrNoToken.Error())
 			return
 		}

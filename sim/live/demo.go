@@ -168,6 +168,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		rep.Users = append(rep.Users, UserInfo{Name: u.Name, Node: i + 1, Preference: u.Pref.Name, Style: u.Style.String()})
 		fmt.Fprintf(progress, "user %-6s on node %d: likes replies that %s; shows it by %s\n", u.Name, i+1, u.Pref.Name, u.Style)
 	}
+	PrintLegend(progress)
 	cache, err := os.MkdirTemp("", "clawmesh-demo-cache-")
 	if err != nil {
 		return nil, err
@@ -305,6 +306,16 @@ func groupRecipe(r string) string {
 		return loss.RecipeRL.String()
 	}
 	return r
+}
+
+// PrintLegend says, in a few lines, what the words the demo prints mean.
+func PrintLegend(w io.Writer) {
+	fmt.Fprint(w, `what the words mean:
+  score    share of replies to held-back prompts (never trained on) their user accepts
+  vN       adapter version N the trainers published (base: none); liked: share of a round's replies liked
+  leader   the trainer that runs the rounds and signs versions, elected by the trainers (raft; term: the election's number)
+  recipes  binary: RL on the users' rewards; opd: on-policy distillation from the hints in corrections; combined: both
+`)
 }
 
 // Print writes the score per round, one column per recipe.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/trainer"
 )
 
 func TestOptionsValidate(t *testing.T) {
@@ -50,5 +52,37 @@ total 42 s
 `
 	if b.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}
+
+// TestLeaderWatch checks that a change of the trainers' leader gets a
+// failover line, whoever caused it, and nothing else does.
+func TestLeaderWatch(t *testing.T) {
+	var w leaderWatch
+	for i, c := range []struct {
+		st   trainer.Status
+		want string
+	}{
+		{trainer.Status{}, ""},
+		{trainer.Status{Leader: "12D3KooWAAAAAAAA", Term: 1}, ""},
+		{trainer.Status{Leader: "12D3KooWAAAAAAAA", Term: 1}, ""},
+		{trainer.Status{Term: 2}, ""}, // an election under way
+		{trainer.Status{Leader: "12D3KooWBBBBBBBB", Term: 2}, "failover: …BBBBBB leads the trainers now (was …AAAAAA; election term 2); training goes on"},
+		{trainer.Status{Leader: "12D3KooWBBBBBBBB", Term: 2}, ""},
+	} {
+		if got := w.see(c.st); got != c.want {
+			t.Errorf("%d: %q, want %q", i, got, c.want)
+		}
+	}
+}
+
+// TestPrintLegend checks that the words the demo prints are explained.
+func TestPrintLegend(t *testing.T) {
+	var b strings.Builder
+	PrintLegend(&b)
+	for _, w := range []string{"score", "vN", "leader", "term", "binary", "opd", "combined", "liked"} {
+		if !strings.Contains(b.String(), w) {
+			t.Errorf("the legend lacks %q:\n%s", w, b.String())
+		}
 	}
 }

@@ -118,16 +118,25 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 		}
 		return nil
 	}
+	// Every status read looks for a change of leader: the planned stop
+	// says its own failover line, any other change gets one here.
+	var watch leaderWatch
 	status := func() trainer.Status {
+		st := trainer.Status{}
 		if l := leader(); l != nil {
-			return l.tr.Status()
-		}
-		for _, t := range m.trainers {
-			if t.alive {
-				return t.tr.Status()
+			st = l.tr.Status()
+		} else {
+			for _, t := range m.trainers {
+				if t.alive {
+					st = t.tr.Status()
+					break
+				}
 			}
 		}
-		return trainer.Status{}
+		if line := watch.see(st); line != "" {
+			say("%s", line)
+		}
+		return st
 	}
 
 	measure := func(round int, version string, liked float64) (Round, error) {
@@ -223,11 +232,32 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 			}
 			run.Failover = &Failover{AfterRound: round, Stopped: string(old), NewLeader: string(nl.tr.ID()), Seconds: time.Since(stopped).Seconds()}
 			say("failover: %s leads now (%.1f s after the stop); 2 of 3 trainers go on", shortPeer(nl.tr.ID()), run.Failover.Seconds)
+			watch.leader = nl.tr.ID()
 		}
 	}
 	run.After = run.Rounds[len(run.Rounds)-1].Score
 	run.Seconds = time.Since(start).Seconds()
 	return run, nil
+}
+
+// leaderWatch notices a change of the trainers' leader between status
+// reads.
+type leaderWatch struct {
+	leader mesh.PeerID
+}
+
+// see takes a status read and returns the line that says the leader
+// changed, or "" when it did not (or no leader is known yet).
+func (w *leaderWatch) see(st trainer.Status) string {
+	if st.Leader == "" || st.Leader == w.leader {
+		return ""
+	}
+	old := w.leader
+	w.leader = st.Leader
+	if old == "" {
+		return ""
+	}
+	return fmt.Sprintf("failover: %s leads the trainers now (was %s; election term %d); training goes on", shortPeer(st.Leader), shortPeer(old), st.Term)
 }
 
 // loopbackListen are the libp2p addresses the mesh's peers listen on: any
