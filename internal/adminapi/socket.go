@@ -51,17 +51,27 @@ func ServeSocket(ctx context.Context, dataDir string, h http.Handler) (done <-ch
 		return nil, err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	c := make(chan struct{})
-	go func() {
-		defer close(c)
-		srv.Serve(ln)
-	}()
-	context.AfterFunc(ctx, func() {
+	path := filepath.Join(dataDir, SocketFile)
+	c, cleaned := make(chan struct{}), make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(cleaned)
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Shutdown(sctx)
-		os.Remove(filepath.Join(dataDir, SocketFile))
+		os.Remove(path)
 	})
+	go func() {
+		// done closes once the socket is gone, so that a server started
+		// on the same directory after it cannot lose its new socket to
+		// this one's removal.
+		defer close(c)
+		srv.Serve(ln)
+		if stop() {
+			os.Remove(path)
+		} else {
+			<-cleaned
+		}
+	}()
 	return c, nil
 }
 
