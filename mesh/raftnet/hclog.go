@@ -2,9 +2,11 @@ package raftnet
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -67,9 +69,60 @@ func (h *hcLogger) enabled(l hclog.Level) bool {
 }
 
 func (h *hcLogger) Log(l hclog.Level, msg string, args ...any) {
-	if h.enabled(l) {
-		h.out.Log(context.Background(), slogLevel(l), msg, args...)
+	if quiet[msg] && l > hclog.Debug {
+		l = hclog.Debug
 	}
+	if h.enabled(l) {
+		h.out.Log(context.Background(), slogLevel(l), msg, hcArgs(args)...)
+	}
+}
+
+// quiet holds raft's messages that warn of what is expected: a single
+// server waiting for its bootstrap has no peers to ask for votes. They are
+// logged at Debug.
+var quiet = map[string]bool{
+	"no known peers, aborting election": true,
+}
+
+// hcArgs formats the values hclog formats itself: hclog.Fmt's format and
+// arguments, and hclog's Hex, Octal, Binary and Quote. Other values are
+// left to slog.
+func hcArgs(args []any) []any {
+	var out []any
+	for i, a := range args {
+		var s string
+		switch v := a.(type) {
+		case hclog.Format:
+			if len(v) > 0 {
+				if f, ok := v[0].(string); ok {
+					s = fmt.Sprintf(f, v[1:]...)
+					break
+				}
+			}
+			s = fmt.Sprint(v...)
+		case hclog.Hex:
+			s = "0x" + strconv.FormatInt(int64(v), 16)
+		case hclog.Octal:
+			s = "0" + strconv.FormatInt(int64(v), 8)
+		case hclog.Binary:
+			s = "0b" + strconv.FormatInt(int64(v), 2)
+		case hclog.Quote:
+			s = strconv.Quote(string(v))
+		default:
+			if out != nil {
+				out = append(out, a)
+			}
+			continue
+		}
+		if out == nil {
+			out = append(make([]any, 0, len(args)), args[:i]...)
+		}
+		out = append(out, s)
+	}
+	if out == nil {
+		return args
+	}
+	return out
 }
 
 func (h *hcLogger) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }
@@ -89,7 +142,7 @@ func (h *hcLogger) ImpliedArgs() []any { return h.args }
 func (h *hcLogger) With(args ...any) hclog.Logger {
 	c := *h
 	c.args = append(h.args[:len(h.args):len(h.args)], args...)
-	c.base = h.base.With(args...)
+	c.base = h.base.With(hcArgs(args)...)
 	return c.named(h.name)
 }
 
