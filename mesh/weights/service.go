@@ -315,7 +315,8 @@ func (s *Service) offer(ctx context.Context, m *chunks.Manifest) {
 // (if any) as holding its bundle, and, when it is new, keeps it as the
 // last accepted and calls OnManifest.
 func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
-	defer func() { s.cfg.Metrics.accept(err) }()
+	isNew := false
+	defer func() { s.cfg.Metrics.accept(err, isNew) }()
 	admin, revoked, now := s.cfg.Mesh.Trust()
 	if m.MeshID != s.cfg.Mesh.MeshID() {
 		return fmt.Errorf("%w: for mesh %s", chunks.ErrSignature, m.MeshID)
@@ -340,7 +341,7 @@ func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
 		}
 		s.sources[m.Bundle][source.Peer] = source
 	}
-	isNew := s.last == nil || m.Version > s.last.Version
+	isNew = s.last == nil || m.Version > s.last.Version
 	if isNew {
 		s.last = m
 	}
