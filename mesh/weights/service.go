@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/mesh/weights/internal/wire"
@@ -350,7 +351,7 @@ func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
 		if err := atomicfile.Write(filepath.Join(s.cfg.Dir, fenceFile), m.Marshal(), 0o600); err != nil {
 			s.log.Warn("keeping the last accepted manifest", "err", err)
 		}
-		s.log.Info("version announced", "version", m.Name(), "bundle", m.BundleID()[:12], "bytes", m.Size, "term", m.Term, "index", m.Index)
+		s.log.Info("version announced", "version", m.Name(), "hash", core.ShortHash(m.AdapterHash), "bundle", core.ShortHash(m.BundleID()), "bytes", m.Size, "term", m.Term, "index", m.Index)
 		if s.cfg.OnManifest != nil {
 			s.cfg.OnManifest(m)
 		}
