@@ -123,7 +123,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case *gradCkpt && *engine != trainer.EngineTorch:
 		return usageErr("--grad-checkpoint needs --engine torch")
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(stderr, level)
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
 		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
