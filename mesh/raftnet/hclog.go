@@ -2,6 +2,7 @@ package raftnet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 )
 
 // HCLog returns an hclog.Logger (what raft.Config.Logger and the transport
@@ -69,7 +71,7 @@ func (h *hcLogger) enabled(l hclog.Level) bool {
 }
 
 func (h *hcLogger) Log(l hclog.Level, msg string, args ...any) {
-	if quiet[msg] && l > hclog.Debug {
+	if l > hclog.Debug && (quiet[msg] || shuttingDown(args)) {
 		l = hclog.Debug
 	}
 	if h.enabled(l) {
@@ -82,6 +84,18 @@ func (h *hcLogger) Log(l hclog.Level, msg string, args ...any) {
 // logged at Debug.
 var quiet = map[string]bool{
 	"no known peers, aborting election": true,
+}
+
+// shuttingDown reports an error among args that says this server's own
+// transport is shutting down: raft's transport logs a command it read but
+// could no longer hand over as an error, and a clean stop is no failure.
+func shuttingDown(args []any) bool {
+	for _, a := range args {
+		if err, ok := a.(error); ok && errors.Is(err, raft.ErrTransportShutdown) {
+			return true
+		}
+	}
+	return false
 }
 
 // hcArgs formats the values hclog formats itself: hclog.Fmt's format and
