@@ -23,7 +23,10 @@ import (
 // minimum of its own, shared with every logger derived by With and Named,
 // which quiets raft (its Info logs every election and every peer it
 // replicates to) without quieting the rest of the program. A nil l
-// discards everything.
+// discards everything. Values hclog formats itself (hclog.Fmt, Hex, Quote)
+// are written formatted; what raft warns of that is expected (no peers
+// before a bootstrap, a command left unhandled by its own transport's
+// stop) is logged at Debug.
 //
 // go-hclog v1.6 has no slog bridge, and none is among our dependencies,
 // hence this one.
