@@ -170,7 +170,7 @@ func (t *Trainer) genesis(ctx context.Context, cfg group.Config) error {
 	if err := t.group.propose(ctx, &group.Entry{Genesis: &group.Genesis{Hash: hash, Publisher: t.self}}); err != nil {
 		return err
 	}
-	t.log.Info("version 0 committed", "hash", short(hash))
+	t.log.Info("version 0 committed", "version", 0, "hash", core.ShortHash(hash))
 	return t.keepVersion(dir, 0)
 }
 
@@ -496,7 +496,7 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 	if err := t.keepVersion(dir, cur.Version+1); err != nil {
 		return err
 	}
-	t.log.Info("version published", "version", cur.Version+1, "round", r.Number, "contributors", len(contributors), "hash", short(hash))
+	t.log.Info("version published", "version", cur.Version+1, "round", r.Number, "contributors", len(contributors), "hash", core.ShortHash(hash))
 	if len(speeds) > 0 {
 		t.group.propose(ctx, &group.Entry{Speeds: speeds})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/trainer/group"
@@ -71,7 +72,7 @@ func (t *Trainer) shareVersion(ctx context.Context) {
 		return
 	}
 	t.sharedVersion.Store(cur.Version)
-	t.log.Info("version shared with the devices", "version", cur.Name(), "bundle", m.BundleID()[:12], "bytes", m.Size)
+	t.log.Info("version shared with the devices", "version", cur.Name(), "hash", core.ShortHash(m.AdapterHash), "bundle", core.ShortHash(m.BundleID()), "bytes", m.Size)
 	// The devices fetch the newest; a few older ones stay for those that
 	// pinned one.
 	held := t.weights.Dir().Held()

@@ -204,7 +204,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return usageErr("--log: %v", err)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(stderr, level)
 	if s.Upstream == "" {
 		f, err := discoverUpstream(ctx, stdin, stdinIsTerminal(), stderr)
 		if err != nil {

@@ -214,3 +214,19 @@ func TestReloadShare(t *testing.T) {
 		t.Fatalf("after a bad reload: %+v\n%s", p, logs.String())
 	}
 }
+
+// TestPoolPreviewNothingWaiting: with sharing on and no scored step,
+// `pool preview` says once that nothing would leave, and why.
+func TestPoolPreviewNothingWaiting(t *testing.T) {
+	data := t.TempDir()
+	p, err := pool.Open(filepath.Join(data, "pool"), pool.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	os.WriteFile(filepath.Join(data, "config.toml"), []byte("[share]\nmode = \"scored\"\n"), 0o600)
+	out, errs, code := runCLI(t, "pool", "preview", "--data", data)
+	if code != 0 || strings.Count(out, "nothing would leave now") != 1 || !strings.Contains(out, "no scored step is waiting") {
+		t.Fatalf("%d %s %q", code, errs, out)
+	}
+}

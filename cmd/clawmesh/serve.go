@@ -89,7 +89,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return usageErr("--log: %v", err)
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(stderr, level)
 	if !isLoopback(*listen) && *token == "" {
 		log.Warn("serving beyond loopback with no --token: anyone who can reach it can use the model and load adapters", "listen", *listen)
 	}

@@ -83,6 +83,17 @@ func runService(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	if verb == "status" || verb == "logs" {
+		// The node the service runs keeps its data where install was
+		// told, which a later command given no --data must not guess.
+		explicit := os.Getenv(envNames["data"]) != ""
+		flags.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "data" })
+		if b, err := os.ReadFile(sm.path); err == nil && !explicit {
+			if d := setup.InstalledDir(b); d != "" {
+				s.Data = d
+			}
+		}
+	}
 	switch verb {
 	case "install":
 		return serviceInstall(ctx, sm, s, flags, *program, stdout)

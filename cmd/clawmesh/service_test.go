@@ -86,11 +86,19 @@ func TestServiceSystemd(t *testing.T) {
 	if !strings.Contains(out, "listening on http://"+addr+"/v1") {
 		t.Errorf("status with the node running:\n%s", out)
 	}
+	// Without --data: the directory the service was installed for, not
+	// ~/.clawmesh.
+	if out := cli(t, "service", "status"); !strings.Contains(out, "listening on http://"+addr+"/v1") || !strings.Contains(out, filepath.Join(data, "node.log")) {
+		t.Errorf("status without --data:\n%s", out)
+	}
 	stop()
 
 	os.WriteFile(filepath.Join(data, "node.log"), []byte("one\ntwo\nthree\npart"), 0o600)
 	if out := cli(t, "service", "logs", "--data", data, "-n", "2"); out != "two\nthree\n" {
 		t.Errorf("logs -n 2: %q", out)
+	}
+	if out := cli(t, "service", "logs", "-n", "1"); out != "three\n" {
+		t.Errorf("logs without --data: %q", out)
 	}
 
 	out = cli(t, "service", "uninstall", "--data", data)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/trainer"
@@ -142,7 +143,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		ln.Close()
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(stderr, level)
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
 		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
@@ -264,9 +265,9 @@ func printTrainerStatus(w io.Writer, st trainer.Status) {
 	}
 	fmt.Fprintf(tw, "recipe\t%s on %s\n", orDash(st.Config.Recipe), orDash(st.Config.Base))
 	if v := st.Version; v != nil {
-		fmt.Fprintf(tw, "adapter\t%s (sha256 %s, term %d, index %d)\n", v.Name, shortHash(v.Hash), v.Term, v.Index)
+		fmt.Fprintf(tw, "adapter\t%s (hash %s, term %d, index %d)\n", v.Name, core.ShortHash(v.Hash), v.Term, v.Index)
 		if v.Dir != "" {
-			fmt.Fprintf(tw, "bundle\t%s\n", v.Dir)
+			fmt.Fprintf(tw, "adapter dir\t%s\n", v.Dir)
 		}
 	} else {
 		fmt.Fprintf(tw, "adapter\t-\n")
@@ -285,8 +286,16 @@ func printTrainerStatus(w io.Writer, st trainer.Status) {
 		fmt.Fprintf(tw, "  refused\t%d %s\n", n, reason)
 	}
 	fmt.Fprintf(tw, "trainers\t%d\n", len(st.Trainers))
+	tw.Flush()
+	// The trainers' ids are longer than every key above: a column of
+	// their own.
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, t := range st.Trainers {
-		fmt.Fprintf(tw, "  %s\t%s/%s, %.1f samples/s\n", t.ID, t.Engine, t.Device, t.Speed)
+		speed := "speed not measured yet"
+		if t.Measured {
+			speed = fmt.Sprintf("%.1f samples/s", t.Speed)
+		}
+		fmt.Fprintf(tw, "  %s\t%s/%s, %s\n", t.ID, t.Engine, t.Device, speed)
 	}
 	tw.Flush()
 }

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/adapters"
 )
@@ -181,7 +182,7 @@ func printWeights(w io.Writer, st adapters.Status) {
 	evals := slices.ContainsFunc(st.Versions, func(v adapters.Version) bool { return len(v.Evals) > 0 })
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	head := "VERSION\tSTATE\tSIZE\tBUNDLE\tTERM\tINDEX"
+	head := "VERSION\tHASH\tSTATE\tSIZE\tBUNDLE\tTERM\tINDEX"
 	if evals {
 		head += "\tHELD-OUT PASS@1"
 	}
@@ -194,7 +195,7 @@ func printWeights(w io.Writer, st adapters.Status) {
 		if v.Failed != "" {
 			state += " (not served: " + v.Failed + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.1f MiB\t%s\t%d\t%d", v.Version, state, float64(v.Bytes)/(1<<20), v.Bundle[:12], v.Term, v.Index)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f MiB\t%s\t%d\t%d", v.Version, core.ShortHash(v.Hash), state, float64(v.Bytes)/(1<<20), core.ShortHash(v.Bundle), v.Term, v.Index)
 		if evals {
 			fmt.Fprintf(tw, "\t%s", adapters.FormatEvals(v.Evals))
 		}

@@ -12,12 +12,12 @@ import (
 // version was evaluated, one cell per version (empty for one that was
 // not), and prints the table as before when none was.
 func TestPrintWeights(t *testing.T) {
-	bundle := strings.Repeat("0", 64)
+	bundle, hash := strings.Repeat("0", 64), strings.Repeat("ab", 32)
 	st := adapters.Status{Serving: "v2", Latest: "v3", Driver: "clawmesh", Versions: []adapters.Version{
-		{Version: "v3", State: "known", Bytes: 1 << 20, Bundle: bundle, Term: 2, Index: 30, Evals: []adapters.Eval{
+		{Version: "v3", State: "known", Bytes: 1 << 20, Bundle: bundle, Hash: hash, Term: 2, Index: 30, Evals: []adapters.Eval{
 			{Task: strings.Repeat("a1", 32), Prompts: 4, Passed: 4, PassAt1: 1}, {Task: strings.Repeat("b2", 32), Prompts: 10, Passed: 1, PassAt1: 0.1}}},
-		{Version: "v2", State: "serving", Bytes: 1 << 20, Bundle: bundle, Term: 2, Index: 20, Evals: []adapters.Eval{{Task: strings.Repeat("a1", 32), Prompts: 4, Passed: 3, PassAt1: 0.75}}},
-		{Version: "v1", State: "installed", Bytes: 1 << 20, Bundle: bundle, Term: 1, Index: 10},
+		{Version: "v2", State: "serving", Bytes: 1 << 20, Bundle: bundle, Hash: hash, Term: 2, Index: 20, Evals: []adapters.Eval{{Task: strings.Repeat("a1", 32), Prompts: 4, Passed: 3, PassAt1: 0.75}}},
+		{Version: "v1", State: "installed", Bytes: 1 << 20, Bundle: bundle, Hash: hash, Term: 1, Index: 10},
 	}}
 	var buf bytes.Buffer
 	printWeights(&buf, st)
@@ -28,10 +28,10 @@ func TestPrintWeights(t *testing.T) {
 		}
 	}
 	for first, want := range map[string]string{
-		"VERSION": "VERSION STATE SIZE BUNDLE TERM INDEX HELD-OUT PASS@1",
-		"v3":      "v3 known 1.0 MiB 000000000000 2 30 a1a1a1a1 1.00 (4/4), b2b2b2b2 0.10 (1/10)",
-		"v2":      "v2 serving 1.0 MiB 000000000000 2 20 0.75 (3/4)",
-		"v1":      "v1 installed 1.0 MiB 000000000000 1 10",
+		"VERSION": "VERSION HASH STATE SIZE BUNDLE TERM INDEX HELD-OUT PASS@1",
+		"v3":      "v3 abababababab known 1.0 MiB 000000000000 2 30 a1a1a1a1 1.00 (4/4), b2b2b2b2 0.10 (1/10)",
+		"v2":      "v2 abababababab serving 1.0 MiB 000000000000 2 20 0.75 (3/4)",
+		"v1":      "v1 abababababab installed 1.0 MiB 000000000000 1 10",
 	} {
 		if lines[first] != want {
 			t.Errorf("line %q, want %q in:\n%s", lines[first], want, buf.String())
@@ -43,7 +43,7 @@ func TestPrintWeights(t *testing.T) {
 	}
 	buf.Reset()
 	printWeights(&buf, st)
-	if strings.Contains(buf.String(), "PASS@1") || !strings.Contains(buf.String(), "VERSION  STATE      SIZE     BUNDLE        TERM  INDEX\n") {
+	if strings.Contains(buf.String(), "PASS@1") || !strings.Contains(buf.String(), "VERSION  HASH          STATE      SIZE     BUNDLE        TERM  INDEX\n") {
 		t.Fatalf("without evaluations the table changed:\n%s", buf.String())
 	}
 }

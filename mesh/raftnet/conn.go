@@ -1,8 +1,10 @@
 package raftnet
 
 import (
+	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh"
@@ -24,27 +26,52 @@ func (Addr) Network() string { return Network }
 func (a Addr) String() string { return string(a) }
 
 // conn is a mesh.Stream as a net.Conn. Reads, writes and deadlines go to
-// the stream; Close closes it once.
+// the stream; Close closes it once. A read that fails once this end has
+// closed the conn or its Layer reads io.EOF: raft's transport logs every
+// other read error as a failure, and a stream torn down by our own
+// shutdown is none.
 type conn struct {
 	s             mesh.Stream
 	local, remote Addr
+	done          <-chan struct{} // the Layer's; nil for none
 
+	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
 }
 
 var _ net.Conn = (*conn)(nil)
 
-func newConn(s mesh.Stream, local Addr) *conn {
-	return &conn{s: s, local: local, remote: Addr(s.RemotePeer())}
+func newConn(s mesh.Stream, local Addr, done <-chan struct{}) *conn {
+	return &conn{s: s, local: local, remote: Addr(s.RemotePeer()), done: done}
 }
 
-func (c *conn) Read(b []byte) (int, error)  { return c.s.Read(b) }
+func (c *conn) Read(b []byte) (int, error) {
+	n, err := c.s.Read(b)
+	if err != nil && err != io.EOF && c.shutDown() {
+		err = io.EOF
+	}
+	return n, err
+}
+
+// shutDown reports that this end closed the conn or its Layer.
+func (c *conn) shutDown() bool {
+	if c.closed.Load() {
+		return true
+	}
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
 func (c *conn) Write(b []byte) (int, error) { return c.s.Write(b) }
 
 // Close closes the stream in both directions. Later calls return what the
 // first returned.
 func (c *conn) Close() error {
+	c.closed.Store(true)
 	c.closeOnce.Do(func() { c.closeErr = c.s.Close() })
 	return c.closeErr
 }

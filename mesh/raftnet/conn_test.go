@@ -33,7 +33,7 @@ func pipeConns(t *testing.T) (*conn, *conn, *pipeStream) {
 	sx := &pipeStream{Conn: x, peer: "peer-y"}
 	sy := &pipeStream{Conn: y, peer: "peer-x"}
 	t.Cleanup(func() { _ = x.Close(); _ = y.Close() })
-	return newConn(sx, "peer-x"), newConn(sy, "peer-y"), sx
+	return newConn(sx, "peer-x", nil), newConn(sy, "peer-y", nil), sx
 }
 
 func TestConnAddrs(t *testing.T) {
@@ -107,5 +107,24 @@ func TestConnClose(t *testing.T) {
 	}
 	if _, err := cx.Write([]byte("x")); err == nil {
 		t.Fatal("Write after Close succeeded")
+	}
+}
+
+// TestConnShutdownReadsEOF: a read that fails because this end closed its
+// Layer (the host then tearing the stream down) reads io.EOF, which raft's
+// transport takes as a clean end; before the Layer closes, the failure is
+// the stream's.
+func TestConnShutdownReadsEOF(t *testing.T) {
+	x, y := net.Pipe()
+	t.Cleanup(func() { _ = x.Close(); _ = y.Close() })
+	done := make(chan struct{})
+	c := newConn(&pipeStream{Conn: x, peer: "peer-y"}, "peer-x", done)
+	_ = x.Close() // the stream torn down under the reader
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, io.EOF) {
+		t.Fatalf("before the Layer closed: read %v, want the stream's error", err)
+	}
+	close(done)
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("after the Layer closed: read %v, want io.EOF", err)
 	}
 }

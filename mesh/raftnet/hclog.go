@@ -2,13 +2,17 @@ package raftnet
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 )
 
 // HCLog returns an hclog.Logger (what raft.Config.Logger and the transport
@@ -19,7 +23,10 @@ import (
 // minimum of its own, shared with every logger derived by With and Named,
 // which quiets raft (its Info logs every election and every peer it
 // replicates to) without quieting the rest of the program. A nil l
-// discards everything.
+// discards everything. Values hclog formats itself (hclog.Fmt, Hex, Quote)
+// are written formatted; what raft warns of that is expected (no peers
+// before a bootstrap, a command left unhandled by its own transport's
+// stop) is logged at Debug.
 //
 // go-hclog v1.6 has no slog bridge, and none is among our dependencies,
 // hence this one.
@@ -67,9 +74,72 @@ func (h *hcLogger) enabled(l hclog.Level) bool {
 }
 
 func (h *hcLogger) Log(l hclog.Level, msg string, args ...any) {
-	if h.enabled(l) {
-		h.out.Log(context.Background(), slogLevel(l), msg, args...)
+	if l > hclog.Debug && (quiet[msg] || shuttingDown(args)) {
+		l = hclog.Debug
 	}
+	if h.enabled(l) {
+		h.out.Log(context.Background(), slogLevel(l), msg, hcArgs(args)...)
+	}
+}
+
+// quiet holds raft's messages that warn of what is expected: a single
+// server waiting for its bootstrap has no peers to ask for votes. They are
+// logged at Debug.
+var quiet = map[string]bool{
+	"no known peers, aborting election": true,
+}
+
+// shuttingDown reports an error among args that says this server's own
+// transport is shutting down: raft's transport logs a command it read but
+// could no longer hand over as an error, and a clean stop is no failure.
+func shuttingDown(args []any) bool {
+	for _, a := range args {
+		if err, ok := a.(error); ok && errors.Is(err, raft.ErrTransportShutdown) {
+			return true
+		}
+	}
+	return false
+}
+
+// hcArgs formats the values hclog formats itself: hclog.Fmt's format and
+// arguments, and hclog's Hex, Octal, Binary and Quote. Other values are
+// left to slog.
+func hcArgs(args []any) []any {
+	var out []any
+	for i, a := range args {
+		var s string
+		switch v := a.(type) {
+		case hclog.Format:
+			if len(v) > 0 {
+				if f, ok := v[0].(string); ok {
+					s = fmt.Sprintf(f, v[1:]...)
+					break
+				}
+			}
+			s = fmt.Sprint(v...)
+		case hclog.Hex:
+			s = "0x" + strconv.FormatInt(int64(v), 16)
+		case hclog.Octal:
+			s = "0" + strconv.FormatInt(int64(v), 8)
+		case hclog.Binary:
+			s = "0b" + strconv.FormatInt(int64(v), 2)
+		case hclog.Quote:
+			s = strconv.Quote(string(v))
+		default:
+			if out != nil {
+				out = append(out, a)
+			}
+			continue
+		}
+		if out == nil {
+			out = append(make([]any, 0, len(args)), args[:i]...)
+		}
+		out = append(out, s)
+	}
+	if out == nil {
+		return args
+	}
+	return out
 }
 
 func (h *hcLogger) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }
@@ -89,7 +159,7 @@ func (h *hcLogger) ImpliedArgs() []any { return h.args }
 func (h *hcLogger) With(args ...any) hclog.Logger {
 	c := *h
 	c.args = append(h.args[:len(h.args):len(h.args)], args...)
-	c.base = h.base.With(args...)
+	c.base = h.base.With(hcArgs(args)...)
 	return c.named(h.name)
 }
 

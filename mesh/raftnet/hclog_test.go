@@ -160,3 +160,33 @@ func TestHCLogNil(t *testing.T) {
 		t.Errorf("GetLevel = %v, want off", l.GetLevel())
 	}
 }
+
+// TestHCLogFormats: raft's hclog.Fmt values and hclog's number and quote
+// types are written formatted, not as the format and its arguments.
+func TestHCLogFormats(t *testing.T) {
+	var buf bytes.Buffer
+	l := HCLog(textLogger(&buf, slog.LevelDebug))
+	type server struct{ ID string }
+	l.Info("initial configuration", "index", 1, "servers", hclog.Fmt("%+v", []server{{ID: "a"}}), "h", hclog.Hex(255), "q", hclog.Quote("x"))
+	want := "level=INFO msg=\"initial configuration\" index=1 servers=[{ID:a}] h=0xff q=\"\\\"x\\\"\"\n"
+	if got := buf.String(); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// TestHCLogQuiet: raft's warning that a server with no configuration yet
+// has no peers to ask for votes, expected before a bootstrap, is logged at
+// Debug.
+func TestHCLogQuiet(t *testing.T) {
+	var buf bytes.Buffer
+	l := HCLog(textLogger(&buf, slog.LevelInfo))
+	l.Warn("no known peers, aborting election")
+	if buf.Len() != 0 {
+		t.Errorf("written at Info: %q", buf.String())
+	}
+	buf.Reset()
+	HCLog(textLogger(&buf, slog.LevelDebug)).Warn("no known peers, aborting election")
+	if got := buf.String(); got != "level=DEBUG msg=\"no known peers, aborting election\"\n" {
+		t.Errorf("got %q", got)
+	}
+}

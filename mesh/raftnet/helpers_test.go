@@ -254,6 +254,7 @@ type node struct {
 	raft  *raft.Raft
 	fsm   *fsm
 	store *raft.InmemStore
+	trans *raft.NetworkTransport // nil unless started by startNode
 }
 
 // testConfig is raft's configuration tuned for a quick election on
@@ -280,7 +281,7 @@ func startNode(t testing.TB, h *p2p.Host, allow func(mesh.PeerID) bool, log *slo
 	t.Helper()
 	trans := NewTransport(New(h, allow), TransportOptions{Logger: log})
 	n := startRaft(t, raft.ServerID(h.ID()), trans, log)
-	n.host = h
+	n.host, n.trans = h, trans
 	return n
 }
 

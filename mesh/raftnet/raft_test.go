@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -128,4 +129,35 @@ func TestRefusedPeerTakesNoPart(t *testing.T) {
 		defer cancel()
 		return out.NewStream(ctx, nodes[0].host.ID(), Protocol)
 	})
+}
+
+// A server that stops cleanly (raft, then its transport, then its host,
+// as a trainer that leaves does) logs no failure of its own.
+func TestCleanStopLogsNoError(t *testing.T) {
+	sink := newLogSink(t)
+	nodes := cluster(t, 3, sink.logger(slog.LevelWarn), nil)
+	leader := waitLeader(t, nodes)
+	want := commands(0, 10)
+	for _, c := range want {
+		apply(t, nodes, c)
+	}
+	waitApplied(t, nodes, want)
+	for _, n := range nodes {
+		if n == leader {
+			continue
+		}
+		if err := leader.raft.RemoveServer(n.id, 0, 0).Error(); err != nil {
+			t.Fatalf("remove %s: %v", n.id, err)
+		}
+		if err := n.raft.Shutdown().Error(); err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+		n.trans.Close()
+		n.host.Close()
+		break
+	}
+	time.Sleep(500 * time.Millisecond) // the streams' ends are read
+	if sink.has("failed to decode incoming command") {
+		t.Error("a clean stop logged a failure to decode")
+	}
 }

@@ -97,7 +97,7 @@ func (l *Layer) handle(s mesh.Stream) {
 		_ = s.Reset()
 		return
 	}
-	c := newConn(s, l.addr)
+	c := newConn(s, l.addr, l.done)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -195,5 +195,5 @@ func (l *Layer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Con
 		}
 		return nil, fmt.Errorf("raftnet: dial %s: %w", p, err)
 	}
-	return newConn(s, l.addr), nil
+	return newConn(s, l.addr, l.done), nil
 }

@@ -30,7 +30,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "How long fetching one adapter bundle took, by outcome (ok or failed).",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}, []string{"outcome"}),
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{Name: "clawmesh_weights_versions_accepted_total",
-			Help: "Adapter version manifests accepted (signed by a trainer of this mesh, not older than the last)."}),
+			Help: "Adapter versions accepted (signed by a trainer of this mesh, newer than the last), each counted once however often offered."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "clawmesh_weights_versions_refused_total",
 			Help: "Adapter version manifests refused, by reason (stale, signature, manifest)."}, []string{"reason"}),
 	}
@@ -45,11 +45,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) accept(err error) {
+// accept counts a manifest checked: accepted once, when it is new (a
+// version offered again by another peer, or by the same one, is not
+// counted again), or refused, by reason.
+func (m *Metrics) accept(err error, isNew bool) {
 	switch {
 	case m == nil:
 	case err == nil:
-		m.accepted.Inc()
+		if isNew {
+			m.accepted.Inc()
+		}
 	case errors.Is(err, chunks.ErrStale):
 		m.refused.WithLabelValues("stale").Inc()
 	case errors.Is(err, chunks.ErrSignature):

@@ -17,6 +17,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/mesh/weights/internal/wire"
@@ -268,7 +269,7 @@ func (s *Server) serveStream(st stream, p mesh.PeerID) {
 					buf = make([]byte, m.ChunkSize)
 				}
 				if _, err := r.ReadAt(buf[:n], off); err != nil {
-					s.log.Warn("reading a held bundle", "bundle", m.BundleID()[:12], "chunk", i, "err", err)
+					s.log.Warn("reading a held bundle", "version", m.Name(), "bundle", core.ShortHash(m.BundleID()), "chunk", i, "err", err)
 					st.abort()
 					return
 				}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/mesh/weights/internal/wire"
@@ -315,7 +316,8 @@ func (s *Service) offer(ctx context.Context, m *chunks.Manifest) {
 // (if any) as holding its bundle, and, when it is new, keeps it as the
 // last accepted and calls OnManifest.
 func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
-	defer func() { s.cfg.Metrics.accept(err) }()
+	isNew := false
+	defer func() { s.cfg.Metrics.accept(err, isNew) }()
 	admin, revoked, now := s.cfg.Mesh.Trust()
 	if m.MeshID != s.cfg.Mesh.MeshID() {
 		return fmt.Errorf("%w: for mesh %s", chunks.ErrSignature, m.MeshID)
@@ -340,7 +342,7 @@ func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
 		}
 		s.sources[m.Bundle][source.Peer] = source
 	}
-	isNew := s.last == nil || m.Version > s.last.Version
+	isNew = s.last == nil || m.Version > s.last.Version
 	if isNew {
 		s.last = m
 	}
@@ -349,7 +351,7 @@ func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
 		if err := atomicfile.Write(filepath.Join(s.cfg.Dir, fenceFile), m.Marshal(), 0o600); err != nil {
 			s.log.Warn("keeping the last accepted manifest", "err", err)
 		}
-		s.log.Info("version announced", "version", m.Name(), "bundle", m.BundleID()[:12], "bytes", m.Size, "term", m.Term, "index", m.Index)
+		s.log.Info("version announced", "version", m.Name(), "hash", core.ShortHash(m.AdapterHash), "bundle", core.ShortHash(m.BundleID()), "bytes", m.Size, "term", m.Term, "index", m.Index)
 		if s.cfg.OnManifest != nil {
 			s.cfg.OnManifest(m)
 		}

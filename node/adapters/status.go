@@ -32,7 +32,10 @@ type Version struct {
 	// (fetched), installed, or serving.
 	State  string `json:"state"`
 	Bytes  uint64 `json:"bytes"`
-	Bundle string `json:"bundle"` // SHA-256, hex
+	Bundle string `json:"bundle"` // SHA-256 of the bundle fetched, hex
+	// Hash is the version's identity: the trainers' adapter hash, as
+	// `trainer status` and the trainers' logs print it (core.ShortHash).
+	Hash string `json:"hash,omitempty"`
 	// Downloaded is the bytes on disk of a fetch in progress or stopped.
 	Downloaded int64  `json:"downloaded,omitempty"`
 	Term       uint64 `json:"term"`
@@ -102,7 +105,7 @@ func (f *Follower) Status() Status {
 			return
 		}
 		seen[name] = true
-		v := Version{Version: name, Bytes: m.Size, Bundle: m.BundleID(), Term: m.Term, Index: m.Index, State: "known", Failed: failed[name], Evals: EvalsOf(m)}
+		v := Version{Version: name, Bytes: m.Size, Bundle: m.BundleID(), Hash: m.AdapterHash, Term: m.Term, Index: m.Index, State: "known", Failed: failed[name], Evals: EvalsOf(m)}
 		switch n, downloading := progress[v.Bundle]; {
 		case name == st.Serving:
 			v.State = "serving"

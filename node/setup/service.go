@@ -105,3 +105,44 @@ func systemdQuote(s string) string {
 	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 	return `"` + r.Replace(s) + `"`
 }
+
+// InstalledDir reads back the working directory of a service file written
+// by LaunchdPlist or SystemdUnit (install makes it the node's data
+// directory); "" if it names none.
+func InstalledDir(content []byte) string {
+	if bytes.Contains(content, []byte("<plist")) {
+		d := xml.NewDecoder(bytes.NewReader(content))
+		var (
+			elem, text string
+			next       bool // the last key was WorkingDirectory
+		)
+		for {
+			tok, err := d.Token()
+			if err != nil {
+				return ""
+			}
+			switch tok := tok.(type) {
+			case xml.StartElement:
+				elem, text = tok.Name.Local, ""
+			case xml.CharData:
+				text += string(tok)
+			case xml.EndElement:
+				switch {
+				case tok.Name.Local == "key":
+					next = text == "WorkingDirectory"
+				case next && tok.Name.Local == "string" && elem == "string":
+					return text
+				default:
+					next = false
+				}
+				elem = ""
+			}
+		}
+	}
+	for line := range strings.Lines(string(content)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "WorkingDirectory="); ok {
+			return strings.ReplaceAll(v, "%%", "%")
+		}
+	}
+	return ""
+}

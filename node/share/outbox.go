@@ -367,7 +367,7 @@ func (o *Outbox) Preview(ctx context.Context, limit int) (*Preview, error) {
 			pv.Empty, pv.Note = true, "sharing is off ([share] mode = \"none\"): nothing leaves this device"
 			return pv, nil
 		case pr == nil:
-			pv.Empty, pv.Note = true, "no scored step is waiting: nothing would leave now"
+			pv.Empty, pv.Note = true, "no scored step is waiting"
 			return pv, nil
 		}
 		pv.Held, pv.Found = pr.Held, pr.Found

@@ -205,7 +205,7 @@ func (s *State) Apply(e *Entry, term, index uint64) error {
 	case len(e.Speeds) > 0:
 		for _, u := range e.Speeds {
 			if t, ok := s.Trainers[u.Trainer]; ok && u.Speed > 0 && u.Speed < maxSpeed {
-				t.Speed = u.Speed
+				t.Speed, t.Measured = u.Speed, true
 			}
 		}
 		return nil
@@ -309,10 +309,11 @@ func (s *State) register(t Trainer, at time.Time) error {
 	if _, ok := s.Revoked[t.ID]; ok {
 		return fmt.Errorf("%w: trainer %s is revoked", ErrTrainer, t.ID)
 	}
+	t.Measured = t.Speed > 0
 	if old, ok := s.Trainers[t.ID]; ok {
 		t.Joined = old.Joined
 		if t.Speed == 0 {
-			t.Speed = old.Speed
+			t.Speed, t.Measured = old.Speed, old.Measured
 		}
 	} else {
 		t.Joined = at

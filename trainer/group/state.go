@@ -245,6 +245,10 @@ type Trainer struct {
 	// Speed is the trainer's measured training speed in samples a second
 	// (the leader shares rounds in proportion to it).
 	Speed float64 `json:"speed"`
+	// Measured says Speed was measured (reported at registration or by a
+	// round); when false, Speed is the default of 1 a new trainer starts
+	// with.
+	Measured bool `json:"measured,omitempty"`
 	// Addrs are where the trainer serves adapter versions.
 	Addrs  []string  `json:"addrs,omitempty"`
 	Joined time.Time `json:"joined"`
