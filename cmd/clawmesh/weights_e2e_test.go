@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -138,7 +139,7 @@ func TestWeightsComeBack(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli(t, "weights", "ls", "--json", "--data", a)), &ls); err != nil || ls.Serving != "v1" || ls.Latest != "v1" {
 		t.Fatalf("weights ls --json: %+v %v", ls, err)
 	}
-	if out := cli(t, "weights", "ls", "--data", a); !strings.Contains(out, "serving:  v1") || !strings.Contains(out, "v1       serving") {
+	if out := cli(t, "weights", "ls", "--data", a); !strings.Contains(out, "serving:  v1") || !regexp.MustCompile(`(?m)^v1 +[0-9a-f]{12} +serving `).MatchString(out) {
 		t.Errorf("weights ls:\n%s", out)
 	}
 	if err := json.Unmarshal([]byte(cli(t, "weights", "use", "v1", "--json", "--data", a)), &ls); err != nil || ls.Pin != "v1" {
