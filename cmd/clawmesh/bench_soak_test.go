@@ -35,6 +35,9 @@ func TestBenchSoak(t *testing.T) {
 		if s.RSS <= 0 {
 			t.Fatalf("a sample without the node's RSS: %+v", s)
 		}
+		if s.RSS > r.RSSPeak {
+			t.Fatalf("a sample above the reported peak %d: %+v", r.RSSPeak, s)
+		}
 	}
 	last := r.Samples[len(r.Samples)-1]
 	if last.Scored == 0 || last.Scored > uint64(r.Answered) {

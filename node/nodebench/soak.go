@@ -188,6 +188,9 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading /proc (Linux only): %w", err)
 	}
+	// The peak counts the start too: the heap the plugins' compilation
+	// left may be returned to the system under the load.
+	r.RSSPeak = r.RSSStart
 
 	var sent, answered, failed, notSent atomic.Int64
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0}}
