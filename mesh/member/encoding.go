@@ -46,6 +46,7 @@ const (
 	kindRevocation     = 'R'
 	kindRevocationList = 'V'
 	kindLedger         = 'L'
+	kindVoterSet       = 'S'
 
 	// issuer tags: what follows is the admin's key, or the issuer's
 	// certificate.
