@@ -2,7 +2,9 @@
 // fetched, as pure code: the signed Manifest that describes a bundle by its
 // 1 MiB chunks' SHA-256 and places the version in the trainers' raft log
 // (NewManifest, Sign, Marshal, ParseManifest, Verify, Fence, and the
-// version's evaluations, Eval), and the Plan that decides which chunks a
+// version's evaluations, Eval), the Certification that makes a version
+// the mesh's (the votes of a quorum of the admin's voter set over the
+// version's Claim: Claim, VoteFor, Certify, VerifyCertified), and the Plan that decides which chunks a
 // fetch asks of which source. The name is what both are about: a bundle
 // as the chunks it travels in.
 //

@@ -3,6 +3,8 @@ package chunks
 import (
 	"bytes"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/mesh/member"
 )
 
 func FuzzParseManifest(f *testing.F) {
@@ -14,6 +16,10 @@ func FuzzParseManifest(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(m.Marshal())
+	ps, vs := w.voters(f, 2, 3)
+	c, _ := w.certified(f, vs, ps[:2], 4, 2, 9)
+	f.Add(c.Marshal())
+	f.Add([]byte(manifestMagicCert))
 	f.Add([]byte(manifestMagic))
 	f.Add([]byte(manifestMagicEval))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -26,6 +32,9 @@ func FuzzParseManifest(f *testing.F) {
 		}
 		if len(m.Chunks) == 0 || uint64(len(m.Chunks)) != (m.Size+ChunkSize-1)/ChunkSize {
 			t.Fatalf("%d chunks for %d bytes", len(m.Chunks), m.Size)
+		}
+		if m.Cert != nil && (m.Cert.Voters == nil || len(m.Cert.Votes) > member.MaxVoters) {
+			t.Fatalf("a certification decoded with %d votes", len(m.Cert.Votes))
 		}
 		if len(m.Evals) > MaxEvals {
 			t.Fatalf("%d evaluations", len(m.Evals))

@@ -25,9 +25,14 @@ const MaxBundle = 4 << 30
 // A manifest without evaluations is encoded as "CMWM1" (what devices read
 // before manifests carried any); one with evaluations as "CMWM2", which adds
 // the evals section before the signer.
+//
+// A certified manifest is "CMWM3": the parent's adapter hash after the
+// adapter hash, the evals section always (its count may be 0), and the
+// Certification before the signer.
 const (
 	manifestMagic     = "CMWM1"
 	manifestMagicEval = "CMWM2"
+	manifestMagicCert = "CMWM3"
 	// MaxEvals bounds a manifest's evaluations, MaxEvalPrompts an
 	// evaluation's held-out prompts, and maxEvalTask its task's name (a
 	// SHA-256 in hex is 64 bytes).
@@ -35,8 +40,10 @@ const (
 	MaxEvalPrompts = 1 << 20
 	maxEvalTask    = 64
 	maxEvalSize    = 1 + maxEvalTask + 2*binary.MaxVarintLen64 + 8
+	// maxCertSize bounds a Certification's encoding.
+	maxCertSize = member.MaxEncodedSize + 2*binary.MaxVarintLen64 + member.MaxVoters*(member.MaxPeerIDLen+2+ed25519.SignatureSize)
 	// MaxManifestSize bounds an encoded manifest.
-	MaxManifestSize = 64 + 3*255 + MaxBundle/ChunkSize*sha256.Size + 4096 + 2*member.MaxEncodedSize + 1 + MaxEvals*maxEvalSize
+	MaxManifestSize = 64 + 4*255 + MaxBundle/ChunkSize*sha256.Size + 4096 + 2*member.MaxEncodedSize + 1 + MaxEvals*maxEvalSize + maxCertSize
 )
 
 var (
@@ -48,6 +55,9 @@ var (
 	ErrSignature = errors.New("weights: manifest not signed by a trainer of this mesh")
 	// ErrStale is a manifest older than the last one accepted (fencing).
 	ErrStale = errors.New("weights: stale manifest")
+	// ErrUncertified is a manifest without the votes of a quorum of the
+	// mesh's voters in force.
+	ErrUncertified = errors.New("weights: version not certified by the mesh's voters")
 )
 
 // Manifest describes one adapter version: the bundle's bytes by chunk, and
@@ -59,8 +69,10 @@ type Manifest struct {
 	Parent  uint64 // the version it was trained from
 	Base    string // the base model's name
 	// AdapterHash is the trainers' canonical hash of the adapter (the
-	// lineage's).
+	// lineage's); ParentHash the parent version's (certified manifests
+	// only).
 	AdapterHash string
+	ParentHash  string
 	Bundle      [sha256.Size]byte   // SHA-256 of the whole bundle
 	Size        uint64              // bundle bytes
 	ChunkSize   uint32              // ChunkSize
@@ -72,6 +84,9 @@ type Manifest struct {
 	Created time.Time
 	// Evals are the version's evaluations at signing (none: not evaluated, or no task set).
 	Evals []Eval
+	// Cert holds the voters' votes for the version (nil: an uncertified
+	// manifest, as trainers signed them before versions were certified).
+	Cert *Certification
 	// Signer is the signing trainer's certificate (member.Certificate).
 	Signer []byte
 	Sig    []byte // Ed25519 over everything above
@@ -185,9 +200,18 @@ func (m *Manifest) Verify(admin ed25519.PublicKey, now time.Time, revoked member
 // Fence decides whether m may be accepted after last (nil: none yet): a
 // version lower than the last one, or one whose log position is behind
 // it, is stale; the same version must be the same bundle.
+//
+// A certified manifest is fenced only by a certified one: after an
+// uncertified last one (which anyone holding a trainer's key could have
+// signed, with any numbers), the certified chain is taken up whatever its
+// numbers; after a certified one, an uncertified manifest is refused
+// (ErrUncertified) whatever its numbers.
 func (m *Manifest) Fence(last *Manifest) error {
-	if last == nil {
+	switch {
+	case last == nil || m.Cert != nil && last.Cert == nil:
 		return nil
+	case m.Cert == nil && last.Cert != nil:
+		return fmt.Errorf("%w: an uncertified %s after the certified %s", ErrUncertified, m.Name(), last.Name())
 	}
 	switch {
 	case m.Version < last.Version:
@@ -208,9 +232,12 @@ func (m *Manifest) Marshal() []byte {
 }
 
 func (m *Manifest) body(b []byte) []byte {
-	if len(m.Evals) == 0 {
+	switch {
+	case m.Cert != nil:
+		b = append(b, manifestMagicCert...)
+	case len(m.Evals) == 0:
 		b = append(b, manifestMagic...)
-	} else {
+	default:
 		b = append(b, manifestMagicEval...)
 	}
 	b = wire.AppendString(b, m.MeshID)
@@ -218,6 +245,9 @@ func (m *Manifest) body(b []byte) []byte {
 	b = binary.AppendUvarint(b, m.Parent)
 	b = wire.AppendString(b, m.Base)
 	b = wire.AppendString(b, m.AdapterHash)
+	if m.Cert != nil {
+		b = wire.AppendString(b, m.ParentHash)
+	}
 	b = append(b, m.Bundle[:]...)
 	b = binary.AppendUvarint(b, m.Size)
 	b = binary.AppendUvarint(b, uint64(m.ChunkSize))
@@ -228,19 +258,28 @@ func (m *Manifest) body(b []byte) []byte {
 	b = binary.AppendUvarint(b, m.Term)
 	b = binary.AppendUvarint(b, m.Index)
 	b = binary.AppendUvarint(b, uint64(m.Created.Unix()))
-	if len(m.Evals) > 0 {
-		b = binary.AppendUvarint(b, uint64(len(m.Evals)))
-		for _, e := range m.Evals {
-			b = wire.AppendString(b, e.Task)
-			b = binary.AppendUvarint(b, uint64(e.Prompts))
-			b = binary.AppendUvarint(b, uint64(e.Passed))
-			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.MeanReward))
-		}
+	if len(m.Evals) > 0 || m.Cert != nil {
+		b = appendEvals(b, m.Evals)
+	}
+	if m.Cert != nil {
+		b = m.Cert.append(b)
 	}
 	return wire.AppendBytes(b, m.Signer)
 }
 
-// ParseManifest decodes a manifest ("CMWM1", or "CMWM2" with evaluations)
+func appendEvals(b []byte, evals []Eval) []byte {
+	b = binary.AppendUvarint(b, uint64(len(evals)))
+	for _, e := range evals {
+		b = wire.AppendString(b, e.Task)
+		b = binary.AppendUvarint(b, uint64(e.Prompts))
+		b = binary.AppendUvarint(b, uint64(e.Passed))
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(e.MeanReward))
+	}
+	return b
+}
+
+// ParseManifest decodes a manifest ("CMWM1", "CMWM2" with evaluations, or
+// "CMWM3" certified)
 // and checks that it is self-consistent (sizes and chunk count agree,
 // evaluations within bounds); Verify checks who signed it.
 func ParseManifest(b []byte) (*Manifest, error) {
@@ -249,7 +288,7 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	}
 	d := wire.NewDecoder(b, ErrManifest)
 	magic := string(d.Take(len(manifestMagic)))
-	if magic != manifestMagic && magic != manifestMagicEval {
+	if magic != manifestMagic && magic != manifestMagicEval && magic != manifestMagicCert {
 		return nil, fmt.Errorf("%w: not a manifest", ErrManifest)
 	}
 	m := &Manifest{}
@@ -258,6 +297,9 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	m.Parent = d.Uvarint()
 	m.Base = d.String(1024)
 	m.AdapterHash = d.String(255)
+	if magic == manifestMagicCert {
+		m.ParentHash = d.String(255)
+	}
 	copy(m.Bundle[:], d.Take(sha256.Size))
 	m.Size = d.Uvarint()
 	cs := d.Uvarint()
@@ -279,8 +321,12 @@ func ParseManifest(b []byte) (*Manifest, error) {
 		d.Fail("time")
 	}
 	m.Created = time.Unix(int64(created), 0).UTC()
-	if magic == manifestMagicEval {
-		m.Evals = readEvals(d)
+	switch magic {
+	case manifestMagicEval:
+		m.Evals = readEvals(d, 1)
+	case manifestMagicCert:
+		m.Evals = readEvals(d, 0)
+		m.Cert = readCert(d)
 	}
 	m.Signer = d.Bytes(2 * member.MaxEncodedSize)
 	m.Sig = d.Bytes(ed25519.SignatureSize)
@@ -296,14 +342,15 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	return m, nil
 }
 
-// evals reads the evals section: at least one evaluation (a manifest
-// without any is "CMWM1"), at most MaxEvals, each within Eval's bounds.
-func readEvals(d *wire.Decoder) []Eval {
+// readEvals reads the evals section: at least least evaluations (an
+// uncertified manifest without any is "CMWM1"), at most MaxEvals, each
+// within Eval's bounds.
+func readEvals(d *wire.Decoder, least uint64) []Eval {
 	n := d.Uvarint()
-	if d.Err() == nil && (n == 0 || n > MaxEvals) {
+	if d.Err() == nil && (n < least || n > MaxEvals) {
 		d.Fail("%d evaluations", n)
 	}
-	if d.Err() != nil {
+	if d.Err() != nil || n == 0 {
 		return nil
 	}
 	evs := make([]Eval, 0, n)
