@@ -109,6 +109,8 @@ type Mesh struct {
 
 	host     Host
 	revTopic Topic
+
+	voters voterState
 }
 
 // New loads the membership in cfg.DataDir. It returns ErrNotJoined for a
