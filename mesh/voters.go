@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"crypto/ed25519"
 	"fmt"
 	"sync"
 
@@ -53,3 +54,9 @@ func (m *Mesh) AdoptVoters(vs *member.VoterSet) (bool, error) {
 	}
 	return true, nil
 }
+
+// Sign signs msg with this peer's identity key, the one its certificate
+// certifies: for protocols that build on the mesh's identities (a
+// trainer's signed deltas, a voter's votes). Each such protocol prefixes
+// what it signs with its own context.
+func (m *Mesh) Sign(msg []byte) []byte { return ed25519.Sign(m.cfg.Key, msg) }

@@ -76,6 +76,10 @@ func (t *Trainer) SetBeforePublish(fn func(ctx context.Context, round uint64)) {
 // Fenced counts the publications the group refused.
 func (t *Trainer) Fenced() int64 { return t.fenced.Load() }
 
+// SetTamper makes the trainer, when it leads, change each version it
+// publishes with fn (given the bundle's directory) after aggregating it.
+func (t *Trainer) SetTamper(fn func(dir string)) { t.tamper = fn }
+
 // FenceCheck checks a claim against the group's lineage.
 func (t *Trainer) FenceCheck(c group.Claim) error { return t.group.fenceCheck(c) }
 
@@ -114,5 +118,7 @@ func OfferForeignDelta(ctx context.Context, tr *Trainer, round uint64, p []byte,
 	share := tr.Status().Round
 	var ids []core.BatchID
 	tr.group.view(func(s *group.State) { ids = s.Round.Shares[tr.self] })
-	return tr.group.takeDelta(ctx, tr.self, request{Op: opDelta, Round: round, Base: share.Base, Samples: res.samples, Batches: ids}, payload)
+	req := request{Op: opDelta, Round: round, Base: share.Base, Samples: res.samples, Batches: ids}
+	tr.signDelta(&req, payload)
+	return tr.group.takeDelta(ctx, tr.self, req, payload)
 }

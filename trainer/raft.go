@@ -50,9 +50,15 @@ type Timing struct {
 	// VerifyRetry is how long a batch whose verification could not run
 	// (its plugins out of reach) waits for the next try (default 30 s).
 	VerifyRetry time.Duration
-	// MaxVoters bounds the group's voters (default group.MaxVoters);
-	// further trainers are non-voters.
+	// MaxVoters bounds the group's raft voters (default group.MaxVoters);
+	// further trainers the mesh's admin trusts are non-voters, standing
+	// by. Volunteers (trainers the admin did not trust) are always
+	// non-voters.
 	MaxVoters int
+	// CertifyWait is how long the newest version may wait for a quorum of
+	// the mesh's voters to certify it before the leader retracts it
+	// (default 2 min).
+	CertifyWait time.Duration
 }
 
 // WithDefaults fills in the zero fields with their defaults.
@@ -80,6 +86,9 @@ func (o Timing) WithDefaults() Timing {
 	}
 	if o.SnapshotInterval == 0 {
 		o.SnapshotInterval = 2 * time.Minute
+	}
+	if o.CertifyWait == 0 {
+		o.CertifyWait = 2 * time.Minute
 	}
 	if o.VerifyRetry == 0 {
 		o.VerifyRetry = 30 * time.Second
@@ -119,6 +128,8 @@ type submission struct {
 	batches     []string
 	refused     []group.Refusal
 	delta       []byte
+	// signed is the delta as its trainer signed it, for the voters.
+	signed signedDelta
 }
 
 // isTrainerPeer reports a peer this trainer may run the group with: one
@@ -294,7 +305,8 @@ func (n *raftMember) configuration() ([]raft.Server, error) {
 }
 
 // addServer adds trainer p to the group: a voter while there are fewer
-// than group.MaxVoters, else a non-voter.
+// than MaxVoters and the mesh's admin trusts it (its voter set names it),
+// else a non-voter. A volunteer never votes.
 func (n *raftMember) addServer(p mesh.PeerID) error {
 	if !n.t.isTrainerPeer(p) {
 		return errors.New("trainer: only the mesh's trainers join the group")
@@ -312,13 +324,14 @@ func (n *raftMember) addServer(p mesh.PeerID) error {
 			voters++
 		}
 	}
-	if voters < n.timing.MaxVoters {
+	vote := voters < n.timing.MaxVoters && n.t.mayVote(p)
+	if vote {
 		err = n.raft.AddVoter(raft.ServerID(p), raft.ServerAddress(p), 0, 10*time.Second).Error()
 	} else {
 		err = n.raft.AddNonvoter(raft.ServerID(p), raft.ServerAddress(p), 0, 10*time.Second).Error()
 	}
 	if err == nil {
-		n.log.Info("trainer joined the group", "trainer", p, "voter", voters < n.timing.MaxVoters)
+		n.log.Info("trainer joined the group", "trainer", p, "voter", vote, "trusted", n.t.mayVote(p))
 	}
 	return err
 }
@@ -372,13 +385,19 @@ func (n *raftMember) join(ctx context.Context) error {
 					}
 				}
 			case codeNoGroup:
-				if p < n.t.self {
+				// The smaller trusted trainer starts the group; a
+				// volunteer never does.
+				if p < n.t.self && n.t.mayVote(p) {
 					wait = true
 				}
 			}
 		}
 		if time.Now().After(deadline) && !wait {
-			return n.bootstrap()
+			if n.t.mayVote(n.t.self) {
+				return n.bootstrap()
+			}
+			// A volunteer never starts a group: it would vote in it.
+			n.t.warnVolunteerWaits()
 		}
 		if err := sleep(ctx, 250*time.Millisecond); err != nil {
 			return err
@@ -468,9 +487,11 @@ func (n *raftMember) live() []mesh.PeerID {
 	return out
 }
 
-// promote keeps the group's voters at group.MaxVoters while non-voters
+// promote keeps the group's voters at MaxVoters while trusted non-voters
 // are there: a voter failing heartbeats for ReplaceAfter is replaced by a
-// live non-voter, and a free voter seat goes to one.
+// live trusted non-voter, and a free voter seat goes to one. A voter the
+// mesh's admin no longer trusts is demoted (the leader hands over first if
+// that is itself).
 func (n *raftMember) promote() {
 	if !n.isLeader() {
 		return
@@ -489,14 +510,29 @@ func (n *raftMember) promote() {
 	var standby []raft.Server
 	var dead []raft.Server
 	for _, s := range servers {
-		since, bad := failing[mesh.PeerID(s.ID)]
+		p := mesh.PeerID(s.ID)
+		since, bad := failing[p]
 		switch {
+		case s.Suffrage == raft.Voter && !n.t.mayVote(p):
+			if n.t.mesh.Voters() == nil {
+				voters++ // no word from the admin yet: nothing to demote on
+				continue
+			}
+			if p == n.t.self {
+				n.log.Warn("this trainer is no longer trusted by the mesh's admin: handing the lead over")
+				n.raft.LeadershipTransfer()
+				return
+			}
+			if err := n.raft.DemoteVoter(s.ID, 0, 10*time.Second).Error(); err != nil {
+				return
+			}
+			n.log.Warn("voter demoted: the mesh's admin no longer trusts it", "trainer", p)
 		case s.Suffrage == raft.Voter:
 			voters++
 			if bad && time.Since(since) > n.timing.ReplaceAfter {
 				dead = append(dead, s)
 			}
-		case s.Suffrage == raft.Nonvoter && !bad:
+		case s.Suffrage == raft.Nonvoter && !bad && n.t.mayVote(p):
 			standby = append(standby, s)
 		}
 	}

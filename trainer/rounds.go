@@ -109,6 +109,10 @@ func (t *Trainer) leadOnce(ctx context.Context) error {
 	if round != nil {
 		return t.closeRound(ctx, cfg, cur, round)
 	}
+	// No round trains from a version the voters have not certified.
+	if certified, err := t.awaitCertified(ctx, cur); !certified || err != nil {
+		return err
+	}
 	// Every version is scored on the task sets' held-out splits before the
 	// next round trains from it.
 	if err := t.evaluateCurrent(ctx, cfg); err != nil {
@@ -305,6 +309,19 @@ func (n *raftMember) takeDelta(ctx context.Context, from mesh.PeerID, req reques
 			return fmt.Errorf("%w: refusal of %s", group.ErrBatch, r.ID)
 		}
 	}
+	// The delta is kept as its trainer signed it: the voters check the
+	// version against the deltas, and the signatures keep a leader from
+	// making up a contributor's.
+	signed := signedDelta{Trainer: from, Round: req.Round, Base: req.Base, Samples: req.Samples,
+		Batches: slices.Clone(req.Batches), Refused: slices.Clone(req.Refused), Sig: req.Sig, Delta: payload}
+	if from == n.t.self {
+		signed.Cert = n.t.mesh.Cert().Marshal()
+	} else if p, ok := n.t.mesh.Peer(from); ok && p.Cert != nil {
+		signed.Cert = p.Cert.Marshal()
+	}
+	if err := n.t.checkSigned(&signed); err != nil {
+		return &rpcError{Code: codeRefused, Msg: "trainer: " + err.Error()}
+	}
 	if req.Samples > 0 {
 		// A delta the aggregate cannot take is refused here, so that it
 		// cannot hold the round up.
@@ -337,7 +354,7 @@ func (n *raftMember) takeDelta(ctx context.Context, from mesh.PeerID, req reques
 		ids[i] = string(id)
 	}
 	n.deltas[from] = &submission{round: req.Round, base: req.Base, samples: req.Samples, seconds: req.Seconds,
-		batches: ids, refused: req.Refused, delta: payload}
+		batches: ids, refused: req.Refused, delta: payload, signed: signed}
 	n.poke()
 	return nil
 }
@@ -407,11 +424,13 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 	var contributors []group.Contribution
 	var refused []group.Refusal
 	var speeds []group.SpeedUpdate
+	var signed []signedDelta
 	for _, p := range r.Trainers() {
 		s := subs[p]
 		if s == nil {
 			continue
 		}
+		signed = append(signed, s.signed)
 		c := group.Contribution{Trainer: p, Samples: s.samples, Seconds: s.seconds}
 		for _, id := range s.batches {
 			c.Batches = append(c.Batches, core.BatchID(id))
@@ -475,6 +494,9 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 	if err := child.Write(dir); err != nil {
 		return err
 	}
+	if t.tamper != nil {
+		t.tamper(dir)
+	}
 	hash, err := adapter.Hash(dir)
 	if err != nil {
 		return err
@@ -486,6 +508,9 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 	if t.beforePublish != nil {
 		t.beforePublish(ctx, r.Number)
 	}
+	// The voters fetch the round's signed deltas from the publisher to
+	// check the version before they certify it.
+	t.cert.keep(hash, signed)
 	err = t.group.propose(ctx, &group.Entry{Publish: &group.Publish{
 		Round: r.Number, Version: cur.Version + 1, Parent: cur.Version, Hash: hash, Publisher: t.self,
 		Contributors: contributors, Refused: refused, Evals: evals}})

@@ -33,6 +33,11 @@ const (
 	opTasks     = "tasks"     // add a task set (payload: group.TaskSet; its files fetched from the caller)
 	opTaskFile  = "task_file" // a task set's file or plugin, by hash (payload back)
 	opOffer     = "offer"     // a batch the caller stored that the ledger lacks (the leader pulls it)
+	// opSubmissions: the signed deltas of a version the callee published
+	// (payload back); opVote: a voter's vote for, or refusal of, the
+	// newest version (to the leader).
+	opSubmissions = "submissions"
+	opVote        = "vote"
 )
 
 // Error codes of a reply.
@@ -71,6 +76,13 @@ type request struct {
 	From mesh.PeerID `json:"from,omitempty"`
 	// Fresh says the caller is in no group yet (join).
 	Fresh bool `json:"fresh,omitempty"`
+	// Sig is the caller's signature over its delta (delta: deltaClaim)
+	// or its vote over the version's claim (vote).
+	Sig []byte `json:"sig,omitempty"`
+	// VoterSet is the SHA-256 of the voter set a vote was made under;
+	// Refuse, why a voter refuses the version instead.
+	VoterSet []byte `json:"voter_set,omitempty"`
+	Refuse   string `json:"refuse,omitempty"`
 	// Size is the length of the payload that follows the line.
 	Size int64 `json:"size,omitempty"`
 }
@@ -245,6 +257,8 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 		return nil, t.hold(req.Hash, payload)
 	case opTaskFile:
 		return t.serveTaskFile(req.Hash)
+	case opSubmissions:
+		return t.submissions(req.Hash)
 	}
 	g := t.group
 	if g == nil || !g.inGroup() {
@@ -272,6 +286,8 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 		return nil, g.propose(ctx, &group.Entry{Configure: req.Config})
 	case opDelta:
 		return nil, g.takeDelta(ctx, from, req, payload)
+	case opVote:
+		return nil, g.takeVote(ctx, from, req)
 	case opTasks:
 		return t.addTasks(ctx, from, payload)
 	}

@@ -50,6 +50,18 @@ type Status struct {
 	Prompts  BatchCounts     `json:"prompts"`
 	Refusals map[string]int  `json:"refusals"`
 	Trainers []group.Trainer `json:"trainers"`
+	// Trusted says whether the mesh's admin trusts this trainer (its voter
+	// set names it): a voter, which votes in raft and certifies versions;
+	// otherwise a volunteer. VoterSet is the voter set's sequence number
+	// (0: none known), Trust the voters it names.
+	Trusted  bool          `json:"trusted"`
+	VoterSet uint64        `json:"voter_set"`
+	Trust    []mesh.PeerID `json:"trusted_trainers"`
+	// Certified says whether the current version is certified by a quorum
+	// of the voters (version 0, never shared, counts as certified);
+	// Retracted counts the versions taken back uncertified.
+	Certified bool `json:"certified"`
+	Retracted int  `json:"retracted"`
 }
 
 // BatchCounts counts the ledger's batches.
@@ -104,6 +116,12 @@ func (t *Trainer) Status() Status {
 		slices.Sort(st.Voters)
 		slices.Sort(st.Nonvoters)
 	}
+	if vs := t.mesh.Voters(); vs != nil {
+		st.VoterSet, st.Trusted = vs.Seq(), vs.Has(string(t.self))
+		for _, v := range vs.Voters() {
+			st.Trust = append(st.Trust, mesh.PeerID(v.Peer))
+		}
+	}
 	st.Leader = g.leader()
 	st.Term = g.raft.CurrentTerm()
 	st.Applied = g.raft.AppliedIndex()
@@ -111,6 +129,10 @@ func (t *Trainer) Status() Status {
 		st.Config = s.Config
 		st.Rounds = s.Rounds
 		st.Versions = len(s.Versions)
+		st.Retracted = len(s.Retracted)
+		if cur, ok := s.Current(); ok {
+			st.Certified = cur.Version == 0 || cur.Cert != nil
+		}
 		if r := s.Round; r != nil {
 			rs := &RoundStatus{Number: r.Number, Base: r.Base, Leader: r.Leader, Started: r.Started, Deadline: r.Deadline, Shares: map[mesh.PeerID]int{}}
 			for p, ids := range r.Shares {

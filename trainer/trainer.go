@@ -160,7 +160,10 @@ type Trainer struct {
 	// beforePublish, in tests, runs before the leader proposes a version;
 	// isolated cuts the trainer off the group (tests of partitions).
 	beforePublish func(ctx context.Context, round uint64)
-	isolated      atomic.Bool
+	// tamper, in tests, changes a version's bundle (in dir) after the
+	// leader aggregated it: a rogue leader.
+	tamper   func(dir string)
+	isolated atomic.Bool
 	fenced        atomic.Int64 // publications the group refused
 	known         sync.Map     // mesh.PeerID → true: trainers admitted once
 
@@ -172,6 +175,8 @@ type Trainer struct {
 	// sharedVersion is the newest version in the weights service, so that
 	// the work loop reads its directory only when a newer one commits.
 	sharedVersion atomic.Uint64
+	// sharedKey names the version and voter set last shared (voteKey).
+	sharedKey atomicString
 	// left is set once Leave has asked the leader to remove this trainer:
 	// it no longer registers itself (its work loop would otherwise find
 	// itself unregistered and register again).
@@ -185,6 +190,9 @@ type Trainer struct {
 	// (the leader's loop only).
 	runtimes  rolloutRuntimes
 	evalLater map[string]time.Time
+
+	// cert is this trainer's part in certifying versions.
+	cert certState
 
 	// metrics are made on first use (metricsOf).
 	metricsOnce sync.Once
@@ -299,6 +307,7 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 	}
 	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
 		timing: cfg.Timing.WithDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
+	t.cert.init()
 	stop, cancel := context.WithCancel(context.Background())
 	t.stopped, t.cancel = stop.Done(), cancel
 	if t.verify == nil && !cfg.NoVerify {

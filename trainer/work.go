@@ -203,6 +203,7 @@ func (l *workLoop) once(ctx context.Context) error {
 			t.log.Debug("current version not fetched yet", "version", cur.Name(), "err", err)
 		}
 	}
+	t.certifyOnce(ctx)
 	t.shareVersion(ctx)
 	l.sweepHeld()
 	l.offerStranded(ctx)
@@ -351,8 +352,10 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 		t.log.Info("rollouts", "round", r.Number, "prompts", ro.Prompts, "samples", ro.Samples, "tokens", ro.Tokens,
 			"flat_groups", ro.Flat, "mean_reward", ro.MeanReward, "seconds", ro.Seconds, "train_seconds", res.trainSeconds)
 	}
-	return &request{Op: opDelta, Round: r.Number, Base: base.Version, Samples: res.samples, Seconds: res.seconds,
-		Batches: ids, Refused: refused}, payload, nil
+	req := &request{Op: opDelta, Round: r.Number, Base: base.Version, Samples: res.samples, Seconds: res.seconds,
+		Batches: ids, Refused: refused}
+	t.signDelta(req, payload)
+	return req, payload, nil
 }
 
 // readBatch reads a batch from the store, fetching it from the leader or

@@ -33,6 +33,41 @@ type Entry struct {
 	// Tasks adds a task set; Eval records a version's evaluation on one.
 	Tasks *TaskSet `json:"tasks,omitempty"`
 	Eval  *Eval    `json:"eval,omitempty"`
+	// Certify records the voters' certification of a version; Retract
+	// takes back the newest version when it was not certified.
+	Certify *Certify `json:"certify,omitempty"`
+	Retract *Retract `json:"retract,omitempty"`
+}
+
+// Certify records that a quorum of the mesh's voters certified a version:
+// the voter set they voted under (the admin-signed encoding,
+// mesh/member.VoterSet) and their votes over the version's claim
+// (mesh/weights/chunks.Manifest.Claim). The leader checks the votes before
+// it proposes the entry; every trainer can check them again from the
+// entry alone. A later Certify of the same version (under a newer voter
+// set) replaces it.
+type Certify struct {
+	Version uint64 `json:"version"`
+	Hash    string `json:"hash"`
+	Voters  []byte `json:"voters"`
+	Votes   []Vote `json:"votes"`
+}
+
+// Vote is one voter's signature over a version's claim.
+type Vote struct {
+	Peer mesh.PeerID `json:"peer"`
+	Sig  []byte      `json:"sig"`
+}
+
+// Retract takes back the newest version, which no quorum of voters
+// certified (they found it was not what its round's deltas make, or its
+// publisher left before they could check it): no device ever accepted
+// it. Its round's batches go back to pending, and the next version takes
+// its number.
+type Retract struct {
+	Version uint64 `json:"version"`
+	Hash    string `json:"hash"`
+	Reason  string `json:"reason"`
 }
 
 // Genesis commits version 0: the adapter every trainer starts from.
@@ -158,7 +193,7 @@ func (e *Entry) kinds() int {
 	n := 0
 	for _, set := range []bool{e.Configure != nil, e.Genesis != nil, len(e.Add) > 0, len(e.Refuse) > 0,
 		e.Register != nil, e.Leave != "", e.Start != nil, e.Publish != nil, e.Abort != nil, e.Close != nil, e.Revoke != nil, len(e.Speeds) > 0,
-		e.Tasks != nil, e.Eval != nil} {
+		e.Tasks != nil, e.Eval != nil, e.Certify != nil, e.Retract != nil} {
 		if set {
 			n++
 		}
@@ -202,6 +237,10 @@ func (s *State) Apply(e *Entry, term, index uint64) error {
 		return s.addTasks(*e.Tasks, e.At)
 	case e.Eval != nil:
 		return s.eval(*e.Eval)
+	case e.Certify != nil:
+		return s.certify(*e.Certify)
+	case e.Retract != nil:
+		return s.retract(*e.Retract, e.At)
 	case len(e.Speeds) > 0:
 		for _, u := range e.Speeds {
 			if t, ok := s.Trainers[u.Trainer]; ok && u.Speed > 0 && u.Speed < maxSpeed {
@@ -530,6 +569,52 @@ func (s *State) revoke(rv Revocation) error {
 	for _, b := range s.sortedBatches(0, func(b *Batch) bool { return b.From == rv.Peer && b.Status == Pending }) {
 		s.refuseBatch(b, ReasonRevoked+revokedWhy(rv.Reason))
 	}
+	return nil
+}
+
+// maxVotes bounds a certification's votes (mesh/member.MaxVoters).
+const maxVotes = 64
+
+func (s *State) certify(c Certify) error {
+	v, ok := s.Version(c.Version)
+	switch {
+	case !ok || c.Version == 0:
+		return fmt.Errorf("%w: certification of v%d", ErrVersion, c.Version)
+	case c.Hash != v.Hash:
+		return fmt.Errorf("%w: certification of v%d with hash %s, the lineage's is %s", ErrVersion, c.Version, short(c.Hash), short(v.Hash))
+	case len(c.Voters) == 0 || len(c.Votes) == 0 || len(c.Votes) > maxVotes:
+		return fmt.Errorf("%w: certification of v%d with %d votes", ErrEntry, c.Version, len(c.Votes))
+	}
+	for i, vt := range c.Votes {
+		if vt.Peer == "" || len(vt.Sig) != 64 || slices.ContainsFunc(c.Votes[:i], func(o Vote) bool { return o.Peer == vt.Peer }) {
+			return fmt.Errorf("%w: certification of v%d: a bad or repeated vote", ErrEntry, c.Version)
+		}
+	}
+	cc := c
+	cc.Voters = slices.Clone(c.Voters)
+	cc.Votes = slices.Clone(c.Votes)
+	s.Versions[c.Version].Cert = &cc
+	return nil
+}
+
+func (s *State) retract(r Retract, at time.Time) error {
+	cur, ok := s.Current()
+	switch {
+	case !ok || r.Version == 0 || r.Version != cur.Version || r.Hash != cur.Hash:
+		return fmt.Errorf("%w: retraction of v%d, the newest is v%d", ErrVersion, r.Version, cur.Version)
+	case cur.Cert != nil:
+		return fmt.Errorf("%w: v%d is certified", ErrVersion, r.Version)
+	case s.Round != nil:
+		return fmt.Errorf("%w: round %d is open", ErrFenced, s.Round.Number)
+	case r.Reason == "":
+		return fmt.Errorf("%w: retraction without a reason", ErrEntry)
+	}
+	for _, b := range s.sortedBatches(0, func(b *Batch) bool { return b.Status == Trained && b.Version == r.Version }) {
+		b.Version = 0
+		s.unassign(b)
+	}
+	s.Versions = s.Versions[:len(s.Versions)-1]
+	s.Retracted = append(s.Retracted, Retracted{Version: r.Version, Hash: r.Hash, Round: cur.Round, Reason: r.Reason, At: at})
 	return nil
 }
 

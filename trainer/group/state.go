@@ -286,6 +286,18 @@ type Version struct {
 	At           time.Time      `json:"at"`
 	// Evals are its evaluations on the task sets' held-out splits.
 	Evals []Eval `json:"evals,omitempty"`
+	// Cert is the voters' certification (nil: not certified yet; version
+	// 0, which devices never fetch, is never certified).
+	Cert *Certify `json:"cert,omitempty"`
+}
+
+// Retracted is a version taken back uncertified (Retract).
+type Retracted struct {
+	Version uint64    `json:"version"`
+	Hash    string    `json:"hash"`
+	Round   uint64    `json:"round"`
+	Reason  string    `json:"reason"`
+	At      time.Time `json:"at"`
 }
 
 // ClosedRound is a round closed with no version: what its contributors
@@ -334,8 +346,10 @@ type State struct {
 	TaskSets   map[string]*TaskSet      `json:"task_sets,omitempty"`
 	// Closed are the rounds closed with no version (Close), oldest first.
 	Closed []ClosedRound `json:"closed,omitempty"`
-	Term   uint64        `json:"term"`
-	Index  uint64        `json:"index"`
+	// Retracted are the versions taken back uncertified, oldest first.
+	Retracted []Retracted `json:"retracted,omitempty"`
+	Term      uint64      `json:"term"`
+	Index     uint64      `json:"index"`
 }
 
 // New returns an empty state.

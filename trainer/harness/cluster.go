@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -36,6 +37,9 @@ type Cluster struct {
 	cancel   context.CancelFunc // stops the device and every trainer
 	wg       sync.WaitGroup
 	trainers []*clusterTrainer
+	// voters is the admin's voter set, handed to every trainer as it
+	// starts.
+	voters *member.VoterSet
 }
 
 type clusterTrainer struct {
@@ -79,6 +83,9 @@ type ClusterOptions struct {
 	// Net is the network the peers are on: Loopback (the default, nil)
 	// or Memory.
 	Net Net
+	// Volunteers are the trainers (by index) the mesh's admin does not
+	// trust: they train but never vote or certify. The others are voters.
+	Volunteers []int
 }
 
 // Net is a network a Cluster's peers are on: Loopback or Memory.
@@ -172,6 +179,28 @@ func NewCluster(ctx context.Context, o ClusterOptions) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
+	// The admin trusts every trainer but the volunteers.
+	var voters []member.Voter
+	for i, ct := range c.trainers {
+		if !slices.Contains(o.Volunteers, i) {
+			voters = append(voters, ct.t.Voter())
+		}
+	}
+	adminKey, err := mesh.LoadAdminKey(nodeDir)
+	if err != nil {
+		return nil, err
+	}
+	if c.voters, err = member.NewVoterSet(adminKey, 1, voters, time.Now()); err != nil {
+		return nil, err
+	}
+	if _, err := c.node.mesh.AdoptVoters(c.voters); err != nil {
+		return nil, err
+	}
+	for _, ct := range c.trainers {
+		if err := ct.t.AdoptVoters(c.voters); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -185,6 +214,9 @@ func (c *Cluster) Len() int { return len(c.trainers) }
 
 // Trainer is trainer i, nil while it is down.
 func (c *Cluster) Trainer(i int) *trainer.Trainer { return c.trainers[i].t }
+
+// Voters is the voter set the mesh's admin signed for the cluster.
+func (c *Cluster) Voters() *member.VoterSet { return c.voters }
 
 // DataDir is trainer i's data directory.
 func (c *Cluster) DataDir(i int) string { return c.trainers[i].dir }
@@ -200,6 +232,11 @@ func (c *Cluster) Start(ctx context.Context, i int) error {
 	t, p, err := c.net.startTrainer(ctx, c, i, cfg)
 	if err != nil {
 		return err
+	}
+	if c.voters != nil {
+		if err := t.AdoptVoters(c.voters); err != nil {
+			return err
+		}
 	}
 	// A trainer runs until Kill or Close cancel it.
 	rctx, cancel := context.WithCancel(context.Background())

@@ -110,6 +110,9 @@ func (e Eval) PassAt1() float64 {
 	return float64(e.Passed) / float64(e.Prompts)
 }
 
+// CheckEval says why e cannot travel in a manifest (nil: it can).
+func CheckEval(e Eval) error { return e.check() }
+
 // check says why e cannot travel in a manifest: a task name over 64
 // bytes, prompts out of [0, MaxEvalPrompts], more passed than prompts, or
 // a mean reward that is not a number in [-1, 1].

@@ -1,0 +1,588 @@
+package trainer
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
+	"github.com/clawmesh/clawmesh/trainer/adapter"
+	"github.com/clawmesh/clawmesh/trainer/group"
+)
+
+// Versions are certified by the mesh's voters, not by the leader alone.
+//
+// Every trainer signs the delta it hands in (deltaClaim). The leader that
+// publishes a version keeps the round's signed deltas; each voter fetches
+// them from it, checks every signature against its trainer's certificate,
+// recomputes the aggregate from them over its own copy of the parent and
+// compares the result with the version the log committed. Only then does
+// it vote: it signs the version's claim (chunks.Manifest.Claim: the
+// version, its parent, the bundle, the raft term and index that committed
+// it, its evaluations, the voter set) and sends the vote to the leader,
+// which records a quorum of votes in the log (group.Certify). A version is
+// shared with the devices only once certified under the voter set in
+// force, and no round trains from a version that is not certified. A
+// version that no quorum certifies within CertifyWait, or that so many
+// voters refused that no quorum can, is retracted (group.Retract).
+
+// signedDelta is a trainer's delta for a round as it signed it, with its
+// certificate: what voters check a version against.
+type signedDelta struct {
+	Trainer mesh.PeerID     `json:"trainer"`
+	Cert    []byte          `json:"cert"`
+	Round   uint64          `json:"round"`
+	Base    uint64          `json:"base"`
+	Samples int             `json:"samples"`
+	Batches []core.BatchID  `json:"batches"`
+	Refused []group.Refusal `json:"refused,omitempty"`
+	Sig     []byte          `json:"sig"`
+	Delta   []byte          `json:"delta,omitempty"`
+}
+
+// deltaClaim is what a trainer signs for its delta of a round: the mesh,
+// the round and its base, the samples, the batches it trained and those it
+// refused, and the delta's SHA-256.
+func deltaClaim(meshID string, round, base uint64, samples int, batches []core.BatchID, refused []group.Refusal, delta []byte) []byte {
+	b := []byte("clawmesh/delta\n")
+	b = binary.AppendUvarint(b, uint64(len(meshID)))
+	b = append(b, meshID...)
+	b = binary.AppendUvarint(b, round)
+	b = binary.AppendUvarint(b, base)
+	b = binary.AppendUvarint(b, uint64(max(samples, 0)))
+	b = binary.AppendUvarint(b, uint64(len(batches)))
+	for _, id := range batches {
+		b = binary.AppendUvarint(b, uint64(len(id)))
+		b = append(b, id...)
+	}
+	b = binary.AppendUvarint(b, uint64(len(refused)))
+	for _, r := range refused {
+		b = binary.AppendUvarint(b, uint64(len(r.ID)))
+		b = append(b, r.ID...)
+		b = binary.AppendUvarint(b, uint64(len(r.Reason)))
+		b = append(b, r.Reason...)
+	}
+	h := sha256.Sum256(delta)
+	return append(b, h[:]...)
+}
+
+// signDelta signs req's delta (payload) with this trainer's key.
+func (t *Trainer) signDelta(req *request, payload []byte) {
+	req.Sig = t.mesh.Sign(deltaClaim(t.mesh.MeshID(), req.Round, req.Base, req.Samples, req.Batches, req.Refused, payload))
+}
+
+// checkSigned checks a signed delta: its certificate is a trainer's of
+// this mesh, valid and not revoked, for the trainer it names, and its key
+// signed the delta.
+func (t *Trainer) checkSigned(d *signedDelta) error {
+	c, err := member.ParseCertificate(d.Cert)
+	if err != nil {
+		return fmt.Errorf("the certificate of %s: %w", d.Trainer, err)
+	}
+	admin, revoked, now := t.mesh.Trust()
+	if err := c.Verify(admin, now, revoked); err != nil {
+		return fmt.Errorf("the certificate of %s: %w", d.Trainer, err)
+	}
+	if mesh.PeerID(c.Subject()) != d.Trainer || c.Role() < member.RoleTrainer {
+		return fmt.Errorf("a certificate of %s (%s) for a delta of %s", c.Subject(), c.Role(), d.Trainer)
+	}
+	claim := deltaClaim(t.mesh.MeshID(), d.Round, d.Base, d.Samples, d.Batches, d.Refused, d.Delta)
+	if len(d.Sig) != ed25519.SignatureSize || !ed25519.Verify(c.SubjectKey(), claim, d.Sig) {
+		return fmt.Errorf("the delta of %s in round %d: bad signature", d.Trainer, d.Round)
+	}
+	return nil
+}
+
+// certState is a trainer's part in certification: the signed deltas of the
+// versions it published, what it checked, the votes it sent, and, on the
+// leader, the votes it gathers.
+type certState struct {
+	mu sync.Mutex
+	// published holds the signed deltas of the versions this trainer
+	// published, by version hash (the newest few).
+	published map[string][]signedDelta
+	order     []string
+	// checked holds the manifests of the versions this trainer checked
+	// and found right, by version hash; refused those it found wrong.
+	checked map[string]*chunks.Manifest
+	refused map[string]string
+	// sent: the vote (or refusal) for version hash under voter set hash
+	// went to that leader.
+	sent map[string]mesh.PeerID
+	// votes and refusals gathered by the leader, by version hash and voter
+	// set hash.
+	votes     map[string]map[mesh.PeerID][]byte
+	refusals  map[string]map[mesh.PeerID]string
+	lastCheck map[string]time.Time
+}
+
+const keepPublished = 4
+
+func (c *certState) init() {
+	c.published = map[string][]signedDelta{}
+	c.checked = map[string]*chunks.Manifest{}
+	c.refused = map[string]string{}
+	c.sent = map[string]mesh.PeerID{}
+	c.votes = map[string]map[mesh.PeerID][]byte{}
+	c.refusals = map[string]map[mesh.PeerID]string{}
+	c.lastCheck = map[string]time.Time{}
+}
+
+func (c *certState) keep(hash string, ds []signedDelta) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.published[hash] = ds
+	c.order = append(c.order, hash)
+	for len(c.order) > keepPublished {
+		delete(c.published, c.order[0])
+		c.order = c.order[1:]
+	}
+}
+
+func voteKey(hash string, vs *member.VoterSet) string {
+	h := vs.Hash()
+	return hash + "/" + string(h[:])
+}
+
+// mayVote says whether p is one of the mesh's voters now.
+func (t *Trainer) mayVote(p mesh.PeerID) bool {
+	vs := t.mesh.Voters()
+	return vs != nil && vs.Has(string(p))
+}
+
+// versionManifest is the manifest of committed version v, whose bundle is
+// in dir: what the leader shares and every voter builds the same from its
+// own copy to vote on (unsigned, uncertified).
+func (t *Trainer) versionManifest(v group.Version, dir string) (*chunks.Manifest, []byte, error) {
+	b, err := weights.Pack(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := chunks.NewManifest(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	var base, parentHash string
+	t.group.view(func(s *group.State) {
+		base = s.Config.Base
+		if p, ok := s.Version(v.Parent); ok {
+			parentHash = p.Hash
+		}
+	})
+	m.MeshID, m.Version, m.Parent, m.Base, m.AdapterHash, m.ParentHash = t.mesh.MeshID(), v.Version, v.Parent, base, v.Hash, parentHash
+	m.Term, m.Index = v.Term, v.Index
+	// The version's held-out evaluations travel with it to the devices.
+	for _, ev := range v.Evals {
+		m.Evals = append(m.Evals, chunks.Eval{Task: ev.Task, Prompts: ev.Prompts, Passed: ev.Passed, MeanReward: ev.MeanReward})
+	}
+	if len(m.Evals) > chunks.MaxEvals || slices.ContainsFunc(m.Evals, func(e chunks.Eval) bool { return chunks.CheckEval(e) != nil }) {
+		// Evaluations a device would refuse must not keep the version
+		// from the devices.
+		t.log.Warn("a version's evaluations left out of its manifest", "version", v.Name())
+		m.Evals = nil
+	}
+	return m, b, nil
+}
+
+// submissions answers opSubmissions: the signed deltas of a version this
+// trainer published.
+func (t *Trainer) submissions(hash string) ([]byte, error) {
+	t.cert.mu.Lock()
+	ds, ok := t.cert.published[hash]
+	t.cert.mu.Unlock()
+	if !ok {
+		return nil, &rpcError{Code: codeNotFound, Msg: "trainer: not the publisher of " + short(hash) + ", or it no longer holds its deltas"}
+	}
+	return json.Marshal(ds)
+}
+
+// checkVersion recomputes committed version v from its round's signed
+// deltas and returns its manifest if it is what they make, or says why
+// not. errNoDeltas: they could not be had (the publisher is gone).
+func (t *Trainer) checkVersion(ctx context.Context, v group.Version) (*chunks.Manifest, error) {
+	var (
+		cfg    group.Config
+		parent group.Version
+		steps  = map[core.BatchID]int{}
+		ok     bool
+	)
+	t.group.view(func(s *group.State) {
+		cfg = s.Config
+		parent, ok = s.Version(v.Parent)
+		for _, c := range v.Contributors {
+			for _, id := range c.Batches {
+				if b, found := s.Batches[id]; found {
+					steps[id] = max(b.Steps, 1)
+				}
+			}
+		}
+	})
+	if !ok || v.Parent+1 != v.Version {
+		return nil, fmt.Errorf("%s's parent v%d is not in the lineage", v.Name(), v.Parent)
+	}
+	if parent.Version > 0 && parent.Cert == nil {
+		return nil, fmt.Errorf("%s's parent %s is not certified", v.Name(), parent.Name())
+	}
+	var ds []signedDelta
+	t.cert.mu.Lock()
+	local, mine := t.cert.published[v.Hash]
+	t.cert.mu.Unlock()
+	if mine {
+		ds = local
+	} else {
+		if v.Publisher == "" || v.Publisher == t.self {
+			return nil, fmt.Errorf("%w: %s's deltas are not held here", errNoDeltas, v.Name())
+		}
+		out, err := t.call(ctx, v.Publisher, request{Op: opSubmissions, Version: v.Version, Hash: v.Hash}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("%w: from its publisher %s: %w", errNoDeltas, v.Publisher, err)
+		}
+		if err := json.Unmarshal(out, &ds); err != nil {
+			return nil, fmt.Errorf("%s's deltas from %s: %w", v.Name(), v.Publisher, err)
+		}
+	}
+	byTrainer := map[mesh.PeerID]*signedDelta{}
+	for i := range ds {
+		d := &ds[i]
+		if byTrainer[d.Trainer] != nil {
+			return nil, fmt.Errorf("two deltas of %s", d.Trainer)
+		}
+		byTrainer[d.Trainer] = d
+	}
+	if len(byTrainer) != len(v.Contributors) {
+		return nil, fmt.Errorf("%d deltas for %d contributors", len(byTrainer), len(v.Contributors))
+	}
+	parentDir, err := t.ensureVersion(ctx, parent)
+	if err != nil {
+		return nil, err
+	}
+	parentAd, err := adapter.Read(parentDir)
+	if err != nil {
+		return nil, err
+	}
+	var parts []adapter.Contribution
+	for _, c := range v.Contributors {
+		d := byTrainer[c.Trainer]
+		switch {
+		case d == nil:
+			return nil, fmt.Errorf("no delta of contributor %s", c.Trainer)
+		case d.Round != v.Round || d.Base != v.Parent:
+			return nil, fmt.Errorf("the delta of %s is of round %d from v%d, not round %d from v%d", c.Trainer, d.Round, d.Base, v.Round, v.Parent)
+		case d.Samples != c.Samples || !slices.Equal(d.Batches, c.Batches):
+			return nil, fmt.Errorf("the delta of %s trained other batches or samples than the log says", c.Trainer)
+		}
+		if err := t.checkSigned(d); err != nil {
+			return nil, err
+		}
+		weight := 0
+		for _, id := range c.Batches {
+			weight += steps[id]
+		}
+		if d.Samples > 0 && weight > 0 {
+			dl, err := adapter.UnmarshalDelta(d.Delta, adapter.Limits{})
+			if err != nil {
+				return nil, fmt.Errorf("the delta of %s: %w", c.Trainer, err)
+			}
+			parts = append(parts, adapter.Contribution{From: string(c.Trainer), Weight: float64(weight), Delta: dl})
+		}
+	}
+	child := parentAd
+	if len(parts) > 0 {
+		agg, _, err := adapter.Aggregate(parts, aggOptions(cfg))
+		if err != nil {
+			return nil, err
+		}
+		if child, err = adapter.Apply(parentAd, agg); err != nil {
+			return nil, err
+		}
+	}
+	root := filepath.Join(t.cfg.DataDir, AdaptersDir)
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(root, ".check-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	dir := filepath.Join(tmp, "bundle")
+	if err := child.Write(dir); err != nil {
+		return nil, err
+	}
+	hash, err := adapter.Hash(dir)
+	if err != nil {
+		return nil, err
+	}
+	if hash != v.Hash {
+		return nil, fmt.Errorf("%w: %s is %s, its round's deltas make %s", errMismatch, v.Name(), short(v.Hash), short(hash))
+	}
+	m, _, err := t.versionManifest(v, dir)
+	return m, err
+}
+
+var (
+	errNoDeltas = errors.New("trainer: a version's deltas cannot be had")
+	errMismatch = errors.New("trainer: a version is not what its round's deltas make")
+)
+
+// certifyOnce is a voter's step: it votes for the newest version if it has
+// not yet under the voter set in force (checking it first), or tells the
+// leader why it will not.
+func (t *Trainer) certifyOnce(ctx context.Context) {
+	vs := t.mesh.Voters()
+	if vs == nil || !vs.Has(string(t.self)) {
+		return
+	}
+	var v group.Version
+	var ok bool
+	t.group.view(func(s *group.State) { v, ok = s.Current() })
+	if !ok || v.Version == 0 {
+		return
+	}
+	vsHash := vs.Hash()
+	if v.Cert != nil && bytes.Equal(v.Cert.Voters, vs.Marshal()) {
+		return
+	}
+	key := voteKey(v.Hash, vs)
+	leader := t.group.leader()
+	t.cert.mu.Lock()
+	sentTo := t.cert.sent[key]
+	m := t.cert.checked[v.Hash]
+	why, refused := t.cert.refused[v.Hash]
+	last := t.cert.lastCheck[v.Hash]
+	t.cert.mu.Unlock()
+	if leader == "" || sentTo == leader {
+		return
+	}
+	if m == nil && !refused {
+		if time.Since(last) < max(8*t.timing.Tick, time.Second) {
+			return
+		}
+		t.cert.mu.Lock()
+		t.cert.lastCheck[v.Hash] = time.Now()
+		t.cert.mu.Unlock()
+		var err error
+		if v.Cert != nil {
+			// Certified under an earlier voter set: its votes are checked
+			// again and the version taken on their word.
+			m, err = t.recertify(ctx, v)
+		} else {
+			m, err = t.checkVersion(ctx, v)
+		}
+		switch {
+		case err == nil:
+			t.cert.mu.Lock()
+			t.cert.checked[v.Hash] = m
+			t.cert.mu.Unlock()
+		case errors.Is(err, errMismatch) || !errors.Is(err, errNoDeltas) && ctx.Err() == nil && v.Cert == nil:
+			t.log.Warn("version refused: not what its round made", "version", v.Name(), "hash", core.ShortHash(v.Hash), "err", err)
+			t.cert.mu.Lock()
+			t.cert.refused[v.Hash] = err.Error()
+			t.cert.mu.Unlock()
+			why, refused = err.Error(), true
+		default:
+			t.log.Info("version not checked yet", "version", v.Name(), "err", err)
+			return
+		}
+	}
+	req := request{Op: opVote, Version: v.Version, Hash: v.Hash, VoterSet: vsHash[:]}
+	if refused {
+		req.Refuse = why
+	} else {
+		req.Sig = t.mesh.Sign(m.Claim(vs))
+	}
+	if _, err := t.toLeader(ctx, req, nil); err != nil {
+		t.log.Debug("vote not taken yet", "version", v.Name(), "err", err)
+		return
+	}
+	t.cert.mu.Lock()
+	t.cert.sent[key] = leader
+	t.cert.mu.Unlock()
+	if !refused {
+		t.log.Info("version checked and voted for", "version", v.Name(), "hash", core.ShortHash(v.Hash), "voter_set", vs.Seq())
+	}
+}
+
+// recertify checks the certification v carries (under an earlier voter
+// set) against this trainer's copy of v, and returns v's manifest.
+func (t *Trainer) recertify(ctx context.Context, v group.Version) (*chunks.Manifest, error) {
+	dir, err := t.ensureVersion(ctx, v)
+	if err != nil {
+		return nil, err
+	}
+	m, _, err := t.versionManifest(v, dir)
+	if err != nil {
+		return nil, err
+	}
+	old, err := member.ParseVoterSet(v.Cert.Voters)
+	if err != nil {
+		return nil, err
+	}
+	if !certifyWith(m, old, v.Cert.Votes) {
+		return nil, fmt.Errorf("%s's certification under voter set %d has no quorum", v.Name(), old.Seq())
+	}
+	admin, _, _ := t.mesh.Trust()
+	if err := m.VerifyCertified(admin, old); err != nil {
+		return nil, err
+	}
+	m.Cert = nil
+	return m, nil
+}
+
+// certifyWith attaches votes to m under vs; it says whether they reach
+// vs's quorum.
+func certifyWith(m *chunks.Manifest, vs *member.VoterSet, votes []group.Vote) bool {
+	cv := make([]chunks.Vote, len(votes))
+	for i, v := range votes {
+		cv[i] = chunks.Vote{Peer: string(v.Peer), Sig: v.Sig}
+	}
+	return m.Certify(vs, cv)
+}
+
+// takeVote is the leader's side of opVote: a voter's vote (or refusal) for
+// the newest version under the voter set in force. With a quorum of votes
+// it certifies the version; with so many refusals that no quorum is left,
+// it retracts it.
+func (n *raftMember) takeVote(ctx context.Context, from mesh.PeerID, req request) error {
+	t := n.t
+	vs := t.mesh.Voters()
+	if vs == nil || !vs.Has(string(from)) {
+		return &rpcError{Code: codeRefused, Msg: fmt.Sprintf("trainer: %s is not a voter of this mesh", from)}
+	}
+	if h := vs.Hash(); !bytes.Equal(req.VoterSet, h[:]) {
+		return &rpcError{Code: codeRefused, Msg: "trainer: a vote under another voter set than the one in force here"}
+	}
+	var v group.Version
+	var ok bool
+	n.view(func(s *group.State) { v, ok = s.Current() })
+	if !ok || v.Version != req.Version || v.Hash != req.Hash {
+		return fmt.Errorf("%w: a vote for v%d, the newest is %s", group.ErrVersion, req.Version, v.Name())
+	}
+	key := voteKey(v.Hash, vs)
+	if req.Refuse != "" {
+		t.cert.mu.Lock()
+		if t.cert.refusals[key] == nil {
+			t.cert.refusals[key] = map[mesh.PeerID]string{}
+		}
+		t.cert.refusals[key][from] = req.Refuse
+		refusals := len(t.cert.refusals[key])
+		t.cert.mu.Unlock()
+		t.log.Warn("a voter refused the newest version", "version", v.Name(), "voter", from, "why", req.Refuse)
+		if vs.Len()-refusals < vs.Quorum() {
+			return t.retract(ctx, v, fmt.Sprintf("%d of %d voters found it is not what its round's deltas make", refusals, vs.Len()))
+		}
+		return nil
+	}
+	dir, err := t.ensureVersion(ctx, v)
+	if err != nil {
+		return err
+	}
+	m, _, err := t.versionManifest(v, dir)
+	if err != nil {
+		return err
+	}
+	if err := m.CheckVote(vs, chunks.Vote{Peer: string(from), Sig: req.Sig}); err != nil {
+		return &rpcError{Code: codeRefused, Msg: err.Error()}
+	}
+	t.cert.mu.Lock()
+	if t.cert.votes[key] == nil {
+		t.cert.votes[key] = map[mesh.PeerID][]byte{}
+	}
+	t.cert.votes[key][from] = req.Sig
+	var votes []group.Vote
+	for p, sig := range t.cert.votes[key] {
+		votes = append(votes, group.Vote{Peer: p, Sig: sig})
+	}
+	t.cert.mu.Unlock()
+	if len(votes) < vs.Quorum() {
+		return nil
+	}
+	slices.SortFunc(votes, func(a, b group.Vote) int { return cmpPeer(a.Peer, b.Peer) })
+	if err := n.propose(ctx, &group.Entry{Certify: &group.Certify{Version: v.Version, Hash: v.Hash, Voters: vs.Marshal(), Votes: votes}}); err != nil {
+		return err
+	}
+	t.log.Info("version certified", "version", v.Name(), "hash", core.ShortHash(v.Hash), "votes", len(votes), "voters", vs.Len(), "voter_set", vs.Seq())
+	return nil
+}
+
+func cmpPeer(a, b mesh.PeerID) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// retract takes back the newest version, uncertified (leader only).
+func (t *Trainer) retract(ctx context.Context, v group.Version, why string) error {
+	if err := t.group.propose(ctx, &group.Entry{Retract: &group.Retract{Version: v.Version, Hash: v.Hash, Reason: why}}); err != nil {
+		return err
+	}
+	t.log.Warn("version retracted: not certified", "version", v.Name(), "hash", core.ShortHash(v.Hash), "why", why)
+	return nil
+}
+
+// awaitCertified is the leader's check before it plans a round: the newest
+// version must be certified first. It retracts one left uncertified for
+// CertifyWait. It says whether the newest version is certified.
+func (t *Trainer) awaitCertified(ctx context.Context, cur group.Version) (bool, error) {
+	if cur.Version == 0 || cur.Cert != nil {
+		return true, nil
+	}
+	if vs := t.mesh.Voters(); vs == nil || vs.Quorum() == 0 {
+		t.warnNoVoters()
+		return false, nil
+	}
+	if time.Since(cur.At) < t.timing.CertifyWait {
+		return false, nil
+	}
+	return false, t.retract(ctx, cur, fmt.Sprintf("no quorum of voters certified it within %s", t.timing.CertifyWait))
+}
+
+// warnNoVoters says, once a minute at most, that the mesh has no voter.
+func (t *Trainer) warnNoVoters() {
+	t.cert.mu.Lock()
+	defer t.cert.mu.Unlock()
+	if k := "novoters"; time.Since(t.cert.lastCheck[k]) > time.Minute {
+		t.cert.lastCheck[k] = time.Now()
+		t.log.Warn("the mesh has no voter: no version can be certified; the mesh's admin trusts a trainer with `clawmesh mesh trust PEER`")
+	}
+}
+
+// atomicString is a string read and written atomically.
+type atomicString struct{ v atomic.Value }
+
+func (a *atomicString) Load() string {
+	s, _ := a.v.Load().(string)
+	return s
+}
+
+func (a *atomicString) Store(s string) { a.v.Store(s) }
+
+// warnVolunteerWaits says, once a minute at most, that this trainer, a
+// volunteer, waits for a trusted trainer to start the group.
+func (t *Trainer) warnVolunteerWaits() {
+	t.cert.mu.Lock()
+	defer t.cert.mu.Unlock()
+	if k := "volunteer"; time.Since(t.cert.lastCheck[k]) > time.Minute {
+		t.cert.lastCheck[k] = time.Now()
+		t.log.Warn("no trainers' group found, and this trainer is a volunteer: it waits for a trainer the mesh's admin trusts to start one")
+	}
+}
