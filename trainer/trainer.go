@@ -164,8 +164,8 @@ type Trainer struct {
 	// leader aggregated it: a rogue leader.
 	tamper   func(dir string)
 	isolated atomic.Bool
-	fenced        atomic.Int64 // publications the group refused
-	known         sync.Map     // mesh.PeerID → true: trainers admitted once
+	fenced   atomic.Int64 // publications the group refused
+	known    sync.Map     // mesh.PeerID → true: trainers admitted once
 
 	// weights serves committed versions to the devices (nil on a
 	// simulated network, or when Config.Weights is "off"); key signs
