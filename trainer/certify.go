@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/mesh/member"
@@ -143,15 +144,76 @@ func (c *certState) init() {
 	c.lastCheck = map[string]time.Time{}
 }
 
-func (c *certState) keep(hash string, ds []signedDelta) {
+// keepDeltas keeps the signed deltas of the version (hash) this trainer
+// is about to publish, in memory and in DeltasDir, the newest
+// keepPublished versions' only.
+func (t *Trainer) keepDeltas(hash string, ds []signedDelta) {
+	c := &t.cert
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.published[hash] = ds
 	c.order = append(c.order, hash)
 	for len(c.order) > keepPublished {
 		delete(c.published, c.order[0])
 		c.order = c.order[1:]
 	}
+	c.mu.Unlock()
+	dir := filepath.Join(t.cfg.DataDir, DeltasDir)
+	b, err := json.Marshal(ds)
+	if err == nil {
+		if err = os.MkdirAll(dir, 0o700); err == nil {
+			err = atomicfile.Write(filepath.Join(dir, hash+".json"), b, 0o600)
+		}
+	}
+	if err != nil {
+		t.log.Warn("keeping a version's signed deltas on disk: a restart loses them", "err", err)
+		return
+	}
+	es, _ := os.ReadDir(dir)
+	if len(es) <= keepPublished {
+		return
+	}
+	slices.SortFunc(es, func(a, b os.DirEntry) int {
+		ia, _ := a.Info()
+		ib, _ := b.Info()
+		if ia == nil || ib == nil {
+			return 0
+		}
+		return ia.ModTime().Compare(ib.ModTime())
+	})
+	for _, e := range es[:len(es)-keepPublished] {
+		os.Remove(filepath.Join(dir, e.Name()))
+	}
+}
+
+// publishedDeltas returns the signed deltas of a version this trainer
+// published, from memory or, after a restart, from DeltasDir.
+func (t *Trainer) publishedDeltas(hash string) ([]signedDelta, bool) {
+	t.cert.mu.Lock()
+	ds, ok := t.cert.published[hash]
+	t.cert.mu.Unlock()
+	if ok {
+		return ds, true
+	}
+	if !validHex(hash) {
+		return nil, false
+	}
+	b, err := os.ReadFile(filepath.Join(t.cfg.DataDir, DeltasDir, hash+".json"))
+	if err != nil || json.Unmarshal(b, &ds) != nil {
+		return nil, false
+	}
+	return ds, true
+}
+
+func validHex(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	for _, c := range h {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 func voteKey(hash string, vs *member.VoterSet) string {
@@ -202,9 +264,7 @@ func (t *Trainer) versionManifest(v group.Version, dir string) (*chunks.Manifest
 // submissions answers opSubmissions: the signed deltas of a version this
 // trainer published.
 func (t *Trainer) submissions(hash string) ([]byte, error) {
-	t.cert.mu.Lock()
-	ds, ok := t.cert.published[hash]
-	t.cert.mu.Unlock()
+	ds, ok := t.publishedDeltas(hash)
 	if !ok {
 		return nil, &rpcError{Code: codeNotFound, Msg: "trainer: not the publisher of " + short(hash) + ", or it no longer holds its deltas"}
 	}
@@ -239,9 +299,7 @@ func (t *Trainer) checkVersion(ctx context.Context, v group.Version) (*chunks.Ma
 		return nil, fmt.Errorf("%s's parent %s is not certified", v.Name(), parent.Name())
 	}
 	var ds []signedDelta
-	t.cert.mu.Lock()
-	local, mine := t.cert.published[v.Hash]
-	t.cert.mu.Unlock()
+	local, mine := t.publishedDeltas(v.Hash)
 	if mine {
 		ds = local
 	} else {
@@ -550,10 +608,16 @@ func (t *Trainer) awaitCertified(ctx context.Context, cur group.Version) (bool, 
 		t.warnNoVoters()
 		return false, nil
 	}
-	if time.Since(cur.At) < t.timing.CertifyWait {
-		return false, nil
+	waited := time.Since(cur.At)
+	if waited >= t.timing.CertifyWait {
+		return false, t.retract(ctx, cur, fmt.Sprintf("no quorum of voters certified it within %s", t.timing.CertifyWait))
 	}
-	return false, t.retract(ctx, cur, fmt.Sprintf("no quorum of voters certified it within %s", t.timing.CertifyWait))
+	// Its publisher, which holds the deltas the voters check it against,
+	// is gone: no quorum can come.
+	if p := cur.Publisher; p != t.self && waited >= t.timing.CertifyWait/8 && !slices.Contains(t.group.live(), p) {
+		return false, t.retract(ctx, cur, fmt.Sprintf("its publisher %s, which holds its round's deltas, is gone", p))
+	}
+	return false, nil
 }
 
 // warnNoVoters says, once a minute at most, that the mesh has no voter.

@@ -13,7 +13,7 @@ import (
 
 // testTiming makes raft and rounds quick enough for tests on a loaded
 // two-core machine; nothing asserts on durations.
-var testTiming = Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond,
+var testTiming = Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, CertifyWait: 20 * time.Second,
 	SnapshotThreshold: 4, SnapshotInterval: 200 * time.Millisecond}
 
 var testGroup = group.Config{Deadline: 4 * time.Second, LocalSteps: 2}

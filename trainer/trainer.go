@@ -73,6 +73,10 @@ const (
 	AddrFile = "trainer.addr"
 	// PluginsDir caches the reward plugin modules verification runs.
 	PluginsDir = "plugins"
+	// DeltasDir keeps the signed deltas of the newest versions this
+	// trainer published, which the voters check them against: they
+	// outlive a restart.
+	DeltasDir = "deltas"
 )
 
 // ErrNotTrainer reports a data directory whose certificate is not a
