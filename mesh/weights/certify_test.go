@@ -69,7 +69,8 @@ func newGossiper(t *testing.T, p meshPeer) gossiper {
 	return gossiper{tp, p.Mesh.ID()}
 }
 
-// offerUntil offers m again and again until done (at most 30s).
+// offerUntil offers m again and again until done (at most 30s): until the
+// devices have either refused it or taken it.
 func (g gossiper) offerUntil(t *testing.T, what string, m *chunks.Manifest, done func() bool) {
 	t.Helper()
 	var n uint64
@@ -174,7 +175,12 @@ func TestDevicesAcceptOnlyCertified(t *testing.T) {
 
 	// The rogue trainer's v1000 reaches the devices and is refused.
 	rogueGossip.offerUntil(t, "the devices to refuse the rogue's v1000", forged, func() bool {
-		return devices[0].refused(t, "uncertified") > 0 && devices[1].refused(t, "uncertified") > 0
+		for _, d := range devices {
+			if d.svc.Latest() == nil && d.refused(t, "uncertified") == 0 {
+				return false
+			}
+		}
+		return true
 	})
 	for _, d := range devices {
 		if err := d.svc.Accept(forged, Source{}); !errors.Is(err, chunks.ErrUncertified) {
@@ -212,7 +218,7 @@ func TestDevicesAcceptOnlyCertified(t *testing.T) {
 	before := devices[0].refused(t, "uncertified")
 	lone := version(t, forgedBundle, 3, 1<<30, 1<<40, set1, []testPeer{voter3}, rogue)
 	rogueGossip.offerUntil(t, "the devices to refuse a version with one vote of three", lone, func() bool {
-		return devices[0].refused(t, "uncertified") > before
+		return devices[0].refused(t, "uncertified") > before || devices[0].svc.Latest().Version != 2
 	})
 	for _, d := range devices {
 		if err := d.svc.Accept(lone, Source{}); !errors.Is(err, chunks.ErrUncertified) {
@@ -249,7 +255,7 @@ func TestDevicesAcceptOnlyCertified(t *testing.T) {
 	stale := version(t, b3, 3, 1, 9, set1, []testPeer{lead, voter2, voter3}, leader)
 	before = devices[0].refused(t, "uncertified")
 	rogueGossip.offerUntil(t, "the devices to refuse v3 certified under the set replaced", stale, func() bool {
-		return devices[0].refused(t, "uncertified") > before
+		return devices[0].refused(t, "uncertified") > before || devices[0].svc.Latest().Version != 2
 	})
 	for _, d := range devices {
 		if err := d.svc.Accept(stale, Source{}); !errors.Is(err, chunks.ErrUncertified) {

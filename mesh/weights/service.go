@@ -369,7 +369,7 @@ func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
 	}
 	if isNew {
 		s.log.Info("version announced", "version", m.Name(), "hash", core.ShortHash(m.AdapterHash), "bundle", core.ShortHash(m.BundleID()), "bytes", m.Size, "term", m.Term, "index", m.Index,
-			"voters", m.Cert.Voters.Seq(), "votes", len(m.Cert.Votes))
+			"voters", m.Cert.Voters.Seq(), "votes", len(m.Cert.Votes)) // check made sure of m.Cert
 	}
 	if (isNew || recertified) && s.cfg.OnManifest != nil {
 		s.cfg.OnManifest(m)
