@@ -2,6 +2,7 @@ package weights
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
 	"os"
@@ -105,21 +106,25 @@ func version(t *testing.T, b []byte, v, term, index uint64, vs *member.VoterSet,
 	return m
 }
 
-// TestDevicesAcceptOnlyCertified runs a mesh on loopback (libp2p hosts,
-// gossip, the bundles over QUIC) with a trainer that leads and votes, a
-// trainer with a valid certificate that is not a voter, and two devices,
-// one of which an older release left holding a forged v1000:
-//
-//   - the rogue trainer's v1000 with a made-up term and index, which it
-//     signs alone, is refused by every device, and the certified v2 that
-//     follows is accepted;
-//   - the device that holds the forged v1000 accepts v2 and fetches it;
-//   - a version with one vote of three (a rogue voter) is refused;
-//   - a manifest carrying a newer voter set signed by the admin makes the
-//     devices adopt it, the same v2 certified again under it replaces the
-//     one kept, and a manifest certified under the set it replaced is
-//     refused.
-func TestDevicesAcceptOnlyCertified(t *testing.T) {
+// certMesh is a mesh on loopback (libp2p hosts, gossip, the bundles over
+// QUIC) with a trainer that leads and votes, a trainer with a valid
+// certificate that is not a voter, and a device; the admin's voter sets
+// name the leader and trainers that only vote here.
+type certMesh struct {
+	adminKey       ed25519.PrivateKey
+	leader, rogue  meshPeer
+	leaderSvc      *Service
+	dev            device
+	rogueGossip    gossiper
+	lead           testPeer
+	voter2, voter3 testPeer
+	set1           *member.VoterSet // the leader, voter2, voter3
+}
+
+// newCertMesh starts the mesh; prepare, if set, readies the device's data
+// directory first.
+func newCertMesh(t *testing.T, prepare func(data string, rogue meshPeer)) *certMesh {
+	t.Helper()
 	adminData := t.TempDir()
 	key, id, err := peer.Identity(adminData)
 	if err != nil {
@@ -128,157 +133,166 @@ func TestDevicesAcceptOnlyCertified(t *testing.T) {
 	if _, err := mesh.Init(adminData, "home", key, id, time.Now(), rand.Reader); err != nil {
 		t.Fatal(err)
 	}
-	adminKey, err := mesh.LoadAdminKey(adminData)
-	if err != nil {
+	c := &certMesh{}
+	if c.adminKey, err = mesh.LoadAdminKey(adminData); err != nil {
 		t.Fatal(err)
 	}
 	admin := startMeshPeer(t, adminData)
-	leader := startMeshPeer(t, joinMesh(t, admin, member.RoleTrainer))
-	rogue := startMeshPeer(t, joinMesh(t, admin, member.RoleTrainer))
-
-	// What an older release accepted from the rogue: a v1000 it signed
-	// alone, its bundle held and its manifest kept as the last accepted.
-	forgedBundle := randomBytes(t, 2*chunks.ChunkSize+9)
-	forged := version(t, forgedBundle, 1000, 1<<30, 1<<40, nil, nil, rogue)
-	oldData := joinMesh(t, admin, member.RoleMember)
-	d, err := OpenDir(filepath.Join(oldData, "weights"))
-	if err != nil {
-		t.Fatal(err)
+	c.leader = startMeshPeer(t, joinMesh(t, admin, member.RoleTrainer))
+	c.rogue = startMeshPeer(t, joinMesh(t, admin, member.RoleTrainer))
+	devData := joinMesh(t, admin, member.RoleMember)
+	if prepare != nil {
+		prepare(devData, c.rogue)
 	}
-	if err := d.Add(forged, forgedBundle); err != nil {
-		t.Fatal(err)
-	}
-	d.Close()
-	if err := os.WriteFile(filepath.Join(oldData, "weights", fenceFile), forged.Marshal(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	dev := startMeshPeer(t, joinMesh(t, admin, member.RoleMember))
-	old := startMeshPeer(t, oldData)
-	for _, pair := range [][2]meshPeer{{leader, dev}, {leader, old}, {rogue, dev}, {rogue, old}, {dev, old}} {
+	dev := startMeshPeer(t, devData)
+	for _, pair := range [][2]meshPeer{{c.leader, dev}, {c.rogue, dev}} {
 		waitUntil(t, "the peers to admit each other", func() bool {
 			return pair[0].Mesh.Admitted(pair[1].Mesh.ID()) && pair[1].Mesh.Admitted(pair[0].Mesh.ID())
 		})
 	}
-	leaderSvc := startService(t, leader, nil, nil)
-	devices := []device{startDevice(t, dev), startDevice(t, old)}
-	if m := devices[1].svc.Latest(); m != nil {
-		t.Fatalf("the device starts with %s, an uncertified manifest, as the last accepted", m.Name())
-	}
-	rogueGossip := newGossiper(t, rogue)
+	c.leaderSvc = startService(t, c.leader, nil, nil)
+	c.dev = startDevice(t, dev)
+	c.rogueGossip = newGossiper(t, c.rogue)
+	c.lead, c.voter2, c.voter3 = c.leader.identity(t), newTestPeer(t), newTestPeer(t)
+	c.set1 = voterSet(t, c.adminKey, 1, c.lead, c.voter2, c.voter3)
+	return c
+}
 
-	// The admin's voters: the leader and two trainers that only vote here.
-	voter2, voter3, voter4 := newTestPeer(t), newTestPeer(t), newTestPeer(t)
-	lead := leader.identity(t)
-	set1 := voterSet(t, adminKey, 1, lead, voter2, voter3)
-	set2 := voterSet(t, adminKey, 2, lead, voter2, voter4)
-
-	// The rogue trainer's v1000 reaches the devices and is refused.
-	rogueGossip.offerUntil(t, "the devices to refuse the rogue's v1000", forged, func() bool {
-		for _, d := range devices {
-			if d.svc.Latest() == nil && d.refused(t, "uncertified") == 0 {
-				return false
-			}
-		}
-		return true
-	})
-	for _, d := range devices {
-		if err := d.svc.Accept(forged, Source{}); !errors.Is(err, chunks.ErrUncertified) {
-			t.Fatalf("%s offered the rogue's v1000: %v", d.Mesh.ID(), err)
-		}
-		if m := d.svc.Latest(); m != nil {
-			t.Fatalf("%s accepted %s, signed by a trainer alone", d.Mesh.ID(), m.Name())
-		}
-	}
-
-	// The certified v2 follows, at the group's real term and index: every
-	// device takes it (the one holding the forged v1000 too) and learns
-	// the voter set from it.
-	b2 := randomBytes(t, 3*chunks.ChunkSize+5)
-	v2 := version(t, b2, 2, 1, 7, set1, []testPeer{lead, voter2}, leader)
-	ctx := context.Background()
-	if err := leaderSvc.Publish(ctx, v2, b2); err != nil {
+// publish has the leader publish version v of b, certified under vs by
+// by, and waits until the device accepts it.
+func (c *certMesh) publish(t *testing.T, b []byte, v, term, index uint64, vs *member.VoterSet, by ...testPeer) *chunks.Manifest {
+	t.Helper()
+	m := version(t, b, v, term, index, vs, by, c.leader)
+	if err := c.leaderSvc.Publish(context.Background(), m, b); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range devices {
-		waitUntil(t, "the devices to accept v2", func() bool { m := d.svc.Latest(); return m != nil && m.Version == 2 })
-		if vs := d.Mesh.Voters(); vs == nil || vs.Seq() != 1 {
-			t.Fatalf("%s did not adopt the voter set v2 carries: %v", d.Mesh.ID(), vs)
-		}
-		if err := d.svc.Fetch(ctx, v2, nil); err != nil {
-			t.Fatalf("%s fetching v2: %v", d.Mesh.ID(), err)
-		}
-		if held := d.svc.Dir().Held(); held[0].Version != 2 {
-			t.Fatalf("%s offers %s first, not v2", d.Mesh.ID(), held[0].Name())
-		}
-	}
-	checkBundle(t, devices[1].svc.Dir().BundlePath(v2.BundleID()), b2)
-
-	// A rogue voter's vote alone (one of three) certifies nothing.
-	before := devices[0].refused(t, "uncertified")
-	lone := version(t, forgedBundle, 3, 1<<30, 1<<40, set1, []testPeer{voter3}, rogue)
-	rogueGossip.offerUntil(t, "the devices to refuse a version with one vote of three", lone, func() bool {
-		return devices[0].refused(t, "uncertified") > before || devices[0].svc.Latest().Version != 2
+	waitUntil(t, "the device to accept "+m.Name(), func() bool {
+		l := c.dev.svc.Latest()
+		return l != nil && l.Version == v && l.Cert != nil && l.Cert.Voters.Seq() == vs.Seq()
 	})
-	for _, d := range devices {
-		if err := d.svc.Accept(lone, Source{}); !errors.Is(err, chunks.ErrUncertified) {
-			t.Fatalf("%s offered a version with one vote of three: %v", d.Mesh.ID(), err)
+	return m
+}
+
+// refuses has the rogue trainer offer m until the device refuses it (or
+// takes it), then checks that the device refuses it as uncertified and
+// still holds want (nil: nothing) as the last accepted.
+func (c *certMesh) refuses(t *testing.T, what string, m *chunks.Manifest, want *chunks.Manifest) {
+	t.Helper()
+	before := c.dev.refused(t, "uncertified")
+	taken := func() bool {
+		l := c.dev.svc.Latest()
+		return (l == nil) != (want == nil) || l != nil && l.Version != want.Version
+	}
+	c.rogueGossip.offerUntil(t, "the device to refuse "+what, m, func() bool {
+		return c.dev.refused(t, "uncertified") > before || taken()
+	})
+	if taken() {
+		t.Fatalf("the device accepted %s: %s", what, c.dev.svc.Latest().Name())
+	}
+	if err := c.dev.svc.Accept(m, Source{}); !errors.Is(err, chunks.ErrUncertified) {
+		t.Fatalf("the device offered %s: %v", what, err)
+	}
+}
+
+// TestRogueTrainerCannotPublish: a trainer with a valid certificate that
+// is not a voter signs its own v1000 with a made-up term and index; the
+// device refuses it, and the certified v2 that follows, at the group's
+// real term and index, is accepted and fetched.
+func TestRogueTrainerCannotPublish(t *testing.T) {
+	c := newCertMesh(t, nil)
+	forged := version(t, randomBytes(t, 1000), 1000, 1<<30, 1<<40, nil, nil, c.rogue)
+	c.refuses(t, "the rogue's v1000", forged, nil)
+
+	b := randomBytes(t, 3*chunks.ChunkSize+5)
+	v2 := c.publish(t, b, 2, 1, 7, c.set1, c.lead, c.voter2)
+	if err := c.dev.svc.Fetch(context.Background(), v2, nil); err != nil {
+		t.Fatal(err)
+	}
+	checkBundle(t, c.dev.svc.Dir().BundlePath(v2.BundleID()), b)
+}
+
+// TestForgedLastVersionSetAside: a device that an older release left
+// holding a forged v1000 (its bundle, and its manifest as the last
+// accepted) takes up the certified chain: it accepts the certified v3,
+// fetches it, and offers it before the forged one.
+func TestForgedLastVersionSetAside(t *testing.T) {
+	forgedBundle := randomBytes(t, 2*chunks.ChunkSize+9)
+	var forged *chunks.Manifest
+	c := newCertMesh(t, func(data string, rogue meshPeer) {
+		forged = version(t, forgedBundle, 1000, 1<<30, 1<<40, nil, nil, rogue)
+		d, err := OpenDir(filepath.Join(data, "weights"))
+		if err != nil {
+			t.Fatal(err)
 		}
-		if m := d.svc.Latest(); m.Version != 2 {
-			t.Fatalf("a version with one vote of three accepted: %s", m.Name())
+		defer d.Close()
+		if err := d.Add(forged, forgedBundle); err != nil {
+			t.Fatal(err)
 		}
+		if err := os.WriteFile(filepath.Join(data, "weights", fenceFile), forged.Marshal(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if m := c.dev.svc.Latest(); m != nil {
+		t.Fatalf("the device starts with %s, an uncertified manifest, as the last accepted", m.Name())
+	}
+	b := randomBytes(t, 3*chunks.ChunkSize+5)
+	v3 := c.publish(t, b, 3, 2, 12, c.set1, c.lead, c.voter2, c.voter3)
+	if err := c.dev.svc.Fetch(context.Background(), v3, nil); err != nil {
+		t.Fatal(err)
+	}
+	checkBundle(t, c.dev.svc.Dir().BundlePath(v3.BundleID()), b)
+	if held := c.dev.svc.Dir().Held(); len(held) != 2 || held[0].Version != 3 {
+		t.Fatalf("the device offers %s first, not v3", held[0].Name())
+	}
+	c.refuses(t, "the forged v1000 again", forged, v3)
+}
+
+// TestRogueVoterBelowQuorum: a version with the vote of one voter of three
+// is refused, however its numbers compare.
+func TestRogueVoterBelowQuorum(t *testing.T) {
+	c := newCertMesh(t, nil)
+	v2 := c.publish(t, randomBytes(t, 1000), 2, 1, 7, c.set1, c.lead, c.voter2)
+	lone := version(t, randomBytes(t, 1000), 3, 1<<30, 1<<40, c.set1, []testPeer{c.voter3}, c.rogue)
+	c.refuses(t, "a version with one vote of three", lone, v2)
+}
+
+// TestVoterSetChange: a manifest carrying a voter set the admin signed,
+// newer than the device's, makes the device adopt it (the first one
+// too); the same version certified again under the new set replaces the
+// one kept, beside its bundle as well; a version certified under the set
+// replaced, by all its voters, is refused, and accepted certified under
+// the new one.
+func TestVoterSetChange(t *testing.T) {
+	c := newCertMesh(t, nil)
+	ctx := context.Background()
+	b2 := randomBytes(t, 2*chunks.ChunkSize+3)
+	v2 := c.publish(t, b2, 2, 1, 7, c.set1, c.lead, c.voter2)
+	if vs := c.dev.Mesh.Voters(); vs == nil || vs.Seq() != 1 {
+		t.Fatalf("the device did not adopt the voter set v2 carries: %v", vs)
+	}
+	if err := c.dev.svc.Fetch(ctx, v2, nil); err != nil {
+		t.Fatal(err)
 	}
 
 	// The admin makes voter4 a voter in voter3's place. v2, certified
-	// again under the new set, carries it to the devices: they adopt it,
-	// and keep v2's new certification, which is what they offer from now.
-	v2again := version(t, b2, 2, 1, 7, set2, []testPeer{lead, voter4}, leader)
-	if err := leaderSvc.Publish(ctx, v2again, b2); err != nil {
-		t.Fatal(err)
+	// again under the new set, carries it to the device.
+	voter4 := newTestPeer(t)
+	set2 := voterSet(t, c.adminKey, 2, c.lead, c.voter2, voter4)
+	c.publish(t, b2, 2, 1, 7, set2, c.lead, voter4)
+	if vs := c.dev.Mesh.Voters(); vs.Seq() != 2 {
+		t.Fatalf("the device holds voter set %d, not 2", vs.Seq())
 	}
-	for _, d := range devices {
-		waitUntil(t, "the devices to take v2 certified again", func() bool {
-			m := d.svc.Latest()
-			return m.Version == 2 && m.Cert.Voters.Seq() == 2
-		})
-		if vs := d.Mesh.Voters(); vs.Seq() != 2 {
-			t.Fatalf("%s did not adopt voter set 2: %d", d.Mesh.ID(), vs.Seq())
-		}
-		if m, err := d.svc.Dir().Manifest(v2.BundleID()); err != nil || m.Cert.Voters.Seq() != 2 {
-			t.Fatalf("%s keeps v2 beside its bundle under voter set %d (%v)", d.Mesh.ID(), m.Cert.Voters.Seq(), err)
-		}
+	if m, err := c.dev.svc.Dir().Manifest(v2.BundleID()); err != nil || m.Cert.Voters.Seq() != 2 {
+		t.Fatalf("the device keeps v2 beside its bundle certified under an older set (%v)", err)
 	}
+	c.refuses(t, "v2 certified under the set replaced", v2, v2)
 
-	// A v3 certified by every voter of the set replaced is refused; the
-	// same v3 certified under the set in force is accepted.
 	b3 := randomBytes(t, chunks.ChunkSize+1)
-	stale := version(t, b3, 3, 1, 9, set1, []testPeer{lead, voter2, voter3}, leader)
-	before = devices[0].refused(t, "uncertified")
-	rogueGossip.offerUntil(t, "the devices to refuse v3 certified under the set replaced", stale, func() bool {
-		return devices[0].refused(t, "uncertified") > before || devices[0].svc.Latest().Version != 2
-	})
-	for _, d := range devices {
-		if err := d.svc.Accept(stale, Source{}); !errors.Is(err, chunks.ErrUncertified) {
-			t.Fatalf("%s offered a version certified under a replaced voter set: %v", d.Mesh.ID(), err)
-		}
-		if m := d.svc.Latest(); m.Version != 2 {
-			t.Fatalf("a version certified under a replaced voter set accepted: %s", m.Name())
-		}
-	}
-	v3 := version(t, b3, 3, 1, 9, set2, []testPeer{lead, voter2}, leader)
-	if err := leaderSvc.Publish(ctx, v3, b3); err != nil {
+	stale := version(t, b3, 3, 1, 9, c.set1, []testPeer{c.lead, c.voter2, c.voter3}, c.leader)
+	c.refuses(t, "v3 certified under the set replaced", stale, v2)
+	v3 := c.publish(t, b3, 3, 1, 9, set2, c.lead, c.voter2)
+	if err := c.dev.svc.Fetch(ctx, v3, nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range devices {
-		waitUntil(t, "the devices to accept v3", func() bool { return d.svc.Latest().Version == 3 })
-		if err := d.svc.Fetch(ctx, v3, nil); err != nil {
-			t.Fatalf("%s fetching v3: %v", d.Mesh.ID(), err)
-		}
-	}
-	checkBundle(t, devices[1].svc.Dir().BundlePath(v3.BundleID()), b3)
-
-	// The forged v1000 once more: refused as ever.
-	if err := devices[1].svc.Accept(forged, Source{}); !errors.Is(err, chunks.ErrUncertified) {
-		t.Fatalf("the forged v1000 after v3: %v", err)
-	}
+	checkBundle(t, c.dev.svc.Dir().BundlePath(v3.BundleID()), b3)
 }

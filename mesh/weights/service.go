@@ -355,13 +355,16 @@ func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
 	// after an uncertified manifest.
 	isNew = s.last == nil || m.Version > s.last.Version || s.last.Cert == nil
 	recertified := !isNew && !sameVoters(m, s.last)
+	if recertified {
+		// Beside the bundle first: once Latest has the new
+		// certification, so has what this peer offers. Rare enough to
+		// write under the lock.
+		s.recertify(m)
+	}
 	if isNew || recertified {
 		s.last = m
 	}
 	s.mu.Unlock()
-	if recertified {
-		s.recertify(m)
-	}
 	if isNew || recertified {
 		if err := atomicfile.Write(filepath.Join(s.cfg.Dir, fenceFile), m.Marshal(), 0o600); err != nil {
 			s.log.Warn("keeping the last accepted manifest", "err", err)
