@@ -35,11 +35,15 @@
 //     node's own RevocationList.IsRevoked.
 //   - Adapter versions: the leader builds each version's manifest with
 //     mesh/weights/chunks.NewManifest over a bundle of the configured size
-//     (1 MiB chunks), fills in the lineage (version, parent, term, index)
-//     and signs it (Manifest.Sign); every node parses it from bytes,
-//     checks the chain admin → trainer certificate → signature
-//     (Manifest.Verify) and fences it against the last one it accepted
-//     (Manifest.Fence).
+//     (1 MiB chunks), fills in the lineage (version, parent, term, index),
+//     has every voter it reaches that applied the version vote for it
+//     (Manifest.VoteFor, under the admin's member.VoterSet of the group's
+//     voters), attaches the votes (Manifest.Certify) and signs it
+//     (Manifest.Sign); every node parses it from bytes, checks the chain
+//     admin → trainer certificate → signature (Manifest.Verify), adopts
+//     the voter set the certification carries if it is newer, checks the
+//     votes of a quorum (Manifest.VerifyCertified) and fences it against
+//     the last one it accepted (Manifest.Fence).
 //   - The trainers' replicated state: every trainer holds its own
 //     trainer/group.State and applies the committed log to it with
 //     State.Apply; the leader decides with State.Plan (per-device quota,

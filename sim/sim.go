@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
@@ -50,6 +51,9 @@ type world struct {
 	adminKey ed25519.PrivateKey
 	adminPub ed25519.PublicKey
 	meshID   string
+	// voterSet is the admin's signed set of the group's voters, whose
+	// votes certify each version.
+	voterSet *member.VoterSet
 
 	msgs []*message
 
@@ -122,6 +126,9 @@ func newWorld(o Options, def Defences) (*world, error) {
 	for i := range o.Trainers {
 		n := w.nodes[o.Nodes+i]
 		w.trainers = append(w.trainers, &trainerPeer{n: n, i: i, st: group.New(), malicious: o.Scenario == Poison && i >= o.Trainers-o.MaliciousTrainers})
+	}
+	if err := w.setupVoters(); err != nil {
+		return nil, err
 	}
 	for _, t := range w.trainers {
 		w.followAgain(t)
@@ -263,6 +270,13 @@ func (w *world) publishVersion(l *trainerPeer, v uint64) {
 	}
 	m.MeshID, m.Version, m.Parent, m.Base = w.meshID, v, ver.Parent, "tiny"
 	m.AdapterHash, m.Term, m.Index = ver.Hash, ver.Term, ver.Index
+	if parent, ok := l.st.Version(ver.Parent); ok {
+		m.ParentHash = parent.Hash
+	}
+	if !w.certify(l, m) {
+		w.fail("v%d committed without the votes of a quorum of the voters", v)
+		return
+	}
 	if err := m.Sign(w.peers[l.n.id].key, w.peers[l.n.id].cert, wall(w.now)); err != nil {
 		w.fail("sign: %v", err)
 		return

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 )
 
 // seeds is how many seeds the invariant tests run: CLAWMESH_SIM_SEEDS, or
@@ -579,5 +581,65 @@ func TestFetchPlan(t *testing.T) {
 		if w.peers[i].held != uint64(w.published) {
 			t.Errorf("%s holds v%d of %d", w.nodes[i].pid, w.peers[i].held, w.published)
 		}
+	}
+}
+
+// The simulator's devices take only versions the voters certified: every
+// version published carries a quorum's votes, and a trainer's own v1000
+// with made-up numbers, or a version with one voter's vote, is refused.
+func TestDevicesRequireCertification(t *testing.T) {
+	w, err := newWorld(Options{Nodes: 60, Seed: 1, Versions: 2}, DefAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.run()
+	if r := w.report(); !r.Invariants.OK {
+		t.Fatalf("the run: %v", r.Invariants.Violations)
+	}
+	b := -1
+	for i := range w.o.Nodes {
+		if p := w.peers[i]; p.last != nil && p.last.Version == w.newest {
+			b = i
+			break
+		}
+	}
+	if b < 0 {
+		t.Fatal("no device accepted the newest version")
+	}
+	last := w.peers[b].last
+	if err := last.VerifyCertified(w.adminPub, w.voterSet); err != nil {
+		t.Fatalf("the newest version: %v", err)
+	}
+	tr := w.peers[w.trainers[len(w.trainers)-1].n.id]
+	forge := func(votes int) []byte {
+		m, err := chunks.NewManifest([]byte("a rogue bundle"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.MeshID, m.Version, m.Parent, m.Term, m.Index = w.meshID, 1000, 999, 1<<30, 1<<40
+		if votes > 0 {
+			var vs []chunks.Vote
+			for _, v := range w.voters()[:votes] {
+				vote, err := m.VoteFor(w.peers[v.n.id].key, string(v.n.pid), w.voterSet)
+				if err != nil {
+					t.Fatal(err)
+				}
+				vs = append(vs, vote)
+			}
+			m.Certify(w.voterSet, vs)
+		}
+		if err := m.Sign(tr.key, tr.cert, wall(w.now)); err != nil {
+			t.Fatal(err)
+		}
+		return m.Marshal()
+	}
+	for name, data := range map[string][]byte{"a trainer's own v1000": forge(0), "a v1000 with one vote": forge(1)} {
+		refused := w.offersRefused
+		if w.handleOffer(b, data) || w.offersRefused != refused+1 || w.peers[b].last != last {
+			t.Errorf("%s: taken, the device's last is v%d", name, w.peers[b].last.Version)
+		}
+	}
+	if !w.handleOffer(b, last.Marshal()) || w.peers[b].last != last {
+		t.Error("the newest version offered again is refused")
 	}
 }

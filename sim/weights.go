@@ -41,8 +41,8 @@ type fetch struct {
 	failedAt time.Duration
 }
 
-// handleOffer: node b reads a signed manifest from the wire, verifies it
-// and fences it (real mesh/weights code), and fetches the version if it is
+// handleOffer: node b reads a signed manifest from the wire, verifies it,
+// checks its certification and fences it (real mesh/weights code), and fetches the version if it is
 // newer than what it holds. It reports whether the offer is valid (gossip
 // forwards only valid messages).
 func (w *world) handleOffer(b int, data []byte) bool {
@@ -53,6 +53,16 @@ func (w *world) handleOffer(b int, data []byte) bool {
 	}
 	p := w.peers[b]
 	if _, err := m.Verify(w.adminPub, wall(w.now), p.revs); err != nil {
+		w.offersRefused++
+		return false
+	}
+	// As the real service: a newer voter set the admin signed is adopted
+	// from the certification, then the votes are checked against the set
+	// in force.
+	if c := m.Cert; c != nil && c.Voters != nil && p.voters.Newer(c.Voters) && c.Voters.Verify(w.adminPub) == nil {
+		p.voters = c.Voters
+	}
+	if err := m.VerifyCertified(w.adminPub, p.voters); err != nil {
 		w.offersRefused++
 		return false
 	}

@@ -40,10 +40,13 @@ type peer struct {
 	// learnt is when the node learnt of the run's revocation (-1: not yet).
 	learnt time.Duration
 
-	last  *chunks.Manifest // newest manifest accepted (Verify, Fence)
-	held  uint64           // newest version held whole
-	asked uint64           // newest version it asked a holder for a chunk of
-	fetch *fetch
+	last *chunks.Manifest // newest manifest accepted (Verify, VerifyCertified, Fence)
+	// voters is the newest voter set the node has seen (nil: none yet),
+	// learnt from the certifications manifests carry.
+	voters *member.VoterSet
+	held   uint64 // newest version held whole
+	asked  uint64 // newest version it asked a holder for a chunk of
+	fetch  *fetch
 
 	// Staleness: since when the node has served a version older than the
 	// newest committed one (-1: not stale).
@@ -149,6 +152,41 @@ func (w *world) setupMembership() error {
 		}
 	}
 	return nil
+}
+
+// setupVoters has the admin sign the set of the group's voters (real
+// mesh/member code), each with the key its certificate certifies.
+func (w *world) setupVoters() error {
+	var vs []member.Voter
+	for _, t := range w.voters() {
+		vs = append(vs, member.Voter{Peer: string(t.n.pid), Key: w.peers[t.n.id].key.Public().(ed25519.PublicKey)})
+	}
+	s, err := member.NewVoterSet(w.adminKey, 1, vs, wall(0))
+	if err != nil {
+		return fmt.Errorf("sim: voter set: %w", err)
+	}
+	w.voterSet = s
+	return nil
+}
+
+// certify has every voter the leader l reaches that applied m's version
+// as m describes it vote for m (real mesh/weights code), and attaches the
+// votes to m; it says whether they reach a quorum.
+func (w *world) certify(l *trainerPeer, m *chunks.Manifest) bool {
+	var votes []chunks.Vote
+	for _, t := range w.reachable(l) {
+		ver, ok := t.st.Version(m.Version)
+		if !ok || ver.Hash != m.AdapterHash || ver.Term != m.Term || ver.Index != m.Index {
+			continue
+		}
+		v, err := m.VoteFor(w.peers[t.n.id].key, string(t.n.pid), w.voterSet)
+		if err != nil {
+			w.fail("%s's vote: %v", t.n.pid, err)
+			continue
+		}
+		votes = append(votes, v)
+	}
+	return m.Certify(w.voterSet, votes)
 }
 
 // publish sends a gossip message from origin to its mesh (gossipsub

@@ -74,6 +74,23 @@ type BenchReport struct {
 	// rounds; HostRatio is OverHost / Ours.
 	OverHost  Rate    `json:"over_host"`
 	HostRatio float64 `json:"host_vs_ours"`
+	// Certify is what certification costs.
+	Certify CertifyCost `json:"certify"`
+}
+
+// CertifyCost is what certifying a version costs: a voter's vote
+// (VoteFor), and a device's check of a manifest that carries the votes of
+// every voter of a set (VerifyCertified: the admin's signature over the
+// set, then each vote), for sets of 1, 3, 5 and 7 voters.
+type CertifyCost struct {
+	VoteMicros float64      `json:"vote_us"`
+	Verify     []VerifyCost `json:"verify"`
+}
+
+// VerifyCost is one VerifyCertified's time for a set of Voters.
+type VerifyCost struct {
+	Voters int     `json:"voters"`
+	Micros float64 `json:"us"`
 }
 
 // cpu returns the process's user+system CPU time.
@@ -213,7 +230,21 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		return nil, err
 	}
 	m.MeshID, m.Version, m.Term, m.Index = cert.MeshID(), 1, 1, 1
+	// The trainer is the mesh's one voter: the manifest carries its vote,
+	// and is checked as a device checks it before fetching.
+	vs, err := member.NewVoterSet(admin, 1, []member.Voter{{Peer: string(tid), Key: tkey.Public().(ed25519.PublicKey)}}, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	vote, err := m.VoteFor(tkey, string(tid), vs)
+	if err != nil {
+		return nil, err
+	}
+	m.Certify(vs, []chunks.Vote{vote})
 	if err := m.Sign(tkey, cert, time.Now()); err != nil {
+		return nil, err
+	}
+	if err := m.VerifyCertified(admin.Public().(ed25519.PublicKey), vs); err != nil {
 		return nil, err
 	}
 	src, err := OpenDir(filepath.Join(o.Dir, "trainer"))
@@ -294,6 +325,9 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	}
 	r.Ratio = r.Ours.MBps / r.Bare.MBps
 	r.HostRatio = r.OverHost.MBps / r.Ours.MBps
+	if r.Certify, err = benchCertify(admin, m); err != nil {
+		return nil, err
+	}
 
 	for n := 1; n <= o.Fetchers; n *= 2 {
 		fo, err := benchFanOut(ctx, o.Dir, m, tsrc, trainer, n)
@@ -548,6 +582,65 @@ func benchFanOut(ctx context.Context, root string, m *chunks.Manifest, tsrc Sour
 	return fo, nil
 }
 
+// benchCertify measures a vote and VerifyCertified for m under sets of 1,
+// 3, 5 and 7 voters, every voter voting.
+func benchCertify(admin ed25519.PrivateKey, m *chunks.Manifest) (CertifyCost, error) {
+	var c CertifyCost
+	var keys []ed25519.PrivateKey
+	var voters []member.Voter
+	for len(voters) < 7 {
+		key, id, err := benchKey()
+		if err != nil {
+			return c, err
+		}
+		keys, voters = append(keys, key), append(voters, member.Voter{Peer: string(id), Key: key.Public().(ed25519.PublicKey)})
+	}
+	for _, n := range []int{1, 3, 5, 7} {
+		vs, err := member.NewVoterSet(admin, uint64(n), voters[:n], time.Now())
+		if err != nil {
+			return c, err
+		}
+		votes := make([]chunks.Vote, n)
+		for i := range n {
+			if votes[i], err = m.VoteFor(keys[i], voters[i].Peer, vs); err != nil {
+				return c, err
+			}
+		}
+		cm := *m
+		if !cm.Certify(vs, votes) {
+			return c, fmt.Errorf("weights: %d votes of %d voters are no quorum", n, n)
+		}
+		pub := admin.Public().(ed25519.PublicKey)
+		var verr error
+		d := timeEach(func() {
+			if err := cm.VerifyCertified(pub, vs); err != nil {
+				verr = err
+			}
+		})
+		if verr != nil {
+			return c, verr
+		}
+		c.Verify = append(c.Verify, VerifyCost{Voters: n, Micros: d.Seconds() * 1e6})
+		if n == 1 {
+			d := timeEach(func() { m.VoteFor(keys[0], voters[0].Peer, vs) })
+			c.VoteMicros = d.Seconds() * 1e6
+		}
+	}
+	return c, nil
+}
+
+// timeEach is the mean time of one call of f, called for at least 100 ms
+// and 10 times.
+func timeEach(f func()) time.Duration {
+	start := time.Now()
+	n := 0
+	for n < 10 || time.Since(start) < 100*time.Millisecond {
+		f()
+		n++
+	}
+	return time.Since(start) / time.Duration(n)
+}
+
 // Print writes the report for people.
 func (r *BenchReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "weights over QUIC on loopback, a %.0f MiB bundle (best of 3 each):\n", float64(r.Bytes)/(1<<20))
@@ -564,5 +657,9 @@ func (r *BenchReport) Print(w io.Writer) {
 	fmt.Fprintln(w, "  fetchers  direct s  trainer MiB  |  re-served s  trainer MiB  busiest peer MiB")
 	for _, f := range r.FanOut {
 		fmt.Fprintf(w, "  %8d  %8.2f  %11.0f  |  %11.2f  %11.0f  %16.0f\n", f.Fetchers, f.DirectSeconds, f.DirectTrainerMB, f.ReserveSeconds, f.ReserveTrainerMB, f.ReserveMaxPeerMB)
+	}
+	fmt.Fprintf(w, "certification: a voter's vote %.0f us; a device's check of a version, every voter's vote (VerifyCertified):\n", r.Certify.VoteMicros)
+	for _, v := range r.Certify.Verify {
+		fmt.Fprintf(w, "  a set of %d  %7.0f us\n", v.Voters, v.Micros)
 	}
 }

@@ -25,6 +25,9 @@ func TestBenchRuns(t *testing.T) {
 			t.Errorf("%d fetchers: re-serving did not spare the trainer (%.1f vs %.1f MiB)", f.Fetchers, f.ReserveTrainerMB, f.DirectTrainerMB)
 		}
 	}
+	if c := r.Certify; c.VoteMicros <= 0 || len(c.Verify) != 4 || c.Verify[0].Voters != 1 || c.Verify[3].Voters != 7 || c.Verify[3].Micros <= 0 {
+		t.Errorf("certification's cost %+v", c)
+	}
 	r.Print(os.Stderr)
 }
 

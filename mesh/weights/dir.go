@@ -164,7 +164,9 @@ func (d *Dir) Manifest(id string) (*chunks.Manifest, error) {
 	return chunks.ParseManifest(b)
 }
 
-// Held lists the manifests of the bundles held, newest version first.
+// Held lists the manifests of the bundles held, newest version first, the
+// certified ones before those that are not (which any trainer could have
+// signed, with any number: what an older release accepted).
 func (d *Dir) Held() []*chunks.Manifest {
 	ents, _ := os.ReadDir(d.path)
 	var out []*chunks.Manifest
@@ -180,7 +182,12 @@ func (d *Dir) Held() []*chunks.Manifest {
 			out = append(out, m)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version > out[j].Version })
+	sort.Slice(out, func(i, j int) bool {
+		if ci, cj := out[i].Cert != nil, out[j].Cert != nil; ci != cj {
+			return ci
+		}
+		return out[i].Version > out[j].Version
+	})
 	return out
 }
 

@@ -7,8 +7,24 @@
 // its 1 MiB chunks' hashes, the raft term and index that committed it,
 // signed by the leading trainer, whose certificate the mesh's admin
 // issued). This package moves the bundles and keeps them; chunks holds
-// the pure parts: the manifest, its signature, its fencing, and the plan
-// of which chunks to ask of which source.
+// the pure parts: the manifest, its signature, its certification, its
+// fencing, and the plan of which chunks to ask of which source.
+//
+// A Service accepts a manifest only if a trainer of the mesh signed it and
+// it is certified: it carries the votes of a majority of the voter set in
+// force (the admin's signed list of the trainers that vote) over the
+// version, its parent, its bundle and the term and index that committed
+// it. One trainer's key is not enough: a trainer that is not a voter, or a
+// voter alone, cannot make the devices take a version, whatever numbers it
+// writes. A certification that carries a newer set the admin signed makes
+// the peer adopt that set first (mesh.Mesh.AdoptVoters); one made under a
+// set no longer in force is refused until the version is certified again
+// under the new one, and that new certification then replaces the one
+// kept, so that what the peer offers is what its peers accept. Fencing is
+// against the last certified version (kept in accepted.manifest): an
+// uncertified manifest an older release accepted fences nothing, and the
+// next certified version is taken whatever its number. Refusals are
+// counted by reason in Metrics, "uncertified" among them.
 //
 // The bundles travel over QUIC (ALPN clawmesh-weights/1) on TLS bound to the
 // peers' libp2p identities: a Server serves the bundles a peer holds (a Dir)

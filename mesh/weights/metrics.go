@@ -30,13 +30,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "How long fetching one adapter bundle took, by outcome (ok or failed).",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}, []string{"outcome"}),
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{Name: "clawmesh_weights_versions_accepted_total",
-			Help: "Adapter versions accepted (signed by a trainer of this mesh, newer than the last), each counted once however often offered."}),
+			Help: "Adapter versions accepted (signed by a trainer of this mesh, certified by a quorum of its voters, newer than the last), each counted once however often offered."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "clawmesh_weights_versions_refused_total",
-			Help: "Adapter version manifests refused, by reason (stale, signature, manifest)."}, []string{"reason"}),
+			Help: "Adapter version manifests refused, by reason (stale, signature, uncertified: without the votes of a quorum of the voter set in force, manifest)."}, []string{"reason"}),
 	}
 	reg.MustRegister(m.fetched, m.served, m.fetches, m.accepted, m.refused)
 	// Every series from the start, at 0, so that a query finds them.
-	for _, r := range []string{"stale", "signature", "manifest"} {
+	for _, r := range []string{"stale", "signature", "uncertified", "manifest"} {
 		m.refused.WithLabelValues(r)
 	}
 	for _, o := range []string{"ok", "failed"} {
@@ -59,6 +59,8 @@ func (m *Metrics) accept(err error, isNew bool) {
 		m.refused.WithLabelValues("stale").Inc()
 	case errors.Is(err, chunks.ErrSignature):
 		m.refused.WithLabelValues("signature").Inc()
+	case errors.Is(err, chunks.ErrUncertified):
+		m.refused.WithLabelValues("uncertified").Inc()
 	default:
 		m.refused.WithLabelValues("manifest").Inc()
 	}

@@ -1,6 +1,7 @@
 package weights
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,7 +10,8 @@ import (
 )
 
 // TestMetricsAcceptedOnce: a version is counted accepted once, however
-// often peers offer it again; a stale one is counted refused.
+// often peers offer it again; a stale one and an uncertified one are
+// counted refused, each under its reason.
 func TestMetricsAcceptedOnce(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
@@ -20,6 +22,7 @@ func TestMetricsAcceptedOnce(t *testing.T) {
 		}
 	}
 	m.accept(chunks.ErrStale, false)
+	m.accept(fmt.Errorf("%w: v9 carries no votes", chunks.ErrUncertified), false)
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +40,9 @@ func TestMetricsAcceptedOnce(t *testing.T) {
 	if v := got["clawmesh_weights_versions_accepted_total"]; v != 4 {
 		t.Errorf("accepted %v after 4 versions, want 4", v)
 	}
-	if v := got["clawmesh_weights_versions_refused_total/stale"]; v != 1 {
-		t.Errorf("refused stale %v, want 1 (%v)", v, got)
+	for _, r := range []string{"stale", "uncertified"} {
+		if v := got["clawmesh_weights_versions_refused_total/"+r]; v != 1 {
+			t.Errorf("refused %s %v, want 1 (%v)", r, v, got)
+		}
 	}
 }

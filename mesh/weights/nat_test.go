@@ -54,16 +54,23 @@ func joinMesh(t *testing.T, admin meshPeer, role member.Role) string {
 	return data
 }
 
-// startService runs a weights service for p until the test ends;
-// advertise, if set, are the QUIC addresses it offers.
-func startService(t *testing.T, p meshPeer, advertise []string) *Service {
+// identity is p's identity key and peer id, as a test peer.
+func (p meshPeer) identity(t *testing.T) testPeer {
 	t.Helper()
 	key, _, err := peer.Identity(p.data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Dir: filepath.Join(p.data, "weights"), Key: key, Mesh: p.Mesh, Host: p.Host, Advertise: advertise,
-		AnnounceEvery: time.Second, Fetcher: FetcherConfig{FallbackAfter: 500 * time.Millisecond, StallTimeout: 5 * time.Second}})
+	return testPeer{key: key, id: p.Mesh.ID()}
+}
+
+// startService runs a weights service for p until the test ends;
+// advertise, if set, are the QUIC addresses it offers; metrics, if set,
+// count what it accepts and refuses.
+func startService(t *testing.T, p meshPeer, advertise []string, metrics *Metrics) *Service {
+	t.Helper()
+	s, err := New(Config{Dir: filepath.Join(p.data, "weights"), Key: p.identity(t).key, Mesh: p.Mesh, Host: p.Host, Advertise: advertise,
+		AnnounceEvery: time.Second, Metrics: metrics, Fetcher: FetcherConfig{FallbackAfter: 500 * time.Millisecond, StallTimeout: 5 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,20 +113,22 @@ func TestServiceBehindNAT(t *testing.T) {
 			return pair[0].Mesh.Admitted(pair[1].Mesh.ID()) && pair[1].Mesh.Admitted(pair[0].Mesh.ID())
 		})
 	}
-	trSvc := startService(t, tr, nil)
-	natSvc := startService(t, nat, []string{silentUDP(t)})
-	otherSvc := startService(t, other, nil)
+	trSvc := startService(t, tr, nil, nil)
+	natSvc := startService(t, nat, []string{silentUDP(t)}, nil)
+	otherSvc := startService(t, other, nil, nil)
 
-	trKey, _, _ := peer.Identity(tr.data)
+	adminKey, err := mesh.LoadAdminKey(adminData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trainer := tr.identity(t)
 	b := randomBytes(t, 3*chunks.ChunkSize+5)
 	m, err := chunks.NewManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.MeshID, m.Version, m.Base, m.AdapterHash, m.Term, m.Index = tr.Mesh.MeshID(), 1, "tiny", "abc", 1, 3
-	if err := m.Sign(trKey, tr.Mesh.Cert(), time.Now()); err != nil {
-		t.Fatal(err)
-	}
+	certify(t, m, voterSet(t, adminKey, 1, trainer), []testPeer{trainer}, trainer.key, tr.Mesh.Cert())
 	ctx := context.Background()
 	if err := trSvc.Publish(ctx, m, b); err != nil {
 		t.Fatal(err)

@@ -84,7 +84,7 @@ func topicWeights(meshID string) string { return "clawmesh/" + meshID + "/weight
 // Config configures a Service.
 type Config struct {
 	// Dir is where bundles are kept (a Dir), with the last accepted
-	// manifest (for fencing) beside them.
+	// certified manifest (for fencing) beside them.
 	Dir  string
 	Key  ed25519.PrivateKey // the peer's identity key
 	Mesh *mesh.Mesh
@@ -100,8 +100,9 @@ type Config struct {
 	// for peers that joined since (default 15s).
 	AnnounceEvery time.Duration
 	// OnManifest is called (from the service's loop; it must not block
-	// for long) for each manifest that is verified and newer than or the
-	// same as the last accepted one.
+	// for long) for each manifest accepted as the last: verified,
+	// certified, and a newer version than the last one, or the same one
+	// certified again under a newer voter set.
 	OnManifest func(*chunks.Manifest)
 	Fetcher    FetcherConfig
 	Logger     *slog.Logger
@@ -154,7 +155,14 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, dir: d, log: cfg.Logger.With("component", "weights"),
 		sources: map[[32]byte]map[mesh.PeerID]Source{}, watch: map[[32]byte]chan struct{}{}, kick: make(chan struct{}, 1)}
 	if b, err := os.ReadFile(filepath.Join(cfg.Dir, fenceFile)); err == nil {
-		if m, err := chunks.ParseManifest(b); err == nil {
+		switch m, err := chunks.ParseManifest(b); {
+		case err != nil:
+		case m.Cert == nil:
+			// What an older release accepted: a manifest any trainer could
+			// have signed, with any numbers. It fences nothing; the next
+			// certified version is taken whatever its number.
+			s.log.Warn("the last version accepted is not certified by the mesh's voters: it is set aside for the next certified one", "version", m.Name(), "bundle", core.ShortHash(m.BundleID()))
+		default:
 			s.last = m
 		}
 	}
@@ -241,7 +249,7 @@ func (s *Service) Dir() *Dir { return s.dir }
 // Self is this peer as a source.
 func (s *Service) Self() Source { return Source{Peer: s.cfg.Host.ID(), Addrs: s.addrs} }
 
-// Latest is the newest manifest accepted (nil: none yet).
+// Latest is the newest certified manifest accepted (nil: none yet).
 func (s *Service) Latest() *chunks.Manifest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -312,17 +320,17 @@ func (s *Service) offer(ctx context.Context, m *chunks.Manifest) {
 	}
 }
 
-// Accept checks a manifest (signature chain, then fencing), notes source
-// (if any) as holding its bundle, and, when it is new, keeps it as the
-// last accepted and calls OnManifest.
+// Accept checks a manifest (the signer's certificate, the voters'
+// certification, then fencing against the last certified version), notes
+// source (if any) as holding its bundle, and, when it is new, keeps it as
+// the last accepted and calls OnManifest. The same version certified
+// again under the voter set now in force replaces the one kept, and the
+// manifest held beside its bundle, so that what this peer offers carries
+// the certification its peers check.
 func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
 	isNew := false
 	defer func() { s.cfg.Metrics.accept(err, isNew) }()
-	admin, revoked, now := s.cfg.Mesh.Trust()
-	if m.MeshID != s.cfg.Mesh.MeshID() {
-		return fmt.Errorf("%w: for mesh %s", chunks.ErrSignature, m.MeshID)
-	}
-	if _, err := m.Verify(admin, now, revoked); err != nil {
+	if err := s.check(m); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -342,26 +350,88 @@ func (s *Service) Accept(m *chunks.Manifest, source Source) (err error) {
 		}
 		s.sources[m.Bundle][source.Peer] = source
 	}
-	isNew = s.last == nil || m.Version > s.last.Version
-	if isNew {
+	// Fence took m: it is a later version, or the same one (whose
+	// certification may be newer), or the certified chain taken up again
+	// after an uncertified manifest.
+	isNew = s.last == nil || m.Version > s.last.Version || s.last.Cert == nil
+	recertified := !isNew && !sameVoters(m, s.last)
+	if recertified {
+		// Beside the bundle first: once Latest has the new
+		// certification, so has what this peer offers. Rare enough to
+		// write under the lock.
+		s.recertify(m)
+	}
+	if isNew || recertified {
 		s.last = m
 	}
 	s.mu.Unlock()
-	if isNew {
+	if isNew || recertified {
 		if err := atomicfile.Write(filepath.Join(s.cfg.Dir, fenceFile), m.Marshal(), 0o600); err != nil {
 			s.log.Warn("keeping the last accepted manifest", "err", err)
 		}
-		s.log.Info("version announced", "version", m.Name(), "hash", core.ShortHash(m.AdapterHash), "bundle", core.ShortHash(m.BundleID()), "bytes", m.Size, "term", m.Term, "index", m.Index)
-		if s.cfg.OnManifest != nil {
-			s.cfg.OnManifest(m)
-		}
+	}
+	if isNew {
+		s.log.Info("version announced", "version", m.Name(), "hash", core.ShortHash(m.AdapterHash), "bundle", core.ShortHash(m.BundleID()), "bytes", m.Size, "term", m.Term, "index", m.Index,
+			"voters", m.Cert.Voters.Seq(), "votes", len(m.Cert.Votes)) // check made sure of m.Cert
+	}
+	if (isNew || recertified) && s.cfg.OnManifest != nil {
+		s.cfg.OnManifest(m)
 	}
 	return nil
 }
 
-// Publish keeps bundle b under the signed manifest m (this peer made it or
-// already had its bytes), accepts m, and offers it.
+// check verifies m for this mesh: signed by one of its trainers, and
+// certified by a quorum of the voter set in force. A newer voter set that
+// m's certification carries, signed by the mesh's admin, is adopted first:
+// it is how a device that missed the set's gossip learns it.
+func (s *Service) check(m *chunks.Manifest) error {
+	admin, revoked, now := s.cfg.Mesh.Trust()
+	if m.MeshID != s.cfg.Mesh.MeshID() {
+		return fmt.Errorf("%w: for mesh %s", chunks.ErrSignature, m.MeshID)
+	}
+	if _, err := m.Verify(admin, now, revoked); err != nil {
+		return err
+	}
+	if c := m.Cert; c != nil && c.Voters != nil && s.cfg.Mesh.Voters().Newer(c.Voters) {
+		adopted, err := s.cfg.Mesh.AdoptVoters(c.Voters)
+		if err != nil {
+			return fmt.Errorf("%w: %w", chunks.ErrUncertified, err)
+		}
+		if adopted {
+			s.log.Info("voter set adopted from a version's certification", "voters", c.Voters.Seq(), "of", c.Voters.Len(), "version", m.Name())
+		}
+	}
+	return m.VerifyCertified(admin, s.cfg.Mesh.Voters())
+}
+
+// sameVoters says whether a and b were certified under the same voter set.
+func sameVoters(a, b *chunks.Manifest) bool {
+	if a.Cert == nil || b.Cert == nil {
+		return a.Cert == b.Cert
+	}
+	return a.Cert.Voters.Hash() == b.Cert.Voters.Hash()
+}
+
+// recertify keeps m, the same version certified again, beside its bundle
+// if this peer holds it.
+func (s *Service) recertify(m *chunks.Manifest) {
+	held, err := s.dir.Manifest(m.BundleID())
+	if err != nil || held.Version != m.Version || sameVoters(held, m) {
+		return
+	}
+	if err := s.dir.PutManifest(m); err != nil {
+		s.log.Warn("keeping a version's new certification", "version", m.Name(), "err", err)
+		return
+	}
+	s.log.Info("version certified again", "version", m.Name(), "voters", m.Cert.Voters.Seq())
+}
+
+// Publish keeps bundle b under the certified manifest m (this peer made it
+// or already had its bytes), accepts m, and offers it.
 func (s *Service) Publish(ctx context.Context, m *chunks.Manifest, b []byte) error {
+	if err := s.check(m); err != nil {
+		return err
+	}
 	if err := s.dir.Add(m, b); err != nil {
 		return err
 	}
@@ -415,6 +485,14 @@ func (s *Service) Fetch(ctx context.Context, m *chunks.Manifest, progress func(P
 	s.cfg.Metrics.fetch(m.Size, time.Since(start), err)
 	if err != nil {
 		return err
+	}
+	// The version may have been certified again while it came.
+	s.mu.Lock()
+	last := s.last
+	s.mu.Unlock()
+	if last != nil && last.Bundle == m.Bundle && !sameVoters(last, m) {
+		s.recertify(last)
+		m = last
 	}
 	s.offer(ctx, m)
 	return nil

@@ -49,12 +49,15 @@ func newTestPeer(t testing.TB) testPeer {
 	return testPeer{key: key, id: mesh.PeerID(id.String())}
 }
 
-// world is a mesh admin and a certified trainer.
+// world is a mesh admin, a certified trainer, and the admin's set of three
+// voters (the trainer one of them).
 type world struct {
 	admin   ed25519.PrivateKey
 	trainer testPeer
 	cert    *member.Certificate
 	meshID  string
+	voters  []testPeer
+	set     *member.VoterSet
 }
 
 func newWorld(t testing.TB) *world {
@@ -63,7 +66,43 @@ func newWorld(t testing.TB) *world {
 	w := &world{admin: admin, trainer: newTestPeer(t)}
 	w.cert = w.issue(t, w.trainer, member.RoleTrainer)
 	w.meshID = member.MeshIDOf(admin.Public().(ed25519.PublicKey))
+	w.voters = []testPeer{w.trainer, newTestPeer(t), newTestPeer(t)}
+	w.set = voterSet(t, admin, 1, w.voters...)
 	return w
+}
+
+// voterSet signs, with the admin's key, the set of voters numbered seq.
+func voterSet(t testing.TB, admin ed25519.PrivateKey, seq uint64, voters ...testPeer) *member.VoterSet {
+	t.Helper()
+	vs := make([]member.Voter, len(voters))
+	for i, v := range voters {
+		vs[i] = member.Voter{Peer: string(v.id), Key: v.key.Public().(ed25519.PublicKey)}
+	}
+	s, err := member.NewVoterSet(admin, seq, vs, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// certify attaches to m the votes of by under vs, then signs it with the
+// trainer's key and certificate; it says whether the votes reach vs's
+// quorum.
+func certify(t testing.TB, m *chunks.Manifest, vs *member.VoterSet, by []testPeer, key ed25519.PrivateKey, cert *member.Certificate) bool {
+	t.Helper()
+	var votes []chunks.Vote
+	for _, p := range by {
+		v, err := m.VoteFor(p.key, string(p.id), vs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		votes = append(votes, v)
+	}
+	ok := m.Certify(vs, votes)
+	if err := m.Sign(key, cert, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	return ok
 }
 
 func (w *world) issue(t testing.TB, p testPeer, role member.Role) *member.Certificate {
@@ -75,17 +114,16 @@ func (w *world) issue(t testing.TB, p testPeer, role member.Role) *member.Certif
 	return c
 }
 
-// manifest signs a manifest for b as version v at term/index.
+// manifest is a manifest for b as version v at term/index, certified by
+// the world's voters and signed by its trainer.
 func (w *world) manifest(t testing.TB, b []byte, v, term, index uint64) *chunks.Manifest {
 	t.Helper()
 	m, err := chunks.NewManifest(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.MeshID, m.Version, m.Parent, m.Base, m.AdapterHash, m.Term, m.Index = w.meshID, v, v-1, "tiny", "abc", term, index
-	if err := m.Sign(w.trainer.key, w.cert, t0); err != nil {
-		t.Fatal(err)
-	}
+	m.MeshID, m.Version, m.Parent, m.Base, m.AdapterHash, m.ParentHash, m.Term, m.Index = w.meshID, v, v-1, "tiny", "abc", "parent", term, index
+	certify(t, m, w.set, w.voters, w.trainer.key, w.cert)
 	return m
 }
 
