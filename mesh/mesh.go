@@ -533,7 +533,7 @@ type hello struct {
 const maxExchanged = 64
 
 // proofContext separates the admit proof from any other use of the key.
-const proofContext = "clawmesh/admit/1 proof\x00"
+const proofContext = "clawmesh/admit/2 proof\x00"
 
 // proof is the HMAC, keyed with the admin's public key, of from and to.
 func (m *Mesh) proof(from, to PeerID) []byte {
