@@ -397,9 +397,10 @@ func (m *Mesh) Start(ctx context.Context, h Host) error {
 
 // Run dials the bootstrap peers, then until ctx is done: reads
 // revocations from the mesh, disconnects peers that were not admitted in
-// time and admitted peers whose certificates expired, runs the exchange again with an admitted peer in turn (so that
-// peers admitted at the same moment learn of each other), and renews this
-// peer's certificate when it is due.
+// time and admitted peers whose certificates expired, runs the exchange
+// again with an admitted peer in turn (so that peers admitted at the same
+// moment learn of each other), and renews this peer's certificate when it
+// is due.
 func (m *Mesh) Run(ctx context.Context) error {
 	if m.host == nil {
 		return errors.New("mesh: Run before Start")
@@ -617,9 +618,14 @@ func (m *Mesh) hello() hello {
 	return h
 }
 
-// certHello is this peer's certificate alone.
+// certHello is this peer's certificate, with the revocations of it if it
+// was removed from the mesh: a peer that had not heard of them learns them
+// before it answers.
 func (m *Mesh) certHello() hello {
-	return hello{Cert: hex.EncodeToString(m.Cert().Marshal())}
+	cert := m.Cert()
+	h := m.tellHello(m.self, cert)
+	h.Cert = hex.EncodeToString(cert.Marshal())
+	return h
 }
 
 func firstN[T any](s []T, n int) []T {
@@ -744,6 +750,7 @@ func (m *Mesh) handleAdmit(s Stream) {
 		s.Reset()
 		return
 	}
+	m.takeRevocations(h)
 	cert, err := m.verifyPeerCert(p, h.Cert)
 	if err != nil {
 		var shown *member.Certificate

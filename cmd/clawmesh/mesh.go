@@ -541,8 +541,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	if removed := (*mesh.RemovedError)(nil); errors.As(err, &removed) && removed.NewIdentity() {
-		return fmt.Errorf("%w\nhow: with the new invite, run clawmesh join TOKEN --data NEW_DIR (a new directory is a new identity), "+
-			"or first move %s and %s aside", err, filepath.Join(s.Data, p2p.IdentityFile), filepath.Join(s.Data, mesh.Dir))
+		return fmt.Errorf("%w\nto rejoin: clawmesh join NEW_TOKEN --data NEW_DIR (a fresh directory gets a new identity), "+
+			"or move %s and %s aside and join with --data %s again", err,
+			filepath.Join(s.Data, p2p.IdentityFile), filepath.Join(s.Data, mesh.Dir), s.Data)
 	}
 	var unreachable *mesh.UnreachableError
 	if errors.As(err, &unreachable) {
