@@ -72,7 +72,7 @@ func startNode(t *testing.T, data string, now func() time.Time, bootstrap ...str
 		t.Fatal(err)
 	}
 	m, err := mesh.New(mesh.Config{DataDir: data, Key: key, KeyOf: p2p.PublicKey, Bootstrap: bootstrap,
-		AdmitTimeout: 3 * time.Second, RefuseFor: time.Minute, Now: now})
+		AdmitTimeout: time.Minute, RefuseFor: time.Minute, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
