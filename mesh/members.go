@@ -40,8 +40,11 @@ func (m *Mesh) merge(l *member.RevocationList) []PeerID {
 	m.mu.Lock()
 	cert := m.cert
 	m.mu.Unlock()
-	// Said before the list is in use: once Revoked reports the news, the
-	// log has it.
+	// Kept and said before the list is in use: once Revoked reports the
+	// news, the data directory and the log have it.
+	if err := SaveRevocations(m.cfg.DataDir, next); err != nil {
+		m.log.Warn("saving revocations", "err", err)
+	}
 	if out := next.RevocationOf(cert); out != nil && cur.RevocationOf(cert) == nil {
 		m.logRemoved(out)
 	}
@@ -57,9 +60,6 @@ func (m *Mesh) merge(l *member.RevocationList) []PeerID {
 		}
 	}
 	m.mu.Unlock()
-	if err := SaveRevocations(m.cfg.DataDir, next); err != nil {
-		m.log.Warn("saving revocations", "err", err)
-	}
 	for _, p := range gone {
 		m.log.Info("peer revoked: disconnected", "peer", p)
 		if m.host != nil {

@@ -780,14 +780,22 @@ func (m *Mesh) answerAndRefuse(s Stream, br *bufio.Reader, p PeerID, answer hell
 	m.refuse(p, why)
 }
 
-// refuse disconnects p and refuses it for RefuseFor.
+// refuse disconnects p and refuses it for RefuseFor. A peer refused again
+// while it still is (a revoked peer connecting to be told, again) is
+// logged at debug level only.
 func (m *Mesh) refuse(p PeerID, why error) {
-	m.log.Info("peer refused", "peer", p, "err", why)
+	now := m.now()
 	m.mu.Lock()
-	m.refused[p] = m.now().Add(m.cfg.RefuseFor)
+	again := now.Before(m.refused[p])
+	m.refused[p] = now.Add(m.cfg.RefuseFor)
 	delete(m.connected, p)
 	delete(m.admitted, p)
 	m.mu.Unlock()
+	if again {
+		m.log.Debug("peer refused again", "peer", p, "err", why)
+	} else {
+		m.log.Info("peer refused", "peer", p, "err", why)
+	}
 	m.host.Disconnect(p)
 }
 
