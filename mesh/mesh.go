@@ -530,11 +530,17 @@ func (m *Mesh) expireUnadmitted() {
 //
 // A proof is an HMAC of the two peer ids keyed with the mesh admin's
 // public key: a peer that never held a token or a certificate of the mesh
-// cannot make one, nor tell from one which mesh it is for. A peer the
-// admin revoked is shown its revocations instead of a proof (tell), and is
-// then refused: it learns it was removed, and nothing else. The redeem
-// protocol is the one other exchange open to a peer without a certificate,
-// and it answers only once the token checked out.
+// cannot make one, nor tell from one which mesh it is for, and one made
+// for a pair of peers is worth nothing to a third (the transport
+// authenticates the ids). Some side must show something first, and a
+// certificate names the mesh, its admin and the inviter; with the proofs,
+// each side shows its certificate only to a peer that knows the mesh,
+// whichever side dialled (mDNS and the peer cache dial peers no member
+// vouched for). A peer the admin revoked is shown its revocations instead
+// of a proof (tell), and is then refused: it learns it was removed, and
+// nothing else. The redeem protocol is the one other exchange open to a
+// peer without a certificate, and it answers only once the token checked
+// out.
 
 // hello is one message of the admit protocol; each step fills some of its
 // fields. Cert and Revocations are hex (member encodings).
