@@ -3,9 +3,14 @@
 // data directory's membership on one), membership (the state on disk, the
 // certificate exchange that admits a peer and tells it the peers admitted
 // so far, run again with each admitted peer in turn so that every peer
-// comes to know every other, the redeeming of invite tokens,
-// renewal, revocations spread, enforced and shown to the peers they
-// revoke, the record of the peers known; the tokens, certificates and
+// comes to know every other, and that tells a peer nothing of the mesh
+// before it has shown it knows the mesh and its certificate checked out;
+// the admitted peers' certificates checked again at every use, and a peer
+// disconnected once its certificate expires; the redeeming of invite
+// tokens, which answers a stranger only once its token checked out;
+// renewal; revocations spread, enforced and shown to the peers they
+// revoke, a revoked device that tries to join again told it was removed;
+// the record of the peers known; the tokens, certificates and
 // revocations themselves are mesh/member), and the shipping of batches:
 // announcements on gossip that name no device, the pull protocol only
 // trainers may use, the signed acks that mark a batch shipped, and the

@@ -38,27 +38,32 @@ func (m *Mesh) merge(l *member.RevocationList) []PeerID {
 		return nil
 	}
 	m.mu.Lock()
+	cert := m.cert
+	m.mu.Unlock()
+	// Kept and said before the list is in use: once Revoked reports the
+	// news, the data directory and the log have it.
+	if err := SaveRevocations(m.cfg.DataDir, next); err != nil {
+		m.log.Warn("saving revocations", "err", err)
+	}
+	if out := next.RevocationOf(cert); out != nil && cur.RevocationOf(cert) == nil {
+		m.logRemoved(out)
+	}
+	m.mu.Lock()
 	m.revs = next
-	wasOut := cur.RevocationOf(m.cert) != nil
-	out := next.RevocationOf(m.cert)
 	var gone []PeerID
+	certs := map[PeerID]*member.Certificate{}
 	for p, pe := range m.admitted {
-		if next.RevocationOf(pe.Cert) != nil {
+		if next.RevocationOf(pe.Cert) != nil || pe.Cert.IssuerCert() != nil && next.RevocationOf(pe.Cert.IssuerCert()) != nil {
 			gone = append(gone, p)
+			certs[p] = pe.Cert
 			delete(m.admitted, p)
 		}
 	}
 	m.mu.Unlock()
-	if err := SaveRevocations(m.cfg.DataDir, next); err != nil {
-		m.log.Warn("saving revocations", "err", err)
-	}
-	if out != nil && !wasOut {
-		m.logRemoved(out)
-	}
 	for _, p := range gone {
 		m.log.Info("peer revoked: disconnected", "peer", p)
 		if m.host != nil {
-			go m.tellAndDrop(p)
+			go m.tellAndDrop(p, certs[p])
 		}
 	}
 	return gone
@@ -129,7 +134,7 @@ func (m *Mesh) Revoke(ctx context.Context, peer PeerID, o RevokeOptions) (*membe
 			}
 		}
 		if !slices.Contains(gone, peer) && m.linkOf(peer) != 0 {
-			go m.tellAndDrop(peer)
+			go m.tellAndDrop(peer, nil)
 		}
 	}
 	return r, nil
@@ -281,14 +286,19 @@ type redeemRequest struct {
 }
 
 type redeemReply struct {
-	Error       string `json:"error,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Revocation (hex) is the revocation that removed the joining peer id,
+	// sent with the refusal so that it can check it and say so.
+	Revocation  string `json:"revocation,omitempty"`
 	Cert        string `json:"cert,omitempty"`
 	Name        string `json:"name,omitempty"`
 	Revocations string `json:"revocations,omitempty"`
 }
 
 // handleRedeem redeems a token this peer issued for the peer that opened
-// the stream: one use of it, and a certificate for that peer's key.
+// the stream: one use of it, and a certificate for that peer's key. The
+// peer learns of the mesh only once its token checked out: a refusal of a
+// token of another mesh does not name this one.
 func (m *Mesh) handleRedeem(s Stream) {
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(exchangeTimeout))
@@ -301,13 +311,31 @@ func (m *Mesh) handleRedeem(s Stream) {
 	cert, err := m.redeem(p, req.Token)
 	if err != nil {
 		m.log.Info("invite refused", "peer", p, "err", err)
-		writeMsg(s, redeemReply{Error: err.Error()})
+		rep := redeemReply{Error: err.Error()}
+		var removed *removedErr
+		switch {
+		case errors.Is(err, member.ErrOtherMesh):
+			rep.Error = member.ErrOtherMesh.Error() + ": the invite token is for another mesh than this peer's"
+		case errors.As(err, &removed):
+			rep.Revocation = hex.EncodeToString(removed.r.Marshal())
+		}
+		writeMsg(s, rep)
 		return
 	}
 	h := m.hello()
 	m.log.Info("invite redeemed", "peer", p, "role", cert.Role())
 	writeMsg(s, redeemReply{Cert: hex.EncodeToString(cert.Marshal()), Name: m.State().Name, Revocations: h.Revocations})
 }
+
+// removedErr is redeem's refusal of a peer id that was removed from the
+// mesh: r removed it.
+type removedErr struct {
+	r   *member.Revocation
+	msg string
+}
+
+func (e *removedErr) Error() string { return e.msg }
+func (e *removedErr) Unwrap() error { return member.ErrRevoked }
 
 func (m *Mesh) redeem(p PeerID, token string) (*member.Certificate, error) {
 	tok, err := member.ParseToken(token)
@@ -326,9 +354,7 @@ func (m *Mesh) redeem(p PeerID, token string) (*member.Certificate, error) {
 		issuer = m.cfg.Key.Public().(ed25519.PublicKey)
 	}
 	if r := m.revocationOf(p, issuer); r != nil {
-		return nil, fmt.Errorf("%w: this device (peer %s) was removed from the mesh on %s by %s%s; ask the mesh admin for a new invite, "+
-			"and join with it from a fresh data directory: this peer id stays refused",
-			member.ErrRevoked, p, r.RevokedAt().UTC().Format(time.RFC3339), RevokedBy(r), reasonNote(r.Reason()))
+		return nil, &removedErr{r: r, msg: fmt.Sprintf("%v: %s", member.ErrRevoked, removedLine(p, tok.MeshID(), r))}
 	}
 	key, err := m.cfg.KeyOf(p)
 	if err != nil {
@@ -418,6 +444,9 @@ func Join(ctx context.Context, h Host, dataDir, token string, now time.Time) (*S
 // its error is an *UnreachableError.
 func JoinWith(ctx context.Context, h Host, dataDir, token string, now time.Time, o JoinOptions) (*State, error) {
 	if _, err := LoadState(dataDir); err == nil {
+		if rerr := Removed(dataDir); rerr != nil {
+			return nil, rerr
+		}
 		return nil, fmt.Errorf("%w (%s): a data directory belongs to one mesh", ErrJoined, dataDir)
 	} else if !errors.Is(err, ErrNotJoined) {
 		return nil, err
@@ -477,7 +506,11 @@ func JoinWith(ctx context.Context, h Host, dataDir, token string, now time.Time,
 	}
 	if rep.Error != "" {
 		// The inviter's words, a claim: one line, bounded.
-		return nil, &RefusedError{Reason: clip(rep.Error, 1000)}
+		refused := &RefusedError{Reason: clip(rep.Error, 1000)}
+		if r, err := removal(rep.Revocation, tok.AdminKey(), h.ID()); err == nil {
+			return nil, &RemovedError{Peer: h.ID(), MeshID: tok.MeshID(), Revocation: r, refused: refused}
+		}
+		return nil, refused
 	}
 	b, err := hex.DecodeString(rep.Cert)
 	if err != nil {
@@ -514,6 +547,93 @@ func JoinWith(ctx context.Context, h Host, dataDir, token string, now time.Time,
 type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return "mesh: the inviter refused the token: " + e.Reason }
+
+// RemovedError is the error of a device whose peer id was removed from
+// the mesh it tries to join (or joined): Revocation, checked against the
+// mesh's admin key, says by whom, when and why. Its message is one line
+// that says so, who may let the device back in and how. When the inviter
+// said so, it is also the inviter's *RefusedError.
+type RemovedError struct {
+	Peer       PeerID
+	MeshID     string
+	Revocation *member.Revocation
+	refused    *RefusedError
+}
+
+func (e *RemovedError) Error() string { return "mesh: " + removedLine(e.Peer, e.MeshID, e.Revocation) }
+
+func (e *RemovedError) Unwrap() []error {
+	if e.refused == nil {
+		return []error{member.ErrRevoked}
+	}
+	return []error{member.ErrRevoked, e.refused}
+}
+
+// NewIdentity reports whether the device can take part again only under
+// a new peer id: the admin removed this one (an inviter's revocation bars
+// only that inviter's certificates for it).
+func (e *RemovedError) NewIdentity() bool { return e.Revocation.ByAdmin() }
+
+// removedLine says that peer p was removed from mesh meshID by r, and what
+// to do.
+func removedLine(p PeerID, meshID string, r *member.Revocation) string {
+	what := "this peer id is refused for good: to take part again, ask the mesh admin (or an inviter) for a new invite " +
+		"and join with it under a new identity, from a fresh data directory"
+	if !r.ByAdmin() {
+		what = "that inviter's certificates stay refused to this peer id: ask the mesh admin for a new invite"
+	}
+	return fmt.Sprintf("this device (peer %s) was removed from the mesh %s by %s on %s%s; %s",
+		p, meshID, RevokedBy(r), r.RevokedAt().UTC().Format(time.RFC3339), reasonNote(clip(r.Reason(), member.MaxReasonLen)), what)
+}
+
+// removal parses and checks the revocation an inviter sent with its
+// refusal (hex): one of the mesh of admin, of peer p.
+func removal(hexRev string, admin ed25519.PublicKey, p PeerID) (*member.Revocation, error) {
+	if hexRev == "" {
+		return nil, errors.New("mesh: no revocation")
+	}
+	b, err := hex.DecodeString(hexRev)
+	if err != nil {
+		return nil, fmt.Errorf("%w: revocation not hex", ErrMessage)
+	}
+	r, err := member.ParseRevocation(b)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Verify(admin, nil); err != nil {
+		return nil, err
+	}
+	if r.Subject() != string(p) {
+		return nil, fmt.Errorf("%w: the revocation is of %s, not this peer", member.ErrTampered, r.Subject())
+	}
+	return r, nil
+}
+
+// Removed returns the error saying that the peer of dataDir was removed
+// from its mesh, if the revocations it knows say so; nil if they do not
+// (or dataDir is in no mesh).
+func Removed(dataDir string) *RemovedError {
+	st, err := LoadState(dataDir)
+	if err != nil {
+		return nil
+	}
+	admin, err := st.AdminKey()
+	if err != nil {
+		return nil
+	}
+	cert, err := st.Certificate()
+	if err != nil {
+		return nil
+	}
+	revs, err := LoadRevocations(dataDir, admin)
+	if err != nil {
+		return nil
+	}
+	if r := revs.RevocationOf(cert); r != nil {
+		return &RemovedError{Peer: PeerID(cert.Subject()), MeshID: st.MeshID, Revocation: r}
+	}
+	return nil
+}
 
 // ---- renewal
 
@@ -556,7 +676,7 @@ func (m *Mesh) renewWith(ctx context.Context, p PeerID) (*member.Certificate, er
 	}
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(exchangeTimeout))
-	if err := writeMsg(s, m.hello()); err != nil {
+	if err := writeMsg(s, m.certHello()); err != nil {
 		return nil, err
 	}
 	var rep renewReply

@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -207,17 +209,15 @@ func (m *Mesh) Blocked(p PeerID) bool {
 	return m.revs.IsRevoked(string(p))
 }
 
-// MayTell implements Teller: a revoked peer not refused lately may
-// connect, to be shown its revocation (the certificate exchange carries
-// it) and so learn that it was removed; only the open protocols serve it
-// meanwhile, as they serve a stranger, and once told it is disconnected
-// and refused for RefuseFor.
+// MayTell implements Teller: a peer the admin revoked may always connect,
+// to be shown its revocation (the admit protocol carries it) and so learn
+// that it was removed, also when it comes back to redeem a new token under
+// its old peer id (the redeem protocol then says it was removed); only the
+// open protocols serve it meanwhile, as they serve a stranger, and once
+// told it is disconnected.
 func (m *Mesh) MayTell(p PeerID) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if until, ok := m.refused[p]; ok && m.now().Before(until) {
-		return false
-	}
 	return m.revs.IsRevoked(string(p))
 }
 
@@ -246,21 +246,52 @@ func (m *Mesh) logRemoved(r *member.Revocation) {
 		"by", RevokedBy(r), "reason", r.Reason(), "at", r.RevokedAt().Format(time.RFC3339))
 }
 
-// Admitted implements Gate.
+// Admitted implements Gate: p was admitted on this connection and the
+// certificate it showed still holds now (it has not expired, and neither
+// it nor its inviter's was revoked since).
 func (m *Mesh) Admitted(p PeerID) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	_, ok := m.admitted[p]
+	_, ok := m.Peer(p)
 	return ok
 }
 
-// Peers lists the admitted peers.
+// holds reports whether an admitted peer's certificate still holds now
+// against revs: it is Certificate.Verify less the chain and its
+// signatures, which were verified when the peer was admitted and cannot
+// change since (a Verify costs some 150 µs of signature checks, and
+// Admitted runs on every stream and gossip frame): each certificate of the
+// chain is within its validity and not revoked. The list is replaced,
+// never changed, so it is read without the lock.
+func (m *Mesh) holds(pe *Peer, now time.Time, revs *member.RevocationList) bool {
+	return certHolds(pe.Cert, now, revs)
+}
+
+func certHolds(c *member.Certificate, now time.Time, revs *member.RevocationList) bool {
+	if c == nil {
+		return false
+	}
+	for ; c != nil; c = c.IssuerCert() {
+		if now.Before(c.IssuedAt().Add(-member.ClockSkew)) || !now.Before(c.Expires()) || revs.RevocationOf(c) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// Peers lists the admitted peers whose certificates still hold.
 func (m *Mesh) Peers() []Peer {
+	now := m.now()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]Peer, 0, len(m.admitted))
+	revs := m.revs
+	all := make([]Peer, 0, len(m.admitted))
 	for _, p := range m.admitted {
-		out = append(out, *p)
+		all = append(all, *p)
+	}
+	m.mu.Unlock()
+	out := all[:0]
+	for _, p := range all {
+		if m.holds(&p, now, revs) {
+			out = append(out, p)
+		}
 	}
 	slices.SortFunc(out, func(a, b Peer) int {
 		if a.ID < b.ID {
@@ -274,16 +305,45 @@ func (m *Mesh) Peers() []Peer {
 	return out
 }
 
-// Peer returns an admitted peer.
+// Peer returns an admitted peer, if its certificate still holds.
 func (m *Mesh) Peer(p PeerID) (*Peer, bool) {
+	now := m.now()
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	pe, ok := m.admitted[p]
-	if !ok {
+	revs := m.revs
+	var c Peer
+	if ok {
+		c = *pe
+	}
+	m.mu.Unlock()
+	if !ok || !m.holds(&c, now, revs) {
 		return nil, false
 	}
-	c := *pe
 	return &c, true
+}
+
+// dropLapsed disconnects the admitted peers whose certificates no longer
+// hold: expired (or revoked, if the revocation's news did not drop them).
+// Run calls it every second; Admitted refuses them meanwhile.
+func (m *Mesh) dropLapsed() {
+	now := m.now()
+	type lapsed struct {
+		p   PeerID
+		err error
+	}
+	var gone []lapsed
+	m.mu.Lock()
+	for p, pe := range m.admitted {
+		if !m.holds(pe, now, m.revs) {
+			gone = append(gone, lapsed{p, pe.Cert.Verify(m.admin, now, m.revs)})
+			delete(m.admitted, p)
+		}
+	}
+	m.mu.Unlock()
+	for _, l := range gone {
+		m.log.Info("peer disconnected: its certificate no longer holds", "peer", l.p, "err", l.err)
+		m.host.Disconnect(l.p)
+	}
 }
 
 // OnAdmit calls fn (without blocking the caller's work: fn runs on its own
@@ -339,9 +399,10 @@ func (m *Mesh) Start(ctx context.Context, h Host) error {
 
 // Run dials the bootstrap peers, then until ctx is done: reads
 // revocations from the mesh, disconnects peers that were not admitted in
-// time, runs the exchange again with an admitted peer in turn (so that
-// peers admitted at the same moment learn of each other), and renews this
-// peer's certificate when it is due.
+// time and admitted peers whose certificates expired, runs the exchange
+// again with an admitted peer in turn (so that peers admitted at the same
+// moment learn of each other), and renews this peer's certificate when it
+// is due.
 func (m *Mesh) Run(ctx context.Context) error {
 	if m.host == nil {
 		return errors.New("mesh: Run before Start")
@@ -360,6 +421,7 @@ func (m *Mesh) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		m.expireUnadmitted()
+		m.dropLapsed()
 		if time.Since(lastRefresh) >= refreshEvery {
 			lastRefresh = time.Now()
 			if p, ok := m.nextRefresh(turn); ok {
@@ -448,13 +510,45 @@ func (m *Mesh) expireUnadmitted() {
 	}
 }
 
-// hello is what each side of the admit protocol sends: its certificate
-// (none when it is about to join), the revocations it knows, where it
-// listens, and where the other admitted peers it knows listen, so that the
-// members of a mesh find each other (a trainer must reach the device a
-// batch is on to pull it).
+// The admit protocol. Each side of a new connection opens it (admit) and
+// answers the other's (handleAdmit). Neither side says anything about the
+// mesh (its id, its admin, its members, its revocations, even its own
+// certificate) to a peer before that peer has shown it knows the mesh,
+// and neither names a member before the other's certificate checked out:
+//
+//	opener                                  answerer
+//	proof (opener, answerer)           ->
+//	                                   <-   proof (answerer, opener); to a
+//	                                        peer without one: an empty hello
+//	its certificate                    ->
+//	                                   <-   its certificate, the revocations,
+//	                                        where it and its peers listen; to
+//	                                        a certificate that does not check
+//	                                        out: the revocations of it, if
+//	                                        any, and it is refused
+//	the revocations, where it and its  ->
+//	peers listen (once the answerer's
+//	certificate checked out)
+//
+// A proof is an HMAC of the two peer ids keyed with the mesh admin's
+// public key: a peer that never held a token or a certificate of the mesh
+// cannot make one, nor tell from one which mesh it is for, and one made
+// for a pair of peers is worth nothing to a third (the transport
+// authenticates the ids). Some side must show something first, and a
+// certificate names the mesh, its admin and the inviter; with the proofs,
+// each side shows its certificate only to a peer that knows the mesh,
+// whichever side dialled (mDNS and the peer cache dial peers no member
+// vouched for). A peer the admin revoked is shown its revocations instead
+// of a proof (tell), and is then refused: it learns it was removed, and
+// nothing else. The redeem protocol is the one other exchange open to a
+// peer without a certificate, and it answers only once the token checked
+// out.
+
+// hello is one message of the admit protocol; each step fills some of its
+// fields. Cert and Revocations are hex (member encodings).
 type hello struct {
-	Cert        string     `json:"cert,omitempty"` // hex
+	Proof       string     `json:"proof,omitempty"` // hex
+	Cert        string     `json:"cert,omitempty"`
 	Revocations string     `json:"revocations,omitempty"`
 	Addrs       []string   `json:"addrs,omitempty"`
 	Peers       [][]string `json:"peers,omitempty"`
@@ -463,24 +557,31 @@ type hello struct {
 // maxExchanged bounds the peers a hello names, and the addresses of each.
 const maxExchanged = 64
 
-// helloFor is the hello for peer p, whose certificate is cert if known: a
-// bare one for a peer that is revoked (the revocations of it, so that it
-// learns it was removed, and not where the members listen), the full one
-// otherwise.
-func (m *Mesh) helloFor(p PeerID, cert *member.Certificate) hello {
-	m.mu.Lock()
-	revs := m.revs
-	m.mu.Unlock()
-	if !revs.IsRevoked(string(p)) && revs.RevocationOf(cert) == nil {
-		return m.hello()
-	}
-	return m.bareHello(p)
+// proofContext separates the admit proof from any other use of the key.
+const proofContext = "clawmesh/admit/2 proof\x00"
+
+// proof is the HMAC, keyed with the admin's public key, of from and to.
+func (m *Mesh) proof(from, to PeerID) []byte {
+	mac := hmac.New(sha256.New, m.admin)
+	mac.Write([]byte(proofContext))
+	mac.Write([]byte(from))
+	mac.Write([]byte{0})
+	mac.Write([]byte(to))
+	return mac.Sum(nil)
 }
 
-// bareHello is this peer's certificate and the revocations of p only.
-func (m *Mesh) bareHello(p PeerID) hello {
+// proofHolds reports whether got (hex) is the proof from makes for to.
+func (m *Mesh) proofHolds(got string, from, to PeerID) bool {
+	b, err := hex.DecodeString(got)
+	return err == nil && hmac.Equal(b, m.proof(from, to))
+}
+
+// tellHello is what a refused peer p is shown: the revocations of it, and
+// that of the inviter that issued cert (the certificate it showed, if
+// any); an empty hello when there are none.
+func (m *Mesh) tellHello(p PeerID, cert *member.Certificate) hello {
 	m.mu.Lock()
-	revs, cert := m.revs, m.cert
+	revs := m.revs
 	m.mu.Unlock()
 	l := member.NewRevocationList(m.admin)
 	for _, r := range revs.Revocations() {
@@ -488,13 +589,29 @@ func (m *Mesh) bareHello(p PeerID) hello {
 			l.Add(r)
 		}
 	}
-	return hello{Cert: hex.EncodeToString(cert.Marshal()), Revocations: hex.EncodeToString(l.Marshal())}
+	if cert != nil && cert.Subject() == string(p) && cert.IssuerCert() != nil {
+		if r := revs.RevocationOf(cert.IssuerCert()); r != nil {
+			l.Add(r)
+		}
+	}
+	if l.Len() == 0 {
+		return hello{}
+	}
+	return hello{Revocations: hex.EncodeToString(l.Marshal())}
 }
 
+// hello is all this peer tells a peer whose certificate checked out: its
+// certificate, the revocations, where it listens and where the peers it
+// admitted listen. A peer removed from the mesh tells only the
+// revocations.
 func (m *Mesh) hello() hello {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	h := hello{Cert: hex.EncodeToString(m.cert.Marshal()), Revocations: hex.EncodeToString(m.revs.Marshal())}
+	h := hello{Revocations: hex.EncodeToString(m.revs.Marshal())}
+	if m.revs.RevocationOf(m.cert) != nil {
+		return h
+	}
+	h.Cert = hex.EncodeToString(m.cert.Marshal())
 	if m.host != nil {
 		h.Addrs = firstN(m.host.Addrs(), 16)
 	}
@@ -506,6 +623,16 @@ func (m *Mesh) hello() hello {
 			h.Peers = append(h.Peers, firstN(pe.Addrs, 16))
 		}
 	}
+	return h
+}
+
+// certHello is this peer's certificate, with the revocations of it if it
+// was removed from the mesh: a peer that had not heard of them learns them
+// before it answers.
+func (m *Mesh) certHello() hello {
+	cert := m.Cert()
+	h := m.tellHello(m.self, cert)
+	h.Cert = hex.EncodeToString(cert.Marshal())
 	return h
 }
 
@@ -523,11 +650,25 @@ func (m *Mesh) linkOf(p PeerID) uint64 {
 	return m.links[p]
 }
 
-// admit runs the certificate exchange with p, as the side that opens it.
+// revokedPeer reports a peer the admin revoked.
+func (m *Mesh) revokedPeer(p PeerID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.revs.IsRevoked(string(p))
+}
+
+// admit runs the admit protocol with p, as the side that opens it.
 func (m *Mesh) admit(ctx context.Context, p PeerID) {
 	link := m.linkOf(p)
 	if link == 0 {
 		return // not connected (any more)
+	}
+	if m.revokedPeer(p) {
+		// A revoked peer that connected to be told. One that does not
+		// serve the protocol (a host joining with a token) is left to
+		// the redeem protocol, which says why it refuses.
+		m.tell(p, nil, false)
+		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, exchangeTimeout)
 	defer cancel()
@@ -538,23 +679,54 @@ func (m *Mesh) admit(ctx context.Context, p PeerID) {
 	}
 	defer s.Close()
 	s.SetDeadline(time.Now().Add(exchangeTimeout))
-	if err := writeMsg(s, m.helloFor(p, nil)); err != nil {
-		s.Reset()
-		return
-	}
+	br := bufio.NewReader(s)
 	var h hello
-	if err := readMsg(bufio.NewReader(s), &h, maxMsg); err != nil {
-		m.log.Debug("admit: no hello", "peer", p, "err", err)
+	if err := exchange(s, br, hello{Proof: hex.EncodeToString(m.proof(m.self, p))}, &h); err != nil {
+		m.log.Debug("admit: no answer", "peer", p, "err", err)
 		s.Reset()
 		return
 	}
-	m.check(p, h, link)
+	m.takeRevocations(h)
+	if !m.proofHolds(h.Proof, p, m.self) {
+		if h.Proof != "" {
+			m.refuse(p, errors.New("mesh: its proof of the mesh does not hold (a peer of another mesh)"))
+		}
+		// Else a peer that does not know the mesh (a stranger, a host
+		// joining), or this peer was told it was removed: nothing more
+		// is said.
+		return
+	}
+	if err := exchange(s, br, m.certHello(), &h); err != nil {
+		m.log.Debug("admit: no certificate", "peer", p, "err", err)
+		s.Reset()
+		return
+	}
+	m.takeRevocations(h)
+	if h.Cert == "" {
+		return // it refused this peer's certificate (and said why if revoked)
+	}
+	cert, err := m.verifyPeerCert(p, h.Cert)
+	if err != nil {
+		m.refuse(p, err)
+		return
+	}
+	if err := writeMsg(s, m.hello()); err != nil {
+		s.Reset()
+		return
+	}
+	m.admitPeer(p, cert, h, link)
 }
 
-// handleAdmit answers a peer's hello: with the full hello if its
-// certificate is valid, else with the bare one (a revoked peer learns it
-// was removed; a stranger learns nothing of the members). A peer about to
-// be refused is given the time to read the answer before it is cut off.
+// exchange writes out and reads the answer into in.
+func exchange(s Stream, br *bufio.Reader, out hello, in *hello) error {
+	if err := writeMsg(s, out); err != nil {
+		return err
+	}
+	*in = hello{}
+	return readMsg(br, in, maxMsg)
+}
+
+// handleAdmit answers a peer's admit protocol (see the protocol above).
 func (m *Mesh) handleAdmit(s Stream) {
 	defer s.Close()
 	p := s.RemotePeer()
@@ -566,80 +738,129 @@ func (m *Mesh) handleAdmit(s Stream) {
 		s.Reset()
 		return
 	}
-	reply, valid := m.bareHello(p), false
-	if h.Cert != "" {
-		if _, err := m.verifyPeerCert(p, h.Cert); err == nil {
-			reply, valid = m.hello(), true
-		}
+	m.takeRevocations(h)
+	if m.revokedPeer(p) {
+		m.answerAndRefuse(s, br, p, m.tellHello(p, nil), errors.New("mesh: revoked by the mesh admin"))
+		return
 	}
-	if err := writeMsg(s, reply); err != nil {
+	if !m.proofHolds(h.Proof, p, m.self) {
+		// A peer that does not know the mesh learns nothing of it. A
+		// stranger without a proof has until the admission timeout (it
+		// may be joining); a wrong proof is another mesh's.
+		writeMsg(s, hello{})
+		if h.Proof != "" {
+			s.CloseWrite()
+			m.refuse(p, errors.New("mesh: its proof of the mesh does not hold (a peer of another mesh)"))
+		}
+		return
+	}
+	if err := exchange(s, br, hello{Proof: hex.EncodeToString(m.proof(m.self, p))}, &h); err != nil {
 		s.Reset()
 		return
 	}
-	if h.Cert != "" && !valid {
-		// It is refused below: let it read the answer first (it closes
-		// the stream once it has).
+	m.takeRevocations(h)
+	cert, err := m.verifyPeerCert(p, h.Cert)
+	if err != nil {
+		var shown *member.Certificate
+		if b, derr := hex.DecodeString(h.Cert); derr == nil {
+			shown, _ = member.ParseCertificate(b)
+		}
+		m.answerAndRefuse(s, br, p, m.tellHello(p, shown), err)
+		return
+	}
+	if err := exchange(s, br, m.hello(), &h); err != nil {
+		// It refused this peer's certificate, or went.
+		return
+	}
+	m.takeRevocations(h)
+	m.admitPeer(p, cert, h, link)
+}
+
+// answerAndRefuse sends a refused peer its answer, gives it the time to
+// read it (it closes the stream once it has), then disconnects it and
+// refuses it for RefuseFor.
+func (m *Mesh) answerAndRefuse(s Stream, br *bufio.Reader, p PeerID, answer hello, why error) {
+	if writeMsg(s, answer) == nil {
 		s.CloseWrite()
 		s.SetReadDeadline(time.Now().Add(tellTimeout))
 		io.Copy(io.Discard, io.LimitReader(br, maxMsg))
 	}
-	m.check(p, h, link)
+	m.refuse(p, why)
+}
+
+// refuse disconnects p and refuses it for RefuseFor. A peer refused again
+// while it still is (a revoked peer connecting to be told, again) is
+// logged at debug level only.
+func (m *Mesh) refuse(p PeerID, why error) {
+	now := m.now()
+	m.mu.Lock()
+	again := now.Before(m.refused[p])
+	m.refused[p] = now.Add(m.cfg.RefuseFor)
+	delete(m.connected, p)
+	delete(m.admitted, p)
+	m.mu.Unlock()
+	if again {
+		m.log.Debug("peer refused again", "peer", p, "err", why)
+	} else {
+		m.log.Info("peer refused", "peer", p, "err", why)
+	}
+	m.host.Disconnect(p)
 }
 
 // tellTimeout bounds the telling of a revoked peer that it was removed.
 const tellTimeout = 5 * time.Second
 
-// tellAndDrop shows a revoked peer its revocation (an exchange of hellos:
-// ours carries it), then disconnects it; once told, it is refused for
-// RefuseFor (untold, it may connect again to be told).
-func (m *Mesh) tellAndDrop(p PeerID) {
+// tellAndDrop shows a revoked peer its revocations (cert: the certificate
+// it was admitted with, if any), then disconnects it.
+func (m *Mesh) tellAndDrop(p PeerID, cert *member.Certificate) { m.tell(p, cert, true) }
+
+// tell opens the admit protocol to p to show it its revocations (cert as
+// for tellHello); p answers once it has read them. A peer told is
+// disconnected and refused for RefuseFor; one that could not be told is
+// disconnected only if drop.
+func (m *Mesh) tell(p PeerID, cert *member.Certificate, drop bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), tellTimeout)
 	defer cancel()
 	told := false
 	if s, err := m.host.NewStream(ctx, p, ProtoAdmit); err == nil {
 		s.SetDeadline(time.Now().Add(tellTimeout))
-		if writeMsg(s, m.bareHello(p)) == nil {
-			var h hello
-			// Its answer: it has read ours.
-			told = readMsg(bufio.NewReader(s), &h, maxMsg) == nil
-		}
+		var h hello
+		told = exchange(s, bufio.NewReader(s), m.tellHello(p, cert), &h) == nil
 		s.Close()
 	}
-	m.mu.Lock()
 	if told {
-		m.refused[p] = m.now().Add(m.cfg.RefuseFor)
+		m.refuse(p, errors.New("mesh: revoked (it was told)"))
+		return
 	}
+	if !drop {
+		return
+	}
+	m.mu.Lock()
 	delete(m.connected, p)
 	delete(m.admitted, p)
 	m.mu.Unlock()
 	m.host.Disconnect(p)
 }
 
-// check admits p if its hello carries a valid certificate for it and the
-// connection the exchange ran on (link) is still up, and takes in the
-// revocations it knows.
-func (m *Mesh) check(p PeerID, h hello, link uint64) {
-	if h.Revocations != "" {
-		if b, err := hex.DecodeString(h.Revocations); err == nil {
-			if l, err := member.ParseRevocationList(m.admin, b); err == nil {
-				m.merge(l)
-			}
+// takeRevocations merges the revocations a hello carries (each is checked
+// against the admin key: anyone's are taken).
+func (m *Mesh) takeRevocations(h hello) {
+	if h.Revocations == "" {
+		return
+	}
+	if b, err := hex.DecodeString(h.Revocations); err == nil {
+		if l, err := member.ParseRevocationList(m.admin, b); err == nil {
+			m.merge(l)
 		}
 	}
-	if h.Cert == "" {
-		return // joining: it has until the admission timeout
-	}
+}
+
+// admitPeer admits p, whose certificate cert checked out in the exchange
+// that ran on connection link, if that connection is still the one up and
+// cert still holds; h is what p said of where it and its peers listen.
+// This peer admits no one once it was removed from the mesh.
+func (m *Mesh) admitPeer(p PeerID, cert *member.Certificate, h hello, link uint64) {
 	if m.Revoked() != nil {
-		return // removed from the mesh: it admits no one
-	}
-	cert, err := m.verifyPeerCert(p, h.Cert)
-	if err != nil {
-		m.log.Info("peer refused", "peer", p, "err", err)
-		m.mu.Lock()
-		m.refused[p] = m.now().Add(m.cfg.RefuseFor)
-		delete(m.connected, p)
-		m.mu.Unlock()
-		m.host.Disconnect(p)
 		return
 	}
 	m.mu.Lock()
@@ -647,6 +868,10 @@ func (m *Mesh) check(p PeerID, h hello, link uint64) {
 		// The connection closed during the exchange (or this side had
 		// not yet heard it open: its own exchange, on that news, admits).
 		m.mu.Unlock()
+		return
+	}
+	if cert.Verify(m.admin, m.now(), m.revs) != nil {
+		m.mu.Unlock() // revoked, or expired, during the exchange
 		return
 	}
 	prev, was := m.admitted[p]

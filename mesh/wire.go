@@ -15,7 +15,7 @@ import (
 // other protocol is for admitted peers only.
 const (
 	ProtoRedeem = "/clawmesh/redeem/1"
-	ProtoAdmit  = "/clawmesh/admit/1"
+	ProtoAdmit  = "/clawmesh/admit/2"
 	ProtoRenew  = "/clawmesh/renew/1"
 	ProtoPull   = "/clawmesh/pull/1"
 )

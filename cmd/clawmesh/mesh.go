@@ -499,8 +499,10 @@ address's error).
 
 Refusals say why: the token is malformed or tampered with, expired, already
 redeemed as many times as it allows, of another mesh, or its inviter (or
-this device) was removed from the mesh. A device that was removed cannot
-come back under the same peer id: join from a fresh data directory.
+this device) was removed from the mesh. A device that was removed says so,
+by whom and when, and cannot come back under the same peer id: with a new
+invite from the mesh admin (or an inviter), join from a fresh data
+directory, which gives it a new identity.
 `
 
 func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -533,6 +535,16 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	st, err := peer.JoinWith(ctx, s.Data, fs.Arg(0), peer.JoinOptions{Listen: listen, Progress: progress})
+	if errors.Is(err, mesh.ErrJoined) {
+		if removed := mesh.Removed(s.Data); removed != nil {
+			err = removed
+		}
+	}
+	if removed := (*mesh.RemovedError)(nil); errors.As(err, &removed) && removed.NewIdentity() {
+		return fmt.Errorf("%w\nto rejoin: clawmesh join NEW_TOKEN --data NEW_DIR (a fresh directory gets a new identity), "+
+			"or move %s and %s aside and join with --data %s again", err,
+			filepath.Join(s.Data, p2p.IdentityFile), filepath.Join(s.Data, mesh.Dir), s.Data)
+	}
 	var unreachable *mesh.UnreachableError
 	if errors.As(err, &unreachable) {
 		if *verbose {
