@@ -160,6 +160,9 @@ func New(cfg Config) (*Mesh, error) {
 	if m.revs, err = LoadRevocations(cfg.DataDir, admin); err != nil {
 		return nil, err
 	}
+	if m.voters.set, err = LoadVoters(cfg.DataDir, admin); err != nil {
+		return nil, err
+	}
 	if m.ledger, err = LoadLedger(cfg.DataDir, admin, m.self); err != nil {
 		return nil, err
 	}
@@ -347,6 +350,7 @@ func (m *Mesh) Run(ctx context.Context) error {
 		return errors.New("mesh: Run before Start")
 	}
 	go m.readRevocations(ctx)
+	go m.runVoters(ctx)
 	m.dialBootstrap(ctx)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -458,6 +462,7 @@ type hello struct {
 	Revocations string     `json:"revocations,omitempty"`
 	Addrs       []string   `json:"addrs,omitempty"`
 	Peers       [][]string `json:"peers,omitempty"`
+	Voters      string     `json:"voters,omitempty"` // the voter set in force, hex
 }
 
 // maxExchanged bounds the peers a hello names, and the addresses of each.
@@ -494,7 +499,7 @@ func (m *Mesh) bareHello(p PeerID) hello {
 func (m *Mesh) hello() hello {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	h := hello{Cert: hex.EncodeToString(m.cert.Marshal()), Revocations: hex.EncodeToString(m.revs.Marshal())}
+	h := hello{Cert: hex.EncodeToString(m.cert.Marshal()), Revocations: hex.EncodeToString(m.revs.Marshal()), Voters: m.votersHex()}
 	if m.host != nil {
 		h.Addrs = firstN(m.host.Addrs(), 16)
 	}
@@ -626,6 +631,7 @@ func (m *Mesh) check(p PeerID, h hello, link uint64) {
 			}
 		}
 	}
+	m.takeVoters(p, h.Voters)
 	if h.Cert == "" {
 		return // joining: it has until the admission timeout
 	}
