@@ -187,7 +187,8 @@ func (m *Mesh) runVoters(ctx context.Context) {
 }
 
 // signVoters signs, with the admin key, the set next makes of the one in
-// force (numbered one higher), keeps it, and publishes it to the mesh.
+// force (numbered one higher), keeps it, publishes it on the gossip and
+// hands it to each admitted peer in the certificate exchange.
 func (m *Mesh) signVoters(ctx context.Context, next func(cur *member.VoterSet) ([]member.Voter, error)) (*member.VoterSet, error) {
 	if m.adminKey == nil {
 		return nil, fmt.Errorf("%w: only the mesh admin decides which trainers vote, and the admin key is not on this device "+
@@ -222,6 +223,14 @@ func (m *Mesh) signVoters(ctx context.Context, next func(cur *member.VoterSet) (
 	if t != nil {
 		if err := t.Publish(ctx, vs.Marshal()); err != nil {
 			m.log.Warn("publishing the voter set", "err", err)
+		}
+	}
+	if m.host != nil {
+		// The gossip misses a peer whose place in the topic's mesh is not
+		// grafted yet: the exchange, run again now with each admitted
+		// peer, hands it the set for sure.
+		for _, pe := range m.Peers() {
+			go m.admit(context.Background(), pe.ID)
 		}
 	}
 	return vs, nil
