@@ -364,13 +364,6 @@ func InviteWith(dataDir string, key ed25519.PrivateKey, o InviteOptions, now tim
 		return nil, err
 	}
 	cert, _ := st.Certificate()
-	addrs := o.Addrs
-	if len(addrs) == 0 {
-		addrs = st.Addrs
-	}
-	if len(addrs) == 0 {
-		return nil, errors.New("mesh: no address to put in the token: start the node (or trainer) once, so that it knows where it listens")
-	}
 	role := o.Role
 	if role == 0 {
 		role = member.RoleMember
@@ -378,21 +371,29 @@ func InviteWith(dataDir string, key ed25519.PrivateKey, o InviteOptions, now tim
 	if o.Voter == MakeVoter && role != member.RoleTrainer {
 		return nil, fmt.Errorf("mesh: only a trainer can be a voter, not a %s", role)
 	}
-	spec := member.TokenSpec{Inviter: cert.Subject(), Addrs: addrs, Role: role, TTL: o.TTL, MaxUses: o.Uses}
 	admin, err := LoadAdminKey(dataDir)
-	if errors.Is(err, ErrNotAdmin) {
-		if o.Voter == MakeVoter {
-			return nil, fmt.Errorf("%w: only the mesh admin may make a voter, and the admin key is not on this device; "+
-				"invite the trainer without --voter (it volunteers: it trains but never votes), and the admin can make it a voter "+
-				"later with 'clawmesh mesh trust PEER'", member.ErrNotAllowed)
-		}
+	isAdmin := err == nil
+	if err != nil && !errors.Is(err, ErrNotAdmin) {
+		return nil, err
+	}
+	if !isAdmin && o.Voter == MakeVoter {
+		return nil, fmt.Errorf("%w: only the mesh admin may make a voter, and the admin key is not on this device; "+
+			"invite the trainer without --voter (it volunteers: it trains but never votes), and the admin can make it a voter "+
+			"later with 'clawmesh mesh trust PEER'", member.ErrNotAllowed)
+	}
+	addrs := o.Addrs
+	if len(addrs) == 0 {
+		addrs = st.Addrs
+	}
+	if len(addrs) == 0 {
+		return nil, errors.New("mesh: no address to put in the token: start the node (or trainer) once, so that it knows where it listens")
+	}
+	spec := member.TokenSpec{Inviter: cert.Subject(), Addrs: addrs, Role: role, TTL: o.TTL, MaxUses: o.Uses}
+	if !isAdmin {
 		if !cert.MayInvite() {
 			return nil, fmt.Errorf("%w: this peer's certificate does not let it invite (ask the mesh admin)", member.ErrNotAllowed)
 		}
 		return member.NewToken(key, cert, spec, now, rand)
-	}
-	if err != nil {
-		return nil, err
 	}
 	if role == member.RoleTrainer {
 		switch o.Voter {
