@@ -95,29 +95,37 @@ func (m *Mesh) VotersChanged() <-chan struct{} {
 // signed it and it is newer than the one known, and keeps it in the data
 // directory. It says whether it did.
 func (m *Mesh) AdoptVoters(vs *member.VoterSet) (bool, error) {
+	ok, saved, err := m.adoptVoters(vs)
+	if saved != nil {
+		m.log.Warn("saving the voter set", "err", saved)
+	}
+	return ok, err
+}
+
+// adoptVoters is AdoptVoters; saved is the error of keeping the set on
+// disk, if it was adopted.
+func (m *Mesh) adoptVoters(vs *member.VoterSet) (ok bool, saved, err error) {
 	if vs == nil {
-		return false, nil
+		return false, nil, nil
 	}
 	if err := vs.Verify(m.admin); err != nil {
-		return false, fmt.Errorf("mesh: voter set %d: %w", vs.Seq(), err)
+		return false, nil, fmt.Errorf("mesh: voter set %d: %w", vs.Seq(), err)
 	}
 	m.voters.mu.Lock()
 	defer m.voters.mu.Unlock()
 	if !m.voters.set.Newer(vs) {
-		return false, nil
+		return false, nil, nil
 	}
-	// Kept before it is in force, under the lock, so that the file never
-	// holds an older set than the one in memory.
-	if err := SaveVoters(m.cfg.DataDir, vs); err != nil {
-		m.log.Warn("saving the voter set", "err", err)
-	}
+	// Written under the lock, so that the file never holds an older set
+	// than the last one adopted.
+	saved = SaveVoters(m.cfg.DataDir, vs)
 	m.voters.set = vs
 	if m.voters.changed != nil {
 		close(m.voters.changed)
 		m.voters.changed = nil
 	}
 	m.logVoters(vs)
-	return true, nil
+	return true, saved, nil
 }
 
 func (m *Mesh) logVoters(vs *member.VoterSet) {
@@ -209,13 +217,14 @@ func (m *Mesh) signVoters(ctx context.Context, next func(cur *member.VoterSet) (
 	if err != nil {
 		return nil, err
 	}
-	// Kept on disk first: a set the admin signed but lost would be
-	// numbered again.
-	if err := SaveVoters(m.cfg.DataDir, vs); err != nil {
-		return nil, err
-	}
-	if ok, err := m.AdoptVoters(vs); err != nil || !ok {
+	ok, saved, err := m.adoptVoters(vs)
+	if err != nil || !ok {
 		return nil, fmt.Errorf("mesh: a newer voter set than %d arrived meanwhile: try again (%v)", seq, err)
+	}
+	if saved != nil {
+		// In force here, but not kept: a restart would number the next
+		// set again, and peers would ignore it.
+		return nil, fmt.Errorf("mesh: the voter set %d is in force but could not be kept in the data directory: %w", seq, saved)
 	}
 	m.voters.mu.Lock()
 	t := m.voters.topic
