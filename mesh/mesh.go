@@ -456,7 +456,7 @@ func (m *Mesh) expireUnadmitted() {
 // (none when it is about to join), the revocations it knows, where it
 // listens, and where the other admitted peers it knows listen, so that the
 // members of a mesh find each other (a trainer must reach the device a
-// batch is on to pull it).
+// batch is on to pull it); the full hello also carries the voter set.
 type hello struct {
 	Cert        string     `json:"cert,omitempty"` // hex
 	Revocations string     `json:"revocations,omitempty"`
