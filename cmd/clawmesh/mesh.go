@@ -628,6 +628,10 @@ gets this device's certificate, and records the membership in DIR. Then run
 the node (or 'clawmesh trainer', with a trainer token) on DIR: it takes part
 in the mesh.
 
+A trainer token says whether the trainer will be a voter (it votes in the
+trainers' raft group and certifies versions) or a volunteer (it trains,
+but neither votes nor certifies); join says which.
+
 While it tries the token's addresses it says which, one line each on
 stderr; when none answers it says so in one line (--verbose adds each
 address's error).

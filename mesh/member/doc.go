@@ -1,8 +1,7 @@
 // Package member owns the credentials of a clawmesh mesh: invite tokens,
 // member certificates and revocations, the admin's VoterSet, and the two
 // small pieces of state that go with them, the invite Ledger (uses per
-// token) and the RevocationList.
-// Everything here is a pure function of bytes, keys and a given time: no
+// token) and the RevocationList. Everything here is a pure function of bytes, keys and a given time: no
 // network, no disk, no clock, no goroutines; randomness comes from an
 // io.Reader the caller passes (crypto/rand.Reader in production). The mesh
 // package moves these bytes between peers and persists the state.
@@ -58,9 +57,9 @@
 //
 // # Encodings
 //
-// Certificates, tokens, revocations and voter sets have one canonical binary
-// encoding: a version byte (1), a kind byte ('C', 'T', 'R', 'S'), the fields in a fixed
-// order (strings and nested encodings prefixed by their uvarint length, keys
+// Certificates, tokens, revocations and voter sets have one canonical
+// binary encoding: a version byte (1), a kind byte ('C', 'T', 'R', 'S'),
+// the fields in a fixed order (strings and nested encodings prefixed by their uvarint length, keys
 // and nonces as raw bytes, times as uvarint Unix seconds), then a 64-byte
 // Ed25519 signature over "clawmesh/member\n" followed by every byte before
 // the signature. Decoders refuse anything over MaxEncodedSize before reading
