@@ -1,10 +1,11 @@
 // Package member owns the credentials of a clawmesh mesh: invite tokens,
 // member certificates and revocations, the admin's VoterSet, and the two
 // small pieces of state that go with them, the invite Ledger (uses per
-// token) and the RevocationList. Everything here is a pure function of bytes, keys and a given time: no
-// network, no disk, no clock, no goroutines; randomness comes from an
-// io.Reader the caller passes (crypto/rand.Reader in production). The mesh
-// package moves these bytes between peers and persists the state.
+// token) and the RevocationList. Everything here is a pure function of
+// bytes, keys and a given time: no network, no disk, no clock, no
+// goroutines; randomness comes from an io.Reader the caller passes
+// (crypto/rand.Reader in production). The mesh package moves these bytes
+// between peers and persists the state.
 //
 // # Keys and identities
 //
@@ -59,13 +60,14 @@
 //
 // Certificates, tokens, revocations and voter sets have one canonical
 // binary encoding: a version byte (1), a kind byte ('C', 'T', 'R', 'S'),
-// the fields in a fixed order (strings and nested encodings prefixed by their uvarint length, keys
-// and nonces as raw bytes, times as uvarint Unix seconds), then a 64-byte
-// Ed25519 signature over "clawmesh/member\n" followed by every byte before
-// the signature. Decoders refuse anything over MaxEncodedSize before reading
-// it, refuse trailing bytes, and re-encode what they parsed and refuse the
-// input unless it is byte for byte the same, so a parsed value's Marshal is
-// always its input and the signature covers exactly the bytes received.
+// the fields in a fixed order (strings and nested encodings prefixed by
+// their uvarint length, keys and nonces as raw bytes, times as uvarint Unix
+// seconds), then a 64-byte Ed25519 signature over "clawmesh/member\n"
+// followed by every byte before the signature. Decoders refuse anything
+// over MaxEncodedSize before reading it, refuse trailing bytes, and
+// re-encode what they parsed and refuse the input unless it is byte for
+// byte the same, so a parsed value's Marshal is always its input and the
+// signature covers exactly the bytes received.
 // Signatures are checked by Verify, which knows the keys to trust.
 //
 // Fields that can be derived are not stored: a certificate's mesh is its
