@@ -11,7 +11,13 @@
 // renewal; revocations spread, enforced and shown to the peers they
 // revoke, a revoked device that tries to join again told it was removed;
 // the record of the peers known; the tokens, certificates and
-// revocations themselves are mesh/member), and the shipping of batches:
+// revocations themselves are mesh/member), the voter set (the admin's
+// signed list of the trainers that vote and certify versions; the others
+// volunteer): kept on disk, carried in the certificate exchange to
+// admitted peers and on its own gossip topic, the newest the admin signed
+// in force, signed anew on the admin's device when a voter invite is
+// redeemed or a trainer is trusted or untrusted, and by default making the
+// first trainer of a mesh with none a voter; and the shipping of batches:
 // announcements on gossip that name no device, the pull protocol only
 // trainers may use, the signed acks that mark a batch shipped, and the
 // announcements made again when a trainer is admitted; and the

@@ -42,7 +42,7 @@ func FuzzReadMsg(f *testing.F) {
 	writeMsg(&buf, pullRequest{ID: "5d61d1de102bea9a377f9e645e6b5ab38f803fd393ed97f99beebfeab4c3fadd"})
 	f.Add(buf.Bytes())
 	buf.Reset()
-	writeMsg(&buf, hello{Cert: "00", Addrs: []string{"/ip4/127.0.0.1/tcp/1/p2p/x"}, Peers: [][]string{{"a"}}})
+	writeMsg(&buf, hello{Cert: "00", Addrs: []string{"/ip4/127.0.0.1/tcp/1/p2p/x"}, Peers: [][]string{{"a"}}, Voters: "0153"})
 	f.Add(buf.Bytes())
 	f.Add(binary.AppendUvarint(nil, 1<<40))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})

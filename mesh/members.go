@@ -255,29 +255,10 @@ func InviteAddrs(addrs []string) []string {
 // Invite makes an invite token for role, valid for ttl and uses
 // redemptions, that peers redeem with this peer at addrs (this peer's
 // addresses now). The admin's device signs with the admin key; another
-// peer needs a certificate that lets it invite.
+// peer needs a certificate that lets it invite. A trainer token makes a
+// voter as VoterIfNone says (InviteWith chooses).
 func Invite(dataDir string, key ed25519.PrivateKey, role member.Role, ttl time.Duration, uses int, addrs []string, now time.Time, rand io.Reader) (*member.Token, error) {
-	st, err := LoadState(dataDir)
-	if err != nil {
-		return nil, err
-	}
-	cert, _ := st.Certificate()
-	if len(addrs) == 0 {
-		addrs = st.Addrs
-	}
-	if len(addrs) == 0 {
-		return nil, errors.New("mesh: no address to put in the token: start the node (or trainer) once, so that it knows where it listens")
-	}
-	spec := member.TokenSpec{Inviter: cert.Subject(), Addrs: addrs, Role: role, TTL: ttl, MaxUses: uses}
-	if admin, err := LoadAdminKey(dataDir); err == nil {
-		return member.NewToken(admin, nil, spec, now, rand)
-	} else if !errors.Is(err, ErrNotAdmin) {
-		return nil, err
-	}
-	if !cert.MayInvite() {
-		return nil, fmt.Errorf("%w: this peer's certificate does not let it invite (ask the mesh admin)", member.ErrNotAllowed)
-	}
-	return member.NewToken(key, cert, spec, now, rand)
+	return InviteWith(dataDir, key, InviteOptions{Role: role, TTL: ttl, Uses: uses, Addrs: addrs}, now, rand)
 }
 
 // redeemRequest and redeemReply are the redeem protocol's messages.
@@ -384,6 +365,9 @@ func (m *Mesh) redeem(p PeerID, token string) (*member.Certificate, error) {
 		return nil, err
 	}
 	m.remember(p, cert.Role().String(), true)
+	if tok.Voter() {
+		m.grantVoter(context.Background(), p, cert)
+	}
 	return cert, nil
 }
 

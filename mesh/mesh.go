@@ -162,6 +162,9 @@ func New(cfg Config) (*Mesh, error) {
 	if m.revs, err = LoadRevocations(cfg.DataDir, admin); err != nil {
 		return nil, err
 	}
+	if m.voters.set, err = LoadVoters(cfg.DataDir, admin); err != nil {
+		return nil, err
+	}
 	if m.ledger, err = LoadLedger(cfg.DataDir, admin, m.self); err != nil {
 		return nil, err
 	}
@@ -408,6 +411,7 @@ func (m *Mesh) Run(ctx context.Context) error {
 		return errors.New("mesh: Run before Start")
 	}
 	go m.readRevocations(ctx)
+	go m.runVoters(ctx)
 	m.dialBootstrap(ctx)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -545,13 +549,16 @@ func (m *Mesh) expireUnadmitted() {
 // out.
 
 // hello is one message of the admit protocol; each step fills some of its
-// fields. Cert and Revocations are hex (member encodings).
+// fields. Cert, Revocations and Voters are hex (member encodings); the
+// voter set travels only in the hello of a peer whose certificate checked
+// out.
 type hello struct {
 	Proof       string     `json:"proof,omitempty"` // hex
 	Cert        string     `json:"cert,omitempty"`
 	Revocations string     `json:"revocations,omitempty"`
 	Addrs       []string   `json:"addrs,omitempty"`
 	Peers       [][]string `json:"peers,omitempty"`
+	Voters      string     `json:"voters,omitempty"` // the voter set in force, hex
 }
 
 // maxExchanged bounds the peers a hello names, and the addresses of each.
@@ -612,6 +619,7 @@ func (m *Mesh) hello() hello {
 		return h
 	}
 	h.Cert = hex.EncodeToString(m.cert.Marshal())
+	h.Voters = m.votersHex()
 	if m.host != nil {
 		h.Addrs = firstN(m.host.Addrs(), 16)
 	}
@@ -860,6 +868,7 @@ func (m *Mesh) takeRevocations(h hello) {
 // cert still holds; h is what p said of where it and its peers listen.
 // This peer admits no one once it was removed from the mesh.
 func (m *Mesh) admitPeer(p PeerID, cert *member.Certificate, h hello, link uint64) {
+	m.takeVoters(p, h.Voters)
 	if m.Revoked() != nil {
 		return
 	}

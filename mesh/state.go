@@ -22,6 +22,7 @@ import (
 //	DATA/mesh/state.json        the mesh (id, name, admin key) and this peer's certificate
 //	DATA/mesh/admin.key         the mesh admin's private key (only on the device that made the mesh)
 //	DATA/mesh/revocations.bin   the revocations this peer knows (member.RevocationList)
+//	DATA/mesh/voters.bin        the newest voter set this peer verified (member.VoterSet)
 //	DATA/mesh/ledger.bin        uses of the invite tokens this peer issued (member.Ledger)
 //	DATA/mesh/members.json      the peers this peer admitted or issued certificates to (Known), MaxKnown at most
 //

@@ -27,7 +27,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/store"
 )
 
-const meshHelp = `Usage: clawmesh mesh <init|status|peers|batches|batch|revoke> [flags]
+const meshHelp = `Usage: clawmesh mesh <init|status|peers|batches|batch|revoke|trust|untrust> [flags]
 
 A mesh is the devices you invite, and the trainers that learn from their
 scrubbed batches. One device makes the mesh and holds its admin key; others
@@ -41,6 +41,8 @@ join with an invite token.
   clawmesh mesh batch ID                    one batch's steps as JSONL, decoded from its bytes
   clawmesh mesh revoke PEER [--reason R]    remove a member: it is disconnected everywhere and
                                             refused from then on (the admin, or its inviter)
+  clawmesh mesh trust PEER                  make a trainer a voter (the admin's device only)
+  clawmesh mesh untrust PEER                make a voter a volunteer again (the admin's device only)
 
 revoke takes a peer id this device knows: one it admitted or invited. For
 another, check the id ('mesh peers' lists the peers connected now) or pass
@@ -49,6 +51,16 @@ A revoked device is told when it next meets a peer: its log and 'mesh
 status' say it was removed, by whom and why, and 'mesh batches' that its
 batches will not ship. To take part again it needs a new invite, redeemed
 from a fresh data directory (its peer id stays refused).
+
+Voters are the trainers the admin trusts: they vote in the trainers' raft
+group and certify each adapter version, and devices install only versions a
+majority of them certified. Other trainers volunteer: they train and hand
+their deltas in, but never vote nor certify. The admin's device signs the
+voter set and spreads it across the mesh; 'mesh status' lists the voters.
+trust takes a trainer this device admitted or invited; untrusting the last
+voter is allowed, but the mesh then certifies no version until one is
+trusted. A trainer invited with 'clawmesh invite --role trainer --voter'
+is trusted when it joins (the default while the mesh has no voter).
 
 'mesh batches' on a running node says when each unshipped batch is
 announced again: at once when a trainer joins, else with backoff (30 s
@@ -64,7 +76,7 @@ node needs one); otherwise they read the data directory.
 func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, meshHelp)
-		return usageErr("which mesh command? init, status, peers, batches, batch or revoke")
+		return usageErr("which mesh command? init, status, peers, batches, batch, revoke, trust or untrust")
 	}
 	sub, args := args[0], args[1:]
 	var s settings
@@ -84,8 +96,9 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case "revoke":
 		fs.StringVar(&reason, "reason", "", "why, kept with the revocation and shown to the revoked device")
 		fs.BoolVar(&force, "force", false, "revoke a peer id this device never admitted nor invited")
+	case "trust", "untrust":
 	default:
-		return usageErr("unknown mesh command %q: want init, status, peers, batches, batch or revoke", sub)
+		return usageErr("unknown mesh command %q: want init, status, peers, batches, batch, revoke, trust or untrust", sub)
 	}
 	if err := parse(fs, args); err != nil {
 		return err
@@ -93,16 +106,16 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := s.resolve(fs); err != nil {
 		return err
 	}
-	want := map[string]int{"init": 0, "status": 0, "peers": 0, "batches": 0, "batch": 1, "revoke": 1}[sub]
+	want := map[string]int{"init": 0, "status": 0, "peers": 0, "batches": 0, "batch": 1, "revoke": 1, "trust": 1, "untrust": 1}[sub]
 	if fs.NArg() != want {
 		if want == 1 {
 			return usageErr("%s takes one argument", sub)
 		}
 		return usageErr("%s takes no arguments", sub)
 	}
-	if sub == "init" || sub == "revoke" {
-		// They write the directory when nothing runs on it (revoke goes
-		// through the running node or trainer otherwise).
+	if sub == "init" || sub == "revoke" || sub == "trust" || sub == "untrust" {
+		// They write the directory when nothing runs on it (revoke, trust
+		// and untrust go through the running node or trainer otherwise).
 		release, err := lockOffline(s.Data, "mesh "+sub, sub == "init")
 		if err != nil {
 			return err
@@ -154,7 +167,14 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "PEER\tROLE\tINVITES\tSINCE")
 		for _, p := range peers {
-			fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", p.PeerID, p.Role, p.MayInvite, p.Since.Local().Format("01-02 15:04:05"))
+			role := p.Role
+			switch {
+			case p.Voter:
+				role += " (voter)"
+			case p.Volunteer:
+				role += " (volunteer)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", p.PeerID, role, p.MayInvite, p.Since.Local().Format("01-02 15:04:05"))
 		}
 		return tw.Flush()
 	case "batches":
@@ -192,13 +212,15 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return peer.WriteSteps(stdout, b)
 	case "revoke":
 		return meshRevoke(ctx, c, &s, fs.Arg(0), mesh.RevokeOptions{Reason: reason, Force: force}, stdout)
+	case "trust", "untrust":
+		return meshTrust(ctx, c, &s, sub == "trust", fs.Arg(0), stdout, stderr)
 	}
 	return nil
 }
 
-// meshRevoke revokes the peer named by arg, through the running peer c
-// if there is one, else in the data directory.
-func meshRevoke(ctx context.Context, c *peer.Client, s *settings, arg string, o mesh.RevokeOptions, stdout io.Writer) error {
+// peerArg reads a peer id argument, saying in one line what is wrong with
+// one that is not.
+func peerArg(arg string) (mesh.PeerID, error) {
 	p := mesh.PeerID(strings.TrimSpace(arg))
 	if _, err := p2p.PublicKey(p); err != nil {
 		shown := arg
@@ -208,7 +230,17 @@ func meshRevoke(ctx context.Context, c *peer.Client, s *settings, arg string, o 
 				shown = strings.ToValidUTF8(shown[:60], "") + "..."
 			}
 		}
-		return fmt.Errorf("%q is not a peer id: a peer id looks like 12D3KooW... ('clawmesh mesh peers' lists the peers connected now)", shown)
+		return "", fmt.Errorf("%q is not a peer id: a peer id looks like 12D3KooW... ('clawmesh mesh peers' lists the peers connected now)", shown)
+	}
+	return p, nil
+}
+
+// meshRevoke revokes the peer named by arg, through the running peer c
+// if there is one, else in the data directory.
+func meshRevoke(ctx context.Context, c *peer.Client, s *settings, arg string, o mesh.RevokeOptions, stdout io.Writer) error {
+	p, err := peerArg(arg)
+	if err != nil {
+		return err
 	}
 	if c != nil {
 		res, err := c.RevokeWith(ctx, p, o)
@@ -235,6 +267,68 @@ func meshRevoke(ctx context.Context, c *peer.Client, s *settings, arg string, o 
 		return err
 	}
 	fmt.Fprintf(stdout, "revoked %s; the revocation spreads when this device next runs in the mesh\n", p)
+	return nil
+}
+
+// meshTrust makes the trainer named by arg a voter (trust) or a volunteer
+// (untrust), through the running peer c if there is one, else in the
+// data directory.
+func meshTrust(ctx context.Context, c *peer.Client, s *settings, trust bool, arg string, stdout, stderr io.Writer) error {
+	p, err := peerArg(arg)
+	if err != nil {
+		return err
+	}
+	var res peer.VotersResult
+	if c != nil {
+		if trust {
+			res, err = c.Trust(ctx, p)
+		} else {
+			res, err = c.Untrust(ctx, p)
+		}
+		if err != nil {
+			return err
+		}
+	} else {
+		key, _, err := peer.Identity(s.Data)
+		if err != nil {
+			return err
+		}
+		do, unchanged := mesh.TrustOffline, mesh.ErrAlreadyVoter
+		if !trust {
+			do, unchanged = mesh.UntrustOffline, mesh.ErrNotVoter
+		}
+		vs, err := do(s.Data, key, p2p.PublicKey, p, time.Now())
+		switch {
+		case errors.Is(err, unchanged):
+			res.Unchanged = true // vs is the set in force
+		case err != nil:
+			return err
+		}
+		if vs != nil {
+			res.Seq = vs.Seq()
+			for _, v := range vs.Voters() {
+				res.Voters = append(res.Voters, v.Peer)
+			}
+		}
+	}
+	switch {
+	case res.Unchanged && trust:
+		fmt.Fprintf(stdout, "%s is a voter already: nothing to do\n", p)
+		return nil
+	case res.Unchanged:
+		fmt.Fprintf(stdout, "%s is not a voter: nothing to do\n", p)
+		return nil
+	case trust:
+		fmt.Fprintf(stdout, "trusted %s: it votes and certifies versions (voter set %d, %s)\n", p, res.Seq, plural(len(res.Voters), "voter", "voters"))
+	default:
+		fmt.Fprintf(stdout, "untrusted %s: it volunteers from now on (voter set %d, %s)\n", p, res.Seq, plural(len(res.Voters), "voter", "voters"))
+	}
+	if c == nil {
+		fmt.Fprintln(stdout, "the voter set spreads when this device next runs in the mesh")
+	}
+	if !trust && len(res.Voters) == 0 {
+		fmt.Fprintln(stderr, "clawmesh mesh untrust: that was the last voter: the mesh will certify no version until a voter is trusted ('clawmesh mesh trust PEER')")
+	}
 	return nil
 }
 
@@ -413,6 +507,17 @@ func printMeshStatus(w io.Writer, st peer.Status) {
 	} else {
 		fmt.Fprintf(w, "running   no (%s known)\n", plural(st.Revocations, "revocation", "revocations"))
 	}
+	if len(st.Voters) == 0 {
+		fmt.Fprintf(w, "voters    none: no trusted trainer: versions cannot be certified; trust one with `clawmesh mesh trust PEER`\n")
+	} else {
+		fmt.Fprintf(w, "voters    %s (voter set %d)\n", plural(len(st.Voters), "trusted trainer", "trusted trainers"), st.VoterSetSeq)
+		for _, v := range st.Voters {
+			fmt.Fprintf(w, "          %s\n", v)
+		}
+	}
+	if st.Volunteer {
+		fmt.Fprintf(w, "          this trainer volunteers: it trains, but neither votes nor certifies versions\n")
+	}
 	for i, a := range st.Addrs {
 		label := ""
 		switch {
@@ -425,7 +530,7 @@ func printMeshStatus(w io.Writer, st peer.Status) {
 	}
 }
 
-const inviteHelp = `Usage: clawmesh invite [--role member|trainer] [--ttl 24h] [--uses 1] --data DIR
+const inviteHelp = `Usage: clawmesh invite [--role member|trainer] [--voter[=false]] [--ttl 24h] [--uses 1] --data DIR
 
 Prints one copy-pasteable invite token line. On the other device:
   clawmesh join TOKEN --data ~/.clawmesh
@@ -434,6 +539,14 @@ The token is signed by this mesh's admin key (on the device that made the
 mesh) or by this peer, if its certificate lets it invite. It carries this
 peer's addresses: the peer that joins redeems it with this one, which must
 be online then. A token is good for --uses redemptions until --ttl passes.
+
+A trainer is a voter or a volunteer. Voters, trusted by the admin, vote in
+the trainers' raft group and certify adapter versions; volunteers train and
+hand their deltas in, but never vote nor certify. --voter makes the trainer
+that joins a voter: only the admin's device may say so. While the mesh has
+no voter, the admin's trainer token makes one unless --voter=false, so a
+one-person mesh certifies its versions as it is. 'clawmesh mesh trust PEER'
+and 'mesh untrust PEER' change a trainer's standing later.
 `
 
 func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -443,9 +556,19 @@ func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	role := fs.String("role", "member", "what the invited peer may do: member (a device that shares batches) or trainer (pulls them to train)")
 	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token stays valid")
 	uses := fs.Int("uses", 1, "how many peers may join with it")
+	voter := fs.Bool("voter", false, "make the trainer that joins a voter (the admin's device only; the default while the mesh has no voter); --voter=false makes it a volunteer")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	choice := mesh.VoterIfNone
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "voter" {
+			choice = mesh.MakeVolunteer
+			if *voter {
+				choice = mesh.MakeVoter
+			}
+		}
+	})
 	if fs.NArg() > 0 {
 		return usageErr("unexpected arguments %q", fs.Args())
 	}
@@ -458,6 +581,9 @@ func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *ttl <= 0 || *uses < 1 {
 		return usageErr("--ttl must be positive and --uses at least 1")
+	}
+	if choice == mesh.MakeVoter && r != member.RoleTrainer {
+		return usageErr("--voter is for a trainer: add --role trainer")
 	}
 	var addrs []string
 	if c := runningPeer(&s); c != nil {
@@ -476,12 +602,21 @@ func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	tok, err := mesh.Invite(s.Data, key, r, *ttl, *uses, mesh.InviteAddrs(addrs), time.Now(), rand.Reader)
+	tok, err := mesh.InviteWith(s.Data, key, mesh.InviteOptions{Role: r, TTL: *ttl, Uses: *uses, Addrs: mesh.InviteAddrs(addrs), Voter: choice}, time.Now(), rand.Reader)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, tok.String())
 	fmt.Fprintf(stderr, "(a %s token for %s, valid until %s)\n", r, plural(*uses, "use", "uses"), tok.Expires().Local().Format(time.RFC3339))
+	switch {
+	case r != member.RoleTrainer:
+	case tok.Voter() && choice == mesh.VoterIfNone:
+		fmt.Fprintln(stderr, "this trainer will be a voter: the mesh has none yet; --voter=false makes it a volunteer")
+	case tok.Voter():
+		fmt.Fprintln(stderr, "this trainer will be a voter: it votes and certifies versions")
+	default:
+		fmt.Fprintln(stderr, "this trainer will be a volunteer: it trains but neither votes nor certifies; the admin can trust it later with 'clawmesh mesh trust PEER'")
+	}
 	return nil
 }
 
@@ -492,6 +627,10 @@ reaches the inviter at the addresses in the token, which must be online,
 gets this device's certificate, and records the membership in DIR. Then run
 the node (or 'clawmesh trainer', with a trainer token) on DIR: it takes part
 in the mesh.
+
+A trainer token says whether the trainer will be a voter (it votes in the
+trainers' raft group and certifies versions) or a volunteer (it trains,
+but neither votes nor certifies); join says which.
 
 While it tries the token's addresses it says which, one line each on
 stderr; when none answers it says so in one line (--verbose adds each
@@ -561,7 +700,14 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if st.Name != "" {
 		name = " (" + st.Name + ")"
 	}
-	fmt.Fprintf(stdout, "joined mesh %s%s as a %s; peer %s\n", st.MeshID, name, cert.Role(), cert.Subject())
+	standing := ""
+	if tok, err := member.ParseToken(fs.Arg(0)); err == nil && cert.Role() == member.RoleTrainer {
+		standing = " (a volunteer)"
+		if tok.Voter() {
+			standing = " (a voter)"
+		}
+	}
+	fmt.Fprintf(stdout, "joined mesh %s%s as a %s%s; peer %s\n", st.MeshID, name, cert.Role(), standing, cert.Subject())
 	if _, err := node.ReadAddr(s.Data); err == nil {
 		fmt.Fprintln(stdout, "a node runs on this data directory: restart it to take part in the mesh")
 	} else if cert.Role() == member.RoleTrainer {

@@ -1,10 +1,11 @@
 // Package member owns the credentials of a clawmesh mesh: invite tokens,
-// member certificates and revocations, and the two small pieces of state that
-// go with them, the invite Ledger (uses per token) and the RevocationList.
-// Everything here is a pure function of bytes, keys and a given time: no
-// network, no disk, no clock, no goroutines; randomness comes from an
-// io.Reader the caller passes (crypto/rand.Reader in production). The mesh
-// package moves these bytes between peers and persists the state.
+// member certificates and revocations, the admin's VoterSet, and the two
+// small pieces of state that go with them, the invite Ledger (uses per
+// token) and the RevocationList. Everything here is a pure function of
+// bytes, keys and a given time: no network, no disk, no clock, no
+// goroutines; randomness comes from an io.Reader the caller passes
+// (crypto/rand.Reader in production). The mesh package moves these bytes
+// between peers and persists the state.
 //
 // # Keys and identities
 //
@@ -45,23 +46,38 @@
 // any peer id with its own key and so "prove" it invited anyone. Revocations
 // are permanent: a revoked peer rejoins under a new identity.
 //
+// # Voters
+//
+// A VoterSet is the admin's signed list of the trainers that vote in the
+// trainers' raft group and certify adapter versions (their peer ids and
+// keys), numbered: a higher Seq replaces a lower one. Other trainers are
+// volunteers. Only the admin key signs a set, so only the admin makes a
+// voter: directly, or by a trainer token with TokenSpec.Voter, which
+// NewToken refuses to an inviter and Token.Verify refuses when an inviter
+// signed it.
+//
 // # Encodings
 //
-// Certificates, tokens and revocations have one canonical binary encoding:
-// a version byte (1), a kind byte ('C', 'T', 'R'), the fields in a fixed
-// order (strings and nested encodings prefixed by their uvarint length, keys
-// and nonces as raw bytes, times as uvarint Unix seconds), then a 64-byte
-// Ed25519 signature over "clawmesh/member\n" followed by every byte before
-// the signature. Decoders refuse anything over MaxEncodedSize before reading
-// it, refuse trailing bytes, and re-encode what they parsed and refuse the
-// input unless it is byte for byte the same, so a parsed value's Marshal is
-// always its input and the signature covers exactly the bytes received.
+// Certificates, tokens, revocations and voter sets have one canonical
+// binary encoding: a version byte (1), a kind byte ('C', 'T', 'R', 'S'),
+// the fields in a fixed order (strings and nested encodings prefixed by
+// their uvarint length, keys and nonces as raw bytes, times as uvarint Unix
+// seconds), then a 64-byte Ed25519 signature over "clawmesh/member\n"
+// followed by every byte before the signature. Decoders refuse anything
+// over MaxEncodedSize before reading it, refuse trailing bytes, and
+// re-encode what they parsed and refuse the input unless it is byte for
+// byte the same, so a parsed value's Marshal is always its input and the
+// signature covers exactly the bytes received.
 // Signatures are checked by Verify, which knows the keys to trust.
 //
 // Fields that can be derived are not stored: a certificate's mesh is its
 // chain root's issuer key; an inviter-issued certificate's issuer key is its
 // issuer certificate's subject key; a token with an inviter certificate takes
 // the inviter's peer id and key and the admin key from it.
+//
+// A token's role byte holds the role offered in its low bits and, in bit 7
+// (0x80), the voter flag: set only on a trainer token, so a token that
+// makes no voter encodes as tokens did before voters existed.
 //
 // An invite token travels as one line of text: TokenPrefix
 // ("clawmesh-invite1:") then the binary encoding in unpadded base64url. A

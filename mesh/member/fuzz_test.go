@@ -38,7 +38,7 @@ func (k known) add(b []byte) []byte { k[string(b)] = true; return b }
 func FuzzParseToken(f *testing.F) {
 	w := newWorld(f, 1)
 	seeds := known{}
-	for _, tok := range []*Token{w.token(w.admin, RoleMember, 1), w.token(w.inviter, RoleMember, 3), w.token(w.trainer, RoleTrainer, 2)} {
+	for _, tok := range []*Token{w.token(w.admin, RoleMember, 1), w.token(w.inviter, RoleMember, 3), w.token(w.trainer, RoleTrainer, 2), w.voterToken(2)} {
 		seeds.add(tok.Marshal())
 		f.Add(tok.String())
 		f.Add(string(tok.Marshal()))
@@ -55,6 +55,9 @@ func FuzzParseToken(f *testing.F) {
 			_ = tok.MeshID()
 			_ = tok.LogValue()
 			_ = tok.Verify(t0)
+			if tok.Voter() && (tok.Role() != RoleTrainer || tok.Verify(t0) == nil && tok.InviterCert() != nil) {
+				t.Fatalf("a voter token of a %s by %s is accepted", tok.Role(), tok.Inviter())
+			}
 			if tok.VerifyFor(w.adminPub, t0, nil) == nil && !seeds[string(b)] {
 				t.Fatalf("a token that is not a seed verifies: %s", tok)
 			}

@@ -16,6 +16,11 @@ import (
 // version.
 const TokenPrefix = "clawmesh-invite1:"
 
+// roleVoter, set in a token's role byte, makes the trainer that joins a
+// voter. Roles fit in the low bits; a token without the bit encodes as
+// tokens did before voters existed.
+const roleVoter = 0x80
+
 // DefaultTokenTTL is a token's lifetime when TokenSpec.TTL is zero.
 const DefaultTokenTTL = 24 * time.Hour
 
@@ -40,6 +45,10 @@ type TokenSpec struct {
 	TTL time.Duration
 	// MaxUses is how many peers may join with the token; zero means 1.
 	MaxUses int
+	// Voter makes each trainer that joins with the token a voter: the
+	// admin's device, redeeming it, adds the trainer to the voter set it
+	// signs. Only a trainer token signed with the admin key may say so.
+	Voter bool
 }
 
 // A Token invites a peer into a mesh. It carries what the joiner needs to
@@ -56,6 +65,7 @@ type Token struct {
 	expires     time.Time
 	nonce       [NonceSize]byte
 	maxUses     int
+	voter       bool
 	sig         []byte
 	raw         []byte
 }
@@ -83,6 +93,12 @@ func NewToken(inviterKey ed25519.PrivateKey, inviterCert *Certificate, spec Toke
 	if role == RoleAdmin {
 		return nil, fmt.Errorf("%w: a token cannot offer the admin role", ErrNotAllowed)
 	}
+	if spec.Voter && role != RoleTrainer {
+		return nil, fmt.Errorf("member: token: only a trainer can be made a voter, not a %s", role)
+	}
+	if spec.Voter && inviterCert != nil {
+		return nil, fmt.Errorf("%w: only the mesh admin may make a voter (the admin key signs the voter set)", ErrNotAllowed)
+	}
 	uses := spec.MaxUses
 	if uses == 0 {
 		uses = 1
@@ -106,6 +122,7 @@ func NewToken(inviterKey ed25519.PrivateKey, inviterCert *Certificate, spec Toke
 		expires: exp,
 		maxUses: uses,
 	}
+	t.voter = spec.Voter
 	if inviterCert == nil {
 		if err := checkPeerID(spec.Inviter, "token inviter"); err != nil {
 			return nil, err
@@ -171,7 +188,11 @@ func (t *Token) appendBody(b []byte) []byte {
 	for _, a := range t.addrs {
 		b = appendString(b, a)
 	}
-	b = append(b, byte(t.role))
+	rb := byte(t.role)
+	if t.voter {
+		rb |= roleVoter
+	}
+	b = append(b, rb)
 	b = appendTime(b, t.expires)
 	b = append(b, t.nonce[:]...)
 	return appendUvarint(b, t.maxUses)
@@ -265,9 +286,13 @@ func ParseTokenBinary(b []byte) (*Token, error) {
 		}
 		t.addrs = append(t.addrs, a)
 	}
-	t.role = Role(d.byte("role"))
+	rb := d.byte("role")
+	t.role, t.voter = Role(rb&^roleVoter), rb&roleVoter != 0
 	if d.err == nil && (!t.role.valid() || t.role == RoleAdmin) {
 		d.fail("role %v cannot be offered", t.role)
+	}
+	if d.err == nil && t.voter && t.role != RoleTrainer {
+		d.fail("a %s made a voter: only a trainer can be", t.role)
 	}
 	t.expires = d.time("expiry")
 	copy(t.nonce[:], d.take(NonceSize, "nonce"))
@@ -297,6 +322,10 @@ func (t *Token) Verify(now time.Time) error {
 		return fmt.Errorf("%w: the invite token's signature does not verify", ErrTampered)
 	}
 	if c := t.inviterCert; c != nil {
+		if t.Voter() {
+			return fmt.Errorf("%w: the invite token makes a voter, which only the mesh admin may do, but inviter %s signed it",
+				ErrNotAllowed, quote(c.subject))
+		}
 		if err := mayGrant(c, t.role, false); err != nil {
 			return err
 		}
@@ -371,6 +400,10 @@ func (t *Token) Nonce() [NonceSize]byte { return t.nonce }
 // MaxUses is how many times the token may be redeemed.
 func (t *Token) MaxUses() int { return t.maxUses }
 
+// Voter says whether the trainer that joins with the token is to be a
+// voter (TokenSpec.Voter).
+func (t *Token) Voter() bool { return t.voter }
+
 // CertSpecFor returns the spec of the certificate the inviter issues when it
 // redeems the token for a joiner: the offered role, no may-invite.
 func (t *Token) CertSpecFor(subject string, subjectKey ed25519.PublicKey) CertSpec {
@@ -385,6 +418,7 @@ func (t *Token) LogValue() slog.Value {
 		slog.String("inviter", t.inviter),
 		slog.String("role", t.role.String()),
 		slog.Int("max_uses", t.maxUses),
+		slog.Bool("voter", t.Voter()),
 		slog.Time("expires", t.expires),
 	)
 }

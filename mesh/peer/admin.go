@@ -40,6 +40,13 @@ type Status struct {
 	RevokedBy     string    `json:"revoked_by,omitempty"`
 	RevokedAt     time.Time `json:"revoked_at,omitzero"`
 	RevokedReason string    `json:"revoked_reason,omitempty"`
+	// Voters are the trainers the mesh's admin trusts to vote and to
+	// certify versions (peer ids, sorted), as the voter set numbered
+	// VoterSetSeq says (0: none known; no version can be certified).
+	// Volunteer is set on a trainer that is not one of them.
+	Voters      []string `json:"voters"`
+	VoterSetSeq uint64   `json:"voter_set_seq"`
+	Volunteer   bool     `json:"volunteer,omitempty"`
 }
 
 // PeerInfo is one admitted peer, as `clawmesh mesh peers --json` prints it.
@@ -48,6 +55,10 @@ type PeerInfo struct {
 	Role      string    `json:"role"`
 	MayInvite bool      `json:"may_invite"`
 	Since     time.Time `json:"since"`
+	// Voter and Volunteer: a trainer the voter set names, or one it does
+	// not.
+	Voter     bool `json:"voter,omitempty"`
+	Volunteer bool `json:"volunteer,omitempty"`
 }
 
 // BatchInfo is one batch, as `clawmesh mesh batches --json` prints it: a
@@ -95,6 +106,7 @@ func Annotate(l []BatchInfo, st Status, next func(core.BatchID) (time.Time, bool
 // StatusOf is the running peer's status.
 func StatusOf(p *Peer) Status {
 	st := offline(p.Mesh.State(), p.Mesh.Cert(), p.Mesh.IsAdmin(), len(p.Mesh.Revocations()), p.Mesh.Revoked())
+	withVoters(&st, p.Mesh.Voters())
 	st.Running = true
 	st.Addrs = p.Host.Addrs()
 	st.Connected = len(p.Host.Connected())
@@ -115,7 +127,25 @@ func OfflineStatus(dataDir string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	return offline(*s, cert, aerr == nil, revs.Len(), revs.RevocationOf(cert)), nil
+	vs, err := mesh.LoadVoters(dataDir, admin)
+	if err != nil {
+		return Status{}, err
+	}
+	st := offline(*s, cert, aerr == nil, revs.Len(), revs.RevocationOf(cert))
+	withVoters(&st, vs)
+	return st, nil
+}
+
+// withVoters fills in the voters of vs (nil: none known).
+func withVoters(st *Status, vs *member.VoterSet) {
+	st.Voters = []string{}
+	if vs != nil {
+		for _, v := range vs.Voters() {
+			st.Voters = append(st.Voters, v.Peer)
+		}
+		st.VoterSetSeq = vs.Seq()
+	}
+	st.Volunteer = st.Role == member.RoleTrainer.String() && (vs == nil || !vs.Has(st.PeerID))
 }
 
 func offline(s mesh.State, cert *member.Certificate, admin bool, revs int, revoked *member.Revocation) Status {
@@ -144,6 +174,8 @@ type Batches interface {
 //	GET  /clawmesh/v1/mesh/batches       []BatchInfo
 //	GET  /clawmesh/v1/mesh/batches/{id}  the batch's steps as JSONL
 //	POST /clawmesh/v1/mesh/revoke        {"peer", "reason", "force"} → RevokeResult
+//	POST /clawmesh/v1/mesh/trust         {"peer"} → VotersResult (the admin's device only)
+//	POST /clawmesh/v1/mesh/untrust       {"peer"} → VotersResult (the admin's device only)
 const AdminPrefix = "/clawmesh/v1/mesh/"
 
 // Handler serves the admin API of a running peer.
@@ -191,7 +223,48 @@ func Handler(p *Peer, b Batches) http.Handler {
 			writeJSON(w, resultOf(rv, false), nil)
 		}
 	})
+	for _, path := range []string{"trust", "untrust"} {
+		mux.HandleFunc("POST "+AdminPrefix+path, func(w http.ResponseWriter, r *http.Request) {
+			var req struct {
+				Peer string `json:"peer"`
+			}
+			if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil || req.Peer == "" {
+				writeErr(w, http.StatusBadRequest, fmt.Errorf("want {\"peer\": ID}"))
+				return
+			}
+			do, unchanged := p.Mesh.TrustVoter, mesh.ErrAlreadyVoter
+			if path == "untrust" {
+				do, unchanged = p.Mesh.UntrustVoter, mesh.ErrNotVoter
+			}
+			vs, err := do(r.Context(), mesh.PeerID(req.Peer))
+			switch {
+			case errors.Is(err, unchanged):
+				writeJSON(w, votersOf(p.Mesh.Voters(), true), nil)
+			case errors.Is(err, mesh.ErrBadPeerID):
+				writeErr(w, http.StatusBadRequest, err)
+			case err != nil:
+				writeJSON(w, nil, err)
+			default:
+				writeJSON(w, votersOf(vs, false), nil)
+			}
+		})
+	}
 	return mux
+}
+
+// VotersResult is the admin API's answer to a trust or untrust: the
+// voters now, and the number of their set; Unchanged when the peer was a
+// voter already (trust) or none (untrust), and nothing was done.
+type VotersResult struct {
+	Voters    []string `json:"voters"`
+	Seq       uint64   `json:"seq"`
+	Unchanged bool     `json:"unchanged,omitempty"`
+}
+
+func votersOf(vs *member.VoterSet, unchanged bool) VotersResult {
+	var st Status
+	withVoters(&st, vs)
+	return VotersResult{Voters: st.Voters, Seq: st.VoterSetSeq, Unchanged: unchanged}
 }
 
 // RevokeResult is the admin API's answer to a revocation: the revoked
@@ -215,8 +288,14 @@ func resultOf(r *member.Revocation, already bool) RevokeResult {
 
 func peersOf(p *Peer) []PeerInfo {
 	out := []PeerInfo{}
+	vs := p.Mesh.Voters()
 	for _, pe := range p.Mesh.Peers() {
-		out = append(out, PeerInfo{PeerID: string(pe.ID), Role: pe.Cert.Role().String(), MayInvite: pe.Cert.MayInvite(), Since: pe.Since.UTC()})
+		pi := PeerInfo{PeerID: string(pe.ID), Role: pe.Cert.Role().String(), MayInvite: pe.Cert.MayInvite(), Since: pe.Since.UTC()}
+		if pe.Cert.Role() == member.RoleTrainer {
+			pi.Voter = vs != nil && vs.Has(pi.PeerID)
+			pi.Volunteer = !pi.Voter
+		}
+		out = append(out, pi)
 	}
 	return out
 }
@@ -241,7 +320,7 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 			code = http.StatusNotFound
 		case errors.Is(err, member.ErrNotAllowed):
 			code = http.StatusForbidden
-		case errors.Is(err, mesh.ErrUnknownPeer):
+		case errors.Is(err, mesh.ErrUnknownPeer), errors.Is(err, mesh.ErrNotTrainer), errors.Is(err, member.ErrRevoked):
 			code = http.StatusConflict
 		}
 		writeErr(w, code, err)
@@ -325,6 +404,30 @@ func (c *Client) RevokeWith(ctx context.Context, p mesh.PeerID, o mesh.RevokeOpt
 	var res RevokeResult
 	b, _ := json.Marshal(map[string]any{"peer": string(p), "reason": o.Reason, "force": o.Force})
 	resp, err := c.do(ctx, http.MethodPost, "revoke", strings.NewReader(string(b)))
+	if err != nil {
+		return res, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&res)
+	return res, err
+}
+
+// Trust asks the running peer (the admin's device) to make a trainer a
+// voter; the result says whether it was one already.
+func (c *Client) Trust(ctx context.Context, p mesh.PeerID) (VotersResult, error) {
+	return c.voters(ctx, "trust", p)
+}
+
+// Untrust asks the running peer (the admin's device) to make a voter a
+// volunteer; the result says whether it was no voter already.
+func (c *Client) Untrust(ctx context.Context, p mesh.PeerID) (VotersResult, error) {
+	return c.voters(ctx, "untrust", p)
+}
+
+func (c *Client) voters(ctx context.Context, path string, p mesh.PeerID) (VotersResult, error) {
+	var res VotersResult
+	b, _ := json.Marshal(map[string]any{"peer": string(p)})
+	resp, err := c.do(ctx, http.MethodPost, path, strings.NewReader(string(b)))
 	if err != nil {
 		return res, err
 	}

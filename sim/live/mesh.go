@@ -358,7 +358,8 @@ func startMesh(ctx context.Context, root string, o recipeOptions, stops *[]func(
 	for _, u := range o.Users {
 		perRound += 2 * o.Sessions * len(u.Prompts)
 	}
-	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, VerifyRetry: 2 * time.Second}
+	timing := trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond, VerifyRetry: 2 * time.Second,
+		CertifyWait: 20 * time.Second}
 	for i := range 3 {
 		d := filepath.Join(root, fmt.Sprint("trainer", i+1))
 		tok, err := invite(first, member.RoleTrainer, m.nodes[0])
