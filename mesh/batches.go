@@ -667,6 +667,29 @@ type PullOptions struct {
 	Stats *PullStats
 }
 
+// DefaultMaxBatch is the largest batch a trainer accepts by default (the
+// default batch.Limits.MaxBytes).
+const DefaultMaxBatch = 32 << 20
+
+func maxBatch(lim batch.Limits) int64 {
+	if lim.MaxBytes <= 0 {
+		return DefaultMaxBatch
+	}
+	return lim.MaxBytes
+}
+
+// CheckBudget says whether a pull budget (0: the default) holds the
+// largest batch lim accepts.
+func CheckBudget(budget int64, lim batch.Limits) error {
+	if budget == 0 {
+		budget = DefaultPullBudget
+	}
+	if max := maxBatch(lim); budget < max {
+		return fmt.Errorf("mesh: a pull budget of %d bytes holds no batch of the %d bytes accepted; it must be at least that", budget, max)
+	}
+	return nil
+}
+
 // PullStats counts the announcements a trainer took and dropped, its
 // pulls, the strikes and disconnections of the peers that overstep, and
 // the memory its pulls take. Its owner reads it at any time (a trainer's
@@ -729,15 +752,12 @@ func (m *Mesh) Collect(ctx context.Context, st Store, o PullOptions) error {
 	if !m.isTrainer() {
 		return fmt.Errorf("%w: only a trainer's certificate lets a peer pull batches", member.ErrNotAllowed)
 	}
-	maxSize := o.Limits.MaxBytes
-	if maxSize <= 0 {
-		maxSize = 32 << 20
+	maxSize := maxBatch(o.Limits)
+	if err := CheckBudget(o.Budget, o.Limits); err != nil {
+		return err
 	}
 	if o.Budget <= 0 {
 		o.Budget = DefaultPullBudget
-	}
-	if o.Budget < maxSize {
-		return fmt.Errorf("mesh: a pull budget of %d bytes holds no batch of the %d bytes accepted", o.Budget, maxSize)
 	}
 	if o.Stats == nil {
 		o.Stats = new(PullStats)

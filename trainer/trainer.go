@@ -97,6 +97,10 @@ type Config struct {
 	Limits batch.Limits
 	// Stall is how long a pull may make no progress (mesh default).
 	Stall time.Duration
+	// PullBudget bounds the bytes of the batches being pulled at once,
+	// from every device together (mesh.PullOptions.Budget; default
+	// mesh.DefaultPullBudget).
+	PullBudget int64
 	// Engine is the training engine (native, or torch: the PyTorch worker
 	// of model/engine/torch), Device its device (cpu, or cuda with the
 	// torch engine), Base the base model: "tiny" (or "") for the tiny
@@ -186,6 +190,11 @@ type Trainer struct {
 	runtimes  rolloutRuntimes
 	evalLater map[string]time.Time
 
+	// pulls counts the batch pulls and what they hold; rpc bounds each
+	// trainer's streams of Protocol.
+	pulls mesh.PullStats
+	rpc   rpcBounds
+
 	// metrics are made on first use (metricsOf).
 	metricsOnce sync.Once
 	metrics     *metrics
@@ -201,6 +210,9 @@ func New(ctx context.Context, cfg Config) (*Trainer, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := mesh.CheckBudget(cfg.PullBudget, cfg.Limits); err != nil {
+		return nil, err
 	}
 	// A node's directory is not a trainer's, whatever its certificate: a
 	// trainer there would take the node's identity beside its pool.
@@ -399,7 +411,9 @@ func (t *Trainer) Run(ctx context.Context) error {
 		goRun(func() { t.weights.Run(ctx) })
 	}
 	var collectErr error
-	goRun(func() { collectErr = t.mesh.Collect(ctx, t.store, mesh.PullOptions{Limits: t.cfg.Limits}) })
+	goRun(func() {
+		collectErr = t.mesh.Collect(ctx, t.store, mesh.PullOptions{Limits: t.cfg.Limits, Budget: t.cfg.PullBudget, Stats: &t.pulls})
+	})
 	goRun(func() { t.group.watchObservations(ctx) })
 	goRun(func() {
 		if err := t.group.join(ctx); err != nil {
