@@ -39,7 +39,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // meshOf makes a mesh whose admin's device runs until the test ends, and
 // returns it with its data dir.
-func meshOf(t *testing.T) (*peer.Peer, string) {
+func meshOf(t testing.TB) (*peer.Peer, string) {
 	t.Helper()
 	data := t.TempDir()
 	key, id, err := peer.Identity(data)
@@ -53,7 +53,7 @@ func meshOf(t *testing.T) (*peer.Peer, string) {
 }
 
 // joined makes a peer of role in the admin's mesh and runs it.
-func joined(t *testing.T, admin *peer.Peer, adminData string, role member.Role) *peer.Peer {
+func joined(t testing.TB, admin *peer.Peer, adminData string, role member.Role) *peer.Peer {
 	t.Helper()
 	key, _, _ := peer.Identity(adminData)
 	tok, err := mesh.Invite(adminData, key, role, time.Hour, 1, admin.Host.Addrs(), time.Now(), rand.Reader)
@@ -67,7 +67,7 @@ func joined(t *testing.T, admin *peer.Peer, adminData string, role member.Role) 
 	return run(t, data)
 }
 
-func run(t *testing.T, data string) *peer.Peer {
+func run(t testing.TB, data string) *peer.Peer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p, err := peer.Start(ctx, peer.Options{DataDir: data, Listen: loopback, AdmitTimeout: 3 * time.Second, RefuseFor: time.Minute, Stall: 2 * time.Second})
@@ -359,5 +359,37 @@ func TestCreditGoesToAuthor(t *testing.T) {
 	})
 	if from, _ := st.credit(id); from != dev.Mesh.ID() {
 		t.Errorf("the batch is credited to %q, want the device %s (thief %s)", from, dev.Mesh.ID(), thief.Mesh.ID())
+	}
+}
+
+// BenchmarkPull: a trainer pulls 16 MiB from a device over loopback, its
+// memory taken as the bytes arrive.
+func BenchmarkPull(b *testing.B) {
+	admin, adminData := meshOf(b)
+	tr := joined(b, admin, adminData, member.RoleTrainer)
+	deadline := time.Now().Add(30 * time.Second)
+	for !admitted(admin, tr) {
+		if time.Now().After(deadline) {
+			b.Fatal("not admitted")
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	payload := make([]byte, 16<<20)
+	rand.Read(payload)
+	id := batch.ID(payload)
+	admin.Host.Handle(mesh.ProtoPull, func(s mesh.Stream) {
+		defer s.Close()
+		if skipMsg(bufio.NewReader(s)) != nil {
+			s.Reset()
+			return
+		}
+		writeMsg(s, map[string]any{"status": "ok", "size": len(payload)})
+		s.Write(payload)
+	})
+	b.SetBytes(int64(len(payload)))
+	for b.Loop() {
+		if _, err := tr.Mesh.Pull(context.Background(), admin.Mesh.ID(), id, int64(len(payload))); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
