@@ -135,7 +135,7 @@ func readFrame(r io.Reader, v any) error {
 	}
 	size := binary.BigEndian.Uint32(n[:])
 	if size > maxRequest {
-		return fmt.Errorf("trainer: frame of %d bytes, over %d", size, maxRequest)
+		return fmt.Errorf("trainer: frame of %d bytes (at most %d)", size, maxRequest)
 	}
 	b, err := readSized(r, int64(size), nil)
 	if err != nil {
@@ -148,7 +148,7 @@ func readFrame(r io.Reader, v any) error {
 // memory counted in alloc (if not nil).
 func readPayload(r io.Reader, size int64, alloc *atomic.Int64) ([]byte, error) {
 	if size < 0 || size > maxPayload {
-		return nil, fmt.Errorf("trainer: payload of %d bytes, over %d", size, maxPayload)
+		return nil, fmt.Errorf("trainer: payload of %d bytes (0 to %d)", size, maxPayload)
 	}
 	return readSized(r, size, alloc)
 }

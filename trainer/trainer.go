@@ -1,8 +1,11 @@
 // Package trainer is a trainer peer: a volunteer's machine in the mesh that
 // trains the mesh's adapter from the devices' scrubbed batches. It joins the
-// mesh with its trainer certificate, pulls every batch announced on it,
-// verifies it, keeps it in its batch store (trainer/store) and acknowledges
-// it, which lets the device that made it mark it shipped.
+// mesh with its trainer certificate, pulls every batch announced on it
+// from the device that signed the announcement (within the bounds of
+// mesh.Collect and Config.PullBudget), verifies it, keeps it in its batch
+// store (trainer/store) credited to that device and acknowledges it, which
+// lets the device that made it mark it shipped. Another trainer's streams
+// of Protocol are served 4 at a time, their payloads read as they arrive.
 //
 // Trainers form a raft group (hashicorp/raft over the mesh's streams,
 // mesh/raftnet; its log on Pebble, trainer/raftstore) whose replicated state
