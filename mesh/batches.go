@@ -629,9 +629,11 @@ type OriginStore interface {
 }
 
 // Bounds on the work one peer can make another do. A peer past one is
-// slowed (its work waits) or its work is dropped, each time with a
-// strike; MaxStrikes strikes within their decay (one is forgotten every
-// StrikeDecay) disconnect it.
+// slowed (its work waits) or its work is dropped; what only a faulty or
+// hostile peer does (announcements over its rate, malformed ones, batches
+// announced and not served, bytes that do not match, stalls) earns it a
+// strike, and MaxStrikes strikes within their decay (one is forgotten
+// every StrikeDecay) disconnect it.
 const (
 	// PullsPerPeer is how many pulls from one device a trainer runs at
 	// once; PullQueue more of its announcements may wait for a turn, and
@@ -642,10 +644,11 @@ const (
 	// at once; more are reset.
 	ServesPerPeer = 2
 	// AnnounceRate and AnnounceBurst are the token bucket of the
-	// announcements a trainer takes from one device: a burst of 64, then 4
-	// a second. The rest are dropped. Ship keeps to half of both.
-	AnnounceRate  rate.Limit = 4
-	AnnounceBurst            = 64
+	// announcements a trainer takes from one device: a burst of 128, then
+	// 8 a second. The rest are dropped, each with a strike. Ship keeps to
+	// half of both.
+	AnnounceRate  rate.Limit = 8
+	AnnounceBurst            = 128
 	// MaxStrikes and StrikeDecay: see above.
 	MaxStrikes  = 16
 	StrikeDecay = 5 * time.Second
@@ -743,11 +746,11 @@ func (st *PullStats) release(buf []byte) {
 //
 // Each device's work is bounded: AnnounceRate and AnnounceBurst of its
 // announcements are taken, PullsPerPeer of its pulls run at once and
-// PullQueue wait, the memory a pull takes grows as its bytes arrive, and
-// all pulls together hold at most o.Budget bytes. A device that oversteps
-// (floods announcements, announces batches it does not serve, serves
-// bytes that do not match) collects strikes, and is disconnected at
-// MaxStrikes.
+// PullQueue wait (more are dropped, to be announced again), the memory a
+// pull takes grows as its bytes arrive, and all pulls together hold at
+// most o.Budget bytes. A device that oversteps (floods announcements,
+// announces batches it does not serve, serves bytes that do not match,
+// stalls) collects strikes, and is disconnected at MaxStrikes.
 func (m *Mesh) Collect(ctx context.Context, st Store, o PullOptions) error {
 	if !m.isTrainer() {
 		return fmt.Errorf("%w: only a trainer's certificate lets a peer pull batches", member.ErrNotAllowed)
@@ -862,9 +865,10 @@ func (pl *puller) take(ctx context.Context, msg Message) {
 		return // a repeat of one being pulled
 	}
 	if w.queued >= PullsPerPeer+PullQueue {
+		// No strike: a device with many batches waiting announces them
+		// all, and announces again later those not acked.
 		pl.mu.Unlock()
 		stats.Dropped.Add(1)
-		pl.strike(author, "more announcements than its pulls can follow")
 		return
 	}
 	pl.busy[key] = true

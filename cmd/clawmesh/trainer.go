@@ -30,10 +30,10 @@ Runs a trainer peer: it joins the mesh with its trainer certificate (from
 every batch the devices announce, verifies it and keeps it in DIR/batches,
 and acknowledges it, so the device marks it shipped. A batch is pulled from
 the device that signed its announcement, and credited to that device.
-Each device's work is bounded: a few announcements a second, 2 pulls at a
-time, memory taken as the bytes arrive, and all pulls together within
---pull-budget (default 512MiB); a device that keeps overstepping is
-disconnected.
+Each device's work is bounded: 8 announcements a second after a burst of
+128, 2 pulls at a time, memory taken as the bytes arrive, and all pulls
+together within --pull-budget (default 512MiB); a device that keeps
+overstepping is disconnected.
 
 The mesh's trainers form a raft group. The first trainer bootstraps it
 (after --join-wait without finding one); later ones join through its
@@ -99,7 +99,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	gradCkpt := fs.Bool("grad-checkpoint", false, "torch engine: recompute each layer's activations in backward (less GPU memory, more compute)")
 	base := fs.String("base", group.DefaultBase, "base model: tiny (built in, no download) or a Hugging Face model directory")
 	joinWait := fs.Duration("join-wait", 5*time.Second, "how long to look for a trainers' group before bootstrapping one")
-	pullBudget := fs.String("pull-budget", "512MiB", "most bytes of batches being pulled at once, from every device together (a size of at least 32MiB, the largest batch; each device also gets at most 2 pulls at once and a few announcements a second)")
+	pullBudget := fs.String("pull-budget", "512MiB", "most bytes of batches being pulled at once, from every device together (a size of at least 32MiB, the largest batch; each device also gets at most 2 pulls at once)")
 	var gc group.Config
 	bindGroupFlags(fs, &gc)
 	if err := parse(fs, args); err != nil {
