@@ -11,7 +11,11 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/time/rate"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh/batch"
@@ -19,7 +23,8 @@ import (
 )
 
 // Manifest announces a batch on the mesh: enough to decide whether to pull
-// it, and nothing that names the device it came from.
+// it, and nothing that names the device it came from (the gossip message
+// that carries it is signed by that device: Message.Author).
 type Manifest struct {
 	ID       core.BatchID        `json:"id"`
 	Size     int64               `json:"size"`
@@ -161,17 +166,37 @@ type pullReply struct {
 	Error  string `json:"error,omitempty"`
 }
 
-// servePull answers pull requests from trainers with src's batches.
+// servePull answers pull requests from trainers with src's batches, at
+// most ServesPerPeer streams of one peer at a time (more are reset).
 func (m *Mesh) servePull(src Source) {
+	var mu sync.Mutex
+	serving := map[PeerID]int{}
 	m.host.Handle(ProtoPull, func(s Stream) {
 		defer s.Close()
+		p := s.RemotePeer()
+		mu.Lock()
+		if serving[p] >= ServesPerPeer {
+			mu.Unlock()
+			m.log.Debug("a pull refused: too many from one peer at once", "peer", p)
+			s.Reset()
+			return
+		}
+		serving[p]++
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			if serving[p]--; serving[p] == 0 {
+				delete(serving, p)
+			}
+			mu.Unlock()
+		}()
 		s.SetDeadline(time.Now().Add(exchangeTimeout))
 		var req pullRequest
 		if err := readMsg(bufio.NewReader(s), &req, maxMsg); err != nil || !validBatchID(req.ID) {
 			s.Reset()
 			return
 		}
-		pe, ok := m.Peer(s.RemotePeer())
+		pe, ok := m.Peer(p)
 		if !ok || pe.Cert.Role() != member.RoleTrainer {
 			writeMsg(s, pullReply{Status: "refused", Error: "only trainers pull batches"})
 			return
@@ -224,7 +249,7 @@ func openPayload(src Source, id core.BatchID) (io.ReadCloser, int64, error) {
 }
 
 // DefaultStall is how long a pull may make no progress before it is given
-// up (and another source tried).
+// up (and tried again at the batch's next announcement).
 const DefaultStall = 10 * time.Second
 
 func (m *Mesh) stall() time.Duration {
@@ -237,14 +262,16 @@ func (m *Mesh) stall() time.Duration {
 // ErrStalled reports a pull that made no progress for the stall timeout.
 var ErrStalled = errors.New("mesh: pull stalled")
 
-// Pull pulls batch id, of size bytes, from peer p as Collect does, and
-// checks its size and hash (not its contents: batch.Verify does).
+// Pull pulls batch id, of size bytes, from peer p as Collect does (but
+// outside Collect's bounds), and checks its size and hash (not its
+// contents: batch.Verify does).
 func (m *Mesh) Pull(ctx context.Context, p PeerID, id core.BatchID, size int64) ([]byte, error) {
-	return m.pullFrom(ctx, p, Manifest{ID: id, Size: size}, size)
+	return m.pullFrom(ctx, p, Manifest{ID: id, Size: size}, size, nil)
 }
 
-// pullFrom pulls batch id from peer p and checks its size and hash.
-func (m *Mesh) pullFrom(ctx context.Context, p PeerID, man Manifest, maxSize int64) ([]byte, error) {
+// pullFrom pulls batch id from peer p and checks its size and hash. The
+// memory it takes is counted in stats, if not nil.
+func (m *Mesh) pullFrom(ctx context.Context, p PeerID, man Manifest, maxSize int64, stats *PullStats) ([]byte, error) {
 	sctx, cancel := context.WithTimeout(ctx, exchangeTimeout)
 	s, err := m.host.NewStream(sctx, p, ProtoPull)
 	cancel()
@@ -252,57 +279,82 @@ func (m *Mesh) pullFrom(ctx context.Context, p PeerID, man Manifest, maxSize int
 		return nil, err
 	}
 	defer s.Close()
+	if s.RemotePeer() != p {
+		s.Reset()
+		return nil, fmt.Errorf("mesh: a pull from %s answered by %s", p, s.RemotePeer())
+	}
 	s.SetDeadline(time.Now().Add(m.stall()))
 	if err := writeMsg(s, pullRequest{ID: man.ID}); err != nil {
 		s.Reset()
 		return nil, err
 	}
 	br := bufio.NewReaderSize(s, 64<<10)
-	var rep pullReply
-	if err := readMsg(br, &rep, maxMsg); err != nil {
+	size, err := readPullReply(br, man, maxSize)
+	if err != nil {
 		s.Reset()
 		return nil, err
 	}
-	switch {
-	case rep.Status == "not_found":
-		return nil, ErrNoBatch
-	case rep.Status != "ok":
-		return nil, fmt.Errorf("mesh: pull refused: %s", rep.Error)
-	case rep.Size <= 0 || rep.Size > maxSize || rep.Size != man.Size:
-		s.Reset()
-		return nil, fmt.Errorf("%w: a batch of %d bytes (announced %d, limit %d)", ErrMessage, rep.Size, man.Size, maxSize)
+	buf, err := m.readBody(s, br, size, stats)
+	if err == nil && batch.ID(buf) != man.ID {
+		err = fmt.Errorf("%w: pulled bytes do not hash to %s", batch.ErrHashMismatch, man.ID)
 	}
-	buf, off, err := m.readBody(s, br, rep.Size)
+	if err != nil {
+		stats.release(buf)
+	}
 	switch {
 	case errors.Is(err, io.EOF):
-		return nil, fmt.Errorf("%w: cut after %d of %d bytes", ErrMessage, off, len(buf))
+		return nil, fmt.Errorf("%w: cut after %d of %d bytes", ErrMessage, len(buf), size)
 	case isTimeout(err):
-		return nil, fmt.Errorf("%w after %d of %d bytes", ErrStalled, off, len(buf))
+		return nil, fmt.Errorf("%w after %d of %d bytes", ErrStalled, len(buf), size)
 	case err != nil:
 		return nil, err
-	}
-	if batch.ID(buf) != man.ID {
-		return nil, fmt.Errorf("%w: pulled bytes do not hash to %s", batch.ErrHashMismatch, man.ID)
 	}
 	return buf, nil
 }
 
+// readPullReply reads the reply to a pull of man and returns the size of
+// the body that follows: exactly the size announced, at most maxSize.
+func readPullReply(br *bufio.Reader, man Manifest, maxSize int64) (int64, error) {
+	var rep pullReply
+	if err := readMsg(br, &rep, maxMsg); err != nil {
+		return 0, err
+	}
+	switch {
+	case rep.Status == "not_found":
+		return 0, ErrNoBatch
+	case rep.Status != "ok":
+		return 0, fmt.Errorf("mesh: pull refused: %.200q", rep.Error)
+	case rep.Size <= 0 || rep.Size > maxSize || rep.Size != man.Size:
+		return 0, fmt.Errorf("%w: a batch of %d bytes (announced %d, limit %d)", ErrMessage, rep.Size, man.Size, maxSize)
+	}
+	return rep.Size, nil
+}
+
+// firstRead is the buffer a pull's body starts in; it doubles as the bytes
+// arrive, up to the size of the batch.
+const firstRead = 64 << 10
+
 // readBody reads a reply's body of size bytes, giving the peer the stall
-// time for each read. On an error the stream is reset, and off says how
-// far it got; io.EOF means the peer ended the stream early.
-func (m *Mesh) readBody(s Stream, br io.Reader, size int64) (buf []byte, off int, err error) {
-	buf = make([]byte, size)
-	for off < len(buf) {
+// time for each read. Memory is taken as the bytes arrive, never more than
+// size, whatever size says: a peer that promises 32 MiB and sends 1 KiB
+// costs 64 KiB. On an error the stream is reset, and the bytes read so
+// far are returned; io.EOF means the peer ended the stream early.
+func (m *Mesh) readBody(s Stream, br io.Reader, size int64, stats *PullStats) (buf []byte, err error) {
+	buf = stats.grow(nil, min(size, firstRead))
+	for int64(len(buf)) < size {
+		if len(buf) == cap(buf) {
+			buf = stats.grow(buf, min(2*int64(cap(buf)), size))
+		}
 		s.SetReadDeadline(time.Now().Add(m.stall()))
 		var n int
-		n, err = br.Read(buf[off:])
-		off += n
-		if err != nil && !(errors.Is(err, io.EOF) && off == len(buf)) {
+		n, err = br.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err != nil && !(errors.Is(err, io.EOF) && int64(len(buf)) == size) {
 			s.Reset()
-			return buf, off, err
+			return buf, err
 		}
 	}
-	return buf, off, nil
+	return buf, nil
 }
 
 func isTimeout(err error) bool {
@@ -322,7 +374,9 @@ type Outbox interface {
 }
 
 // ShipOptions time the announcements of unshipped batches: the first at
-// once, then again after Retry, doubling up to MaxRetry, until acked; and
+// once (at most AnnounceBurst/2 at once, then AnnounceRate/2 a second:
+// well within what a trainer takes from one device), then again after
+// Retry, doubling up to MaxRetry, until acked; and
 // again whenever a trainer is admitted (after Settle, at most once per
 // ArrivalGap), so that a batch sealed before any trainer was in the mesh
 // does not wait out its backoff.
@@ -392,6 +446,10 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 	defer acks.Close()
 	m.servePull(out)
 
+	// Announcements go at half the rate, and half the burst, that a
+	// trainer takes from one device (AnnounceRate, AnnounceBurst), so that
+	// one with many batches waiting is never over it.
+	pace := rate.NewLimiter(AnnounceRate/2, AnnounceBurst/2)
 	sched := &m.ship
 	sched.mu.Lock()
 	sched.next = map[core.BatchID]*announcement{}
@@ -464,6 +522,12 @@ func (m *Mesh) Ship(ctx context.Context, out Outbox, o ShipOptions) error {
 			}
 			due := !now.Before(n.at)
 			round, man := n.round, n.man
+			if due && !pace.AllowN(now, 1) {
+				// Over the pace the trainers allow: it stays due, for the
+				// next turn of the loop.
+				sched.mu.Unlock()
+				continue
+			}
 			if due {
 				n.at = now.Add(n.delay)
 				n.delay = min(2*n.delay, o.MaxRetry)
@@ -554,32 +618,152 @@ type Store interface {
 	Put(ctx context.Context, id core.BatchID, payload []byte, b *batch.Batch) error
 }
 
-// OriginStore is a Store that also keeps which peer announced each batch:
-// the device that shipped it, since devices announce only their own
-// batches. Collect calls PutFrom instead of Put when the store has it.
+// OriginStore is a Store that also keeps the device each batch is
+// credited to: the author of its announcement, authenticated by the
+// announcement's signature, from whom it was pulled over a stream its
+// handshake authenticated. Collect calls PutFrom instead of Put when the
+// store has it.
 type OriginStore interface {
 	Store
 	PutFrom(ctx context.Context, id core.BatchID, from PeerID, payload []byte, b *batch.Batch) error
 }
 
+// Bounds on the work one peer can make another do. A peer past one is
+// slowed (its work waits) or its work is dropped; what only a faulty or
+// hostile peer does (announcements over its rate, malformed ones, batches
+// announced and not served, bytes that do not match, stalls) earns it a
+// strike, and MaxStrikes strikes within their decay (one is forgotten
+// every StrikeDecay) disconnect it.
+const (
+	// PullsPerPeer is how many pulls from one device a trainer runs at
+	// once; PullQueue more of its announcements may wait for a turn, and
+	// the rest are dropped.
+	PullsPerPeer = 2
+	PullQueue    = 8
+	// ServesPerPeer is how many pull streams of one trainer a peer serves
+	// at once; more are reset.
+	ServesPerPeer = 2
+	// AnnounceRate and AnnounceBurst are the token bucket of the
+	// announcements a trainer takes from one device: a burst of 128, then
+	// 8 a second. The rest are dropped, each with a strike. Ship keeps to
+	// half of both.
+	AnnounceRate  rate.Limit = 8
+	AnnounceBurst            = 128
+	// MaxStrikes and StrikeDecay: see above.
+	MaxStrikes  = 16
+	StrikeDecay = 5 * time.Second
+	// DefaultPullBudget bounds the bytes of the batches a trainer pulls at
+	// once, from every peer together.
+	DefaultPullBudget = 512 << 20
+)
+
 // PullOptions bound what a trainer accepts.
 type PullOptions struct {
 	Limits batch.Limits
+	// Budget bounds the bytes of the batches being pulled at once, all
+	// peers together (each pull holds its announced size until its batch
+	// is stored or refused, and waits for room); default
+	// DefaultPullBudget. It must hold the largest batch accepted
+	// (Limits.MaxBytes).
+	Budget int64
+	// Stats, if not nil, counts what Collect does and refuses.
+	Stats *PullStats
 }
 
-// Collect pulls every batch announced on the mesh that st does not hold:
-// from the peer that forwarded the announcement, else from any admitted
-// peer that holds it (the announcer, or a trainer); checks its hash and
-// decodes it whole; stores it; and acks it. A batch already held is acked
-// again (its announcer may have missed the ack). It also serves st's
-// batches to other trainers. It runs until ctx is done.
+// DefaultMaxBatch is the largest batch a trainer accepts by default (the
+// default batch.Limits.MaxBytes).
+const DefaultMaxBatch = 32 << 20
+
+func maxBatch(lim batch.Limits) int64 {
+	if lim.MaxBytes <= 0 {
+		return DefaultMaxBatch
+	}
+	return lim.MaxBytes
+}
+
+// CheckBudget says whether a pull budget (0: the default) holds the
+// largest batch lim accepts.
+func CheckBudget(budget int64, lim batch.Limits) error {
+	if budget == 0 {
+		budget = DefaultPullBudget
+	}
+	if max := maxBatch(lim); budget < max {
+		return fmt.Errorf("mesh: a pull budget of %d bytes holds no batch of the %d bytes accepted; it must be at least that", budget, max)
+	}
+	return nil
+}
+
+// PullStats counts the announcements a trainer took and dropped, its
+// pulls, the strikes and disconnections of the peers that overstep, and
+// the memory its pulls take. Its owner reads it at any time (a trainer's
+// metrics).
+type PullStats struct {
+	// Announcements received; Dropped of them: over the author's rate or
+	// queue, from a peer that is not an admitted device, or malformed.
+	Announcements, Dropped atomic.Int64
+	// Pulls started, Failed of them (including batches refused once
+	// pulled).
+	Pulls, Failed atomic.Int64
+	// Strikes given, and Disconnects of the peers that had too many.
+	Strikes, Disconnects atomic.Int64
+	// Allocated counts the bytes allocated for batch bodies, in all;
+	// Held those held now, HeldPeak the most held at once. Reserved is
+	// the part of the budget the pulls in progress hold.
+	Allocated, Held, HeldPeak, Reserved atomic.Int64
+}
+
+// grow returns a buffer of capacity n holding buf's bytes, counting the
+// memory. A nil PullStats counts nothing.
+func (st *PullStats) grow(buf []byte, n int64) []byte {
+	nb := make([]byte, len(buf), n)
+	copy(nb, buf)
+	if st != nil {
+		st.Allocated.Add(n)
+		held := st.Held.Add(n - int64(cap(buf)))
+		for peak := st.HeldPeak.Load(); held > peak && !st.HeldPeak.CompareAndSwap(peak, held); peak = st.HeldPeak.Load() {
+		}
+	}
+	return nb
+}
+
+// release counts buf's memory as no longer held.
+func (st *PullStats) release(buf []byte) {
+	if st != nil {
+		st.Held.Add(-int64(cap(buf)))
+	}
+}
+
+// Collect pulls every batch announced on the mesh that st does not hold,
+// from the device that announced it: the author the announcement's
+// signature names (never the peer that forwarded it, nor another peer
+// that holds the batch), over a stream authenticated as that device's, so
+// that the batch is credited to the device that holds it and to no other.
+// It checks the batch's hash and decodes it whole; stores it, credited to
+// its author (OriginStore); and acks it. A batch already held is acked
+// again (its announcer may have missed the ack). Announcements from a
+// trainer are dropped: devices announce their own batches. It also serves
+// st's batches to other trainers. It runs until ctx is done.
+//
+// Each device's work is bounded: AnnounceRate and AnnounceBurst of its
+// announcements are taken, PullsPerPeer of its pulls run at once and
+// PullQueue wait (more are dropped, to be announced again), the memory a
+// pull takes grows as its bytes arrive, and all pulls together hold at
+// most o.Budget bytes. A device that oversteps (floods announcements,
+// announces batches it does not serve, serves bytes that do not match,
+// stalls) collects strikes, and is disconnected at MaxStrikes.
 func (m *Mesh) Collect(ctx context.Context, st Store, o PullOptions) error {
 	if !m.isTrainer() {
 		return fmt.Errorf("%w: only a trainer's certificate lets a peer pull batches", member.ErrNotAllowed)
 	}
-	maxSize := o.Limits.MaxBytes
-	if maxSize <= 0 {
-		maxSize = 32 << 20
+	maxSize := maxBatch(o.Limits)
+	if err := CheckBudget(o.Budget, o.Limits); err != nil {
+		return err
+	}
+	if o.Budget <= 0 {
+		o.Budget = DefaultPullBudget
+	}
+	if o.Stats == nil {
+		o.Stats = new(PullStats)
 	}
 	topic, acks, err := m.joinBatchTopics()
 	if err != nil {
@@ -595,85 +779,200 @@ func (m *Mesh) Collect(ctx context.Context, st Store, o PullOptions) error {
 		}
 	}()
 	m.servePull(st)
-	var mu sync.Mutex
-	busy := map[core.BatchID]bool{}
+	pl := &puller{m: m, st: st, acks: acks, lim: o.Limits, maxSize: maxSize, stats: o.Stats,
+		budget: semaphore.NewWeighted(o.Budget), peers: map[PeerID]*peerWork{}, busy: map[busyKey]bool{}}
 	for {
 		msg, err := topic.Next(ctx)
 		if err != nil {
 			return nil
 		}
-		man, err := ParseManifest(msg.Data)
-		if err != nil {
-			m.log.Debug("a malformed announcement", "from", msg.From, "err", err)
-			continue
-		}
-		mu.Lock()
-		if busy[man.ID] {
-			mu.Unlock()
-			continue
-		}
-		busy[man.ID] = true
-		mu.Unlock()
-		go func() {
-			defer func() { mu.Lock(); delete(busy, man.ID); mu.Unlock() }()
-			if err := m.collect(ctx, st, acks, man, msg.From, maxSize, o.Limits); err != nil && ctx.Err() == nil {
-				m.log.Warn("batch not collected; waiting for its next announcement", "batch", man.ID, "err", err)
-			}
-		}()
+		pl.take(ctx, msg)
 	}
 }
 
 func (m *Mesh) isTrainer() bool { return m.Cert().Role() == member.RoleTrainer }
 
-func (m *Mesh) collect(ctx context.Context, st Store, acks Topic, man Manifest, from PeerID, maxSize int64, lim batch.Limits) error {
-	has, err := st.Has(ctx, man.ID)
+// puller is Collect at work: the bounds of each peer, the budget.
+type puller struct {
+	m       *Mesh
+	st      Store
+	acks    Topic
+	lim     batch.Limits
+	maxSize int64
+	stats   *PullStats
+	budget  *semaphore.Weighted
+
+	mu    sync.Mutex
+	peers map[PeerID]*peerWork
+	busy  map[busyKey]bool // the announcements being pulled or waiting
+}
+
+type busyKey struct {
+	id     core.BatchID
+	author PeerID
+}
+
+// peerWork is one device's share of a trainer's work.
+type peerWork struct {
+	ann     *rate.Limiter
+	slots   chan struct{} // a token per pull running
+	queued  int           // pulls running or waiting
+	strikes float64
+	struck  time.Time // when strikes was last brought up to date
+}
+
+// take acts on one announcement: drops it, or starts its pull.
+func (pl *puller) take(ctx context.Context, msg Message) {
+	m, stats := pl.m, pl.stats
+	stats.Announcements.Add(1)
+	author := msg.Author
+	pe, ok := m.Peer(author)
+	switch {
+	case !ok:
+		stats.Dropped.Add(1)
+		m.log.Debug("an announcement from a peer not admitted dropped", "author", author, "from", msg.From)
+		return
+	case pe.Cert.Role() == member.RoleTrainer:
+		stats.Dropped.Add(1)
+		m.log.Debug("an announcement from a trainer dropped", "author", author)
+		return
+	}
+	now := m.now()
+	pl.mu.Lock()
+	w := pl.peers[author]
+	if w == nil {
+		w = &peerWork{ann: rate.NewLimiter(AnnounceRate, AnnounceBurst), slots: make(chan struct{}, PullsPerPeer), struck: now}
+		pl.peers[author] = w
+	}
+	allowed := w.ann.AllowN(now, 1)
+	pl.mu.Unlock()
+	if !allowed {
+		stats.Dropped.Add(1)
+		pl.strike(author, "announcements over its rate")
+		return
+	}
+	man, err := ParseManifest(msg.Data)
+	if err != nil {
+		stats.Dropped.Add(1)
+		pl.strike(author, "a malformed announcement")
+		m.log.Debug("a malformed announcement", "author", author, "err", err)
+		return
+	}
+	key := busyKey{man.ID, author}
+	pl.mu.Lock()
+	if pl.busy[key] {
+		pl.mu.Unlock()
+		return // a repeat of one being pulled
+	}
+	if w.queued >= PullsPerPeer+PullQueue {
+		// No strike: a device with many batches waiting announces them
+		// all, and announces again later those not acked.
+		pl.mu.Unlock()
+		stats.Dropped.Add(1)
+		return
+	}
+	pl.busy[key] = true
+	w.queued++
+	pl.mu.Unlock()
+	go func() {
+		defer func() {
+			pl.mu.Lock()
+			delete(pl.busy, key)
+			w.queued--
+			pl.mu.Unlock()
+		}()
+		select {
+		case w.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		defer func() { <-w.slots }()
+		err := pl.collect(ctx, man, author)
+		if err != nil && ctx.Err() == nil {
+			m.log.Warn("batch not collected; waiting for its next announcement", "batch", man.ID, "device", author, "err", err)
+		}
+	}()
+}
+
+// strike counts a strike against p, and disconnects it at MaxStrikes.
+func (pl *puller) strike(p PeerID, why string) {
+	now := pl.m.now()
+	pl.mu.Lock()
+	w := pl.peers[p]
+	if w == nil {
+		pl.mu.Unlock()
+		return
+	}
+	w.strikes = max(0, w.strikes-float64(now.Sub(w.struck))/float64(StrikeDecay)) + 1
+	w.struck = now
+	out := w.strikes >= MaxStrikes
+	if out {
+		w.strikes = 0
+	}
+	pl.mu.Unlock()
+	pl.stats.Strikes.Add(1)
+	if !out {
+		pl.m.log.Debug("a strike", "peer", p, "why", why)
+		return
+	}
+	pl.stats.Disconnects.Add(1)
+	pl.m.log.Warn("peer disconnected: too many strikes", "peer", p, "last", why)
+	pl.m.host.Disconnect(p)
+}
+
+// collect pulls, verifies, stores and acks the batch man, announced by
+// author. A failure that is the author's fault earns it a strike.
+func (pl *puller) collect(ctx context.Context, man Manifest, author PeerID) error {
+	m, stats := pl.m, pl.stats
+	has, err := pl.st.Has(ctx, man.ID)
 	if err != nil {
 		return err
 	}
 	if !has {
-		if man.Size > maxSize {
-			return fmt.Errorf("%w: announced %d bytes, limit %d", batch.ErrTooLarge, man.Size, maxSize)
+		if man.Size > pl.maxSize {
+			return fmt.Errorf("%w: announced %d bytes, limit %d", batch.ErrTooLarge, man.Size, pl.maxSize)
 		}
-		sources := []PeerID{from}
-		for _, p := range m.Peers() {
-			if p.ID != from {
-				sources = append(sources, p.ID)
-			}
+		if !m.Admitted(author) {
+			return fmt.Errorf("%w: %s, its author, is not admitted", ErrNoBatch, author)
 		}
-		var payload []byte
-		var errs []error
-		for _, p := range sources {
-			if p == "" || p == m.self || !m.Admitted(p) {
-				continue
-			}
-			payload, err = m.pullFrom(ctx, p, man, maxSize)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, ErrNoBatch) {
-				errs = append(errs, fmt.Errorf("from %s: %w", p, err))
-			}
-		}
-		if payload == nil {
-			if len(errs) == 0 {
-				return fmt.Errorf("%w: no admitted peer holds %s", ErrNoBatch, man.ID)
-			}
-			return errors.Join(errs...)
-		}
-		b, err := batch.Verify(payload, man.ID, lim)
-		if err != nil {
+		if err := pl.budget.Acquire(ctx, man.Size); err != nil {
 			return err
 		}
-		if os, ok := st.(OriginStore); ok {
-			err = os.PutFrom(ctx, man.ID, from, payload, b)
+		stats.Reserved.Add(man.Size)
+		defer func() { pl.budget.Release(man.Size); stats.Reserved.Add(-man.Size) }()
+		stats.Pulls.Add(1)
+		payload, err := m.pullFrom(ctx, author, man, pl.maxSize, stats)
+		if err != nil {
+			stats.Failed.Add(1)
+			if peerFault(err) {
+				pl.strike(author, "a pull failed: "+err.Error())
+			}
+			return fmt.Errorf("from %s: %w", author, err)
+		}
+		defer stats.release(payload)
+		b, err := batch.Verify(payload, man.ID, pl.lim)
+		if err != nil {
+			stats.Failed.Add(1)
+			pl.strike(author, "a batch that does not verify")
+			return err
+		}
+		if os, ok := pl.st.(OriginStore); ok {
+			err = os.PutFrom(ctx, man.ID, author, payload, b)
 		} else {
-			err = st.Put(ctx, man.ID, payload, b)
+			err = pl.st.Put(ctx, man.ID, payload, b)
 		}
 		if err != nil {
 			return err
 		}
-		m.log.Info("batch stored", "batch", man.ID, "steps", len(b.Steps), "bytes", len(payload))
+		m.log.Info("batch stored", "batch", man.ID, "device", author, "steps", len(b.Steps), "bytes", len(payload))
 	}
 	a, _ := json.Marshal(m.newAck(man.ID))
-	return acks.Publish(ctx, a)
+	return pl.acks.Publish(ctx, a)
+}
+
+// peerFault reports a failed pull that is its peer's doing: it announced
+// a batch it does not serve, or served one that does not match, or
+// stalled.
+func peerFault(err error) bool {
+	return errors.Is(err, ErrNoBatch) || errors.Is(err, ErrMessage) || errors.Is(err, batch.ErrHashMismatch) || errors.Is(err, ErrStalled)
 }

@@ -18,9 +18,14 @@
 // in force, signed anew on the admin's device when a voter invite is
 // redeemed or a trainer is trusted or untrusted, and by default making the
 // first trainer of a mesh with none a voter; and the shipping of batches:
-// announcements on gossip that name no device, the pull protocol only
-// trainers may use, the signed acks that mark a batch shipped, and the
-// announcements made again when a trainer is admitted; and the
+// announcements on gossip whose payload names no device (the message is
+// signed by its author, Message.Author), the pull protocol only trainers
+// may use, from the device that signed the announcement and credited to it,
+// the bounds on every peer's work (announcements per device, pulls and
+// streams at once, memory taken as bytes arrive, a trainer's pull budget,
+// strikes that disconnect a peer that keeps overstepping), the signed acks
+// that mark a batch shipped, and the announcements made again when a
+// trainer is admitted; and the
 // plugin protocol, by which an admitted peer fetches, by content hash, the
 // reward plugin modules a batch's scores name, to replay them. The batch
 // wire format is mesh/batch.

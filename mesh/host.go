@@ -81,8 +81,10 @@ type Host interface {
 	Close() error
 }
 
-// Topic is a gossip topic: messages carry no author (a batch does not name
-// its device) and are identified by their content.
+// Topic is a gossip topic. A message is signed by the peer that published
+// it, its author, and is identified by its author and content; the data
+// need not name anyone (an announcement does not name its device in its
+// payload), but every peer that receives a message learns its author.
 type Topic interface {
 	// Publish sends data to the topic's admitted peers.
 	Publish(ctx context.Context, data []byte) error
@@ -97,4 +99,7 @@ type Message struct {
 	Data []byte
 	// From is the peer that forwarded it to us, not its author.
 	From PeerID
+	// Author is the peer that published it, authenticated by its
+	// signature (mesh/p2p) or by the network itself (mesh/memnet).
+	Author PeerID
 }

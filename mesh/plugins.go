@@ -210,10 +210,10 @@ func (m *Mesh) FetchPlugin(ctx context.Context, from PeerID, hash string, maxByt
 		s.Reset()
 		return nil, err
 	}
-	buf, off, err := m.readBody(s, br, rep.Size)
+	buf, err := m.readBody(s, br, rep.Size, nil)
 	switch {
 	case errors.Is(err, io.EOF):
-		return nil, fmt.Errorf("%w: plugin module cut after %d of %d bytes", ErrMessage, off, len(buf))
+		return nil, fmt.Errorf("%w: plugin module cut after %d of %d bytes", ErrMessage, len(buf), rep.Size)
 	case err != nil:
 		return nil, m.fetchErr(ctx, err)
 	}

@@ -15,7 +15,9 @@ import (
 // its admin listener (with the admin token, as the rest of it). The
 // group's figures (raft, rounds, versions, the ledger) are read from
 // Status when scraped; the weight transfers are counted by the weights
-// service as they happen.
+// service as they happen; the bounds on each peer's work (announcements
+// dropped, pulls, strikes, disconnections, the memory pulls and the
+// trainers' streams take) are read from their counters.
 type metrics struct {
 	reg     *prometheus.Registry
 	weights *weights.Metrics
@@ -23,7 +25,7 @@ type metrics struct {
 
 func newMetrics(t *Trainer) *metrics {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(statusCollector{t}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(statusCollector{t}, boundsCollector{t}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return &metrics{reg: reg, weights: weights.NewMetrics(reg)}
 }
 
@@ -132,4 +134,51 @@ func shortHash(h string) string {
 		return h[:16]
 	}
 	return h
+}
+
+var (
+	descAnnounced   = prometheus.NewDesc("clawmesh_trainer_announcements_total", "Batch announcements received.", nil, nil)
+	descDropped     = prometheus.NewDesc("clawmesh_trainer_announcements_dropped_total", "Batch announcements dropped: over the device's rate or queue, not from an admitted device, or malformed.", nil, nil)
+	descPulls       = prometheus.NewDesc("clawmesh_trainer_pulls_total", "Batch pulls started.", nil, nil)
+	descPullsFailed = prometheus.NewDesc("clawmesh_trainer_pulls_failed_total", "Batch pulls that failed, including batches refused once pulled.", nil, nil)
+	descStrikes     = prometheus.NewDesc("clawmesh_trainer_peer_strikes_total", "Strikes against devices that overstepped their bounds (announcement floods, batches announced and not served or not matching, stalls).", nil, nil)
+	descDisconnects = prometheus.NewDesc("clawmesh_trainer_peer_disconnects_total", "Peers disconnected for overstepping their bounds, by protocol (pull: batch announcements and pulls; rpc: trainers' streams).", []string{"protocol"}, nil)
+	descPullAlloc   = prometheus.NewDesc("clawmesh_trainer_pull_allocated_bytes_total", "Bytes allocated for the bodies of pulled batches (taken as the bytes arrive).", nil, nil)
+	descPullHeld    = prometheus.NewDesc("clawmesh_trainer_pull_held_bytes", "Bytes held now by batch pulls in progress.", nil, nil)
+	descPullPeak    = prometheus.NewDesc("clawmesh_trainer_pull_held_peak_bytes", "The most bytes batch pulls held at once.", nil, nil)
+	descPullBudget  = prometheus.NewDesc("clawmesh_trainer_pull_reserved_bytes", "Bytes of the pull budget (--pull-budget) the pulls in progress reserve.", nil, nil)
+	descRPCRefused  = prometheus.NewDesc("clawmesh_trainer_rpc_streams_refused_total", "Trainers' streams reset because their peer had too many open at once.", nil, nil)
+	descRPCAlloc    = prometheus.NewDesc("clawmesh_trainer_rpc_allocated_bytes_total", "Bytes allocated for the payloads of trainers' streams (taken as the bytes arrive).", nil, nil)
+)
+
+// boundsCollector reads the counters of the bounds on each peer's work.
+type boundsCollector struct{ t *Trainer }
+
+func (c boundsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descAnnounced, descDropped, descPulls, descPullsFailed, descStrikes, descDisconnects, descPullAlloc, descPullHeld, descPullPeak, descPullBudget, descRPCRefused, descRPCAlloc} {
+		ch <- d
+	}
+}
+
+func (c boundsCollector) Collect(ch chan<- prometheus.Metric) {
+	p, r := &c.t.pulls, &c.t.rpc
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v int64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+	}
+	counter(descAnnounced, p.Announcements.Load())
+	counter(descDropped, p.Dropped.Load())
+	counter(descPulls, p.Pulls.Load())
+	counter(descPullsFailed, p.Failed.Load())
+	counter(descStrikes, p.Strikes.Load())
+	counter(descDisconnects, p.Disconnects.Load(), "pull")
+	counter(descDisconnects, r.disconnects.Load(), "rpc")
+	counter(descPullAlloc, p.Allocated.Load())
+	gauge(descPullHeld, p.Held.Load())
+	gauge(descPullPeak, p.HeldPeak.Load())
+	gauge(descPullBudget, p.Reserved.Load())
+	counter(descRPCRefused, r.refused.Load())
+	counter(descRPCAlloc, r.allocated.Load())
 }

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -136,6 +138,8 @@ func writeFrame(w io.Writer, v any, payload []byte) error {
 	return err
 }
 
+// readFrame reads a frame's JSON: its length (at most maxRequest), then
+// the bytes, taken as they arrive.
 func readFrame(r io.Reader, v any) error {
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
@@ -143,22 +147,53 @@ func readFrame(r io.Reader, v any) error {
 	}
 	size := binary.BigEndian.Uint32(n[:])
 	if size > maxRequest {
-		return fmt.Errorf("trainer: frame of %d bytes", size)
+		return fmt.Errorf("trainer: frame of %d bytes (at most %d)", size, maxRequest)
 	}
-	b := make([]byte, size)
-	if _, err := io.ReadFull(r, b); err != nil {
+	b, err := readSized(r, int64(size), nil)
+	if err != nil {
 		return err
 	}
 	return json.Unmarshal(b, v)
 }
 
-func readPayload(r io.Reader, size int64) ([]byte, error) {
+// readPayload reads a payload of size bytes (at most maxPayload), its
+// memory counted in alloc (if not nil).
+func readPayload(r io.Reader, size int64, alloc *atomic.Int64) ([]byte, error) {
 	if size < 0 || size > maxPayload {
-		return nil, fmt.Errorf("trainer: payload of %d bytes", size)
+		return nil, fmt.Errorf("trainer: payload of %d bytes (0 to %d)", size, maxPayload)
 	}
-	b := make([]byte, size)
-	if _, err := io.ReadFull(r, b); err != nil {
-		return nil, err
+	return readSized(r, size, alloc)
+}
+
+// firstRead is the buffer a read of a frame or payload starts in; it
+// doubles as the bytes arrive.
+const firstRead = 64 << 10
+
+// readSized reads exactly size bytes, taking memory as they arrive (never
+// more than size, whatever size says), and counts it in alloc. Fewer bytes
+// than size fail with io.ErrUnexpectedEOF.
+func readSized(r io.Reader, size int64, alloc *atomic.Int64) ([]byte, error) {
+	grow := func(b []byte, n int64) []byte {
+		nb := make([]byte, len(b), n)
+		copy(nb, b)
+		if alloc != nil {
+			alloc.Add(n)
+		}
+		return nb
+	}
+	b := grow(nil, min(size, firstRead))
+	for int64(len(b)) < size {
+		if len(b) == cap(b) {
+			b = grow(b, min(2*int64(cap(b)), size))
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil && int64(len(b)) < size {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
 	}
 	return b, nil
 }
@@ -199,10 +234,11 @@ func (t *Trainer) call(ctx context.Context, p mesh.PeerID, req request, payload 
 	if !rep.OK {
 		return nil, &rpcError{Code: rep.Code, Msg: rep.Err, Leader: rep.Leader}
 	}
-	return readPayload(br, rep.Size)
+	return readPayload(br, rep.Size, &t.rpc.allocated)
 }
 
-// serveRPC serves one stream of Protocol.
+// serveRPC serves one stream of Protocol: at most rpcPerPeer of one peer
+// at a time.
 func (t *Trainer) serveRPC(s mesh.Stream) {
 	defer s.Close()
 	from := s.RemotePeer()
@@ -210,6 +246,16 @@ func (t *Trainer) serveRPC(s mesh.Stream) {
 		s.Reset()
 		return
 	}
+	release, ok := t.rpc.enter(t.stopped, from)
+	if !ok {
+		s.Reset()
+		if t.rpc.strike(from) {
+			t.log.Warn("trainer disconnected: too many streams at once, too often", "trainer", from)
+			t.host.Disconnect(from)
+		}
+		return
+	}
+	defer release()
 	s.SetDeadline(time.Now().Add(rpcTimeout))
 	br := bufio.NewReader(s)
 	var req request
@@ -220,7 +266,7 @@ func (t *Trainer) serveRPC(s mesh.Stream) {
 	var payload []byte
 	if req.Size > 0 {
 		var err error
-		if payload, err = readPayload(br, req.Size); err != nil {
+		if payload, err = readPayload(br, req.Size, &t.rpc.allocated); err != nil {
 			s.Reset()
 			return
 		}
@@ -292,6 +338,80 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 		return t.addTasks(ctx, from, payload)
 	}
 	return nil, fmt.Errorf("trainer: unknown operation %q", req.Op)
+}
+
+// Bounds of the streams one trainer opens to another.
+const (
+	// rpcPerPeer is how many streams of one peer are served at once; one
+	// more waits up to rpcWait for a turn, and is reset if none comes.
+	rpcPerPeer = 4
+	rpcWait    = 5 * time.Second
+	// rpcMaxStrikes streams reset within rpcStrikeDecay each of the last
+	// disconnect the peer.
+	rpcMaxStrikes  = 8
+	rpcStrikeDecay = 10 * time.Second
+)
+
+// rpcBounds holds what each peer's streams take: the turns they hold, the
+// streams refused, the memory of their payloads. The zero value is ready.
+type rpcBounds struct {
+	mu    sync.Mutex
+	peers map[mesh.PeerID]*rpcPeer
+
+	// refused counts the streams reset for want of a turn, disconnects the
+	// peers disconnected for it, allocated the bytes taken for payloads
+	// (both ways).
+	refused, disconnects, allocated atomic.Int64
+}
+
+type rpcPeer struct {
+	turns   chan struct{}
+	strikes int
+	struck  time.Time
+}
+
+// enter waits for one of p's turns, up to rpcWait, or until stop closes.
+func (b *rpcBounds) enter(stop <-chan struct{}, p mesh.PeerID) (release func(), ok bool) {
+	b.mu.Lock()
+	if b.peers == nil {
+		b.peers = map[mesh.PeerID]*rpcPeer{}
+	}
+	rp := b.peers[p]
+	if rp == nil {
+		rp = &rpcPeer{turns: make(chan struct{}, rpcPerPeer)}
+		b.peers[p] = rp
+	}
+	b.mu.Unlock()
+	tm := time.NewTimer(rpcWait)
+	defer tm.Stop()
+	select {
+	case rp.turns <- struct{}{}:
+		return func() { <-rp.turns }, true
+	case <-tm.C:
+	case <-stop:
+	}
+	b.refused.Add(1)
+	return nil, false
+}
+
+// strike counts a refused stream of p, and reports whether p has had too
+// many of them.
+func (b *rpcBounds) strike(p mesh.PeerID) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rp := b.peers[p]
+	now := time.Now()
+	if now.Sub(rp.struck) > rpcStrikeDecay {
+		rp.strikes = 0
+	}
+	rp.strikes++
+	rp.struck = now
+	if rp.strikes < rpcMaxStrikes {
+		return false
+	}
+	rp.strikes = 0
+	b.disconnects.Add(1)
+	return true
 }
 
 // toLeader sends req to the group's leader, following redirections.

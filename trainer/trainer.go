@@ -1,8 +1,11 @@
 // Package trainer is a trainer peer: a volunteer's machine in the mesh that
 // trains the mesh's adapter from the devices' scrubbed batches. It joins the
-// mesh with its trainer certificate, pulls every batch announced on it,
-// verifies it, keeps it in its batch store (trainer/store) and acknowledges
-// it, which lets the device that made it mark it shipped.
+// mesh with its trainer certificate, pulls every batch announced on it
+// from the device that signed the announcement (within the bounds of
+// mesh.Collect and Config.PullBudget), verifies it, keeps it in its batch
+// store (trainer/store) credited to that device and acknowledges it, which
+// lets the device that made it mark it shipped. Another trainer's streams
+// of Protocol are served 4 at a time, their payloads read as they arrive.
 //
 // Trainers form a raft group (hashicorp/raft over the mesh's streams,
 // mesh/raftnet; its log on Pebble, trainer/raftstore) whose replicated state
@@ -101,6 +104,10 @@ type Config struct {
 	Limits batch.Limits
 	// Stall is how long a pull may make no progress (mesh default).
 	Stall time.Duration
+	// PullBudget bounds the bytes of the batches being pulled at once,
+	// from every device together (mesh.PullOptions.Budget; default
+	// mesh.DefaultPullBudget).
+	PullBudget int64
 	// Engine is the training engine (native, or torch: the PyTorch worker
 	// of model/engine/torch), Device its device (cpu, or cuda with the
 	// torch engine), Base the base model: "tiny" (or "") for the tiny
@@ -197,6 +204,10 @@ type Trainer struct {
 
 	// cert is this trainer's part in certifying versions.
 	cert certState
+	// pulls counts the batch pulls and what they hold; rpc bounds each
+	// trainer's streams of Protocol.
+	pulls mesh.PullStats
+	rpc   rpcBounds
 
 	// metrics are made on first use (metricsOf).
 	metricsOnce sync.Once
@@ -213,6 +224,9 @@ func New(ctx context.Context, cfg Config) (*Trainer, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := mesh.CheckBudget(cfg.PullBudget, cfg.Limits); err != nil {
+		return nil, err
 	}
 	// A node's directory is not a trainer's, whatever its certificate: a
 	// trainer there would take the node's identity beside its pool.
@@ -412,7 +426,9 @@ func (t *Trainer) Run(ctx context.Context) error {
 		goRun(func() { t.weights.Run(ctx) })
 	}
 	var collectErr error
-	goRun(func() { collectErr = t.mesh.Collect(ctx, t.store, mesh.PullOptions{Limits: t.cfg.Limits}) })
+	goRun(func() {
+		collectErr = t.mesh.Collect(ctx, t.store, mesh.PullOptions{Limits: t.cfg.Limits, Budget: t.cfg.PullBudget, Stats: &t.pulls})
+	})
 	goRun(func() { t.group.watchObservations(ctx) })
 	goRun(func() {
 		if err := t.group.join(ctx); err != nil {

@@ -28,7 +28,12 @@ const trainerHelp = `Usage: clawmesh trainer --data DIR [--engine native|torch] 
 Runs a trainer peer: it joins the mesh with its trainer certificate (from
 'clawmesh join' with a token made by 'clawmesh invite --role trainer'), pulls
 every batch the devices announce, verifies it and keeps it in DIR/batches,
-and acknowledges it, so the device marks it shipped.
+and acknowledges it, so the device marks it shipped. A batch is pulled from
+the device that signed its announcement, and credited to that device.
+Each device's work is bounded: 8 announcements a second after a burst of
+128, 2 pulls at a time, memory taken as the bytes arrive, and all pulls
+together within --pull-budget (default 512MiB); a device that keeps
+overstepping is disconnected.
 
 The mesh's trainers form a raft group. The first trainer bootstraps it
 (after --join-wait without finding one); later ones join through its
@@ -94,6 +99,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	gradCkpt := fs.Bool("grad-checkpoint", false, "torch engine: recompute each layer's activations in backward (less GPU memory, more compute)")
 	base := fs.String("base", group.DefaultBase, "base model: tiny (built in, no download) or a Hugging Face model directory")
 	joinWait := fs.Duration("join-wait", 5*time.Second, "how long to look for a trainers' group before bootstrapping one")
+	pullBudget := fs.String("pull-budget", "512MiB", "most bytes of batches being pulled at once, from every device together (a size of at least 32MiB, the largest batch; each device also gets at most 2 pulls at once)")
 	var gc group.Config
 	bindGroupFlags(fs, &gc)
 	if err := parse(fs, args); err != nil {
@@ -114,6 +120,10 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if *joinWait <= 0 {
 		return usageErr("--join-wait must be positive")
+	}
+	budget, err := parseSize(*pullBudget)
+	if err != nil || budget < mesh.DefaultMaxBatch {
+		return usageErr("--pull-budget %q: want a size of at least 32MiB, such as 1GiB", *pullBudget)
 	}
 	switch {
 	case *engine != trainer.EngineNative && *engine != trainer.EngineTorch:
@@ -145,7 +155,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	log := newLogger(stderr, level)
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
-		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
+		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, PullBudget: budget, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
 		return fmt.Errorf("%w; for a trainer: a token from 'clawmesh invite --role trainer', then clawmesh join TOKEN --data %s", err, s.Data)
 	}

@@ -3,6 +3,8 @@ package memnet
 import (
 	"sync"
 	"time"
+
+	"github.com/clawmesh/clawmesh/mesh"
 )
 
 // conn is a connection between two hosts: the streams on it and a queue
@@ -81,10 +83,11 @@ type linkQueue struct {
 
 // delivery is a gossip message on a link, due at at.
 type delivery struct {
-	at    time.Time
-	topic string
-	id    string
-	data  []byte
+	at     time.Time
+	topic  string
+	id     string
+	author mesh.PeerID // the host that published it
+	data   []byte
 }
 
 // send queues d from one end of c to the other.

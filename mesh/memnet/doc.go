@@ -27,8 +27,10 @@
 //     plus CloseRead, Reset fails both ends. Deadlines time out with
 //     os.ErrDeadlineExceeded (a net.Error whose Timeout is true). A stream
 //     is also a net.Conn.
-//   - Gossip: a message is identified by its topic and content and is
-//     delivered once per host within Options.SeenTTL, from whichever
+//   - Gossip: a message carries its author, the host that published it
+//     (Message.Author: the network itself vouches for it, as mesh/p2p's
+//     signatures do), is identified by its topic, author and content, and
+//     is delivered once per host within Options.SeenTTL, from whichever
 //     neighbour forwarded it first (Message.From); every host that receives
 //     a message forwards it to its own admitted, subscribed neighbours, so
 //     gossip crosses hosts that are not directly connected. Publishing what

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"time"
@@ -53,19 +54,19 @@ func (t *topic) Publish(ctx context.Context, data []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	id := messageID(t.name, data)
+	id := messageID(t.name, t.h.id, data)
 	t.h.mu.Lock()
 	fresh := t.h.seeLocked(id)
 	t.h.mu.Unlock()
 	if fresh {
-		t.h.forward(t.name, id, bytes.Clone(data), "")
+		t.h.forward(t.name, id, t.h.id, bytes.Clone(data), "")
 	}
 	return nil
 }
 
 // Next returns the next message from another peer, blocking until one
 // arrives, ctx is done or the topic closes (ErrClosed). From is the
-// neighbour that forwarded it.
+// neighbour that forwarded it, Author the host that published it.
 func (t *topic) Next(ctx context.Context) (mesh.Message, error) {
 	if isClosed(t.done) {
 		return mesh.Message{}, fmt.Errorf("%w: topic %s", ErrClosed, t.name)
@@ -120,12 +121,15 @@ func (h *Host) closeTopics() {
 	}
 }
 
-// messageID identifies a message by its topic and data, as mesh/p2p does:
-// sha256(topic, 0, data).
-func messageID(topic string, data []byte) string {
+// messageID identifies a message by its topic, author and data, as
+// mesh/p2p does: sha256(topic, 0, uvarint length of the author, the
+// author, data) (mesh/p2p hashes the author's id in its binary form).
+func messageID(topic string, author mesh.PeerID, data []byte) string {
 	d := sha256.New()
 	d.Write([]byte(topic))
 	d.Write([]byte{0})
+	d.Write(binary.AppendUvarint(nil, uint64(len(author))))
+	d.Write([]byte(author))
 	d.Write(data)
 	return string(d.Sum(nil))
 }
@@ -153,7 +157,7 @@ func (h *Host) seeLocked(id string) bool {
 // forward sends a message to every connected neighbour but except that
 // is subscribed to the topic and that this host admits, each after its
 // link's delay unless the link drops it.
-func (h *Host) forward(topic, id string, data []byte, except mesh.PeerID) {
+func (h *Host) forward(topic, id string, author mesh.PeerID, data []byte, except mesh.PeerID) {
 	type hop struct {
 		c    *conn
 		to   *Host
@@ -193,7 +197,7 @@ func (h *Host) forward(topic, id string, data []byte, except mesh.PeerID) {
 			}
 			delay = n.delay(r)
 		}
-		o.c.send(h, delivery{at: now.Add(delay), topic: topic, id: id, data: data})
+		o.c.send(h, delivery{at: now.Add(delay), topic: topic, id: id, author: author, data: data})
 	}
 }
 
@@ -215,6 +219,8 @@ func (h *Host) receive(c *conn, from *Host, d delivery) {
 	if !fresh {
 		return
 	}
-	t.deliver(mesh.Message{Data: bytes.Clone(d.data), From: from.id})
-	h.forward(d.topic, d.id, d.data, from.id)
+	if d.author != h.id {
+		t.deliver(mesh.Message{Data: bytes.Clone(d.data), From: from.id, Author: d.author})
+	}
+	h.forward(d.topic, d.id, d.author, d.data, from.id)
 }

@@ -165,6 +165,13 @@ func TestGossipForwarding(t *testing.T) {
 			t.Fatalf("c got a message from %s, which is not its neighbour", p)
 		}
 	}
+	inC.mu.Lock()
+	for _, m := range inC.msgs {
+		if m.Author != a.ID() {
+			t.Errorf("c got %q by %q, want its author a %s", m.Data, m.Author, a.ID())
+		}
+	}
+	inC.mu.Unlock()
 	got := inC.data()
 	slices.Sort(got)
 	if got = slices.Compact(got); len(got) != 20 {

@@ -2,10 +2,11 @@
 // identity in the node's data dir, QUIC and TCP transports secured by Noise
 // or TLS and multiplexed by yamux, a resource manager sized for a small
 // device, admission through a connection gater and per-protocol checks
-// (mesh.Gate), one GossipSub router whose messages carry no author and are
-// identified by their content, local discovery by mDNS, NAT traversal (AutoNAT,
-// hole punching, relays) and a small cache of the peers seen, so that a
-// restarted node finds its mesh without its bootstrap addresses.
+// (mesh.Gate), one GossipSub router whose messages are signed by their
+// author and identified by their author and content, local discovery by
+// mDNS, NAT traversal (AutoNAT, hole punching, relays) and a small cache of
+// the peers seen, so that a restarted node finds its mesh without its
+// bootstrap addresses.
 //
 // Admission works in layers. A peer the Gate calls Blocked is refused by
 // the connection gater as soon as its identity is known, in both

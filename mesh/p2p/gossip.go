@@ -3,6 +3,7 @@ package p2p
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -32,11 +33,16 @@ const (
 	notAdmittedScore = -10_000
 )
 
-// startGossip creates the Host's GossipSub router. Messages are neither
-// signed nor stamped with an author or a sequence number
-// (StrictNoSign, WithNoAuthor): a batch announcement must not name its
-// device. They are identified by their content (messageID), so the same
-// announcement published twice, by one peer or by two, is delivered once.
+// startGossip creates the Host's GossipSub router. Every message is signed
+// by its author's identity key and stamped with its peer id and a sequence
+// number (StrictSign), and a message whose signature does not verify is
+// dropped: Message.Author is authenticated, and a peer that forwards a
+// message cannot pass it off as its own. The data itself need not name
+// anyone (a batch announcement does not name its device), but every peer
+// that receives a message learns its author. Messages are identified by
+// their author and content (messageID), so the same data published twice
+// by one peer is delivered once, and a copy another peer publishes as its
+// own does not hide the original.
 //
 // Admission is enforced three ways:
 //   - the peer filter keeps peers the Gate does not admit out of the mesh,
@@ -51,8 +57,7 @@ const (
 // subscribed peer whose score passes, bypassing the peer filter.
 func (h *Host) startGossip(ctx context.Context) (*pubsub.PubSub, error) {
 	return pubsub.NewGossipSub(ctx, h.host,
-		pubsub.WithMessageSignaturePolicy(pubsub.StrictNoSign),
-		pubsub.WithNoAuthor(),
+		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
 		pubsub.WithMessageIdFn(messageID),
 		pubsub.WithMaxMessageSize(h.maxMsg+gossipFraming),
 		pubsub.WithFloodPublish(false),
@@ -66,13 +71,20 @@ func (h *Host) startGossip(ctx context.Context) (*pubsub.PubSub, error) {
 	)
 }
 
-// messageID identifies a message by its topic and data: sha256(topic, 0,
-// data), as raw bytes. The topic is part of it because pubsub keeps one
-// seen-cache for all topics: the same bytes on two topics are two messages.
+// messageID identifies a message by its topic, author and data:
+// sha256(topic, 0, uvarint length of the author's id, the id, data), as raw
+// bytes. The topic is part of it because pubsub keeps one seen-cache for
+// all topics: the same bytes on two topics are two messages. The author is
+// part of it so that a peer that copies another's message and publishes it
+// as its own makes a second message instead of taking the first one's
+// place where the copy arrives first.
 func messageID(m *pb.Message) string {
 	d := sha256.New()
 	d.Write([]byte(m.GetTopic()))
 	d.Write([]byte{0})
+	from := m.GetFrom()
+	d.Write(binary.AppendUvarint(nil, uint64(len(from))))
+	d.Write(from)
 	d.Write(m.GetData())
 	return string(d.Sum(nil))
 }
@@ -245,7 +257,8 @@ func (t *topic) Publish(ctx context.Context, data []byte) error {
 }
 
 // Next returns the next message from another peer; From is the peer that
-// forwarded it. Our own messages are skipped.
+// forwarded it, Author the peer that signed it. Our own messages are
+// skipped.
 func (t *topic) Next(ctx context.Context) (mesh.Message, error) {
 	self := t.h.host.ID()
 	for {
@@ -256,10 +269,11 @@ func (t *topic) Next(ctx context.Context) (mesh.Message, error) {
 			}
 			return mesh.Message{}, err
 		}
-		if m.ReceivedFrom == self {
+		author := m.GetFrom()
+		if m.ReceivedFrom == self || author == self {
 			continue
 		}
-		return mesh.Message{Data: m.Data, From: meshID(m.ReceivedFrom)}, nil
+		return mesh.Message{Data: m.Data, From: meshID(m.ReceivedFrom), Author: meshID(author)}, nil
 	}
 }
 

@@ -103,7 +103,8 @@ func publish(t *testing.T, tp mesh.Topic, data string) {
 }
 
 // TestGossipLine: A-B-C in a line, all admitted. A message from A reaches C
-// through B, with no author, once however often it is published.
+// through B, signed by A, once however often A publishes it; the same data
+// published by B is B's message, a second one.
 func TestGossipLine(t *testing.T) {
 	a := newTestHost(t, newGate(true))
 	b := newTestHost(t, newGate(true))
@@ -122,8 +123,8 @@ func TestGossipLine(t *testing.T) {
 
 	publish(t, ta, "m1")
 	m := expect(t, tc, "m1")
-	if m.From != b.ID() {
-		t.Fatalf("From = %s, want the forwarder B %s", m.From, b.ID())
+	if m.From != b.ID() || m.Author != a.ID() {
+		t.Fatalf("From = %s, Author = %s; want the forwarder B %s and the author A %s", m.From, m.Author, b.ID(), a.ID())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
@@ -138,34 +139,45 @@ func TestGossipLine(t *testing.T) {
 		if string(rm.Data) != "m1" {
 			t.Fatalf("raw message %q, want m1", rm.Data)
 		}
-		if rm.From != nil || rm.Seqno != nil || rm.Signature != nil || rm.Key != nil {
-			t.Fatalf("message carries author data: from %x seqno %x signature %x key %x", rm.From, rm.Seqno, rm.Signature, rm.Key)
+		if rm.GetFrom() != a.host.ID() || rm.Signature == nil {
+			t.Fatalf("message not signed by A: from %s signature %x", rm.GetFrom(), rm.Signature)
 		}
 		break
 	}
 	expect(t, tb, "m1")
 
-	// The same data, published twice by A and once by B, is one message.
+	// The same data, published twice by A, is one message; published by
+	// B too, it is B's, a second message.
 	publish(t, ta, "m2")
 	publish(t, ta, "m2")
 	expect(t, tb, "m2")
 	publish(t, tb, "m2")
 	publish(t, ta, "m3")
 	var got []string
+	authors := map[mesh.PeerID]int{}
 	deadline := time.Now().Add(waitFor)
 	for !contains(got, "m3") && time.Now().Before(deadline) {
 		if m, ok := recv(t, tc, time.Until(deadline)); ok {
 			got = append(got, string(m.Data))
+			if string(m.Data) == "m2" {
+				authors[m.Author]++
+			}
 		}
 	}
 	if m, ok := recv(t, tc, quietFor); ok {
 		got = append(got, string(m.Data))
+		if string(m.Data) == "m2" {
+			authors[m.Author]++
+		}
 	}
-	if count(got, "m2") != 1 || count(got, "m3") != 1 || len(got) != 2 {
-		t.Fatalf("C received %q, want m2 and m3 once each", got)
+	if count(got, "m2") != 2 || count(got, "m3") != 1 || len(got) != 3 || authors[a.ID()] != 1 || authors[b.ID()] != 1 {
+		t.Fatalf("C received %q (m2 by %v), want m2 once by A and once by B, m3 once", got, authors)
 	}
 
-	// A never reads its own messages back.
+	// A never reads its own messages back (B's m2 is B's).
+	if m := expect(t, ta, "m2"); m.Author != b.ID() {
+		t.Fatalf("A read m2 by %s, want B's", m.Author)
+	}
 	quiet(t, ta, "A's Next returned a message")
 }
 
