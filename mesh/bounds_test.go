@@ -24,7 +24,6 @@ import (
 // disk). Every wait polls and is bounded; nothing asserts how long anything
 // took.
 
-var loopback = []string{"/ip4/127.0.0.1/udp/0/quic-v1", "/ip4/127.0.0.1/tcp/0"}
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
