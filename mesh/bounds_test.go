@@ -24,18 +24,6 @@ import (
 // disk). Every wait polls and is bounded; nothing asserts how long anything
 // took.
 
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
 // meshOf makes a mesh whose admin's device runs until the test ends, and
 // returns it with its data dir.
 func meshOf(t testing.TB) (*peer.Peer, string) {
