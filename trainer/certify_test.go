@@ -53,7 +53,7 @@ func TestVersionsCertifiedByVoters(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if st := c.Trainer(2).Status(); st.Trusted || st.VoterSet != 1 || len(st.Trust) != 2 {
+	if st := c.Trainer(2).Status(); st.Trusted || st.VoterSet != c.Voters().Seq() || len(st.Trust) != 2 {
 		t.Fatalf("the volunteer's status: trusted %v, voter set %d, %d trusted", st.Trusted, st.VoterSet, len(st.Trust))
 	}
 	ids := shipBatches(t, c, 8, 100)

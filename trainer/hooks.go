@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/model/engine"
 	"github.com/clawmesh/clawmesh/trainer/adapter"
 	"github.com/clawmesh/clawmesh/trainer/group"
@@ -153,18 +152,4 @@ func (l *LocalRollouts) RawSample(ctx context.Context, dir string, prompts []*ta
 		}
 	}
 	return n, time.Since(start).Seconds(), nil
-}
-
-// AdoptVoters hands the trainer's mesh the admin's voter set, for
-// harnesses that start trainers before the set could reach them over the
-// mesh. It refuses a set the mesh's admin did not sign.
-func (t *Trainer) AdoptVoters(vs *member.VoterSet) error {
-	_, err := t.mesh.AdoptVoters(vs)
-	return err
-}
-
-// Voter is the trainer as a voter set names it: its peer id and the key
-// its certificate certifies.
-func (t *Trainer) Voter() member.Voter {
-	return member.Voter{Peer: string(t.self), Key: t.mesh.Cert().SubjectKey()}
 }

@@ -37,9 +37,6 @@ type Cluster struct {
 	cancel   context.CancelFunc // stops the device and every trainer
 	wg       sync.WaitGroup
 	trainers []*clusterTrainer
-	// voters is the admin's voter set, handed to every trainer as it
-	// starts.
-	voters *member.VoterSet
 }
 
 type clusterTrainer struct {
@@ -161,7 +158,14 @@ func NewCluster(ctx context.Context, o ClusterOptions) (_ *Cluster, err error) {
 		c.node.mesh.Ship(runCtx, c.out, mesh.ShipOptions{Poll: 20 * time.Millisecond, Retry: ShipRetry, MaxRetry: 5 * ShipRetry})
 	})
 	for i := range o.Trainers {
-		tok, err := mesh.Invite(nodeDir, key, member.RoleTrainer, time.Hour, 1, c.node.host.Addrs(), time.Now(), rand.Reader)
+		// The admin trusts every trainer but the volunteers: redeeming a
+		// voter token has the device sign the next voter set.
+		voter := mesh.MakeVoter
+		if slices.Contains(o.Volunteers, i) {
+			voter = mesh.MakeVolunteer
+		}
+		tok, err := mesh.InviteWith(nodeDir, key, mesh.InviteOptions{Role: member.RoleTrainer, TTL: time.Hour, Uses: 1, Addrs: c.node.host.Addrs(), Voter: voter},
+			time.Now(), rand.Reader)
 		if err != nil {
 			return nil, err
 		}
@@ -179,28 +183,6 @@ func NewCluster(ctx context.Context, o ClusterOptions) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	// The admin trusts every trainer but the volunteers.
-	var voters []member.Voter
-	for i, ct := range c.trainers {
-		if !slices.Contains(o.Volunteers, i) {
-			voters = append(voters, ct.t.Voter())
-		}
-	}
-	adminKey, err := mesh.LoadAdminKey(nodeDir)
-	if err != nil {
-		return nil, err
-	}
-	if c.voters, err = member.NewVoterSet(adminKey, 1, voters, time.Now()); err != nil {
-		return nil, err
-	}
-	if _, err := c.node.mesh.AdoptVoters(c.voters); err != nil {
-		return nil, err
-	}
-	for _, ct := range c.trainers {
-		if err := ct.t.AdoptVoters(c.voters); err != nil {
-			return nil, err
-		}
-	}
 	return c, nil
 }
 
@@ -215,8 +197,8 @@ func (c *Cluster) Len() int { return len(c.trainers) }
 // Trainer is trainer i, nil while it is down.
 func (c *Cluster) Trainer(i int) *trainer.Trainer { return c.trainers[i].t }
 
-// Voters is the voter set the mesh's admin signed for the cluster.
-func (c *Cluster) Voters() *member.VoterSet { return c.voters }
+// Voters is the voter set in force on the mesh's device (the admin's).
+func (c *Cluster) Voters() *member.VoterSet { return c.node.mesh.Voters() }
 
 // DataDir is trainer i's data directory.
 func (c *Cluster) DataDir(i int) string { return c.trainers[i].dir }
@@ -232,11 +214,6 @@ func (c *Cluster) Start(ctx context.Context, i int) error {
 	t, p, err := c.net.startTrainer(ctx, c, i, cfg)
 	if err != nil {
 		return err
-	}
-	if c.voters != nil {
-		if err := t.AdoptVoters(c.voters); err != nil {
-			return err
-		}
 	}
 	// A trainer runs until Kill or Close cancel it.
 	rctx, cancel := context.WithCancel(context.Background())
