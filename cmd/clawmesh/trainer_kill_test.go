@@ -56,7 +56,8 @@ func TestTrainerKill9(t *testing.T) {
 	})
 	for i := range dirs {
 		dirs[i] = t.TempDir()
-		tok := strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--data", a))
+		// Every trainer a voter: the group outlives its leader.
+		tok := strings.TrimSpace(cli(t, "invite", "--role", "trainer", "--voter", "--data", a))
 		cli(t, "join", tok, "--data", dirs[i], "--p2p-listen", loopbackP2P[1])
 		start(i)
 	}

@@ -185,14 +185,40 @@ func TestWeightsComeBack(t *testing.T) {
 		}
 		return m
 	}
+	// The first trainer is the mesh's one voter (the first trainer
+	// invited); the others volunteer.
+	vs := na.Peer().Mesh.Voters()
+	if vs == nil || vs.Len() != 1 || !vs.Has(string(trainerID(t, trainerDirs[0]))) {
+		t.Fatalf("the voter set on the first device: %v", vs)
+	}
+	certify := func(m *chunks.Manifest) *chunks.Manifest {
+		key, _, err := peer.Identity(trainerDirs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		vote, err := m.VoteFor(key, string(trainerID(t, trainerDirs[0])), vs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !m.Certify(vs, []chunks.Vote{vote}) {
+			t.Fatal("the voter's vote is no quorum")
+		}
+		return m
+	}
 	for _, tc := range []struct {
 		name string
 		m    *chunks.Manifest
 		want error
 	}{
-		{"an older version", sign(trainerDirs[1], func(m *chunks.Manifest) { m.Version = 0 }), chunks.ErrStale},
-		{"a lower term", sign(trainerDirs[1], func(m *chunks.Manifest) { m.Term = v1.Term - 1 }), chunks.ErrStale},
-		{"a second v1", sign(trainerDirs[1], func(m *chunks.Manifest) { m.Version = v1.Version }), chunks.ErrStale},
+		// A volunteer's own version, with made-up numbers, and the ones
+		// fencing would have refused: not certified.
+		{"a volunteer's v1000", sign(trainerDirs[1], func(m *chunks.Manifest) { m.Version, m.Term, m.Index = 1000, 1<<30, 1<<40 }), chunks.ErrUncertified},
+		{"an uncertified older version", sign(trainerDirs[1], func(m *chunks.Manifest) { m.Version = 0 }), chunks.ErrUncertified},
+		{"an uncertified second v1", sign(trainerDirs[1], func(m *chunks.Manifest) { m.Version = v1.Version }), chunks.ErrUncertified},
+		// Certified by the voter, but behind v1: fenced.
+		{"an older version", sign(trainerDirs[0], func(m *chunks.Manifest) { m.Version = 0; certify(m) }), chunks.ErrStale},
+		{"a lower term", sign(trainerDirs[0], func(m *chunks.Manifest) { m.Term = v1.Term - 1; certify(m) }), chunks.ErrStale},
+		{"a second v1", sign(trainerDirs[0], func(m *chunks.Manifest) { m.Version = v1.Version; certify(m) }), chunks.ErrStale},
 		{"a wrong signature", func() *chunks.Manifest {
 			m := sign(trainerDirs[1], func(*chunks.Manifest) {})
 			m.Index++
@@ -252,6 +278,9 @@ func TestWeightsComeBack(t *testing.T) {
 	}
 	if got := metric("clawmesh_weights_versions_refused_total", "reason", "stale"); got < 3 {
 		t.Errorf("%v stale manifests refused, want at least the 3 above", got)
+	}
+	if got := metric("clawmesh_weights_versions_refused_total", "reason", "uncertified"); got < 3 {
+		t.Errorf("%v uncertified manifests refused, want at least the 3 above", got)
 	}
 	if got := metric("clawmesh_weights_versions_refused_total", "reason", "signature"); got < 3 {
 		t.Errorf("%v manifests refused for their signature, want at least the 3 above", got)

@@ -699,13 +699,18 @@ func initMesh(data string) error {
 
 // invite returns a one-use invite token for role, issued by the peer of
 // the data directory data, on which n runs, with n's addresses, as
-// `clawmesh invite` does.
+// `clawmesh invite` does; a trainer's makes a voter (`--voter`).
 func invite(data string, role member.Role, n *node.Node) (string, error) {
 	key, _, err := peer.Identity(data)
 	if err != nil {
 		return "", err
 	}
-	tok, err := mesh.Invite(data, key, role, 24*time.Hour, 1, mesh.InviteAddrs(n.Peer().Host.Addrs()), time.Now(), crand.Reader)
+	// The demo's trainers are the mesh owner's: each is a voter.
+	o := mesh.InviteOptions{Role: role, TTL: 24 * time.Hour, Uses: 1, Addrs: mesh.InviteAddrs(n.Peer().Host.Addrs())}
+	if role == member.RoleTrainer {
+		o.Voter = mesh.MakeVoter
+	}
+	tok, err := mesh.InviteWith(data, key, o, time.Now(), crand.Reader)
 	if err != nil {
 		return "", err
 	}
