@@ -96,7 +96,7 @@ func collect(t *testing.T, p *peer.Peer, st mesh.Store, o mesh.PullOptions) {
 // announcer publishes on p's batch topic, as a device's Ship does.
 func announcer(t *testing.T, p *peer.Peer) mesh.Topic {
 	t.Helper()
-	tp, err := p.Host.Join("clawmesh/" + p.Mesh.MeshID() + "/batches/1")
+	tp, err := p.Host.Join(mesh.TopicName(p.Mesh.MeshID(), "batches/1"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 // gossip topic. Trainers not in it are volunteers.
 
 // topicVoters is the gossip topic of the mesh's voter sets.
-func topicVoters(meshID string) string { return "clawmesh/" + meshID + "/voters/1" }
+func topicVoters(meshID string) string { return TopicName(meshID, "voters/1") }
 
 // votersFile is where a data directory keeps the newest voter set.
 func votersFile(dataDir string) string { return filepath.Join(dataDir, Dir, "voters.bin") }

@@ -3,7 +3,9 @@ package mesh
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,10 +25,19 @@ const (
 // OpenProtocols are the protocols anyone connected may open.
 var OpenProtocols = []string{ProtoRedeem, ProtoAdmit}
 
+// TopicName is the name of a mesh's gossip topic kind ("batches/1"). The
+// mesh's id is not in it, but a hash of it: gossip tells every peer that
+// connects, strangers included, the topics a peer reads, and a topic must
+// not tell a stranger which mesh it found.
+func TopicName(meshID, kind string) string {
+	h := sha256.Sum256([]byte("clawmesh topic\x00" + meshID))
+	return "clawmesh/" + hex.EncodeToString(h[:16]) + "/" + kind
+}
+
 // Topics, per mesh.
-func topicRevocations(meshID string) string { return "clawmesh/" + meshID + "/revocations/1" }
-func topicBatches(meshID string) string     { return "clawmesh/" + meshID + "/batches/1" }
-func topicAcks(meshID string) string        { return "clawmesh/" + meshID + "/acks/1" }
+func topicRevocations(meshID string) string { return TopicName(meshID, "revocations/1") }
+func topicBatches(meshID string) string     { return TopicName(meshID, "batches/1") }
+func topicAcks(meshID string) string        { return TopicName(meshID, "acks/1") }
 
 // maxMsg bounds one control message (a hello, a redeem request or reply).
 const maxMsg = 64 << 10

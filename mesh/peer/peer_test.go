@@ -239,7 +239,7 @@ func TestStranger(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer y.Close()
-	topic, err := y.Join("clawmesh/" + a.Mesh.MeshID() + "/batches/1")
+	topic, err := y.Join(mesh.TopicName(a.Mesh.MeshID(), "batches/1"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -182,7 +182,7 @@ func TestVoterSetRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the publisher admitted", func() bool { return admitted(b, x) })
-	topic, err := x.Host.Join("clawmesh/" + x.Mesh.MeshID() + "/voters/1")
+	topic, err := x.Host.Join(mesh.TopicName(x.Mesh.MeshID(), "voters/1"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func parseOffer(b []byte) (*offer, error) {
 	return o, nil
 }
 
-func topicWeights(meshID string) string { return "clawmesh/" + meshID + "/weights/1" }
+func topicWeights(meshID string) string { return mesh.TopicName(meshID, "weights/1") }
 
 // Config configures a Service.
 type Config struct {
