@@ -407,9 +407,9 @@ func TestJoinUnreachable(t *testing.T) {
 	}
 	_, errs, code := runCLI(t, "join", tok.String(), "--data", t.TempDir(), "--p2p-listen", loopbackP2P[1])
 	lines := strings.Split(strings.TrimSpace(errs), "\n")
-	if code != 1 || len(lines) != 5 || !strings.Contains(lines[0], addrs[0]+" (1 of 2)") || !strings.Contains(lines[2], addrs[1]+" (2 of 2)") ||
+	if code != 1 || len(lines) != 6 || !strings.Contains(lines[0], addrs[0]+" (1 of 2)") || !strings.Contains(lines[2], addrs[1]+" (2 of 2)") ||
 		!strings.Contains(lines[1], "no answer") || !strings.Contains(lines[4], "cannot reach the inviter at any of its 2 addresses") ||
-		!strings.Contains(lines[4], "--verbose") || strings.Contains(errs, "dial tcp") {
+		!strings.Contains(lines[5], "--verbose") || strings.Contains(errs, "dial tcp") {
 		t.Errorf("join with the inviter offline: %d\n%s", code, errs)
 	}
 	_, errs, code = runCLI(t, "join", tok.String(), "--verbose", "--data", t.TempDir(), "--p2p-listen", loopbackP2P[1])

@@ -161,7 +161,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
-		return err
+		return addrError(err, "the model server", "serve", *listen, "listen")
 	}
 	info := eng.Info()
 	fmt.Fprintf(stdout, "clawmesh serve: %s on http://%s/v1 (adapter %s, %d params, context %d)\n",

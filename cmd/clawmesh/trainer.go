@@ -12,7 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/model/loss"
@@ -147,7 +146,8 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
 		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
-		return fmt.Errorf("%w; for a trainer: a token from 'clawmesh invite --role trainer', then clawmesh join TOKEN --data %s", err, s.Data)
+		return withHint(fmt.Errorf("%s is not in a mesh", s.Data),
+			"Get a token from 'clawmesh invite --role trainer' on a device of the mesh, then run 'clawmesh join TOKEN --data %s'", s.Data)
 	}
 	if err != nil {
 		return err
@@ -209,15 +209,9 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 	if err := s.resolve(fs); err != nil {
 		return err
 	}
-	var c *trainer.Client
-	if hc, ok := adminapi.SocketClient(s.Data); ok {
-		c = &trainer.Client{Base: adminapi.SocketBase, HTTP: hc}
-	} else {
-		addr, err := trainer.ReadAddr(s.Data)
-		if err != nil {
-			return fmt.Errorf("no trainer runs on %s (start one with 'clawmesh trainer --data %s')", s.Data, s.Data)
-		}
-		c = &trainer.Client{Base: "http://" + addr, Token: adminapi.ClientToken(s.Data, s.Token)}
+	c, err := trainerClient(s)
+	if err != nil {
+		return err
 	}
 	switch sub {
 	case "status":
