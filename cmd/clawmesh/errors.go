@@ -108,7 +108,7 @@ func explain(name string, err error) (line, hint string) {
 
 // singleLine folds a message of several lines (a wrapped chain, another
 // program's output) into one: the lines joined with "; ", spaces folded,
-// cut at 300 bytes.
+// cut at 500 bytes.
 func singleLine(s string) string {
 	var parts []string
 	for _, l := range strings.Split(s, "\n") {
@@ -117,8 +117,8 @@ func singleLine(s string) string {
 		}
 	}
 	s = strings.Join(parts, "; ")
-	if len(s) > 300 {
-		s = strings.ToValidUTF8(s[:300], "") + "..."
+	if len(s) > 500 {
+		s = strings.ToValidUTF8(s[:500], "") + "..."
 	}
 	return s
 }
@@ -192,6 +192,13 @@ func reachRunning(s *settings, kind, addrFile string) (adminReach, error) {
 	}
 	c.Close()
 	return adminReach{Base: "http://" + addr, Token: adminapi.ClientToken(s.Data, s.Token)}, nil
+}
+
+// refused reports whether err is a running node's or trainer's refusal of
+// what it was asked (its message says why), rather than no answer.
+func refused(err error) bool {
+	var se *adminapi.StatusError
+	return errors.As(err, &se) && !se.Plain
 }
 
 // buildFailed is a reward plugin that did not compile: the go command

@@ -16,18 +16,20 @@ import (
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/trainer"
+	"github.com/clawmesh/clawmesh/trainer/group"
+	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // TestErrorsSayWhatToDo runs the binary into the common failures of its
 // commands (nothing running on the data directory, a process that stopped
 // and left its address, the wrong kind of directory, no mesh, a bad config
-// file or flag, a port in use, a refused token, and a running node's
-// refusals) and checks what it prints: a non-zero exit, and on stderr
+// file or flag, a port in use, a refused token, and a running node's and
+// a running trainer's refusals) and checks what it prints: a non-zero exit, and on stderr
 // exactly two lines, what is wrong and then what to do, naming a command;
 // no HTTP status nor the dialer's internals.
 func TestErrorsSayWhatToDo(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the binary and runs a node")
+		t.Skip("builds the binary and runs a node and a trainer")
 	}
 	bin := buildBinary(t)
 	home := t.TempDir()
@@ -69,6 +71,23 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 	cli(t, "mesh", "init", "--data", a)
 	runMeshNode(t, a, "http://127.0.0.1:9/v1", share.Policy{})
 	stranger := "12D3KooWGzKqUuR5iJzuSrL6Tq2z4QeG2fBhDiDfdVL6ME8VQ5kA"
+
+	// One trainer, in a mesh of its own.
+	ctx := context.Background()
+	cl, err := harness.NewCluster(ctx, harness.ClusterOptions{Trainers: 1, Dir: filepath.Join(t.TempDir(), "mesh"),
+		Timing: trainer.Timing{Heartbeat: 500 * time.Millisecond, Election: 500 * time.Millisecond, JoinWait: 2 * time.Second, Tick: 50 * time.Millisecond},
+		Group:  group.Config{Deadline: 4 * time.Second, LocalSteps: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	tr := cl.DataDir(0)
+	if err := cl.WaitUntil(ctx, time.Minute, "the trainer's admin API and version 0", func() bool {
+		_, err := trainer.ReadAddr(tr)
+		return err == nil && len(cl.Trainer(0).Lineage()) > 0
+	}); err != nil {
+		t.Fatal(err)
+	}
 
 	// wrongToken makes a's token file differ from the running node's, and
 	// hides its socket, so that the command reaches it over TCP with a
@@ -116,6 +135,9 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		{"no such step", []string{"pool", "show", "s-none", "--data", a}, "'clawmesh pool ls --data " + a + "'", nil},
 		{"no such version", []string{"weights", "use", "v99", "--data", a}, "`clawmesh weights ls`", nil},
 		{"a token the node refuses", []string{"pool", "stats", "--data", a}, "--token", wrongToken},
+		// The running trainer's refusal: 400.
+		{"a setting the trainer refuses", []string{"trainer", "config", "--lr", "-1", "--data", tr}, "'clawmesh trainer config --help'", nil},
+		{"a trainer's directory for a node", []string{"weights", "ls", "--data", tr}, "'clawmesh mesh status --data " + tr + "'", nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if c.setup != nil {

@@ -91,6 +91,10 @@ func (l localPool) Preview(ctx context.Context, limit int) (*share.Preview, erro
 func openPool(s *settings, create bool) (poolAccess, func(), error) {
 	dir := filepath.Join(s.Data, datadir.NodeMark)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if !create && datadir.Is(s.Data, datadir.TrainerMark) {
+			return nil, nil, withHint(fmt.Errorf("%s is a trainer's data directory (it holds a trainer's batch store, %s/): it has no pool", s.Data, datadir.TrainerMark),
+				"Give 'clawmesh pool' a node's --data")
+		}
 		if !create {
 			return nil, nil, withHint(fmt.Errorf("no pool at %s", dir), "A node makes it: run 'clawmesh node --data %s', or give the node's --data", s.Data)
 		}

@@ -140,6 +140,9 @@ func runTasks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if sub == "add" {
 		ts, err := c.AddTasks(ctx, a)
+		if refused(err) {
+			return withHint(err, "'clawmesh tasks ls --data %s' lists the sets in the group; 'clawmesh reward test' tries a verifier", s.Data)
+		}
 		if err != nil {
 			return err
 		}

@@ -232,6 +232,9 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 		return nil
 	}
 	cur, err := c.Configure(ctx, gc)
+	if refused(err) {
+		return withHint(err, "'clawmesh trainer config --help' lists the settings, with their defaults")
+	}
 	if err != nil {
 		return err
 	}

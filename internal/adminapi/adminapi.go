@@ -44,11 +44,11 @@ type StatusError struct {
 // a clawmesh server wrote, as it wrote it (it names the problem; the HTTP
 // status adds nothing); for a path the server has no route for, that the
 // process on the data directory is not the one the command talks to; for
-// another answer that is not a clawmesh server's, its first line.
+// another answer that is not a clawmesh server's, its start.
 func (e *StatusError) Error() string {
 	switch {
 	case !e.Plain:
-		return oneLine(e.Message)
+		return strings.Join(strings.Fields(e.Message), " ")
 	case e.Code == http.StatusNotFound:
 		return "the process running on this data directory does not answer " + e.Path +
 			": is it a node's directory where a trainer's was expected, or the other way round? ('clawmesh mesh status --data DIR' shows the peer's role)"
