@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 	"unicode"
@@ -96,7 +97,7 @@ func explain(name string, err error) (line, hint string) {
 		msg = "the node or trainer on this data directory did not answer: " + noAnswer.Reason()
 		hint = "Check that it runs ('clawmesh mesh status' says), or restart it, then try again."
 	}
-	msg = singleLine(msg)
+	msg = singleLine(jsonTypeError.ReplaceAllString(msg, "field $2 cannot be a $1"))
 	if hint == "" {
 		msg, hint = splitHint(msg)
 	}
@@ -105,6 +106,12 @@ func explain(name string, err error) (line, hint string) {
 	}
 	return msg, sentence(singleLine(hint))
 }
+
+// jsonTypeError is encoding/json's report of a value of the wrong type,
+// which names Go's types ("json: cannot unmarshal number into Go struct
+// field ExportedStep.Step.id of type core.StepID"); explain says it in
+// the input's terms.
+var jsonTypeError = regexp.MustCompile(`json: cannot unmarshal (\w+) into Go struct field (?:[\w]+\.)*(\w+) of type \S+`)
 
 // singleLine folds a message of several lines (a wrapped chain, another
 // program's output) into one: the lines joined with "; ", spaces folded,

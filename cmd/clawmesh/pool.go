@@ -314,7 +314,8 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			fmt.Fprintf(stdout, "  line %d: %s\n", b.Line, b.Err)
 		}
 		if len(rep.Bad) > 0 {
-			return fmt.Errorf("%s skipped", plural(len(rep.Bad), "bad line was", "bad lines were"))
+			return withHint(fmt.Errorf("%s skipped", plural(len(rep.Bad), "bad line was", "bad lines were")),
+				"Fix the lines listed above, then run 'clawmesh pool import' again: the steps in already are left as they are")
 		}
 		return nil
 	case "preview":

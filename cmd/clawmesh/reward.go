@@ -190,7 +190,7 @@ Examples:
 	}
 	steps, err := reward.ReadSteps(in)
 	if err != nil {
-		return fmt.Errorf("%s: %w", *stepsPath, err)
+		return withHint(fmt.Errorf("%s: %w", *stepsPath, err), "Give --steps what 'clawmesh pool export' writes: one step a line, as JSON")
 	}
 	var plugins []reward.PluginConfig
 	for _, p := range pos {

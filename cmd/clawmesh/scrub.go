@@ -88,7 +88,7 @@ func runScrub(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		counts, err = sc.ScrubJSONL(ctx, stdin, bw, &scrub.StepOptions{Key: key, Tools: pol.Tools}, maxScrubInput)
 		if err != nil {
 			bw.Flush()
-			return err
+			return withHint(err, "With --steps, give it what 'clawmesh pool export' writes: one step a line, as JSON")
 		}
 	} else {
 		in, err := io.ReadAll(io.LimitReader(stdin, maxScrubInput+1))

@@ -225,7 +225,9 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 		printTrainerStatus(stdout, st)
 		return nil
 	case "leave":
-		if err := c.Leave(ctx); err != nil {
+		if err := c.Leave(ctx); refused(err) {
+			return withHint(err, "'clawmesh trainer status --data %s' shows the group", s.Data)
+		} else if err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "left the trainers' group; the trainer stops now")
