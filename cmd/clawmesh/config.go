@@ -165,7 +165,7 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 	if err == nil || errors.Is(err, errUsage) || errors.As(err, &h) {
 		return err
 	}
-	return withHint(err, "Fix the config file, or give another with --config; 'clawmesh node --help' says what it holds")
+	return withHint(err, "Fix the config file, or give another with --config ('clawmesh node --help' says where settings come from)")
 }
 
 func (s *settings) resolveFile(flags *flag.FlagSet) error {

@@ -147,7 +147,8 @@ var internalPrefixes = map[string]bool{
 	"member": true, "batch": true, "weights": true, "adminapi": true, "engine": true, "serve": true,
 	"core": true, "meter": true, "group": true, "p2p": true, "raftstore": true, "raftnet": true,
 	"adapter": true, "adapters": true, "learn": true, "tokenizer": true, "torch": true, "native": true,
-	"swap": true, "safetensors": true, "httpguard": true, "sse": true, "tasks": true, "sample": true, "bench": true, "loss": true,
+	"swap": true, "safetensors": true, "httpguard": true, "sse": true, "tasks": true, "sample": true,
+	"bench": true, "loss": true,
 }
 
 // userMessage is an error's message as a user reads it: without the
