@@ -157,8 +157,18 @@ func (s *settings) bindClient(flags *flag.FlagSet) {
 }
 
 // resolve fills s from the config file and the environment, leaving values
-// set by flags on fs as they are.
+// set by flags on fs as they are. A config file that cannot be used says
+// so, and that it is to be fixed.
 func (s *settings) resolve(flags *flag.FlagSet) error {
+	err := s.resolveFile(flags)
+	var h *hinted
+	if err == nil || errors.Is(err, errUsage) || errors.As(err, &h) {
+		return err
+	}
+	return withHint(err, "Fix the config file, or give another with --config ('clawmesh node --help' says where settings come from)")
+}
+
+func (s *settings) resolveFile(flags *flag.FlagSet) error {
 	set := map[string]bool{}
 	flags.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	env := func(name string, dst *string) {
@@ -202,7 +212,12 @@ func (s *settings) resolve(flags *flag.FlagSet) error {
 		if fc.Token != "" || fc.UpstreamToken != "" {
 			// Credentials are the owner's (as ssh is with a private key).
 			if err := private.CheckFile(expandHome(path)); err != nil {
-				return fmt.Errorf("config %s holds tokens: %w", path, err)
+				mode := ""
+				if fi, serr := os.Stat(expandHome(path)); serr == nil {
+					mode = fmt.Sprintf(" (mode %#o)", fi.Mode().Perm())
+				}
+				return withHint(fmt.Errorf("config %s holds tokens, and other accounts can read it%s", path, mode),
+					"Run 'chmod 600 %s' so that only you can read it", path)
 			}
 		}
 	}

@@ -52,7 +52,7 @@ func TestOneProcessPerDataDir(t *testing.T) {
 		{"trainer", "--data", data, "--no-mdns", "--weights", "off", "--p2p-listen", "/ip4/127.0.0.1/tcp/0"},
 	} {
 		_, errs, code := runBriefly(t, 20*time.Second, args...)
-		if code != 1 || !strings.Contains(errs, "clawmesh "+args[0]+": "+held) || !strings.HasSuffix(errs, "): stop it, or use another --data\n") {
+		if code != 1 || !strings.Contains(errs, "clawmesh "+args[0]+": "+held) || !strings.HasSuffix(errs, ")\nStop it first, or give 'clawmesh "+args[0]+"' another --data.\n") {
 			t.Errorf("%s on a node's directory: code %d, %q; want %q", args[0], code, errs, held)
 		}
 	}
@@ -120,7 +120,8 @@ func TestNodeAndTrainerDirectories(t *testing.T) {
 	tdir := t.TempDir()
 	os.Mkdir(filepath.Join(tdir, datadir.TrainerMark), 0o700)
 	_, errs, code := runBriefly(t, 20*time.Second, "node", "--data", tdir, "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9/v1", "--no-mdns", "--no-scoring")
-	want := "clawmesh node: " + tdir + " is a trainer's data directory (it holds a trainer's batch store, batches/), not a node's: a node and a trainer each need their own; run 'clawmesh trainer --data " + tdir + "' there, and give the node another --data\n"
+	want := "clawmesh node: " + tdir + " is a trainer's data directory (it holds a trainer's batch store, batches/), not a node's\n" +
+		"A node and a trainer each need their own: run 'clawmesh trainer --data " + tdir + "' there, and give 'clawmesh node' another --data.\n"
 	if code != 1 || !strings.HasSuffix(errs, want) {
 		t.Errorf("node on a trainer's directory: code %d, %q; want %q", code, errs, want)
 	}
@@ -133,7 +134,8 @@ func TestNodeAndTrainerDirectories(t *testing.T) {
 	ndir := t.TempDir()
 	os.Mkdir(filepath.Join(ndir, datadir.NodeMark), 0o700)
 	_, errs, code = runBriefly(t, 20*time.Second, "trainer", "--data", ndir, "--no-mdns", "--weights", "off", "--p2p-listen", "/ip4/127.0.0.1/tcp/0")
-	want = "clawmesh trainer: " + ndir + " is a node's data directory (it holds a device's DataPool, pool/), not a trainer's: a node and a trainer each need their own; run 'clawmesh node --data " + ndir + "' there, and give the trainer another --data\n"
+	want = "clawmesh trainer: " + ndir + " is a node's data directory (it holds a device's DataPool, pool/), not a trainer's\n" +
+		"A node and a trainer each need their own: run 'clawmesh node --data " + ndir + "' there, and give 'clawmesh trainer' another --data.\n"
 	if code != 1 || !strings.HasSuffix(errs, want) {
 		t.Errorf("trainer on a node's directory: code %d, %q; want %q", code, errs, want)
 	}
@@ -143,7 +145,7 @@ func TestNodeAndTrainerDirectories(t *testing.T) {
 	}
 	defer ln.Close()
 	_, errs, code = runBriefly(t, 20*time.Second, "trainer", "--data", tdir, "--admin", ln.Addr().String(), "--no-mdns", "--weights", "off")
-	want = "clawmesh trainer: the admin API address " + ln.Addr().String() + " is in use by another process (another trainer?): stop it, or pick another --admin\n"
+	want = "clawmesh trainer: the admin API address " + ln.Addr().String() + " is in use by another process (another trainer?)\nStop it, or give 'clawmesh trainer' another --admin.\n"
 	if code != 1 || errs != want {
 		t.Errorf("trainer on a taken --admin: code %d, %q; want %q", code, errs, want)
 	}
@@ -179,7 +181,7 @@ func TestNodeChecksBeforeWork(t *testing.T) {
 		{[]string{"--upstream", "http://localhost:" + fmt.Sprint(port) + "/v1", "--listen", self}, 2,
 			"clawmesh node: upstream http://localhost:" + fmt.Sprint(port) + "/v1 is this node's own gateway (listen " + self + "): every call would come back to it; point the upstream at the LLM server\n"},
 		{[]string{"--upstream", "http://127.0.0.1:9/v1", "--listen", ln.Addr().String()}, 1,
-			"clawmesh node: the gateway address " + ln.Addr().String() + " is in use by another process (another node?): stop it, or pick another --listen\n"},
+			"clawmesh node: the gateway address " + ln.Addr().String() + " is in use by another process (another node?)\nStop it, or give 'clawmesh node' another --listen.\n"},
 		{[]string{"--upstream", "http://127.0.0.1:9/v1", "--listen", "127.0.0.1:0", "--config", plugins}, 1, "gone.wasm"},
 	} {
 		data := filepath.Join(t.TempDir(), "new")

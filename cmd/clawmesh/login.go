@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/node"
 )
 
@@ -54,12 +53,9 @@ func runLogin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // runningNode returns the owner's client of the node running on the data
 // directory: through its socket, else over TCP with the owner's token.
 func runningNode(s *settings) (*node.Client, error) {
-	if hc, ok := adminapi.SocketClient(s.Data); ok {
-		return &node.Client{Base: adminapi.SocketBase, HTTP: hc}, nil
-	}
-	addr, err := node.ReadAddr(s.Data)
+	r, err := reachRunning(s, "node", node.AddrFile)
 	if err != nil {
-		return nil, fmt.Errorf("no node runs on %s (start one with 'clawmesh node --data %s')", s.Data, s.Data)
+		return nil, err
 	}
-	return &node.Client{Base: "http://" + addr, Token: adminapi.ClientToken(s.Data, s.Token)}, nil
+	return &node.Client{Base: r.Base, HTTP: r.HTTP, Token: r.Token}, nil
 }

@@ -79,7 +79,8 @@ and point your agent's OpenAI base URL at http://127.0.0.1:8400/v1.
 }
 
 // errUsage marks an error whose message is a usage problem: main prints it
-// with a hint to --help and exits 2.
+// with a pointer to --help and exits 2. Other errors exit 1; printError
+// says how every error is printed.
 var errUsage = errors.New("usage")
 
 func usageErr(format string, a ...any) error {
@@ -118,22 +119,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		err := c.run(ctx, args[1:], stdout, stderr)
 		switch {
-		case err == nil:
+		case err == nil, errors.Is(err, flag.ErrHelp):
 			return 0
-		case errors.Is(err, flag.ErrHelp):
-			return 0
-		case errors.Is(err, errUsage):
-			help := "clawmesh " + c.name
-			var fe *flagError
-			if errors.As(err, &fe) {
-				help = fe.cmd
-			}
-			fmt.Fprintf(stderr, "clawmesh %s: %s\nRun '%s --help' for usage.\n", c.name, userMessage(strings.TrimPrefix(err.Error(), errUsage.Error()+": ")), help)
-			return 2
-		default:
-			fmt.Fprintf(stderr, "clawmesh %s: %s\n", c.name, userMessage(err.Error()))
-			return 1
 		}
+		printError(stderr, c.name, err)
+		if errors.Is(err, errUsage) {
+			return 2
+		}
+		return 1
 	}
 	// As for a bad flag: the error and where help is, not the whole help.
 	if strings.HasPrefix(args[0], "-") {
@@ -155,6 +148,7 @@ var internalPrefixes = map[string]bool{
 	"core": true, "meter": true, "group": true, "p2p": true, "raftstore": true, "raftnet": true,
 	"adapter": true, "adapters": true, "learn": true, "tokenizer": true, "torch": true, "native": true,
 	"swap": true, "safetensors": true, "httpguard": true, "sse": true, "tasks": true, "sample": true,
+	"bench": true, "loss": true,
 }
 
 // userMessage is an error's message as a user reads it: without the

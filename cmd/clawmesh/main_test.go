@@ -393,6 +393,7 @@ func TestUserMessage(t *testing.T) {
 		"reward: plugin cannot be loaded: \"x.go\": compile: meter: cannot instrument module: not WASM":  "plugin cannot be loaded: \"x.go\": compile: cannot instrument module: not WASM",
 		"tasks: bad task: line 3":                                                                        "bad task: line 3",
 		"unknown store: pool":                                                                            "unknown store: pool",
+		"group: bad configuration: loss: unknown recipe \"x\"":                                           "bad configuration: unknown recipe \"x\"",
 	} {
 		if got := userMessage(in); got != want {
 			t.Errorf("userMessage(%q) = %q, want %q", in, got, want)

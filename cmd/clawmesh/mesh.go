@@ -202,14 +202,19 @@ func runMesh(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return printBatches(stdout, list, time.Now())
 	case "batch":
 		id := core.BatchID(fs.Arg(0))
+		var err error
 		if c != nil {
-			return c.Batch(ctx, id, stdout)
+			err = c.Batch(ctx, id, stdout)
+		} else {
+			var b *batch.Batch
+			if b, err = offlineBatch(ctx, s.Data, id); err == nil {
+				err = peer.WriteSteps(stdout, b)
+			}
 		}
-		b, err := offlineBatch(ctx, s.Data, id)
-		if err != nil {
-			return err
+		if errors.Is(err, mesh.ErrNoBatch) {
+			return withHint(err, "'clawmesh mesh batches --data %s' lists the batches", s.Data)
 		}
-		return peer.WriteSteps(stdout, b)
+		return err
 	case "revoke":
 		return meshRevoke(ctx, c, &s, fs.Arg(0), mesh.RevokeOptions{Reason: reason, Force: force}, stdout)
 	case "trust", "untrust":
@@ -244,6 +249,12 @@ func meshRevoke(ctx context.Context, c *peer.Client, s *settings, arg string, o 
 	}
 	if c != nil {
 		res, err := c.RevokeWith(ctx, p, o)
+		if err != nil && strings.Contains(err.Error(), strings.TrimPrefix(mesh.ErrUnknownPeer.Error(), "mesh: ")) {
+			err = mesh.ErrUnknownPeer // the running peer's answer says no more
+		}
+		if errors.Is(err, mesh.ErrUnknownPeer) {
+			return unknownPeer(p)
+		}
 		if err != nil {
 			return err
 		}
@@ -259,6 +270,9 @@ func meshRevoke(ctx context.Context, c *peer.Client, s *settings, arg string, o 
 		return err
 	}
 	r, err := mesh.RevokeOffline(s.Data, key, p2p.PublicKey, p, o, time.Now())
+	if errors.Is(err, mesh.ErrUnknownPeer) {
+		return unknownPeer(p)
+	}
 	if errors.Is(err, mesh.ErrAlreadyRevoked) {
 		fmt.Fprintf(stdout, "%s was already revoked, on %s by %s%s: nothing to do\n", p, r.RevokedAt().Local().Format(time.RFC3339), mesh.RevokedBy(r), reasonNote(r.Reason()))
 		return nil
@@ -330,6 +344,13 @@ func meshTrust(ctx context.Context, c *peer.Client, s *settings, trust bool, arg
 		fmt.Fprintln(stderr, "clawmesh mesh untrust: that was the last voter: the mesh will certify no version until a voter is trusted ('clawmesh mesh trust PEER')")
 	}
 	return nil
+}
+
+// unknownPeer is a revocation of a peer id this device never admitted
+// nor invited (mesh.ErrUnknownPeer).
+func unknownPeer(p mesh.PeerID) error {
+	return withHint(fmt.Errorf("%s is not a member or trainer this device admitted or invited", p),
+		"Check the id ('clawmesh mesh peers' lists the peers connected now), or run 'clawmesh mesh revoke %s --force'", p)
 }
 
 // plainLine is text from another device as a terminal shows it: one line,
@@ -458,6 +479,9 @@ func offlineBatches(ctx context.Context, data string) ([]peer.BatchInfo, error) 
 }
 
 func offlineBatch(ctx context.Context, data string, id core.BatchID) (*batch.Batch, error) {
+	if _, err := mesh.LoadState(data); err != nil {
+		return nil, err
+	}
 	if dir := filepath.Join(data, trainer.StoreDir); exists(dir) {
 		st, err := store.Open(dir, nil)
 		if err != nil {
@@ -586,12 +610,11 @@ func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageErr("--voter is for a trainer: add --role trainer")
 	}
 	var addrs []string
-	if c := runningPeer(&s); c != nil {
+	c := runningPeer(&s)
+	if c != nil {
 		if st, err := c.Status(ctx); err == nil {
 			addrs = st.Addrs
 		}
-	} else {
-		fmt.Fprintln(stderr, "clawmesh invite: no node or trainer runs on this data directory: the token carries the addresses it last listened on, and it must be running when the token is redeemed")
 	}
 	release, err := lockOffline(s.Data, "invite", false)
 	if err != nil {
@@ -607,6 +630,9 @@ func runInvite(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	fmt.Fprintln(stdout, tok.String())
+	if c == nil {
+		fmt.Fprintln(stderr, "clawmesh invite: no node or trainer runs on this data directory: the token carries the addresses it last listened on, and it must be running when the token is redeemed")
+	}
 	fmt.Fprintf(stderr, "(a %s token for %s, valid until %s)\n", r, plural(*uses, "use", "uses"), tok.Expires().Local().Format(time.RFC3339))
 	switch {
 	case r != member.RoleTrainer:
@@ -688,9 +714,9 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if errors.As(err, &unreachable) {
 		if *verbose {
 			fmt.Fprint(stderr, unreachable.Detail())
-			return err
+			return withHint(err, "Check that the inviter's node or trainer runs, then run 'clawmesh join' again")
 		}
-		return fmt.Errorf("%w (--verbose shows each address's error)", err)
+		return withHint(err, "Check that the inviter's node or trainer runs, then run 'clawmesh join' again; --verbose shows each address's error")
 	}
 	if err != nil {
 		return err

@@ -323,9 +323,10 @@ func nodeStartError(err error, data string) error {
 	case errors.Is(err, node.ErrConfig):
 		return usageErr("%s", strings.TrimPrefix(userMessage(err.Error()), "bad config: "))
 	case errors.Is(err, pool.ErrLocked):
-		return fmt.Errorf("another clawmesh process (a node, or a pool command) is using the pool in %s: stop it first, or give this node another --data", data)
+		return withHint(fmt.Errorf("another clawmesh process (a node, or a pool command) is using the pool in %s", data),
+			"Stop it first, or give 'clawmesh node' another --data")
 	case errors.Is(err, syscall.EADDRINUSE) && errors.As(err, &op) && op.Addr != nil:
-		return fmt.Errorf("the gateway address %s is in use by another process (another node?): stop it, or pick another --listen", op.Addr)
+		return addrError(err, "the gateway", "node", op.Addr.String(), "listen")
 	}
 	return err
 }
@@ -335,17 +336,22 @@ func listenError(err error, addr string) error {
 	return addrError(err, "the gateway", "node", addr, "listen")
 }
 
-// addrError says why what (of a process like peer) cannot listen on addr,
-// in one line, and which flag picks another.
-func addrError(err error, what, peer, addr, flag string) error {
+// addrError says why what (of the command cmd: node, trainer, serve)
+// cannot listen on addr, in one line, and which flag picks another.
+func addrError(err error, what, cmd, addr, flag string) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return fmt.Errorf("%s address %s is in use by another process (another %s?): stop it, or pick another --%s", what, addr, peer, flag)
+		another := cmd
+		if cmd == "serve" {
+			another = "model server"
+		}
+		return withHint(fmt.Errorf("%s address %s is in use by another process (another %s?)", what, addr, another),
+			"Stop it, or give 'clawmesh %s' another --%s", cmd, flag)
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Err != nil {
 		err = op.Err
 	}
-	return fmt.Errorf("%s cannot listen on %s (%v): pick another --%s", what, addr, err, flag)
+	return withHint(fmt.Errorf("%s cannot listen on %s: %v", what, addr, err), "Give 'clawmesh %s' another --%s", cmd, flag)
 }
 
 // poolFS is the filesystem the node's pool is on: the disk (nil), unless

@@ -91,11 +91,16 @@ func (l localPool) Preview(ctx context.Context, limit int) (*share.Preview, erro
 func openPool(s *settings, create bool) (poolAccess, func(), error) {
 	dir := filepath.Join(s.Data, datadir.NodeMark)
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if !create && datadir.Is(s.Data, datadir.TrainerMark) {
+			return nil, nil, withHint(fmt.Errorf("%s is a trainer's data directory (it holds a trainer's batch store, %s/): it has no pool", s.Data, datadir.TrainerMark),
+				"Give 'clawmesh pool' a node's --data")
+		}
 		if !create {
-			return nil, nil, fmt.Errorf("no pool at %s (has a node run with --data %s?)", dir, s.Data)
+			return nil, nil, withHint(fmt.Errorf("no pool at %s", dir), "A node makes it: run 'clawmesh node --data %s', or give the node's --data", s.Data)
 		}
 		if datadir.Is(s.Data, datadir.TrainerMark) {
-			return nil, nil, fmt.Errorf("%s is a trainer's data directory (it holds a trainer's batch store, %s/): a pool belongs in a node's; give a node's --data", s.Data, datadir.TrainerMark)
+			return nil, nil, withHint(fmt.Errorf("%s is a trainer's data directory (it holds a trainer's batch store, %s/), and a pool belongs in a node's", s.Data, datadir.TrainerMark),
+				"Give 'clawmesh pool' a node's --data")
 		}
 	}
 	p, err := pool.Open(dir, pool.Options{})
@@ -113,14 +118,14 @@ func openPool(s *settings, create bool) (poolAccess, func(), error) {
 				return c, func() {}, nil
 			}
 		}
-		return nil, nil, fmt.Errorf("%w\nrun 'clawmesh pool repair --data %s' to salvage it", err, s.Data)
+		return nil, nil, withHint(err, "Run 'clawmesh pool repair --data %s' to salvage it", s.Data)
 	}
 	if !errors.Is(err, pool.ErrLocked) {
 		return nil, nil, err
 	}
 	c, cerr := runningNode(s)
 	if cerr != nil {
-		return nil, nil, fmt.Errorf("%w, and %v", err, cerr)
+		return nil, nil, withHint(fmt.Errorf("%w, and %v", err, cerr), "Stop the process that holds it (a pool command?), or start the node on it: 'clawmesh node --data %s'", s.Data)
 	}
 	return c, func() {}, nil
 }
@@ -259,6 +264,9 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return tw.Flush()
 	case "show":
 		st, err := p.Get(ctx, core.StepID(fs.Arg(0)))
+		if errors.Is(err, pool.ErrNotFound) {
+			return withHint(err, "'clawmesh pool ls --data %s' lists the steps, with their ids", s.Data)
+		}
 		if err != nil {
 			return err
 		}
@@ -306,7 +314,8 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			fmt.Fprintf(stdout, "  line %d: %s\n", b.Line, b.Err)
 		}
 		if len(rep.Bad) > 0 {
-			return fmt.Errorf("%s skipped", plural(len(rep.Bad), "bad line was", "bad lines were"))
+			return withHint(fmt.Errorf("%s skipped", plural(len(rep.Bad), "bad line was", "bad lines were")),
+				"Fix the lines listed above, then run 'clawmesh pool import' again: the steps in already are left as they are")
 		}
 		return nil
 	case "preview":

@@ -100,7 +100,7 @@ Examples:
 		scaffold = reward.ScaffoldVerifier
 	}
 	if err := scaffold(d, pos[0]); errors.Is(err, reward.ErrExists) {
-		return fmt.Errorf("%s already exists and is not empty: name a new directory (--dir), or empty it", d)
+		return withHint(fmt.Errorf("%s already exists and is not empty", d), "Name a new directory ('clawmesh reward new %s --dir DIR'), or empty it", pos[0])
 	} else if err != nil {
 		return err
 	}
@@ -124,9 +124,12 @@ Example:
 	if len(pos) != 1 {
 		return usageErr("want exactly one plugin directory")
 	}
+	if fi, err := os.Stat(pos[0]); err != nil || !fi.IsDir() {
+		return withHint(fmt.Errorf("no plugin directory %s", pos[0]), "Make one with 'clawmesh reward new NAME', or give the directory of one")
+	}
 	path, err := reward.Build(ctx, pos[0], *out, stderr)
 	if err != nil {
-		return err
+		return buildFailed(pos[0], err)
 	}
 	fmt.Fprintln(stdout, path)
 	return nil
@@ -187,7 +190,7 @@ Examples:
 	}
 	steps, err := reward.ReadSteps(in)
 	if err != nil {
-		return fmt.Errorf("%s: %w", *stepsPath, err)
+		return withHint(fmt.Errorf("%s: %w", *stepsPath, err), "Give --steps what 'clawmesh pool export' writes: one step a line, as JSON")
 	}
 	var plugins []reward.PluginConfig
 	for _, p := range pos {

@@ -288,7 +288,7 @@ func TestRewardNewRefusesAFullDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, errs, code := runCLI(t, "reward", "new", "polite", "--dir", dir)
-	if code != 1 || errs != "clawmesh reward: "+dir+" already exists and is not empty: name a new directory (--dir), or empty it\n" {
+	if code != 1 || errs != "clawmesh reward: "+dir+" already exists and is not empty\nName a new directory ('clawmesh reward new polite --dir DIR'), or empty it.\n" {
 		t.Errorf("reward new into a full directory: code %d, %q", code, errs)
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {

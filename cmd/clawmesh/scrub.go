@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"github.com/clawmesh/clawmesh/node/scrub"
 	"github.com/clawmesh/clawmesh/node/share"
@@ -86,6 +87,10 @@ func runScrub(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 			return err
 		}
 		counts, err = sc.ScrubJSONL(ctx, stdin, bw, &scrub.StepOptions{Key: key, Tools: pol.Tools}, maxScrubInput)
+		if err != nil && strings.Contains(err.Error(), "not a step") {
+			bw.Flush()
+			return withHint(err, "With --steps, give it what 'clawmesh pool export' writes: one step a line, as JSON")
+		}
 		if err != nil {
 			bw.Flush()
 			return err

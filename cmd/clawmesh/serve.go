@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -124,7 +126,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if opts.Name == "" {
 			opts.Name = filepath.Base(filepath.Clean(*model))
 		}
-		if txt, err = modeldir.Load(*model); err != nil {
+		if txt, err = modeldir.Load(*model); errors.Is(err, fs.ErrNotExist) {
+			return withHint(fmt.Errorf("%s is not a model directory: %v", *model, strings.TrimPrefix(userMessage(err.Error()), "open ")),
+				"Give 'clawmesh serve --model' a Hugging Face model directory (config.json, model.safetensors, tokenizer.json), or try --tiny")
+		} else if err != nil {
 			return err
 		}
 		if txt.TemplateErr != nil {
@@ -161,7 +166,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
-		return err
+		return addrError(err, "the model server", "serve", *listen, "listen")
 	}
 	info := eng.Info()
 	fmt.Fprintf(stdout, "clawmesh serve: %s on http://%s/v1 (adapter %s, %d params, context %d)\n",

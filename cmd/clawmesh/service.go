@@ -130,7 +130,8 @@ func newServiceManager() (serviceManager, error) {
 		}
 		return serviceManager{"systemd", filepath.Join(dir, "systemd", "user", setup.ServiceLabel+".service")}, nil
 	}
-	return serviceManager{}, fmt.Errorf("no service manager known on %s: run 'clawmesh node' under your own (launchd on macOS, systemd on Linux are supported)", serviceOS)
+	return serviceManager{}, withHint(fmt.Errorf("no service manager known on %s (launchd on macOS, systemd on Linux are supported)", serviceOS),
+		"Run 'clawmesh node' under your own")
 }
 
 func (sm serviceManager) ctl(ctx context.Context, args ...string) (string, error) {
@@ -158,7 +159,8 @@ func serviceInstall(ctx context.Context, sm serviceManager, s settings, flags *f
 			return fmt.Errorf("cannot tell where this clawmesh binary is (--program PATH says it): %v", err)
 		}
 		if strings.Contains(p, string(filepath.Separator)+"go-build") {
-			return fmt.Errorf("%s is a temporary binary (go run): install clawmesh first, or give its path with --program", p)
+			return withHint(fmt.Errorf("%s is a temporary binary (go run)", p),
+				"Install clawmesh first, or give its path with 'clawmesh service install --program PATH'")
 		}
 		program = p
 	}
@@ -315,7 +317,8 @@ func serviceLogs(ctx context.Context, s settings, n int, follow bool, stdout io.
 	path := filepath.Join(s.Data, "node.log")
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("no log at %s: is the service installed with this --data?", path)
+		return withHint(fmt.Errorf("no log at %s", path),
+			"Is the service installed with this --data? 'clawmesh service status --data %s' says", s.Data)
 	}
 	if err != nil {
 		return err

@@ -97,7 +97,8 @@ func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writ
 	src, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("OpenClaw's config %s does not exist: set OpenClaw up first ('openclaw onboard'), or say where it is with OPENCLAW_CONFIG_PATH", path)
+		return withHint(fmt.Errorf("OpenClaw's config %s does not exist", path),
+			"Set OpenClaw up first ('openclaw onboard'), or say where its config is with OPENCLAW_CONFIG_PATH; then run 'clawmesh setup openclaw' again")
 	case err != nil:
 		return fmt.Errorf("cannot read OpenClaw's config: %v", err)
 	}
@@ -142,12 +143,14 @@ func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writ
 		hasRec = false
 	}
 	if hasRec && rec.Provider == plan.Provider.Name && rec.Config == path {
-		return fmt.Errorf("OpenClaw's provider %q was routed through the node on %s, and now goes to %s instead: it was routed elsewhere since. Leaving it as it is; edit %s by hand, or remove %s to set it up afresh",
-			plan.Provider.Name, rec.At.Local().Format("2006-01-02 15:04"), plan.Provider.BaseURL, path, recPath)
+		return withHint(fmt.Errorf("OpenClaw's provider %q was routed through the node on %s, and now goes to %s instead: it was routed elsewhere since, and is left as it is",
+			plan.Provider.Name, rec.At.Local().Format("2006-01-02 15:04"), plan.Provider.BaseURL),
+			"Edit %s by hand, or remove %s and run 'clawmesh setup openclaw' to set it up afresh", path, recPath)
 	}
 	if s.Upstream != "" && strings.TrimSuffix(s.Upstream, "/") != plan.Upstream {
-		return fmt.Errorf("the node already forwards to %s (upstream in %s), but OpenClaw's provider %q goes to %s: change one of them so that they agree, then run this again",
-			s.Upstream, nodeConfigPath(s), plan.Provider.Name, plan.Provider.BaseURL)
+		return withHint(fmt.Errorf("the node already forwards to %s (upstream in %s), but OpenClaw's provider %q goes to %s",
+			s.Upstream, nodeConfigPath(s), plan.Provider.Name, plan.Provider.BaseURL),
+			"Change one of them so that they agree, then run 'clawmesh setup openclaw' again")
 	}
 
 	after, err := setup.ApplyJSON5(src, plan.Provider.Name, plan.Changes, false)
@@ -242,10 +245,12 @@ func undoOpenClaw(ctx context.Context, s settings, oc openClaw, path string, src
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("nothing to undo: %s does not exist (setup was not run with this --data, or was undone)", recPath)
+		return withHint(fmt.Errorf("nothing to undo: %s does not exist (setup was not run with this --data, or was undone)", recPath),
+			"Give 'clawmesh setup openclaw --undo' the --data setup ran with, if it ran")
 	}
 	if rec.Config != path {
-		return fmt.Errorf("setup changed %s, but OpenClaw reads %s now: set OPENCLAW_CONFIG_PATH=%s to undo it there", rec.Config, path, rec.Config)
+		return withHint(fmt.Errorf("setup changed %s, but OpenClaw reads %s now", rec.Config, path),
+			"Set OPENCLAW_CONFIG_PATH=%s and run 'clawmesh setup openclaw --undo' again to undo it there", rec.Config)
 	}
 	after, err := setup.ApplyJSON5(src, rec.Provider, rec.Changes, true)
 	if err != nil {

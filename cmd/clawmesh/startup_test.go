@@ -49,7 +49,7 @@ func TestNodeOnAPoolInUse(t *testing.T) {
 	}
 	defer p.Close()
 	_, errs, code := runCLI(t, "node", "--data", data, "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9/v1", "--no-mdns")
-	want := "clawmesh node: another clawmesh process (a node, or a pool command) is using the pool in " + data + ": stop it first, or give this node another --data\n"
+	want := "clawmesh node: another clawmesh process (a node, or a pool command) is using the pool in " + data + "\nStop it first, or give 'clawmesh node' another --data.\n"
 	if code != 1 || !strings.HasSuffix(errs, want) || strings.Contains(errs, "locked") {
 		t.Errorf("code %d, %q; want %q", code, errs, want)
 	}
@@ -70,7 +70,7 @@ func TestNodeStartErrors(t *testing.T) {
 	}{
 		{[]string{"--upstream", "127.0.0.1:11434"}, 2, "clawmesh node: upstream \"127.0.0.1:11434\" must be an http:// or https:// URL\nRun 'clawmesh node --help' for usage.\n"},
 		{[]string{"--upstream", "http://127.0.0.1:9/v1", "--listen", "nonsense"}, 2, "clawmesh node: --listen \"nonsense\": want HOST:PORT, such as 127.0.0.1:8400\nRun 'clawmesh node --help' for usage.\n"},
-		{[]string{"--upstream", "http://127.0.0.1:9/v1", "--listen", ln.Addr().String()}, 1, "clawmesh node: the gateway address " + ln.Addr().String() + " is in use by another process (another node?): stop it, or pick another --listen\n"},
+		{[]string{"--upstream", "http://127.0.0.1:9/v1", "--listen", ln.Addr().String()}, 1, "clawmesh node: the gateway address " + ln.Addr().String() + " is in use by another process (another node?)\nStop it, or give 'clawmesh node' another --listen.\n"},
 	} {
 		_, errs, code := runCLI(t, append([]string{"node", "--data", t.TempDir(), "--no-mdns", "--no-scoring"}, c.args...)...)
 		if code != c.code || !strings.HasSuffix(errs, c.want) || strings.Contains(errs, "bad config") || strings.Contains(errs, "listen: listen") {

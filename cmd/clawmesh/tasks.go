@@ -9,7 +9,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
@@ -141,6 +140,9 @@ func runTasks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if sub == "add" {
 		ts, err := c.AddTasks(ctx, a)
+		if refused(err) {
+			return withHint(err, "'clawmesh tasks ls --data %s' lists the sets in the group; 'clawmesh reward test' tries a verifier", s.Data)
+		}
 		if err != nil {
 			return err
 		}
@@ -178,14 +180,11 @@ func setDone(ctx context.Context, c *trainer.Client, set string) int {
 
 // trainerClient reaches the trainer running on s.Data.
 func trainerClient(s settings) (*trainer.Client, error) {
-	if hc, ok := adminapi.SocketClient(s.Data); ok {
-		return &trainer.Client{Base: adminapi.SocketBase, HTTP: hc}, nil
-	}
-	addr, err := trainer.ReadAddr(s.Data)
+	r, err := reachRunning(&s, "trainer", trainer.AddrFile)
 	if err != nil {
-		return nil, fmt.Errorf("no trainer runs on %s (start one with 'clawmesh trainer --data %s')", s.Data, s.Data)
+		return nil, err
 	}
-	return &trainer.Client{Base: "http://" + addr, Token: adminapi.ClientToken(s.Data, s.Token)}, nil
+	return &trainer.Client{Base: r.Base, HTTP: r.HTTP, Token: r.Token}, nil
 }
 
 func printTaskSets(w io.Writer, sets []trainer.TaskSetStatus, evals bool) {

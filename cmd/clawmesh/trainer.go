@@ -12,7 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/model/loss"
@@ -157,7 +156,8 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
 		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, PullBudget: budget, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
-		return fmt.Errorf("%w; for a trainer: a token from 'clawmesh invite --role trainer', then clawmesh join TOKEN --data %s", err, s.Data)
+		return withHint(fmt.Errorf("%s is not in a mesh", s.Data),
+			"Get a token from 'clawmesh invite --role trainer' on a device of the mesh, then run 'clawmesh join TOKEN --data %s'", s.Data)
 	}
 	if err != nil {
 		return err
@@ -219,15 +219,9 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 	if err := s.resolve(fs); err != nil {
 		return err
 	}
-	var c *trainer.Client
-	if hc, ok := adminapi.SocketClient(s.Data); ok {
-		c = &trainer.Client{Base: adminapi.SocketBase, HTTP: hc}
-	} else {
-		addr, err := trainer.ReadAddr(s.Data)
-		if err != nil {
-			return fmt.Errorf("no trainer runs on %s (start one with 'clawmesh trainer --data %s')", s.Data, s.Data)
-		}
-		c = &trainer.Client{Base: "http://" + addr, Token: adminapi.ClientToken(s.Data, s.Token)}
+	c, err := trainerClient(s)
+	if err != nil {
+		return err
 	}
 	switch sub {
 	case "status":
@@ -241,13 +235,18 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 		printTrainerStatus(stdout, st)
 		return nil
 	case "leave":
-		if err := c.Leave(ctx); err != nil {
+		if err := c.Leave(ctx); refused(err) {
+			return withHint(err, "'clawmesh trainer status --data %s' shows the group", s.Data)
+		} else if err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "left the trainers' group; the trainer stops now")
 		return nil
 	}
 	cur, err := c.Configure(ctx, gc)
+	if refused(err) {
+		return withHint(err, "'clawmesh trainer config --help' lists the settings, with their defaults")
+	}
 	if err != nil {
 		return err
 	}

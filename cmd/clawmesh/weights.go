@@ -96,6 +96,10 @@ func runWeights(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case "get":
 		st, err = getWithProgress(ctx, c, fs.Arg(0), stdout, *asJSON)
 	}
+	if err != nil && strings.Contains(err.Error(), strings.TrimPrefix(node.ErrNoWeights.Error(), "node: ")) {
+		return withHint(fmt.Errorf("the node on %s follows no adapter versions: it is not in a mesh, or runs with --weights off", s.Data),
+			"Join a mesh ('clawmesh join TOKEN --data %s') and restart the node, without --weights off", s.Data)
+	}
 	if err != nil {
 		return err
 	}

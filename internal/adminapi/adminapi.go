@@ -9,10 +9,14 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 )
@@ -36,25 +40,78 @@ type StatusError struct {
 	Plain bool
 }
 
-// Error says what went wrong in the user's terms: the message a clawmesh
-// server wrote, as it wrote it (it names the problem; the HTTP status adds
-// nothing), and for a path the server has no route for, that the process
-// on the data directory is not the one the command talks to.
+// Error says what went wrong in the user's terms, on one line: the message
+// a clawmesh server wrote, as it wrote it (it names the problem; the HTTP
+// status adds nothing); for a path the server has no route for, that the
+// process on the data directory is not the one the command talks to; for
+// another answer that is not a clawmesh server's, its start.
 func (e *StatusError) Error() string {
 	switch {
 	case !e.Plain:
-		return e.Message
+		return strings.Join(strings.Fields(e.Message), " ")
 	case e.Code == http.StatusNotFound:
 		return "the process running on this data directory does not answer " + e.Path +
 			": is it a node's directory where a trainer's was expected, or the other way round? ('clawmesh mesh status --data DIR' shows the peer's role)"
 	}
-	return e.Status + ": " + e.Message
+	msg := oneLine(e.Message)
+	if msg == "" {
+		msg = strings.ToLower(http.StatusText(e.Code))
+	}
+	return "the process running on this data directory answered " + e.Path + " with an error: " + msg
 }
 
+// oneLine is s on one line: its lines joined, spaces folded, and cut at
+// 200 bytes.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 200 {
+		s = strings.ToValidUTF8(s[:200], "") + "..."
+	}
+	return s
+}
+
+// NoAnswerError is a request that got no answer: nothing listens at the
+// address (a process that stopped without removing its address file), the
+// connection broke, or the answer did not come in time.
+type NoAnswerError struct {
+	// Addr is the host:port asked, or SocketFile for the admin socket.
+	Addr string
+	Err  error
+}
+
+// Error says why in a few words, without the URL and the dialer's
+// internals.
+func (e *NoAnswerError) Error() string {
+	return "no answer at " + e.Addr + ": " + e.Reason()
+}
+
+// Reason is why there was no answer, in a few words.
+func (e *NoAnswerError) Reason() string {
+	var ne net.Error
+	switch {
+	case errors.Is(e.Err, syscall.ECONNREFUSED), errors.Is(e.Err, fs.ErrNotExist):
+		return "nothing listens there"
+	case errors.Is(e.Err, context.DeadlineExceeded), errors.As(e.Err, &ne) && ne.Timeout():
+		return "it did not answer in time"
+	case errors.Is(e.Err, context.Canceled):
+		return "interrupted"
+	case errors.Is(e.Err, io.EOF), errors.Is(e.Err, io.ErrUnexpectedEOF), errors.Is(e.Err, syscall.ECONNRESET), errors.Is(e.Err, syscall.EPIPE):
+		return "it closed the connection without answering"
+	}
+	var op *net.OpError
+	if errors.As(e.Err, &op) && op.Err != nil {
+		return oneLine(op.Err.Error())
+	}
+	return oneLine(e.Err.Error())
+}
+
+func (e *NoAnswerError) Unwrap() error { return e.Err }
+
 // Do sends a request with a bearer token (if any) and returns the response
-// if it is 2xx, else a *StatusError.
-func Do(ctx context.Context, hc *http.Client, method, url, token string, body io.Reader) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, url, body)
+// if it is 2xx, else a *StatusError, or a *NoAnswerError when no answer
+// came.
+func Do(ctx context.Context, hc *http.Client, method, rawURL, token string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, rawURL, body)
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +126,15 @@ func Do(ctx context.Context, hc *http.Client, method, url, token string, body io
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, err
+		addr := req.URL.Host
+		if req.URL.Scheme+"://"+addr == SocketBase {
+			addr = SocketFile
+		}
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, &NoAnswerError{Addr: addr, Err: err}
 	}
 	if resp.StatusCode/100 == 2 {
 		return resp, nil

@@ -30,7 +30,7 @@ func TestErrorsInUsersTerms(t *testing.T) {
 	}{
 		{"/admin/conflict", "task set x is there already with --holdout 0.25", []string{"409", "Conflict"}, http.StatusConflict},
 		{"/admin/missing", "does not answer /admin/missing: is it a node's directory where a trainer's was expected", []string{"404 page not found", "404 Not Found"}, http.StatusNotFound},
-		{"/admin/plain", "502 Bad Gateway: upstream said no", nil, http.StatusBadGateway},
+		{"/admin/plain", "answered /admin/plain with an error: upstream said no", []string{"502", "Bad Gateway"}, http.StatusBadGateway},
 	} {
 		_, err := Do(context.Background(), srv.Client(), http.MethodGet, srv.URL+c.path, "", nil)
 		var se *StatusError
@@ -45,6 +45,28 @@ func TestErrorsInUsersTerms(t *testing.T) {
 			if strings.Contains(msg, n) {
 				t.Errorf("%s: %q says %q", c.path, msg, n)
 			}
+		}
+	}
+}
+
+// TestNoAnswer: a request nothing answers says so in a few words, without
+// the URL or the dialer's internals, and is a *NoAnswerError.
+func TestNoAnswer(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	addr := srv.Listener.Addr().String()
+	srv.Close() // nothing listens there now
+	_, err := Do(context.Background(), nil, http.MethodGet, "http://"+addr+"/admin/status", "", nil)
+	var na *NoAnswerError
+	if !errors.As(err, &na) || na.Addr != addr {
+		t.Fatalf("%v, want a *NoAnswerError for %s", err, addr)
+	}
+	msg := err.Error()
+	if msg != "no answer at "+addr+": nothing listens there" {
+		t.Errorf("%q", msg)
+	}
+	for _, n := range []string{"dial tcp", "Get ", "connect:", "/admin/status"} {
+		if strings.Contains(msg, n) {
+			t.Errorf("%q says %q", msg, n)
 		}
 	}
 }

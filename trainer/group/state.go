@@ -167,12 +167,28 @@ func (c Config) Validate() error {
 	if _, err := loss.ParseRecipe(d.Recipe); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
+	// Each setting out of range is named, with its range.
+	for _, r := range []struct {
+		bad  bool
+		what string
+	}{
+		{d.MaxLag < 0, fmt.Sprintf("max lag %d: want 0 or more", d.MaxLag)},
+		{d.LocalSteps < 1 || d.LocalSteps > 10000, fmt.Sprintf("local steps %d: want 1 to 10000", d.LocalSteps)},
+		{!(d.LR > 0) || d.LR > 1, fmt.Sprintf("learning rate %g: want more than 0, up to 1", d.LR)},
+		{d.Quota < 1, fmt.Sprintf("quota %d: want 1 or more", d.Quota)},
+		{d.RoundSteps < 1, fmt.Sprintf("round steps %d: want 1 or more", d.RoundSteps)},
+		{d.Deadline < time.Second, fmt.Sprintf("round deadline %s: want 1s or more", d.Deadline)},
+		{d.MinRoundSteps < 1, fmt.Sprintf("min round steps %d: want 1 or more", d.MinRoundSteps)},
+		{d.RoundWait < 0, fmt.Sprintf("round wait %s: want 0 or more", d.RoundWait)},
+		{d.Aggregate != AggMean && d.Aggregate != AggTrimmed, fmt.Sprintf("aggregate %q: want %s or %s", d.Aggregate, AggMean, AggTrimmed)},
+		{!(d.MaxNorm >= 0) || math.IsInf(d.MaxNorm, 1), fmt.Sprintf("max norm %g: want 0 (none) or more", d.MaxNorm)},
+		{!(d.Trim >= 0 && d.Trim < 0.5), fmt.Sprintf("trim %g: want 0 up to (not including) 0.5", d.Trim)},
+	} {
+		if r.bad {
+			return fmt.Errorf("%w: %s", ErrConfig, r.what)
+		}
+	}
 	switch {
-	case d.MaxLag < 0, d.LocalSteps < 1, d.LocalSteps > 10000, !(d.LR > 0) || d.LR > 1,
-		d.Quota < 1, d.RoundSteps < 1, d.Deadline < time.Second, d.MinRoundSteps < 1, d.RoundWait < 0,
-		d.Aggregate != AggMean && d.Aggregate != AggTrimmed,
-		!(d.MaxNorm >= 0) || math.IsInf(d.MaxNorm, 1), !(d.Trim >= 0 && d.Trim < 0.5):
-		return fmt.Errorf("%w: %+v", ErrConfig, c)
 	case !(d.RLWeight >= 0 && d.RLWeight <= MaxWeight), !(d.OPDWeight >= 0 && d.OPDWeight <= MaxWeight):
 		return fmt.Errorf("%w: weights %g (reward) and %g (hint): each from 0 to %d", ErrConfig, d.RLWeight, d.OPDWeight, MaxWeight)
 	case strings.ContainsAny(d.Base, "\n\x00"):
