@@ -96,7 +96,8 @@ type RevokeOptions struct {
 // the peer, which is then disconnected. The peer must be a peer id this
 // device knows (Known) unless o.Force; a peer revoked already is not
 // revoked again: Revoke returns the revocation there is and an error
-// wrapping ErrAlreadyRevoked.
+// wrapping ErrAlreadyRevoked. On the admin's device, a revoked voter
+// leaves the voter set too.
 func (m *Mesh) Revoke(ctx context.Context, peer PeerID, o RevokeOptions) (*member.Revocation, error) {
 	if _, err := m.cfg.KeyOf(peer); err != nil {
 		return nil, fmt.Errorf("%w: %q (a peer id looks like 12D3KooW..., as 'clawmesh mesh peers' lists them)", ErrBadPeerID, clip(string(peer), 60))
@@ -135,6 +136,15 @@ func (m *Mesh) Revoke(ctx context.Context, peer PeerID, o RevokeOptions) (*membe
 		}
 		if !slices.Contains(gone, peer) && m.linkOf(peer) != 0 {
 			go m.tellAndDrop(peer, nil)
+		}
+	}
+	// A revoked trainer votes no more: the admin's device signs the voter
+	// set without it.
+	if vs := m.Voters(); m.adminKey != nil && vs != nil && vs.Has(string(peer)) {
+		if _, err := m.UntrustVoter(ctx, peer); err != nil {
+			m.log.Warn("taking a revoked voter out of the voter set", "peer", peer, "err", err)
+		} else {
+			m.log.Info("revoked voter taken out of the voter set", "peer", peer)
 		}
 	}
 	return r, nil

@@ -313,6 +313,15 @@ func TestTrustUntrust(t *testing.T) {
 	if err != nil || votersOf(vs) != "3:"+string(t1) {
 		t.Fatalf("offline trust: %s, %v", votersOf(vs), err)
 	}
-	start(t, adminData, b.Host.Addrs()...)
+	a2 := start(t, adminData, b.Host.Addrs()...)
 	waitFor(t, "the member to learn the set trusted offline", func() bool { return votersOf(b.Mesh.Voters()) == "3:"+string(t1) })
+
+	// Revoking a voter takes it out of the voter set.
+	if _, err := a2.Mesh.Revoke(ctx, t1, mesh.RevokeOptions{Reason: "gone rogue"}); err != nil {
+		t.Fatal(err)
+	}
+	if vs := a2.Mesh.Voters(); votersOf(vs) != "4:" {
+		t.Fatalf("the voter set after the voter's revocation: %s", votersOf(vs))
+	}
+	waitFor(t, "the member to learn the voter is out", func() bool { return votersOf(b.Mesh.Voters()) == "4:" })
 }
