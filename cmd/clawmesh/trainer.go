@@ -266,6 +266,14 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 func printTrainerStatus(w io.Writer, st trainer.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "peer\t%s (%s)\n", st.Peer, st.State)
+	switch {
+	case st.Trusted:
+		fmt.Fprintf(tw, "trust\ta voter: it votes in the group and certifies versions (voter set %d)\n", st.VoterSet)
+	case st.VoterSet == 0:
+		fmt.Fprintf(tw, "trust\tno voter set known yet: the mesh's admin trusts trainers with 'clawmesh mesh trust PEER'\n")
+	default:
+		fmt.Fprintf(tw, "trust\ta volunteer: it trains shares, never votes nor certifies (voter set %d)\n", st.VoterSet)
+	}
 	fmt.Fprintf(tw, "leader\t%s\n", orDash(string(st.Leader)))
 	fmt.Fprintf(tw, "term\t%d (applied %d)\n", st.Term, st.Applied)
 	fmt.Fprintf(tw, "voters\t%s\n", joinIDs(st.Voters))
@@ -274,7 +282,14 @@ func printTrainerStatus(w io.Writer, st trainer.Status) {
 	}
 	fmt.Fprintf(tw, "recipe\t%s on %s\n", orDash(st.Config.Recipe), orDash(st.Config.Base))
 	if v := st.Version; v != nil {
-		fmt.Fprintf(tw, "adapter\t%s (hash %s, term %d, index %d)\n", v.Name, core.ShortHash(v.Hash), v.Term, v.Index)
+		cert := "not certified yet"
+		switch {
+		case v.Version.Version == 0:
+			cert = "the starting adapter"
+		case v.Cert != nil:
+			cert = fmt.Sprintf("certified, %s", plural(len(v.Cert.Votes), "vote", "votes"))
+		}
+		fmt.Fprintf(tw, "adapter\t%s (hash %s, term %d, index %d, %s)\n", v.Name, core.ShortHash(v.Hash), v.Term, v.Index, cert)
 		if v.Dir != "" {
 			fmt.Fprintf(tw, "adapter dir\t%s\n", v.Dir)
 		}
@@ -293,6 +308,9 @@ func printTrainerStatus(w io.Writer, st trainer.Status) {
 	}
 	for reason, n := range st.Refusals {
 		fmt.Fprintf(tw, "  refused\t%d %s\n", n, reason)
+	}
+	if st.Retracted > 0 {
+		fmt.Fprintf(tw, "retracted\t%s (not certified by the voters)\n", plural(st.Retracted, "version", "versions"))
 	}
 	fmt.Fprintf(tw, "trainers\t%d\n", len(st.Trainers))
 	tw.Flush()

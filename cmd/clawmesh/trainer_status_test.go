@@ -25,8 +25,21 @@ func TestTrainerStatusHuman(t *testing.T) {
 	var buf bytes.Buffer
 	printTrainerStatus(&buf, st)
 	out := buf.String()
-	if !strings.Contains(out, "adapter   v3 (hash abababababab, term 2, index 30)\n") {
+	if !strings.Contains(out, "adapter   v3 (hash abababababab, term 2, index 30, not certified yet)\n") {
 		t.Errorf("the version's line:\n%s", out)
+	}
+	if !strings.Contains(out, "trust     no voter set known yet") {
+		t.Errorf("the trainer's trust:\n%s", out)
+	}
+	st.Trusted, st.VoterSet, st.Retracted = true, 4, 1
+	st.Version.Cert = &group.Certify{Votes: []group.Vote{{Peer: "a"}, {Peer: "b"}}}
+	buf.Reset()
+	printTrainerStatus(&buf, st)
+	out2 := strings.Join(strings.Fields(buf.String()), " ")
+	for _, want := range []string{"index 30, certified, 2 votes)", "trust a voter: it votes in the group and certifies versions (voter set 4)", "retracted 1 version (not certified by the voters)"} {
+		if !strings.Contains(out2, want) {
+			t.Errorf("no %q in:\n%s", want, out2)
+		}
 	}
 	if !strings.Contains(out, "speed not measured yet") || !strings.Contains(out, "12.5 samples/s") || strings.Contains(out, "1.0 samples/s") {
 		t.Errorf("the trainers' speeds:\n%s", out)
