@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -128,7 +129,13 @@ type Config struct {
 	// WeightsAnnounce is how often the newest version held is offered
 	// again on gossip (mesh/weights default).
 	WeightsAnnounce time.Duration
-	Logger          *slog.Logger
+	// SpotCheck is the share of the volunteers' deltas this trainer,
+	// leading, retrains to check them (from 0 to 1; default
+	// DefaultSpotCheck); a round with any volunteer's delta has one
+	// checked. NoSpotCheck turns checking off (spot.go).
+	SpotCheck   float64
+	NoSpotCheck bool
+	Logger      *slog.Logger
 }
 
 // Trainer is a running trainer peer.
@@ -161,8 +168,10 @@ type Trainer struct {
 	// isolated cuts the trainer off the group (tests of partitions).
 	beforePublish func(ctx context.Context, round uint64)
 	// tamper, in tests, changes a version's bundle (in dir) after the
-	// leader aggregated it: a rogue leader.
-	tamper   func(dir string)
+	// leader aggregated it: a rogue leader. forgeDelta, in tests, changes
+	// this trainer's delta before it signs it: a dishonest volunteer.
+	tamper     func(dir string)
+	forgeDelta func([]byte) []byte
 	isolated atomic.Bool
 	fenced   atomic.Int64 // publications the group refused
 	known    sync.Map     // mesh.PeerID → true: trainers admitted once
@@ -193,6 +202,10 @@ type Trainer struct {
 
 	// cert is this trainer's part in certifying versions.
 	cert certState
+	// spotBits holds the spot check rate (math.Float64bits); spot what
+	// the open round's checks found (the leader's loop only).
+	spotBits atomic.Uint64
+	spot     spotMemo
 
 	// metrics are made on first use (metricsOf).
 	metricsOnce sync.Once
@@ -296,6 +309,9 @@ func NewOn(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
 // newTrainer makes the trainer; python is the torch engine's interpreter
 // (checkEngine's).
 func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer, error) {
+	if err := checkSpotCheck(cfg.SpotCheck); err != nil {
+		return nil, err
+	}
 	if note, err := private.CheckDataDir(cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("trainer: %w", err)
 	} else if note != "" {
@@ -308,6 +324,13 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
 		timing: cfg.Timing.WithDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
 	t.cert.init()
+	switch {
+	case cfg.NoSpotCheck:
+	case cfg.SpotCheck == 0:
+		t.spotBits.Store(math.Float64bits(DefaultSpotCheck))
+	default:
+		t.spotBits.Store(math.Float64bits(cfg.SpotCheck))
+	}
 	stop, cancel := context.WithCancel(context.Background())
 	t.stopped, t.cancel = stop.Done(), cancel
 	if t.verify == nil && !cfg.NoVerify {
