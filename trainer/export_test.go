@@ -89,6 +89,10 @@ func (t *Trainer) SetForgeDelta(fn func([]byte) []byte) { t.forgeDelta = fn }
 // retrains when it leads.
 func (t *Trainer) SetSpotCheck(rate float64) { t.spotBits.Store(math.Float64bits(rate)) }
 
+// SpotChecks counts the volunteers' deltas the trainer retrained and
+// compared as leader.
+func (t *Trainer) SpotChecks() int64 { return t.spotRuns.Load() }
+
 // SpotSample and SpotDraw expose the spot checks' sampling rule.
 var (
 	SpotSample = spotSample

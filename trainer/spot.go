@@ -169,6 +169,7 @@ func (t *Trainer) spotCheck(ctx context.Context, cfg group.Config, cur group.Ver
 			t.log.Warn("spot check skipped", "trainer", p, "round", r.Number, "err", err)
 			continue
 		}
+		t.spotRuns.Add(1)
 		if b == nil {
 			t.spot.passed[p] = sum
 			t.log.Info("spot check passed", "trainer", p, "round", r.Number, "samples", s.samples)

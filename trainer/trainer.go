@@ -172,9 +172,9 @@ type Trainer struct {
 	// this trainer's delta before it signs it: a dishonest volunteer.
 	tamper     func(dir string)
 	forgeDelta func([]byte) []byte
-	isolated atomic.Bool
-	fenced   atomic.Int64 // publications the group refused
-	known    sync.Map     // mesh.PeerID → true: trainers admitted once
+	isolated   atomic.Bool
+	fenced     atomic.Int64 // publications the group refused
+	known      sync.Map     // mesh.PeerID → true: trainers admitted once
 
 	// weights serves committed versions to the devices (nil on a
 	// simulated network, or when Config.Weights is "off"); key signs
@@ -203,9 +203,11 @@ type Trainer struct {
 	// cert is this trainer's part in certifying versions.
 	cert certState
 	// spotBits holds the spot check rate (math.Float64bits); spot what
-	// the open round's checks found (the leader's loop only).
+	// the open round's checks found (the leader's loop only); spotRuns
+	// counts the deltas retrained and compared.
 	spotBits atomic.Uint64
 	spot     spotMemo
+	spotRuns atomic.Int64
 
 	// metrics are made on first use (metricsOf).
 	metricsOnce sync.Once
