@@ -24,10 +24,24 @@
 // ledger: a trainer whose share holds some samples G rollouts of each from
 // the round's version, scores them with the set's verifier plugin and
 // trains them with its batches (rollouts.go); the leader scores every
-// version on the set's held-out split and records it in the lineage. It
-// serves the `clawmesh mesh ...` admin API as a node does, and `clawmesh
-// trainer status|leave|config` and `clawmesh tasks ...`, on a loopback
-// listener of its own.
+// version on the set's held-out split and records it in the lineage.
+//
+// The trainers the mesh's admin trusts are voters: they certify versions
+// (certify.go). The others are volunteers, kept honest by spot
+// re-execution (spot.go): before it publishes a round, the leader
+// retrains a sample of the volunteers' deltas (Config.SpotCheck, 0.1 by
+// default, at least one a round) from the same share, base and seed, and
+// compares (the native engine exactly, the torch engine within a
+// tolerance). A delta that is not what its share makes is left out, its
+// batches go back to pending, and its trainer is benched in the ledger
+// with the evidence, with no share until the admin clears it. A check
+// costs the leader the training time of the share it retrains
+// (docs/benchmarks.md). Norm clipping and the robust aggregation stay as a
+// second wall.
+//
+// It serves the `clawmesh mesh ...` admin API as a node does, and
+// `clawmesh trainer status|leave|config|clear` and `clawmesh tasks ...`,
+// on a loopback listener of its own.
 //
 // trainer/harness runs clusters of trainers, on loopback or in memory, for
 // tests and `clawmesh bench`.
