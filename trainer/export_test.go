@@ -83,7 +83,13 @@ func (t *Trainer) SetTamper(fn func(dir string)) { t.tamper = fn }
 
 // SetForgeDelta makes the trainer change each delta it trains with fn
 // before it signs and hands it in: a forged but validly signed delta.
-func (t *Trainer) SetForgeDelta(fn func([]byte) []byte) { t.forgeDelta = fn }
+func (t *Trainer) SetForgeDelta(fn func([]byte) []byte) {
+	if fn == nil {
+		t.forgeDelta.Store(nil)
+		return
+	}
+	t.forgeDelta.Store(&fn)
+}
 
 // SetSpotCheck sets the share of the volunteers' deltas the trainer
 // retrains when it leads.

@@ -185,7 +185,7 @@ type Trainer struct {
 	// leader aggregated it: a rogue leader. forgeDelta, in tests, changes
 	// this trainer's delta before it signs it: a dishonest volunteer.
 	tamper     func(dir string)
-	forgeDelta func([]byte) []byte
+	forgeDelta atomic.Pointer[func([]byte) []byte]
 	isolated   atomic.Bool
 	fenced     atomic.Int64 // publications the group refused
 	known      sync.Map     // mesh.PeerID → true: trainers admitted once

@@ -281,8 +281,8 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 		t.log.Info("rollouts", "round", r.Number, "prompts", ro.Prompts, "samples", ro.Samples, "tokens", ro.Tokens,
 			"flat_groups", ro.Flat, "mean_reward", ro.MeanReward, "seconds", ro.Seconds, "train_seconds", res.trainSeconds)
 	}
-	if t.forgeDelta != nil {
-		payload = t.forgeDelta(payload)
+	if forge := t.forgeDelta.Load(); forge != nil {
+		payload = (*forge)(payload)
 	}
 	req := &request{Op: opDelta, Round: r.Number, Base: base.Version, Samples: res.samples, Seconds: res.seconds,
 		Batches: ids, Refused: refused}
