@@ -177,7 +177,11 @@ func (t *Trainer) spotCheck(ctx context.Context, cfg group.Config, cur group.Ver
 			continue
 		}
 		if err := t.group.propose(ctx, &group.Entry{Bench: b}); err != nil {
-			return nil, fmt.Errorf("trainer: benching %s: %w", p, err)
+			if !errors.Is(err, group.ErrEntry) && !errors.Is(err, group.ErrTrainer) {
+				return nil, fmt.Errorf("trainer: benching %s: %w", p, err)
+			}
+			// The delta is still not what its share makes.
+			t.log.Error("the group refused a bench; the delta is left out all the same", "trainer", p, "round", r.Number, "err", err)
 		}
 		delete(out, p)
 		ev := b.Evidence

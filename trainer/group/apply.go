@@ -669,7 +669,8 @@ func (s *State) bench(b Bench, at time.Time) error {
 	switch {
 	case b.Trainer == "":
 		return fmt.Errorf("%w: a bench of no one", ErrEntry)
-	case s.Trainers[b.Trainer] == nil:
+	case s.Trainers[b.Trainer] == nil && (s.Round == nil || s.Round.Number != b.Round || s.Round.Shares[b.Trainer] == nil):
+		// One that left while its round ran is benched all the same.
 		return fmt.Errorf("%w: %s", ErrTrainer, b.Trainer)
 	case b.Reason == "" || len(b.Reason) > maxReason:
 		return fmt.Errorf("%w: a bench of %s with a reason of %d bytes", ErrEntry, b.Trainer, len(b.Reason))

@@ -1,6 +1,8 @@
 package group_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"testing"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -21,6 +23,12 @@ func benchT3(f func(*Bench)) *Entry {
 }
 
 func TestApplyBench(t *testing.T) {
+	leftOpen := func(tb testing.TB) *grouptest.Fixture {
+		f := grouptest.Open(tb)
+		f.Must(&Entry{Leave: "t2"})
+		f.Must(&Entry{Leave: "t3"})
+		return f
+	}
 	runApplyCases(t, []applyCase{
 		{name: "benched", setup: grouptest.Published, entry: benchT3(nil), check: func(t *testing.T, s *State) {
 			r, ok := s.Benched["t3"]
@@ -36,7 +44,13 @@ func TestApplyBench(t *testing.T) {
 				t.Fatalf("benched %v, round %+v", ok, s.Round)
 			}
 		}},
+		{name: "left while its round ran", setup: leftOpen, entry: benchT3(func(b *Bench) { b.Trainer = "t2" }), check: func(t *testing.T, s *State) {
+			if _, ok := s.Benched["t2"]; !ok {
+				t.Fatal("not benched")
+			}
+		}},
 		{name: "unknown trainer", setup: grouptest.Published, entry: benchT3(func(b *Bench) { b.Trainer = "t9" }), want: ErrTrainer},
+		{name: "gone, not in the round", setup: leftOpen, entry: benchT3(func(b *Bench) { b.Trainer = "t3" }), want: ErrTrainer},
 		{name: "no one", setup: grouptest.Published, entry: benchT3(func(b *Bench) { b.Trainer = "" }), want: ErrEntry},
 		{name: "no reason", setup: grouptest.Published, entry: benchT3(func(b *Bench) { b.Reason = "" }), want: ErrEntry},
 		{name: "round 0", setup: grouptest.Published, entry: benchT3(func(b *Bench) { b.Round = 0 }), want: ErrEntry},
@@ -78,6 +92,18 @@ func TestPlanSkipsBenched(t *testing.T) {
 	}
 	if _, ok := f.S.Plan(f.At(), "t3", []mesh.PeerID{"t3"}); ok {
 		t.Fatal("a round planned for the benched trainer alone")
+	}
+	// The bench survives a snapshot.
+	var snap bytes.Buffer
+	if err := json.NewEncoder(&snap).Encode(f.S); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := DecodeState(&snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := restored.Benched["t3"]; !ok || r.Round != 1 {
+		t.Fatalf("restored: %+v", restored.Benched)
 	}
 	f.Must(&Entry{Clear: &Clear{Trainer: "t3"}})
 	st, ok = f.S.Plan(f.At(), "t1", live)
