@@ -280,9 +280,9 @@ func (t *Trainer) Clear(ctx context.Context, p mesh.PeerID) error {
 	case p == "":
 		return errors.New("trainer: clear whom? a trainer's peer id")
 	case !benched && !known:
-		return fmt.Errorf("%w: %s is no trainer of the group", ErrNotBenched, p)
+		return fmt.Errorf("%w: %s is not a trainer of the group", ErrNotBenched, p)
 	case !benched:
-		return fmt.Errorf("%w: %s is not benched", ErrNotBenched, p)
+		return fmt.Errorf("%w: %s (no spot check caught it, or it was cleared)", ErrNotBenched, p)
 	}
 	_, err := t.toLeader(ctx, request{Op: opClear, Trainer: &group.Trainer{ID: p}}, nil)
 	return err
@@ -300,7 +300,7 @@ func (t *Trainer) takeClear(ctx context.Context, from mesh.PeerID, req request) 
 	var benched bool
 	t.group.view(func(s *group.State) { _, benched = s.Benched[req.Trainer.ID] })
 	if !benched {
-		return &rpcError{Code: codeRefused, Msg: fmt.Sprintf("%v: %s is not benched", ErrNotBenched, req.Trainer.ID)}
+		return &rpcError{Code: codeRefused, Msg: fmt.Sprintf("%v: %s", ErrNotBenched, req.Trainer.ID)}
 	}
 	if err := t.group.propose(ctx, &group.Entry{Clear: &group.Clear{Trainer: req.Trainer.ID}}); err != nil {
 		return err

@@ -85,9 +85,11 @@ func TestSpotSample(t *testing.T) {
 func spotCluster(t *testing.T) (*harness.Cluster, mesh.PeerID) {
 	t.Helper()
 	// A round waits for the four batches shipUntil ships at a time (or
-	// a few seconds), so that every trainer gets a share of it.
+	// a few seconds), so that every trainer gets a share of it; it closes
+	// as soon as every delta is in, and its deadline leaves a loaded
+	// machine (or the race detector) time to train and retrain shares.
 	g := testGroup
-	g.MinRoundSteps, g.RoundWait = 4*8, 3*time.Second
+	g.MinRoundSteps, g.RoundWait, g.Deadline = 4*8, 3*time.Second, 30*time.Second
 	c, err := harness.NewCluster(context.Background(), harness.ClusterOptions{Trainers: 3, Volunteers: []int{2}, Timing: testTiming, Group: g,
 		Dir: t.TempDir(), Logger: testLogger(t)})
 	if err != nil {
