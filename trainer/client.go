@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
+	"github.com/clawmesh/clawmesh/mesh"
 	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
@@ -62,6 +63,11 @@ func (c *Client) Ledger(ctx context.Context) ([]group.Batch, error) {
 // trainer then stops.
 func (c *Client) Leave(ctx context.Context) error {
 	return c.do(ctx, http.MethodPost, "leave", struct{}{}, nil)
+}
+
+// Clear lifts the bench of trainer p: it gets shares again.
+func (c *Client) Clear(ctx context.Context, p mesh.PeerID) error {
+	return c.do(ctx, http.MethodPost, "clear", map[string]mesh.PeerID{"trainer": p}, nil)
 }
 
 // Configure changes the group's configuration (the fields set in cfg) and

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 
 	"github.com/clawmesh/clawmesh/internal/core"
@@ -79,6 +80,30 @@ func (t *Trainer) Fenced() int64 { return t.fenced.Load() }
 // SetTamper makes the trainer, when it leads, change each version it
 // publishes with fn (given the bundle's directory) after aggregating it.
 func (t *Trainer) SetTamper(fn func(dir string)) { t.tamper = fn }
+
+// SetForgeDelta makes the trainer change each delta it trains with fn
+// before it signs and hands it in: a forged but validly signed delta.
+func (t *Trainer) SetForgeDelta(fn func([]byte) []byte) {
+	if fn == nil {
+		t.forgeDelta.Store(nil)
+		return
+	}
+	t.forgeDelta.Store(&fn)
+}
+
+// SetSpotCheck sets the share of the volunteers' deltas the trainer
+// retrains when it leads.
+func (t *Trainer) SetSpotCheck(rate float64) { t.spotBits.Store(math.Float64bits(rate)) }
+
+// SpotChecks counts the volunteers' deltas the trainer retrained and
+// compared as leader.
+func (t *Trainer) SpotChecks() int64 { return t.spotRuns.Load() }
+
+// SpotSample and SpotDraw expose the spot checks' sampling rule.
+var (
+	SpotSample = spotSample
+	SpotDraw   = spotDraw
+)
 
 // FenceCheck checks a claim against the group's lineage.
 func (t *Trainer) FenceCheck(c group.Claim) error { return t.group.fenceCheck(c) }

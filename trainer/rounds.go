@@ -394,6 +394,11 @@ func (t *Trainer) closeRound(ctx context.Context, cfg group.Config, cur group.Ve
 	default:
 		return nil
 	}
+	// Volunteers' deltas are spot-checked before they go in (spot.go).
+	subs, err := t.spotCheck(ctx, cfg, cur, r, subs)
+	if err != nil || len(subs) == 0 {
+		return err
+	}
 	return t.publish(ctx, cfg, cur, r, subs)
 }
 

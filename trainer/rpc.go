@@ -40,6 +40,8 @@ const (
 	// newest version (to the leader).
 	opSubmissions = "submissions"
 	opVote        = "vote"
+	// opClear: lift a trainer's bench (a voter's, to the leader).
+	opClear = "clear"
 )
 
 // Error codes of a reply.
@@ -334,6 +336,8 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 		return nil, g.takeDelta(ctx, from, req, payload)
 	case opVote:
 		return nil, g.takeVote(ctx, from, req)
+	case opClear:
+		return nil, t.takeClear(ctx, from, req)
 	case opTasks:
 		return t.addTasks(ctx, from, payload)
 	}

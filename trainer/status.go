@@ -62,6 +62,15 @@ type Status struct {
 	// Retracted counts the versions taken back uncertified.
 	Certified bool `json:"certified"`
 	Retracted int  `json:"retracted"`
+	// Benched are the trainers a spot check caught, with why: they get no
+	// share until the admin clears them (`clawmesh trainer clear PEER`).
+	Benched []BenchedTrainer `json:"benched,omitempty"`
+}
+
+// BenchedTrainer is a benched trainer in the status.
+type BenchedTrainer struct {
+	Trainer mesh.PeerID `json:"trainer"`
+	group.BenchRecord
 }
 
 // BatchCounts counts the ledger's batches.
@@ -157,7 +166,11 @@ func (t *Trainer) Status() Status {
 		for _, tr := range s.Trainers {
 			st.Trainers = append(st.Trainers, *tr)
 		}
+		for p, b := range s.Benched {
+			st.Benched = append(st.Benched, BenchedTrainer{Trainer: p, BenchRecord: b})
+		}
 	})
+	slices.SortFunc(st.Benched, func(a, b BenchedTrainer) int { return compareIDs(a.Trainer, b.Trainer) })
 	slices.SortFunc(st.Trainers, func(a, b group.Trainer) int { return compareIDs(a.ID, b.ID) })
 	if st.Version != nil {
 		if h, err := adapter.Hash(t.versionDir(st.Version.Version.Version)); err == nil && h == st.Version.Hash {
@@ -324,6 +337,26 @@ func (t *Trainer) handler(stop func()) http.Handler {
 			time.Sleep(200 * time.Millisecond) // let the reply go out
 			stop()
 		}()
+	})
+	mux.HandleFunc("POST "+AdminPrefix+"clear", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Trainer mesh.PeerID `json:"trainer"`
+		}
+		dec := json.NewDecoder(io.LimitReader(r.Body, 4<<10))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			adminapi.WriteError(w, http.StatusBadRequest, err)
+			return
+		}
+		if err := t.Clear(r.Context(), req.Trainer); err != nil {
+			code := http.StatusConflict
+			if errors.Is(err, ErrNotBenched) {
+				code = http.StatusNotFound
+			}
+			adminapi.WriteError(w, code, err)
+			return
+		}
+		writeJSON(w, map[string]any{"cleared": req.Trainer})
 	})
 	mux.HandleFunc("POST "+AdminPrefix+"config", func(w http.ResponseWriter, r *http.Request) {
 		var c group.Config

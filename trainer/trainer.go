@@ -27,10 +27,24 @@
 // ledger: a trainer whose share holds some samples G rollouts of each from
 // the round's version, scores them with the set's verifier plugin and
 // trains them with its batches (rollouts.go); the leader scores every
-// version on the set's held-out split and records it in the lineage. It
-// serves the `clawmesh mesh ...` admin API as a node does, and `clawmesh
-// trainer status|leave|config` and `clawmesh tasks ...`, on a loopback
-// listener of its own.
+// version on the set's held-out split and records it in the lineage.
+//
+// The trainers the mesh's admin trusts are voters: they certify versions
+// (certify.go). The others are volunteers, kept honest by spot
+// re-execution (spot.go): before it publishes a round, the leader
+// retrains a sample of the volunteers' deltas (Config.SpotCheck, 0.1 by
+// default, at least one a round) from the same share, base and seed, and
+// compares (the native engine exactly, the torch engine within a
+// tolerance). A delta that is not what its share makes is left out, its
+// batches go back to pending, and its trainer is benched in the ledger
+// with the evidence, with no share until the admin clears it. A check
+// costs the leader the training time of the share it retrains
+// (docs/benchmarks.md). Norm clipping and the robust aggregation stay as a
+// second wall.
+//
+// It serves the `clawmesh mesh ...` admin API as a node does, and
+// `clawmesh trainer status|leave|config|clear` and `clawmesh tasks ...`,
+// on a loopback listener of its own.
 //
 // trainer/harness runs clusters of trainers, on loopback or in memory, for
 // tests and `clawmesh bench`.
@@ -42,6 +56,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -139,7 +154,13 @@ type Config struct {
 	// WeightsAnnounce is how often the newest version held is offered
 	// again on gossip (mesh/weights default).
 	WeightsAnnounce time.Duration
-	Logger          *slog.Logger
+	// SpotCheck is the share of the volunteers' deltas this trainer,
+	// leading, retrains to check them (from 0 to 1; default
+	// DefaultSpotCheck); a round with any volunteer's delta has one
+	// checked. NoSpotCheck turns checking off (spot.go).
+	SpotCheck   float64
+	NoSpotCheck bool
+	Logger      *slog.Logger
 }
 
 // Trainer is a running trainer peer.
@@ -172,11 +193,13 @@ type Trainer struct {
 	// isolated cuts the trainer off the group (tests of partitions).
 	beforePublish func(ctx context.Context, round uint64)
 	// tamper, in tests, changes a version's bundle (in dir) after the
-	// leader aggregated it: a rogue leader.
-	tamper   func(dir string)
-	isolated atomic.Bool
-	fenced   atomic.Int64 // publications the group refused
-	known    sync.Map     // mesh.PeerID → true: trainers admitted once
+	// leader aggregated it: a rogue leader. forgeDelta, in tests, changes
+	// this trainer's delta before it signs it: a dishonest volunteer.
+	tamper     func(dir string)
+	forgeDelta atomic.Pointer[func([]byte) []byte]
+	isolated   atomic.Bool
+	fenced     atomic.Int64 // publications the group refused
+	known      sync.Map     // mesh.PeerID → true: trainers admitted once
 
 	// weights serves committed versions to the devices (nil on a
 	// simulated network, or when Config.Weights is "off"); key signs
@@ -208,6 +231,12 @@ type Trainer struct {
 	// trainer's streams of Protocol.
 	pulls mesh.PullStats
 	rpc   rpcBounds
+	// spotBits holds the spot check rate (math.Float64bits); spot what
+	// the open round's checks found (the leader's loop only); spotRuns
+	// counts the deltas retrained and compared.
+	spotBits atomic.Uint64
+	spot     spotMemo
+	spotRuns atomic.Int64
 
 	// metrics are made on first use (metricsOf).
 	metricsOnce sync.Once
@@ -314,6 +343,9 @@ func NewOn(cfg Config, h mesh.Host, m *mesh.Mesh) (*Trainer, error) {
 // newTrainer makes the trainer; python is the torch engine's interpreter
 // (checkEngine's).
 func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer, error) {
+	if err := checkSpotCheck(cfg.SpotCheck); err != nil {
+		return nil, err
+	}
 	if note, err := private.CheckDataDir(cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("trainer: %w", err)
 	} else if note != "" {
@@ -326,6 +358,13 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 	t := &Trainer{cfg: cfg, log: cfg.Logger.With("component", "trainer"), host: h, mesh: m, self: m.ID(), store: s,
 		timing: cfg.Timing.WithDefaults(), verify: cfg.Verify, verifyLater: map[core.BatchID]time.Time{}, evalLater: map[string]time.Time{}}
 	t.cert.init()
+	switch {
+	case cfg.NoSpotCheck:
+	case cfg.SpotCheck == 0:
+		t.spotBits.Store(math.Float64bits(DefaultSpotCheck))
+	default:
+		t.spotBits.Store(math.Float64bits(cfg.SpotCheck))
+	}
 	stop, cancel := context.WithCancel(context.Background())
 	t.stopped, t.cancel = stop.Done(), cancel
 	if t.verify == nil && !cfg.NoVerify {

@@ -258,82 +258,11 @@ func (l *workLoop) once(ctx context.Context) error {
 // train trains this trainer's share of r.
 func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Version, r *group.Round) (*request, []byte, error) {
 	t := l.t
-	dir, err := t.ensureVersion(ctx, base)
+	in, res, payload, err := t.trainShare(ctx, l.w, cfg, base, r.Number, r.Shares[t.self])
 	if err != nil {
 		return nil, nil, err
 	}
-	var (
-		steps   []*core.Step
-		ids     []core.BatchID
-		batches []core.BatchID // the recorded ones, not task prompts
-		refused []group.Refusal
-		items   []rolloutItem
-	)
-	prompts := map[core.BatchID]*group.Batch{}
-	sets := map[string]group.TaskSet{}
-	t.group.view(func(s *group.State) {
-		for _, id := range r.Shares[t.self] {
-			if b := s.Batches[id]; b != nil && b.Task != "" {
-				prompts[id] = &group.Batch{Task: b.Task, Prompt: b.Prompt}
-				if ts := s.TaskSets[b.Task]; ts != nil {
-					sets[b.Task] = *ts
-				}
-			}
-		}
-	})
-	// The share's runtimes are held until its rollouts are done.
-	rts := map[string]*rolloutRuntime{}
-	defer func() {
-		for _, rt := range rts {
-			rt.release()
-		}
-	}()
-	for _, id := range r.Shares[t.self] {
-		if p := prompts[id]; p != nil {
-			ts, ok := sets[p.Task]
-			if !ok {
-				return nil, nil, fmt.Errorf("trainer: task set %s not in the state", short(p.Task))
-			}
-			rt := rts[p.Task]
-			if rt == nil {
-				if rt, err = t.acquireRuntime(ctx, &ts); err != nil {
-					return nil, nil, err
-				}
-				rts[p.Task] = rt
-			}
-			task := rt.byID[p.Prompt]
-			if task == nil {
-				return nil, nil, fmt.Errorf("trainer: task %q not in set %s", p.Prompt, short(p.Task))
-			}
-			items = append(items, rolloutItem{id: id, task: task, rt: rt})
-			ids = append(ids, id)
-			continue
-		}
-		b, err := t.readBatch(ctx, id)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
-			}
-			if errors.Is(err, batch.ErrMalformed) || errors.Is(err, batch.ErrHashMismatch) {
-				refused = append(refused, group.Refusal{ID: id, Reason: "unreadable: " + err.Error()})
-				continue
-			}
-			return nil, nil, err
-		}
-		steps = append(steps, b.Steps...)
-		ids = append(ids, id)
-		batches = append(batches, id)
-	}
-	res, err := l.w.train(ctx, cfg, dir, base.Version, r.Number, steps, items)
-	if err != nil {
-		return nil, nil, err
-	}
-	var payload []byte
-	if res.samples > 0 {
-		if payload, err = res.delta.MarshalBinary(); err != nil {
-			return nil, nil, err
-		}
-	}
+	ids, batches, items, refused := in.ids, in.batches, in.items, in.refused
 	if res.seconds > 0 && res.samples > 0 {
 		l.mu.Lock()
 		l.lastSpd = float64(res.samples) / res.seconds
@@ -352,10 +281,121 @@ func (l *workLoop) train(ctx context.Context, cfg group.Config, base group.Versi
 		t.log.Info("rollouts", "round", r.Number, "prompts", ro.Prompts, "samples", ro.Samples, "tokens", ro.Tokens,
 			"flat_groups", ro.Flat, "mean_reward", ro.MeanReward, "seconds", ro.Seconds, "train_seconds", res.trainSeconds)
 	}
+	if forge := t.forgeDelta.Load(); forge != nil {
+		payload = (*forge)(payload)
+	}
 	req := &request{Op: opDelta, Round: r.Number, Base: base.Version, Samples: res.samples, Seconds: res.seconds,
 		Batches: ids, Refused: refused}
 	t.signDelta(req, payload)
 	return req, payload, nil
+}
+
+// shareInput is what a share trains on: the steps of its devices'
+// batches and the rollout items of its task prompts.
+type shareInput struct {
+	ids     []core.BatchID // what it trains: batches and prompts, in share order
+	batches []core.BatchID // the devices' batches among them
+	refused []group.Refusal
+	steps   []*core.Step
+	items   []rolloutItem
+	// rts are the task sets' runtimes its items hold (release).
+	rts map[string]*rolloutRuntime
+}
+
+func (in *shareInput) release() {
+	for _, rt := range in.rts {
+		rt.release()
+	}
+}
+
+// readShare reads what share trains on, in its order: each device batch's
+// steps (a batch that cannot be read is refused), each task prompt's task
+// with its set's runtime, held until release.
+func (t *Trainer) readShare(ctx context.Context, share []core.BatchID) (_ *shareInput, err error) {
+	in := &shareInput{rts: map[string]*rolloutRuntime{}}
+	defer func() {
+		if err != nil {
+			in.release()
+		}
+	}()
+	prompts := map[core.BatchID]*group.Batch{}
+	sets := map[string]group.TaskSet{}
+	t.group.view(func(s *group.State) {
+		for _, id := range share {
+			if b := s.Batches[id]; b != nil && b.Task != "" {
+				prompts[id] = &group.Batch{Task: b.Task, Prompt: b.Prompt}
+				if ts := s.TaskSets[b.Task]; ts != nil {
+					sets[b.Task] = *ts
+				}
+			}
+		}
+	})
+	for _, id := range share {
+		if p := prompts[id]; p != nil {
+			ts, ok := sets[p.Task]
+			if !ok {
+				return nil, fmt.Errorf("trainer: task set %s not in the state", short(p.Task))
+			}
+			rt := in.rts[p.Task]
+			if rt == nil {
+				if rt, err = t.acquireRuntime(ctx, &ts); err != nil {
+					return nil, err
+				}
+				in.rts[p.Task] = rt
+			}
+			task := rt.byID[p.Prompt]
+			if task == nil {
+				return nil, fmt.Errorf("trainer: task %q not in set %s", p.Prompt, short(p.Task))
+			}
+			in.items = append(in.items, rolloutItem{id: id, task: task, rt: rt})
+			in.ids = append(in.ids, id)
+			continue
+		}
+		b, err := t.readBatch(ctx, id)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if errors.Is(err, batch.ErrMalformed) || errors.Is(err, batch.ErrHashMismatch) {
+				in.refused = append(in.refused, group.Refusal{ID: id, Reason: "unreadable: " + err.Error()})
+				continue
+			}
+			return nil, err
+		}
+		in.steps = append(in.steps, b.Steps...)
+		in.ids = append(in.ids, id)
+		in.batches = append(in.batches, id)
+	}
+	return in, nil
+}
+
+// trainShare trains share from version base in round with w and returns
+// what it read, the result and the delta's encoding (nil with no sample).
+// A trainer's own share and a voter's spot check of another's take this
+// one path: the same share, base, round and configuration (whose seed
+// seeds the model and the rollouts) make the same delta.
+func (t *Trainer) trainShare(ctx context.Context, w *worker, cfg group.Config, base group.Version, round uint64, share []core.BatchID) (*shareInput, *trained, []byte, error) {
+	dir, err := t.ensureVersion(ctx, base)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	in, err := t.readShare(ctx, share)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// The share's runtimes are held until its rollouts are done.
+	defer in.release()
+	res, err := w.train(ctx, cfg, dir, base.Version, round, in.steps, in.items)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var payload []byte
+	if res.samples > 0 {
+		if payload, err = res.delta.MarshalBinary(); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return in, res, payload, nil
 }
 
 // readBatch reads a batch from the store, fetching it from the leader or

@@ -14,6 +14,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
+	"github.com/clawmesh/clawmesh/mesh/p2p"
 	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/group"
@@ -22,6 +23,7 @@ import (
 const trainerHelp = `Usage: clawmesh trainer --data DIR [--engine native|torch] [--device cpu|cuda] [--base tiny|DIR] [flags]
        clawmesh trainer status [--json] --data DIR
        clawmesh trainer leave --data DIR
+       clawmesh trainer clear PEER --data DIR
        clawmesh trainer config [--recipe binary|opd|combined] [...] --data DIR
 
 Runs a trainer peer: it joins the mesh with its trainer certificate (from
@@ -44,9 +46,18 @@ leader aggregates their deltas into the next version, kept as a PEFT
 bundle in DIR/adapters/vN. Kill any trainer at any moment: the others go on,
 and no batch is trained twice or lost.
 
+Trainers the mesh's admin trusts (its voter set) vote and certify versions;
+the others are volunteers. The leader retrains a sample of the volunteers'
+deltas itself (--spot-check, default 0.1 of them, and at least one a round
+that has any): the same share from the same version with the same seed. A
+delta that is not what its share makes is left out of the round and its
+trainer benched: it gets no share until the admin clears it with 'trainer
+clear PEER'. A check costs the leader the training time of the share.
+
   clawmesh trainer status --data DIR        leader, term, voters, round, adapter
                                             version, batches pending/trained/refused
   clawmesh trainer leave --data DIR         hand over cleanly, then stop
+  clawmesh trainer clear PEER --data DIR    give a benched trainer shares again
   clawmesh trainer config --recipe opd --data DIR
                                             change what the group trains
   clawmesh mesh batches --data DIR          the batches it received
@@ -77,7 +88,7 @@ SIGINT or SIGTERM stops it.
 func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 {
 		switch args[0] {
-		case "status", "leave", "config":
+		case "status", "leave", "config", "clear":
 			return runTrainerCommand(ctx, args[0], args[1:], stdout, stderr)
 		}
 	}
@@ -99,13 +110,14 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	base := fs.String("base", group.DefaultBase, "base model: tiny (built in, no download) or a Hugging Face model directory")
 	joinWait := fs.Duration("join-wait", 5*time.Second, "how long to look for a trainers' group before bootstrapping one")
 	pullBudget := fs.String("pull-budget", "512MiB", "most bytes of batches being pulled at once, from every device together (a size of at least 32MiB, the largest batch; each device also gets at most 2 pulls at once)")
+	spotCheck := fs.Float64("spot-check", trainer.DefaultSpotCheck, "share of the volunteers' deltas this trainer, leading, retrains to check them, from 0 (none) to 1 (all); a round with any volunteer's delta has one checked")
 	var gc group.Config
 	bindGroupFlags(fs, &gc)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageErr("unexpected arguments %q (trainer commands: status, leave, config)", fs.Args())
+		return usageErr("unexpected arguments %q (trainer commands: status, leave, config, clear)", fs.Args())
 	}
 	if err := s.resolve(fs); err != nil {
 		return err
@@ -123,6 +135,9 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	budget, err := parseSize(*pullBudget)
 	if err != nil || budget < mesh.DefaultMaxBatch {
 		return usageErr("--pull-budget %q: want a size of at least 32MiB, such as 1GiB", *pullBudget)
+	}
+	if !(*spotCheck >= 0 && *spotCheck <= 1) {
+		return usageErr("--spot-check %v: from 0 (none) to 1 (every volunteer's delta)", *spotCheck)
 	}
 	switch {
 	case *engine != trainer.EngineNative && *engine != trainer.EngineTorch:
@@ -154,7 +169,8 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	log := newLogger(stderr, level)
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
-		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, PullBudget: budget, Logger: log})
+		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, PullBudget: budget,
+		SpotCheck: *spotCheck, NoSpotCheck: *spotCheck == 0, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
 		return withHint(fmt.Errorf("%s is not in a mesh", s.Data),
 			"Get a token from 'clawmesh invite --role trainer' on a device of the mesh, then run 'clawmesh join TOKEN --data %s'", s.Data)
@@ -213,7 +229,16 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
+	var peerArg mesh.PeerID
+	switch {
+	case sub == "clear" && fs.NArg() != 1:
+		return usageErr("clear takes one argument: the peer id of the benched trainer (see 'clawmesh trainer status')")
+	case sub == "clear":
+		peerArg = mesh.PeerID(strings.TrimSpace(fs.Arg(0)))
+		if _, err := p2p.PublicKey(peerArg); err != nil {
+			return usageErr("clear %q: not a peer id: a peer id looks like 12D3KooW... ('clawmesh trainer status' lists the benched trainers)", fs.Arg(0))
+		}
+	case fs.NArg() > 0:
 		return usageErr("%s takes no arguments", sub)
 	}
 	if err := s.resolve(fs); err != nil {
@@ -241,6 +266,12 @@ func runTrainerCommand(ctx context.Context, sub string, args []string, stdout, s
 			return err
 		}
 		fmt.Fprintln(stdout, "left the trainers' group; the trainer stops now")
+		return nil
+	case "clear":
+		if err := c.Clear(ctx, peerArg); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "cleared %s: it gets shares again\n", peerArg)
 		return nil
 	}
 	cur, err := c.Configure(ctx, gc)
@@ -313,7 +344,13 @@ func printTrainerStatus(w io.Writer, st trainer.Status) {
 		fmt.Fprintf(tw, "retracted\t%s (not certified by the voters)\n", plural(st.Retracted, "version", "versions"))
 	}
 	fmt.Fprintf(tw, "trainers\t%d\n", len(st.Trainers))
+	if len(st.Benched) > 0 {
+		fmt.Fprintf(tw, "benched\t%d (no share until 'clawmesh trainer clear PEER')\n", len(st.Benched))
+	}
 	tw.Flush()
+	for _, b := range st.Benched {
+		fmt.Fprintf(w, "  benched %s since round %d: %s\n", b.Trainer, b.Round, b.Reason)
+	}
 	// The trainers' ids are longer than every key above: a column of
 	// their own.
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

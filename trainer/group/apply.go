@@ -37,6 +37,45 @@ type Entry struct {
 	// takes back the newest version when it was not certified.
 	Certify *Certify `json:"certify,omitempty"`
 	Retract *Retract `json:"retract,omitempty"`
+	// Bench takes a trainer off the rounds after a spot check found its
+	// delta was not what its share makes; Clear, the admin's, puts it
+	// back.
+	Bench *Bench `json:"bench,omitempty"`
+	Clear *Clear `json:"clear,omitempty"`
+}
+
+// Bench records that a voter retrained a trainer's share of a round and
+// did not get the delta the trainer handed in: the delta was left out of
+// the round, and the trainer gets no share until the admin clears it
+// (Clear). Evidence is what the voter compared.
+type Bench struct {
+	Trainer  mesh.PeerID  `json:"trainer"`
+	Round    uint64       `json:"round"`
+	Reason   string       `json:"reason"`
+	Evidence SpotEvidence `json:"evidence"`
+}
+
+// SpotEvidence is what a spot check compared: the SHA-256 of the delta
+// the trainer handed in and of the one the voter made from the same share,
+// base and seed, the largest difference of one value between them (-1:
+// their tensors differ in name or shape), the samples each trained, and
+// the share's batches.
+type SpotEvidence struct {
+	Base              uint64         `json:"base"`
+	Engine            string         `json:"engine"`
+	Submitted         string         `json:"submitted"`
+	Recomputed        string         `json:"recomputed"`
+	MaxAbsDiff        float64        `json:"max_abs_diff"`
+	Tolerance         float64        `json:"tolerance"`
+	Samples           int            `json:"samples"`
+	RecomputedSamples int            `json:"recomputed_samples"`
+	Batches           []core.BatchID `json:"batches"`
+	Checker           mesh.PeerID    `json:"checker"`
+}
+
+// Clear lifts a trainer's bench: it gets shares again.
+type Clear struct {
+	Trainer mesh.PeerID `json:"trainer"`
 }
 
 // Certify records that a quorum of the mesh's voters certified a version:
@@ -193,7 +232,7 @@ func (e *Entry) kinds() int {
 	n := 0
 	for _, set := range []bool{e.Configure != nil, e.Genesis != nil, len(e.Add) > 0, len(e.Refuse) > 0,
 		e.Register != nil, e.Leave != "", e.Start != nil, e.Publish != nil, e.Abort != nil, e.Close != nil, e.Revoke != nil, len(e.Speeds) > 0,
-		e.Tasks != nil, e.Eval != nil, e.Certify != nil, e.Retract != nil} {
+		e.Tasks != nil, e.Eval != nil, e.Certify != nil, e.Retract != nil, e.Bench != nil, e.Clear != nil} {
 		if set {
 			n++
 		}
@@ -241,6 +280,10 @@ func (s *State) Apply(e *Entry, term, index uint64) error {
 		return s.certify(*e.Certify)
 	case e.Retract != nil:
 		return s.retract(*e.Retract, e.At)
+	case e.Bench != nil:
+		return s.bench(*e.Bench, e.At)
+	case e.Clear != nil:
+		return s.clear(*e.Clear)
 	case len(e.Speeds) > 0:
 		for _, u := range e.Speeds {
 			if t, ok := s.Trainers[u.Trainer]; ok && u.Speed > 0 && u.Speed < maxSpeed {
@@ -615,6 +658,40 @@ func (s *State) retract(r Retract, at time.Time) error {
 	}
 	s.Versions = s.Versions[:len(s.Versions)-1]
 	s.Retracted = append(s.Retracted, Retracted{Version: r.Version, Hash: r.Hash, Round: cur.Round, Reason: r.Reason, At: at})
+	return nil
+}
+
+// maxReason bounds a bench's reason.
+const maxReason = 1024
+
+func (s *State) bench(b Bench, at time.Time) error {
+	ev := b.Evidence
+	switch {
+	case b.Trainer == "":
+		return fmt.Errorf("%w: a bench of no one", ErrEntry)
+	case s.Trainers[b.Trainer] == nil && (s.Round == nil || s.Round.Number != b.Round || s.Round.Shares[b.Trainer] == nil):
+		// One that left while its round ran is benched all the same.
+		return fmt.Errorf("%w: %s", ErrTrainer, b.Trainer)
+	case b.Reason == "" || len(b.Reason) > maxReason:
+		return fmt.Errorf("%w: a bench of %s with a reason of %d bytes", ErrEntry, b.Trainer, len(b.Reason))
+	case b.Round == 0 || b.Round > s.Rounds:
+		return fmt.Errorf("%w: a bench for round %d of %d", ErrEntry, b.Round, s.Rounds)
+	case !finite(ev.MaxAbsDiff) || !finite(ev.Tolerance):
+		return fmt.Errorf("%w: a bench's difference %v, tolerance %v", ErrEntry, ev.MaxAbsDiff, ev.Tolerance)
+	}
+	if s.Benched == nil {
+		s.Benched = map[mesh.PeerID]BenchRecord{}
+	}
+	ev.Batches = slices.Clone(ev.Batches)
+	s.Benched[b.Trainer] = BenchRecord{Round: b.Round, Reason: b.Reason, Evidence: ev, At: at}
+	return nil
+}
+
+func (s *State) clear(c Clear) error {
+	if _, ok := s.Benched[c.Trainer]; !ok {
+		return fmt.Errorf("%w: %s is not benched", ErrTrainer, c.Trainer)
+	}
+	delete(s.Benched, c.Trainer)
 	return nil
 }
 

@@ -29,13 +29,13 @@ func (s *State) Stale() []Refusal {
 // live trainer trains each. It takes pending batches oldest first, at most
 // Quota steps from one device and RoundSteps in all (a batch larger than a
 // limit still goes alone, so nothing starves), and shares them among the
-// live registered trainers in proportion to their measured speed. Task
-// sets' prompts (ledger lines with Task set, Group steps each) mix in: each
-// set gives its oldest pending prompts, at most PerRound; while device
-// batches are pending too, the prompts take at most Ratio of RoundSteps and
-// the batches the rest. ok=false
-// when there is no round to run: a round is open, no version exists, no
-// batch is pending, no registered trainer is live, or (with no task prompt
+// live registered trainers that are not benched, in proportion to their
+// measured speed. Task sets' prompts (ledger lines with Task set, Group
+// steps each) mix in: each set gives its oldest pending prompts, at most
+// PerRound; while device batches are pending too, the prompts take at most
+// Ratio of RoundSteps and the batches the rest. ok=false when there is no
+// round to run: a round is open, no version exists, no batch is pending,
+// no registered trainer is live and unbenched, or (with no task prompt
 // ready) fewer than MinRoundSteps steps are pending and the oldest pending
 // batch was added less than RoundWait before now. Plan is pure: the same
 // state and input give the same round.
@@ -46,6 +46,9 @@ func (s *State) Plan(now time.Time, leader mesh.PeerID, live []mesh.PeerID) (*St
 	}
 	var ts []*Trainer
 	for _, p := range live {
+		if _, benched := s.Benched[p]; benched {
+			continue // a spot check caught it: no share until cleared
+		}
 		if t, ok := s.Trainers[p]; ok && !slices.ContainsFunc(ts, func(x *Trainer) bool { return x.ID == p }) {
 			ts = append(ts, t)
 		}

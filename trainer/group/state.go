@@ -2,8 +2,9 @@
 // decisions taken over it, both pure: State.Apply applies one committed log
 // entry (the recipe and base model, the adapter lineage and its versions'
 // evaluations, the batch ledger, the task sets whose prompts the ledger
-// holds beside the batches, the trainer registry, revocations mirrored from
-// the mesh), and State.Plan decides the next round from the state alone.
+// holds beside the batches, the trainer registry and the trainers benched
+// by spot checks, revocations mirrored from the mesh), and State.Plan
+// decides the next round from the state alone.
 // Nothing here reads a clock, touches a disk or a network: the leader's
 // clock travels in each entry, so every trainer applying the same log
 // reaches the same state, and tests and the simulator can drive it
@@ -316,6 +317,15 @@ type Retracted struct {
 	At      time.Time `json:"at"`
 }
 
+// BenchRecord is why a trainer is benched: the round whose delta a spot
+// check refused, the reason and the evidence, and when.
+type BenchRecord struct {
+	Round    uint64       `json:"round"`
+	Reason   string       `json:"reason"`
+	Evidence SpotEvidence `json:"evidence"`
+	At       time.Time    `json:"at"`
+}
+
 // ClosedRound is a round closed with no version: what its contributors
 // trained changed nothing (Close).
 type ClosedRound struct {
@@ -364,8 +374,12 @@ type State struct {
 	Closed []ClosedRound `json:"closed,omitempty"`
 	// Retracted are the versions taken back uncertified, oldest first.
 	Retracted []Retracted `json:"retracted,omitempty"`
-	Term      uint64      `json:"term"`
-	Index     uint64      `json:"index"`
+	// Benched are the trainers a spot check caught (Bench): they get no
+	// share until the admin clears them (Clear). A bench outlasts the
+	// trainer's leaving and registering again.
+	Benched map[mesh.PeerID]BenchRecord `json:"benched,omitempty"`
+	Term    uint64                      `json:"term"`
+	Index   uint64                      `json:"index"`
 }
 
 // New returns an empty state.
@@ -377,6 +391,7 @@ func New() *State {
 		Counts:   map[Status]int{},
 		Refusals: map[string]int{},
 		TaskSets: map[string]*TaskSet{},
+		Benched:  map[mesh.PeerID]BenchRecord{},
 	}
 }
 
