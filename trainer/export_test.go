@@ -91,6 +91,14 @@ func (t *Trainer) SetForgeDelta(fn func([]byte) []byte) {
 	t.forgeDelta.Store(&fn)
 }
 
+// Declare has the trainer register again, saying it trains with engine
+// on device whatever it really runs.
+func (t *Trainer) Declare(ctx context.Context, engine, device string) error {
+	t.declared.Store(&[2]string{engine, device})
+	_, err := t.toLeader(ctx, request{Op: opRegister, Trainer: t.registration()}, nil)
+	return err
+}
+
 // SetSpotCheck sets the share of the volunteers' deltas the trainer
 // retrains when it leads.
 func (t *Trainer) SetSpotCheck(rate float64) { t.spotBits.Store(math.Float64bits(rate)) }

@@ -120,7 +120,7 @@ func (t *Trainer) leadOnce(ctx context.Context) error {
 	}
 	var start *group.Start
 	var ok bool
-	live := g.live()
+	live := t.checkable(g.live())
 	g.view(func(s *group.State) { start, ok = s.Plan(time.Now().UTC(), t.self, live) })
 	if !ok {
 		return nil
@@ -135,7 +135,11 @@ func (t *Trainer) leadOnce(ctx context.Context) error {
 }
 
 func (t *Trainer) registration() *group.Trainer {
-	return &group.Trainer{ID: t.self, Engine: t.engineName(), Device: t.deviceName(), Speed: t.work.speed(), Addrs: t.host.Addrs()}
+	r := &group.Trainer{ID: t.self, Engine: t.engineName(), Device: t.deviceName(), Speed: t.work.speed(), Addrs: t.host.Addrs()}
+	if d := t.declared.Load(); d != nil {
+		r.Engine, r.Device = d[0], d[1]
+	}
+	return r
 }
 
 func (t *Trainer) engineName() string {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
@@ -62,6 +63,42 @@ var ErrNotBenched = errors.New("trainer: not benched")
 
 // spotRate is the share of volunteers' deltas checked (0: none).
 func (t *Trainer) spotRate() float64 { return math.Float64frombits(t.spotBits.Load()) }
+
+// checkable leaves out of live the volunteers this leader could not
+// retrain (they register another engine or device than its own) while
+// spot checks are on: their deltas, when drawn for a check, would be left
+// out, and a round given to them alone would never publish.
+func (t *Trainer) checkable(live []mesh.PeerID) []mesh.PeerID {
+	if t.spotRate() == 0 {
+		return live
+	}
+	engine, device := t.engineName(), t.deviceName()
+	var out []mesh.PeerID
+	var left []mesh.PeerID
+	t.group.view(func(s *group.State) {
+		for _, p := range live {
+			tr := s.Trainers[p]
+			if p != t.self && !t.mayVote(p) && tr != nil && (tr.Engine != engine || tr.Device != device) {
+				left = append(left, p)
+				continue
+			}
+			out = append(out, p)
+		}
+	})
+	if len(left) > 0 {
+		t.cert.mu.Lock()
+		warn := time.Since(t.cert.lastCheck["uncheckable"]) > time.Minute
+		if warn {
+			t.cert.lastCheck["uncheckable"] = time.Now()
+		}
+		t.cert.mu.Unlock()
+		if warn {
+			t.log.Warn("volunteers given no share: this leader cannot check their deltas (another engine or device)", "trainers", left,
+				"engine", engine, "device", device)
+		}
+	}
+	return out
+}
 
 // checkSpotCheck refuses a Config.SpotCheck outside [0, 1].
 func checkSpotCheck(rate float64) error {
@@ -167,7 +204,13 @@ func (t *Trainer) spotCheck(ctx context.Context, cfg group.Config, cur group.Ver
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			t.log.Warn("spot check skipped", "trainer", p, "round", r.Number, "err", err)
+			// A delta drawn for a check that cannot be checked (another
+			// engine or device than this leader's, a batch it cannot
+			// read) is not taken on trust: a volunteer could otherwise
+			// declare another engine to never be checked. It is left out
+			// unbenched, and its batches go back to pending.
+			t.log.Warn("spot check could not run: the delta is left out unverified", "trainer", p, "round", r.Number, "err", err)
+			delete(out, p)
 			continue
 		}
 		t.spotRuns.Add(1)
@@ -190,7 +233,7 @@ func (t *Trainer) spotCheck(ctx context.Context, cfg group.Config, cur group.Ver
 			"samples", ev.Samples, "recomputed_samples", ev.RecomputedSamples)
 	}
 	if len(out) == 0 {
-		err := t.group.propose(ctx, &group.Entry{Abort: &group.Abort{Round: r.Number, Reason: "every delta left out: its trainer is benched"}})
+		err := t.group.propose(ctx, &group.Entry{Abort: &group.Abort{Round: r.Number, Reason: "every delta left out: benched, or drawn for a check that could not run"}})
 		return nil, err
 	}
 	return out, nil

@@ -271,3 +271,45 @@ func TestSpotCheckHonestVolunteer(t *testing.T) {
 		t.Fatalf("benched: %+v", b)
 	}
 }
+
+// A volunteer that declares another engine than the leader's cannot be
+// retrained by it: the leader gives it no share, and a delta drawn for a
+// check that cannot run is left out, not taken on trust, so lying about
+// its engine buys a forger nothing. It is not benched: nothing shows it
+// lied.
+func TestSpotCheckUncheckableLeftOut(t *testing.T) {
+	c, volunteer := spotCluster(t)
+	ctx := context.Background()
+	ids := shipUntil(t, c, 800, "the volunteer contributing", func(lead *trainer.Trainer) bool { return contributed(lead, volunteer) > 0 })
+	if err := c.Trainer(2).Declare(ctx, trainer.EngineTorch, trainer.DeviceCUDA); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitUntil(ctx, clusterWait, "the new registration applied", func() bool {
+		i, ok := c.Leader()
+		if !ok {
+			return false
+		}
+		var eng string
+		c.Trainer(i).ViewGroup(func(s *group.State) {
+			if tr := s.Trainers[volunteer]; tr != nil {
+				eng = tr.Engine
+			}
+		})
+		return eng == trainer.EngineTorch
+	}); err != nil {
+		t.Fatal(err)
+	}
+	i, _ := c.Leader()
+	before := contributed(c.Trainer(i), volunteer)
+	ids = append(ids, shipUntil(t, c, 900, "more batches trained", func(*trainer.Trainer) bool { return true })...)
+	ids = append(ids, shipUntil(t, c, 950, "more batches trained", func(*trainer.Trainer) bool { return true })...)
+	i, _ = c.Leader()
+	lead := c.Trainer(i)
+	checkLedger(t, lead, ids)
+	if n := contributed(lead, volunteer); n != before {
+		t.Fatalf("the volunteer whose deltas cannot be checked contributed to %d more versions", n-before)
+	}
+	if b := lead.Status().Benched; len(b) != 0 {
+		t.Fatalf("benched for an engine the leader does not run: %+v", b)
+	}
+}

@@ -197,9 +197,12 @@ type Trainer struct {
 	// this trainer's delta before it signs it: a dishonest volunteer.
 	tamper     func(dir string)
 	forgeDelta atomic.Pointer[func([]byte) []byte]
-	isolated   atomic.Bool
-	fenced     atomic.Int64 // publications the group refused
-	known      sync.Map     // mesh.PeerID → true: trainers admitted once
+	// declared, in tests, is the engine and device the trainer says it
+	// trains with instead of its own: a lying registration.
+	declared atomic.Pointer[[2]string]
+	isolated atomic.Bool
+	fenced   atomic.Int64 // publications the group refused
+	known    sync.Map     // mesh.PeerID → true: trainers admitted once
 
 	// weights serves committed versions to the devices (nil on a
 	// simulated network, or when Config.Weights is "off"); key signs
