@@ -19,7 +19,8 @@ const weightsHelp = `Usage: clawmesh weights <ls|get|use> [flags] --data DIR
 The adapter versions the mesh's trainers publish come back to every device:
 a node in a mesh fetches the newest one over QUIC (from the trainers and
 from every device that already holds it), verifies it chunk by chunk
-against a manifest signed by a trainer of the mesh, installs it under
+against a manifest a majority of the mesh's voters certified (the
+trainers its admin trusts), installs it under
 DIR/adapters/vN and hot-swaps it into its model server, with no request
 lost. These commands ask the node running on DIR.
 

@@ -1,8 +1,8 @@
 // Package adapters is a node's side of the weights coming back: it follows
 // the mesh's newest adapter version (or the one the owner pinned), fetches
 // it through the weights service (mesh/weights: verified chunk by chunk
-// against a manifest signed by a trainer and fenced by the raft term and
-// index that committed it), installs it atomically under DATA/adapters/vN,
+// against a manifest certified by a quorum of the mesh's voters and
+// fenced by the raft term and index that committed it), installs it atomically under DATA/adapters/vN,
 // and hot-swaps it into the model server with a swap.Driver: load under a
 // new name, one warm-up request, then the gateway's route flips (Route).
 // Requests in flight finish on the version they started with; each
