@@ -121,6 +121,11 @@ func runScrub(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 // what the node sends).
 func scrubKey(dataDir string, stderr io.Writer) ([]byte, error) {
 	if _, err := os.Stat(dataDir); err == nil {
+		release, err := lockKey(dataDir, "scrub")
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 		return share.LoadKey(dataDir)
 	}
 	dir, err := os.MkdirTemp("", "clawmesh-scrub-")
