@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -274,4 +276,73 @@ func runStdin(t *testing.T, stdin string, args ...string) (string, string, int) 
 		return out.String(), errb.String(), 1
 	}
 	return out.String(), errb.String(), 0
+}
+
+// TestTrainerChecksPortsBeforeWork: a trainer told to listen on a libp2p
+// address (TCP, or UDP for QUIC) or a weights address that another process
+// holds is refused in one line naming it and the flag, before it sets
+// anything up: its fresh data directory is not made, and an existing one
+// is left as it was.
+func TestTrainerChecksPortsBeforeWork(t *testing.T) {
+	tr := t.TempDir()
+	os.Mkdir(filepath.Join(tr, datadir.TrainerMark), 0o700)
+	before := treeOf(t, tr)
+
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	tcpAddr := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", tcp.Addr().(*net.TCPAddr).Port)
+	quicAddr := fmt.Sprintf("/ip4/127.0.0.1/udp/%d/quic-v1", udp.LocalAddr().(*net.UDPAddr).Port)
+	for _, c := range []struct {
+		args []string
+		what string
+		flag string
+	}{
+		{[]string{"--p2p-listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--p2p-listen", tcpAddr, "--weights", "off"}, "the libp2p address " + tcpAddr, "p2p-listen"},
+		{[]string{"--p2p-listen", quicAddr, "--weights", "off"}, "the libp2p address " + quicAddr, "p2p-listen"},
+		{[]string{"--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--weights", udp.LocalAddr().String()}, "the weights service address " + udp.LocalAddr().String(), "weights"},
+	} {
+		want := "clawmesh trainer: " + c.what + " is in use by another process (another trainer?)\nStop it, or give 'clawmesh trainer' another --" + c.flag + ".\n"
+		fresh := filepath.Join(t.TempDir(), "new")
+		for _, data := range []string{fresh, tr} {
+			_, errs, code := runBriefly(t, 20*time.Second, append([]string{"trainer", "--data", data, "--no-mdns", "--join-wait", "100ms"}, c.args...)...)
+			if code != 1 || errs != want {
+				t.Errorf("trainer %q on %s: code %d, %q; want %q", c.args, data, code, errs, want)
+			}
+		}
+		if _, err := os.Stat(fresh); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("trainer %q made its data directory: %v", c.args, err)
+		}
+		if after := treeOf(t, tr); !slices.Equal(after, before) {
+			t.Errorf("trainer %q changed its data directory: %v, was %v", c.args, after, before)
+		}
+	}
+}
+
+// treeOf lists the files and directories under dir, but for the lock's
+// file (LOCK, which stays once a process has taken the lock: it holds no
+// state).
+func treeOf(t *testing.T, dir string) []string {
+	t.Helper()
+	var names []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if rel, _ := filepath.Rel(dir, p); rel != datadir.LockFile {
+			names = append(names, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
 }
