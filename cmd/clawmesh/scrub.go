@@ -30,8 +30,9 @@ Found and replaced: e-mail addresses (<EMAIL_1>), phone numbers (<PHONE_1>),
 IP addresses (<IP_1>), credentials in URLs (<CREDENTIAL_1>), secrets in
 assignments and query strings (<SECRET_1>), vendor API keys and tokens
 (<API_KEY_1>), PEM private keys (<PRIVATE_KEY_1>), card numbers (<CARD_1>),
-IBANs (<IBAN_1>), US social security numbers (<SSN_1>), user names in home
-directory paths (<USER_1>), and the names you list (<NAME_1>). The same value
+IBANs (<IBAN_1>), US social security numbers (<SSN_1>), UK National
+Insurance numbers (<NI_NUMBER_1>), user names in home directory paths
+(<USER_1>), and the names you list (<NAME_1>). The same value
 gets the same placeholder throughout the input (with --steps: throughout a
 session). A private key spanning several lines becomes one placeholder.
 
