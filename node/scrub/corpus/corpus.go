@@ -12,7 +12,9 @@
 // formats, the vendors' documented key shapes) before the detectors were
 // last tuned, and is not tuned on: its figures say how the scrubber does on
 // text it was not fitted to. A held-out file is only ever corrected where a
-// label is wrong.
+// label is wrong; a fault it shows is fixed with cases of its own in the
+// tuned part, and new held-out text comes as new files, written before the
+// scrubber is run on them.
 //
 // A file (files/*.txt or heldout/*.txt) is UTF-8 text in which a label is
 // written inline as ⟦KIND:value⟧ or ⟦API_KEY/vendor:value⟧; the text with
