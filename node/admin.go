@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -126,9 +127,27 @@ type LoginURL struct {
 // it.
 func (n *Node) loginHost() string {
 	if a := n.Addr(); a != nil {
-		return a.String()
+		return browserHost(a.String())
 	}
-	return n.cfg.Listen
+	return browserHost(n.cfg.Listen)
+}
+
+// browserHost is listen (host:port) as a browser on this machine opens it:
+// a gateway listening on every address (0.0.0.0, [::], or no host) is
+// reached on loopback, 127.0.0.1 (localhost for [::], which a browser tries
+// on IPv6 and IPv4 both); any other host is kept.
+func browserHost(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	switch ip := net.ParseIP(host); {
+	case host == "" || ip != nil && ip.Equal(net.IPv4zero):
+		host = "127.0.0.1"
+	case ip != nil && ip.IsUnspecified():
+		host = "localhost"
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // ParseFilter reads a pool.Filter from query parameters: session, state

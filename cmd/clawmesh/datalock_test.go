@@ -1,18 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/datadir"
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/setup"
+	"github.com/clawmesh/clawmesh/node/share"
 )
 
 // runBriefly runs the CLI for at most d: a command that should refuse to
@@ -193,4 +198,151 @@ func TestNodeChecksBeforeWork(t *testing.T) {
 			t.Errorf("node %q made the data directory: %v", c.args, err)
 		}
 	}
+}
+
+// TestKeyAndConfigWritersHoldTheDirectory: scrub --steps and an offline
+// pool preview that would make the device's id key, and setup openclaw,
+// which writes the node's config, are refused while another command
+// writes the directory, naming it, and write nothing; with the key there,
+// scrub only reads it and goes on; once the directory is free each does
+// its work and lets it go.
+func TestKeyAndConfigWritersHoldTheDirectory(t *testing.T) {
+	ocPath := openClawHome(t, userOpenClaw)
+	data := t.TempDir()
+	l, err := lockData(data, "pool import", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := fmt.Sprintf("data directory %s is in use by 'clawmesh pool import' (pid %d, since ", data, os.Getpid())
+	step := `{"schema":"clawmesh.step/v1","id":"st1","session_id":"A","turn":"main","api":"chat.completions","state":"scored","request":{"messages":[{"role":"user","content":"hi"}]}}` + "\n"
+	for _, args := range [][]string{
+		{"scrub", "--steps", "--data", data},
+		{"pool", "preview", "--data", data},
+		{"setup", "openclaw", "--data", data, "--openclaw", "none"},
+	} {
+		_, errs, code := runStdin(t, step, args...)
+		if code != 1 || !strings.HasPrefix(errs, "clawmesh "+args[0]+": "+held) || !strings.HasSuffix(errs, ")\nStop it first, or give 'clawmesh "+args[0]+"' another --data.\n") {
+			t.Errorf("%q while a pool import runs: code %d, %q; want %q", args, code, errs, held)
+		}
+	}
+	for _, name := range []string{share.KeyFile, "config.toml", setup.RecordFile} {
+		if _, err := os.Stat(filepath.Join(data, name)); err == nil {
+			t.Errorf("a refused command wrote %s", name)
+		}
+	}
+	if b, _ := os.ReadFile(ocPath); string(b) != userOpenClaw {
+		t.Error("the refused setup changed OpenClaw's config")
+	}
+	l.Release()
+
+	for _, c := range [][]string{
+		{"scrub", "--steps", "--data", data},
+		{"setup", "openclaw", "--data", data, "--openclaw", "none"},
+	} {
+		if _, errs, code := runStdin(t, step, c...); code != 0 {
+			t.Errorf("%q on a free directory: code %d, %s", c, code, errs)
+		}
+		if _, err := os.Stat(filepath.Join(data, datadir.HolderFile)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%q left the directory held: %v", c, err)
+		}
+	}
+	for _, name := range []string{share.KeyFile, "config.toml"} {
+		if _, err := os.Stat(filepath.Join(data, name)); err != nil {
+			t.Errorf("%s not made on a free directory: %v", name, err)
+		}
+	}
+
+	// The key there: scrub reads it and writes nothing, held or not.
+	l, err = lockData(data, "pool import", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if _, errs, code := runStdin(t, step, "scrub", "--steps", "--data", data); code != 0 {
+		t.Errorf("scrub reading the key while a pool import runs: code %d, %s", code, errs)
+	}
+}
+
+// runStdin runs the CLI as runCLI does, scrub with stdin as its standard
+// input.
+func runStdin(t *testing.T, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	if args[0] != "scrub" {
+		return runCLI(t, args...)
+	}
+	var out, errb bytes.Buffer
+	if err := runScrub(context.Background(), args[1:], strings.NewReader(stdin), &out, &errb); err != nil {
+		printError(&errb, "scrub", err)
+		return out.String(), errb.String(), 1
+	}
+	return out.String(), errb.String(), 0
+}
+
+// TestTrainerChecksPortsBeforeWork: a trainer told to listen on a libp2p
+// address (TCP, or UDP for QUIC) or a weights address that another process
+// holds is refused in one line naming it and the flag, before it sets
+// anything up: its fresh data directory is not made, and an existing one
+// is left as it was.
+func TestTrainerChecksPortsBeforeWork(t *testing.T) {
+	tr := t.TempDir()
+	os.Mkdir(filepath.Join(tr, datadir.TrainerMark), 0o700)
+	before := treeOf(t, tr)
+
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	tcpAddr := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", tcp.Addr().(*net.TCPAddr).Port)
+	quicAddr := fmt.Sprintf("/ip4/127.0.0.1/udp/%d/quic-v1", udp.LocalAddr().(*net.UDPAddr).Port)
+	for _, c := range []struct {
+		args []string
+		what string
+		flag string
+	}{
+		{[]string{"--p2p-listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--p2p-listen", tcpAddr, "--weights", "off"}, "the libp2p address " + tcpAddr, "p2p-listen"},
+		{[]string{"--p2p-listen", quicAddr, "--weights", "off"}, "the libp2p address " + quicAddr, "p2p-listen"},
+		{[]string{"--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--weights", udp.LocalAddr().String()}, "the weights service address " + udp.LocalAddr().String(), "weights"},
+	} {
+		want := "clawmesh trainer: " + c.what + " is in use by another process (another trainer?)\nStop it, or give 'clawmesh trainer' another --" + c.flag + ".\n"
+		fresh := filepath.Join(t.TempDir(), "new")
+		for _, data := range []string{fresh, tr} {
+			_, errs, code := runBriefly(t, 20*time.Second, append([]string{"trainer", "--data", data, "--no-mdns", "--join-wait", "100ms"}, c.args...)...)
+			if code != 1 || errs != want {
+				t.Errorf("trainer %q on %s: code %d, %q; want %q", c.args, data, code, errs, want)
+			}
+		}
+		if _, err := os.Stat(fresh); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("trainer %q made its data directory: %v", c.args, err)
+		}
+		if after := treeOf(t, tr); !slices.Equal(after, before) {
+			t.Errorf("trainer %q changed its data directory: %v, was %v", c.args, after, before)
+		}
+	}
+}
+
+// treeOf lists the files and directories under dir, but for the lock's
+// file (LOCK, which stays once a process has taken the lock: it holds no
+// state).
+func treeOf(t *testing.T, dir string) []string {
+	t.Helper()
+	var names []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if rel, _ := filepath.Rel(dir, p); rel != datadir.LockFile {
+			names = append(names, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
 }

@@ -56,7 +56,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := newFlags("demo", demoHelp, stderr)
 	quick := fs.Bool("quick", false, "fewer rounds and one recipe (combined unless --recipe says): the short form CI runs")
 	recipe := fs.String("recipe", "", "binary, opd, combined or all (default all; combined with --quick)")
-	jsonOut := fs.String("json", "", "also write the figures as JSON to this file (- for stdout)")
+	jsonOut := fs.String("json", "", "also write the figures as JSON to this file (- for stdout): the score per round, the planned failover, and every change of the trainers' leader (leader_changes, planned or not)")
 	plot := fs.String("plot", "", "write a plot of the score per round to this PNG file (default clawmesh-demo.png in the --logs directory, else in the user's cache directory, clawmesh/demo; - for none)")
 	seed := fs.Uint64("seed", 1, "seed of the users' choices and of the sampling")
 	rounds := fs.Int("rounds", 0, "versions trained per recipe (default 8, 4 with --quick)")

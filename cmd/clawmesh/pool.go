@@ -223,6 +223,15 @@ func runPool(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		defer release()
 	}
+	if sub == "preview" {
+		// A preview reads, but with no node running it makes the
+		// device's id key when it is missing: a write.
+		release, err := lockKey(s.Data, "pool preview")
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	p, closeFn, err := openPool(&s, sub == "import")
 	if err != nil {
 		return err

@@ -30,8 +30,9 @@ Found and replaced: e-mail addresses (<EMAIL_1>), phone numbers (<PHONE_1>),
 IP addresses (<IP_1>), credentials in URLs (<CREDENTIAL_1>), secrets in
 assignments and query strings (<SECRET_1>), vendor API keys and tokens
 (<API_KEY_1>), PEM private keys (<PRIVATE_KEY_1>), card numbers (<CARD_1>),
-IBANs (<IBAN_1>), US social security numbers (<SSN_1>), user names in home
-directory paths (<USER_1>), and the names you list (<NAME_1>). The same value
+IBANs (<IBAN_1>), US social security numbers (<SSN_1>), UK National
+Insurance numbers (<NI_NUMBER_1>), user names in home directory paths
+(<USER_1>), and the names you list (<NAME_1>). The same value
 gets the same placeholder throughout the input (with --steps: throughout a
 session). A private key spanning several lines becomes one placeholder.
 
@@ -121,6 +122,11 @@ func runScrub(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 // what the node sends).
 func scrubKey(dataDir string, stderr io.Writer) ([]byte, error) {
 	if _, err := os.Stat(dataDir); err == nil {
+		release, err := lockKey(dataDir, "scrub")
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 		return share.LoadKey(dataDir)
 	}
 	dir, err := os.MkdirTemp("", "clawmesh-scrub-")

@@ -106,6 +106,17 @@ func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err != nil {
 		return fmt.Errorf("OpenClaw's config %s cannot be read: %v", path, strings.TrimPrefix(err.Error(), "setup: "))
 	}
+	if !*dry {
+		// Setup writes the data directory (the node's config.toml, the
+		// record --undo reads): no node may start on it meanwhile, and
+		// another command writing it is named. A node running there goes
+		// on; it reads config.toml when it starts.
+		release, err := lockOffline(s.Data, "setup openclaw", !*undo)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	if *undo {
 		return undoOpenClaw(ctx, s, oc, path, src, *dry, stdout)
 	}

@@ -154,7 +154,8 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usageErr("--grad-checkpoint needs --engine torch")
 	}
 	// The data directory is this process's before anything in it is
-	// opened (its identity, its stores), and the admin address is free.
+	// opened (its identity, its stores), and the addresses it listens on
+	// (admin, libp2p, weights) are free.
 	lock, err := lockData(s.Data, "trainer", false)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -166,6 +167,9 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return addrError(err, "the admin API", "trainer", *admin, "admin")
 		}
 		ln.Close()
+	}
+	if err := checkTrainerAddrs(listen, *weightsListen); err != nil {
+		return err
 	}
 	log := newLogger(stderr, level)
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,

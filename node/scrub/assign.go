@@ -517,6 +517,9 @@ func secretValue(v string, cls nameClass, quoted bool) bool {
 	if allSame(v) {
 		return false
 	}
+	if dataURI(lv) {
+		return false // "secret: data:text/plain;base64,...": content inline, not a key
+	}
 	if !quoted && (strings.ContainsAny(v, "()[]") || isReference(v)) {
 		return false
 	}
@@ -549,6 +552,25 @@ func secretValue(v string, cls nameClass, quoted bool) bool {
 		}
 		return entropy(v) >= 2.8
 	}
+}
+
+// dataURI reports a value (lower-cased) that starts a data: URI with its
+// media type, "data:text/plain" or "data:image/png;base64,...".
+func dataURI(lv string) bool {
+	rest, ok := strings.CutPrefix(lv, "data:")
+	if !ok {
+		return false
+	}
+	typ, sub, ok := strings.Cut(rest, "/")
+	if !ok || typ == "" || sub == "" {
+		return false
+	}
+	for _, c := range []byte(typ) {
+		if !isAlpha(c) {
+			return false
+		}
+	}
+	return isAlpha(sub[0])
 }
 
 // randomLooking reports a value long and mixed enough to be a generated

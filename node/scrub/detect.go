@@ -146,6 +146,7 @@ func (d *detector) word(i int) {
 	}
 	if isUpper(c) {
 		d.iban(i)
+		d.niNumber(i)
 	}
 	if isAlpha(c) || isDigit(c) {
 		d.vendor(i)

@@ -183,7 +183,7 @@ func (d *detector) ipv4(s int) {
 	if oct[0] == 127 || oct[0] == 0 || oct[0] == 255 {
 		return // loopback, unspecified, netmask: nothing personal
 	}
-	if versionContext(t, s) {
+	if versionContext(t, s) || numberingContext(t, s) {
 		return
 	}
 	d.add(s, i, IP, "")
@@ -207,6 +207,26 @@ func versionContext(t string, s int) bool {
 	}
 	switch pre[w:] {
 	case "version", "ver", "release", "build", "firmware", "driver", "v":
+		return true
+	}
+	return false
+}
+
+// numberingContext reports whether the number at s follows a word that
+// says it numbers a part of a document ("section 4.3.2.1", "§ 4.3.2.1",
+// "clause 10.2.3.4").
+func numberingContext(t string, s int) bool {
+	pre := strings.TrimRight(before(t, s, 16), " \t")
+	if strings.HasSuffix(pre, "§") {
+		return true
+	}
+	pre = strings.ToLower(strings.TrimRight(pre, ".:"))
+	w := len(pre)
+	for w > 0 && isAlpha(pre[w-1]) {
+		w--
+	}
+	switch pre[w:] {
+	case "section", "sec", "sect", "chapter", "ch", "clause", "paragraph", "para", "article", "art", "figure", "fig", "table", "appendix", "step", "item", "rule", "part":
 		return true
 	}
 	return false
@@ -349,6 +369,9 @@ func (d *detector) phone(g *groups) {
 	if slash && g.start > 0 && t[g.start-1] == '/' {
 		return // a path: /spool/0800/1234
 	}
+	if !g.plus && (g.end+1 < len(t) && t[g.end] == '-' && isAlpha(t[g.end+1]) || codeContext(t, g.start)) {
+		return // a code: "0301-2345-6789-A", "the lot number is 0301-2345-6789"
+	}
 	switch {
 	case g.plus:
 		if g.total < 8 || g.total > 15 {
@@ -396,8 +419,9 @@ func (d *detector) phone(g *groups) {
 		}
 	case g.shape(3, 4, 4) && (g.sepsAll(' ') || g.sepsAll('-')) && t[g.start] == '1' && t[g.start+1] >= '3':
 	case len(g.lens) >= 3 && g.lens[0] == 1 && g.lens[1] == 3 && t[g.start] == '0':
-		// French service numbers: "0 800 12 34 56", "0 805 123 456".
-		if t[g.start+2] != '8' || g.total != 10 || !g.sepsAll(' ') || !g.restGroups(2) {
+		// Service numbers with the trunk 0 set apart: French "0 800 12 34
+		// 56", "0 805 123 456"; UK freephone "0 800 123 4567".
+		if t[g.start+2] != '8' || g.total < 10 || g.total > 11 || !g.sepsAll(' ') || !g.restGroups(2) {
 			return
 		}
 	case t[g.start] == '0' && t[g.start+1] != '0':
@@ -447,6 +471,32 @@ func allByte(s []byte, c byte) bool {
 func phoneContext(t string, s int) bool {
 	pre := strings.ToLower(before(t, s, 24))
 	for _, w := range []string{"tel", "phone", "mobile", "cell", "call", "fax", "whatsapp", "sms", "text me", "ring me", "handy", "téléphone"} {
+		if hasWord(pre, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// codeWords say that the number after them is a code of some kind, not a
+// phone number.
+var codeWords = []string{"lot", "batch", "build", "serial", "part", "sku", "order", "invoice", "ticket", "job", "ref", "reference", "tracking", "model", "isbn", "version", "release"}
+
+// codeContext reports a number that the words just before it (since the
+// last punctuation, within 24 bytes) say is a code and not a phone: "the
+// lot number is 0301-2345-6789", "build 0301-2345-6789"; not "order
+// questions: call 0301 234 5678".
+func codeContext(t string, s int) bool {
+	pre := strings.ToLower(before(t, s, 24))
+	if i := strings.LastIndexAny(pre, ".,;:!?()[]{}\"'=\n"); i >= 0 {
+		pre = pre[i+1:]
+	}
+	for _, w := range []string{"tel", "phone", "mobile", "cell", "call", "fax", "whatsapp", "sms", "text", "ring", "dial", "contact", "reach"} {
+		if hasWord(pre, w) {
+			return false
+		}
+	}
+	for _, w := range codeWords {
 		if hasWord(pre, w) {
 			return true
 		}
@@ -590,4 +640,48 @@ func before(t string, s, n int) string {
 	}
 	slices.Reverse(out)
 	return string(out)
+}
+
+// niNumber: a UK National Insurance number, two prefix letters, six digits
+// and a suffix letter A to D, compact ("QQ123456C") or spaced as it is
+// printed ("QQ 12 34 56 C"). The prefix is checked against the letters
+// never used (D, F, I, U, V; O second; BG, GB, KN, NK, NT, TN, ZZ); Q is
+// kept, for HMRC's own example QQ 12 34 56 C is written as if real.
+func (d *detector) niNumber(s int) {
+	t := d.text
+	if s > 0 && isAlnum(t[s-1]) || s+9 > len(t) || !isUpper(t[s+1]) {
+		return
+	}
+	a, b := t[s], t[s+1]
+	if strings.IndexByte("DFIUV", a) >= 0 || strings.IndexByte("DFIUVO", b) >= 0 {
+		return
+	}
+	switch t[s : s+2] {
+	case "BG", "GB", "KN", "NK", "NT", "TN", "ZZ":
+		return
+	}
+	i := s + 2
+	spaced := t[i] == ' '
+	for k := 0; k < 3; k++ {
+		if spaced {
+			if i >= len(t) || t[i] != ' ' {
+				return
+			}
+			i++
+		}
+		if i+2 > len(t) || !isDigit(t[i]) || !isDigit(t[i+1]) {
+			return
+		}
+		i += 2
+	}
+	if spaced {
+		if i >= len(t) || t[i] != ' ' {
+			return
+		}
+		i++
+	}
+	if i >= len(t) || t[i] < 'A' || t[i] > 'D' || i+1 < len(t) && isAlnum(t[i+1]) {
+		return
+	}
+	d.add(s, i+1, NINumber, "")
 }

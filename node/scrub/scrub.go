@@ -15,8 +15,8 @@
 // percent-encoded in a URL), IP addresses, credentials in URLs, secrets in
 // assignments and query strings, vendor API keys and tokens, PEM private
 // keys, card numbers (Luhn checked), IBANs (mod-97 checked), US social
-// security numbers, user names in home-directory paths, and the user's
-// listed names. Ordinary text, code,
+// security numbers, UK National Insurance numbers, user names in
+// home-directory paths, and the user's listed names. Ordinary text, code,
 // hashes, UUIDs, version numbers and dates are left as they are.
 //
 // What is not: free-form personal facts in prose ("my sister has cancer").
@@ -50,12 +50,13 @@ const (
 	Card       Kind = "CARD"        // a payment card number (Luhn checked)
 	IBAN       Kind = "IBAN"        // an IBAN (mod-97 checked)
 	SSN        Kind = "SSN"         // a US social security number
+	NINumber   Kind = "NI_NUMBER"   // a UK National Insurance number
 	User       Kind = "USER"        // the user name in a home-directory path
 	Name       Kind = "NAME"        // a name the user listed
 )
 
 // Kinds lists every kind, in the order reports print them.
-var Kinds = []Kind{Email, Phone, IP, Credential, Secret, APIKey, PrivateKey, Card, IBAN, SSN, User, Name}
+var Kinds = []Kind{Email, Phone, IP, Credential, Secret, APIKey, PrivateKey, Card, IBAN, SSN, NINumber, User, Name}
 
 // priority decides between overlapping findings: the higher wins.
 func (k Kind) priority() int {
@@ -72,7 +73,7 @@ func (k Kind) priority() int {
 		return 60
 	case Card:
 		return 55
-	case SSN:
+	case SSN, NINumber:
 		return 50
 	case Email:
 		return 45
@@ -363,7 +364,7 @@ func normalize(k Kind, v string) string {
 	switch k {
 	case Email, Name, User:
 		return strings.Join(strings.Fields(strings.ToLower(v)), " ")
-	case Phone, Card, IBAN, SSN:
+	case Phone, Card, IBAN, SSN, NINumber:
 		var b strings.Builder
 		for _, c := range []byte(v) {
 			if c >= '0' && c <= '9' || c >= 'A' && c <= 'Z' {

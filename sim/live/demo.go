@@ -115,7 +115,25 @@ type RecipeRun struct {
 	Before   float64   `json:"score_before"`
 	After    float64   `json:"score_after"`
 	Failover *Failover `json:"failover,omitempty"`
-	Seconds  float64   `json:"seconds"`
+	// LeaderChanges are every change of the trainers' leader seen during
+	// the run, in order: the planned stop half way (Planned) and any other
+	// (an election nobody asked for).
+	LeaderChanges []LeaderChange `json:"leader_changes"`
+	Seconds       float64        `json:"seconds"`
+}
+
+// LeaderChange is one change of the trainers' leader.
+type LeaderChange struct {
+	// At is when it was seen, in seconds since the recipe's run started;
+	// Round the round under way then (0: before the first).
+	At    float64 `json:"at"`
+	Round int     `json:"round"`
+	From  string  `json:"from"`
+	To    string  `json:"to"`
+	// Term is the election's number.
+	Term uint64 `json:"term"`
+	// Planned is the demo's own stop of the leader (Failover).
+	Planned bool `json:"planned"`
 }
 
 // Round is one measurement: the version serving on every node, and the
@@ -345,7 +363,21 @@ func (rep *Report) Print(w io.Writer) {
 		if f := r.Failover; f != nil {
 			fmt.Fprintf(w, "; leader stopped after round %d, %s took over in %.1f s", f.AfterRound, shortPeer(mesh.PeerID(f.NewLeader)), f.Seconds)
 		}
+		if n := unplanned(r.LeaderChanges); n > 0 {
+			fmt.Fprintf(w, "; %d unplanned change(s) of leader", n)
+		}
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "total %.0f s\n", rep.Seconds)
+}
+
+// unplanned counts the changes of leader the demo did not make.
+func unplanned(cs []LeaderChange) int {
+	n := 0
+	for _, c := range cs {
+		if !c.Planned {
+			n++
+		}
+	}
+	return n
 }

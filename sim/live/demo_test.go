@@ -1,7 +1,9 @@
 package live
 
 import (
+	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -55,8 +57,8 @@ total 42 s
 	}
 }
 
-// TestLeaderWatch checks that a change of the trainers' leader gets a
-// failover line, whoever caused it, and nothing else does.
+// TestLeaderWatch checks that a change of the trainers' leader is seen,
+// with a failover line, whoever caused it, and nothing else is.
 func TestLeaderWatch(t *testing.T) {
 	var w leaderWatch
 	for i, c := range []struct {
@@ -70,9 +72,54 @@ func TestLeaderWatch(t *testing.T) {
 		{trainer.Status{Leader: "12D3KooWBBBBBBBB", Term: 2}, "failover: …BBBBBB leads the trainers now (was …AAAAAA; election term 2); training goes on"},
 		{trainer.Status{Leader: "12D3KooWBBBBBBBB", Term: 2}, ""},
 	} {
-		if got := w.see(c.st); got != c.want {
+		ch := w.see(c.st)
+		got := ""
+		if ch != nil {
+			got = ch.Line()
+			if ch.From != "12D3KooWAAAAAAAA" || ch.To != "12D3KooWBBBBBBBB" || ch.Term != 2 || ch.Planned {
+				t.Errorf("%d: the change %+v", i, *ch)
+			}
+		}
+		if got != c.want {
 			t.Errorf("%d: %q, want %q", i, got, c.want)
 		}
+	}
+}
+
+// TestReportLeaderChangesJSON: the report's JSON has every change of
+// leader of a run, the planned one and one nobody asked for, and the
+// summary line counts the unplanned ones.
+func TestReportLeaderChangesJSON(t *testing.T) {
+	run := RecipeRun{Recipe: "combined", Before: 0.25, After: 0.5, Seconds: 30,
+		Rounds:   []Round{{Version: "base", Score: 0.25}, {Round: 1, Version: "v1", Score: 0.5}},
+		Failover: &Failover{AfterRound: 1, Stopped: "12D3KooWAAAAAAAA", NewLeader: "12D3KooWBBBBBBBB", Seconds: 1.5},
+		LeaderChanges: []LeaderChange{
+			{At: 12.5, Round: 1, From: "12D3KooWAAAAAAAA", To: "12D3KooWBBBBBBBB", Term: 2, Planned: true},
+			{At: 20, Round: 2, From: "12D3KooWBBBBBBBB", To: "12D3KooWCCCCCCCC", Term: 3},
+		}}
+	b, err := json.Marshal(&Report{Runs: []RecipeRun{run}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Runs []struct {
+			LeaderChanges []map[string]any `json:"leader_changes"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := []map[string]any{
+		{"at": 12.5, "round": 1.0, "from": "12D3KooWAAAAAAAA", "to": "12D3KooWBBBBBBBB", "term": 2.0, "planned": true},
+		{"at": 20.0, "round": 2.0, "from": "12D3KooWBBBBBBBB", "to": "12D3KooWCCCCCCCC", "term": 3.0, "planned": false},
+	}
+	if len(got.Runs) != 1 || !reflect.DeepEqual(got.Runs[0].LeaderChanges, want) {
+		t.Errorf("leader_changes in the JSON: %s", b)
+	}
+	var p strings.Builder
+	(&Report{Runs: []RecipeRun{run}}).Print(&p)
+	if !strings.Contains(p.String(), "took over in 1.5 s; 1 unplanned change(s) of leader\n") {
+		t.Errorf("the summary does not count the unplanned change:\n%s", p.String())
 	}
 }
 

@@ -86,7 +86,7 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 	if o.Samples == 0 {
 		o.Samples = 32
 	}
-	run := RecipeRun{Recipe: o.Recipe}
+	run := RecipeRun{Recipe: o.Recipe, LeaderChanges: []LeaderChange{}}
 	start := time.Now()
 	say := func(format string, a ...any) {
 		fmt.Fprintf(w, "[%s %5.1fs] %s\n", o.Recipe, time.Since(start).Seconds(), fmt.Sprintf(format, a...))
@@ -121,6 +121,7 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 	// Every status read looks for a change of leader: the planned stop
 	// says its own failover line, any other change gets one here.
 	var watch leaderWatch
+	round := 0 // the round under way, for the changes of leader
 	status := func() trainer.Status {
 		st := trainer.Status{}
 		if l := leader(); l != nil {
@@ -133,8 +134,10 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 				}
 			}
 		}
-		if line := watch.see(st); line != "" {
-			say("%s", line)
+		if c := watch.see(st); c != nil {
+			c.At, c.Round = time.Since(start).Seconds(), round
+			run.LeaderChanges = append(run.LeaderChanges, *c)
+			say("%s", c.Line())
 		}
 		return st
 	}
@@ -190,7 +193,7 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 
 	rng := rand.New(rand.NewPCG(o.Seed, 0xc1a3))
 	var last uint64
-	for round := 1; round <= o.Rounds; round++ {
+	for round = 1; round <= o.Rounds; round++ {
 		liked, err := usersRound(ctx, m, o, round, rng)
 		if err != nil {
 			return run, err
@@ -231,6 +234,8 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 				}
 			}
 			run.Failover = &Failover{AfterRound: round, Stopped: string(old), NewLeader: string(nl.tr.ID()), Seconds: time.Since(stopped).Seconds()}
+			run.LeaderChanges = append(run.LeaderChanges, LeaderChange{At: time.Since(start).Seconds(), Round: round,
+				From: string(old), To: string(nl.tr.ID()), Term: nl.tr.Status().Term, Planned: true})
 			say("failover: %s leads now (%.1f s after the stop); 2 of 3 trainers go on", shortPeer(nl.tr.ID()), run.Failover.Seconds)
 			watch.leader = nl.tr.ID()
 		}
@@ -246,18 +251,24 @@ type leaderWatch struct {
 	leader mesh.PeerID
 }
 
-// see takes a status read and returns the line that says the leader
-// changed, or "" when it did not (or no leader is known yet).
-func (w *leaderWatch) see(st trainer.Status) string {
+// see takes a status read and returns the change of leader it shows (its
+// From, To and Term), or nil when it shows none (or no leader is known
+// yet). The planned stop sets leader itself, and is not seen here.
+func (w *leaderWatch) see(st trainer.Status) *LeaderChange {
 	if st.Leader == "" || st.Leader == w.leader {
-		return ""
+		return nil
 	}
 	old := w.leader
 	w.leader = st.Leader
 	if old == "" {
-		return ""
+		return nil
 	}
-	return fmt.Sprintf("failover: %s leads the trainers now (was %s; election term %d); training goes on", shortPeer(st.Leader), shortPeer(old), st.Term)
+	return &LeaderChange{From: string(old), To: string(st.Leader), Term: st.Term}
+}
+
+// Line is the line the demo prints for an unplanned change.
+func (c LeaderChange) Line() string {
+	return fmt.Sprintf("failover: %s leads the trainers now (was %s; election term %d); training goes on", shortPeer(mesh.PeerID(c.To)), shortPeer(mesh.PeerID(c.From)), c.Term)
 }
 
 // loopbackListen are the libp2p addresses the mesh's peers listen on: any

@@ -12,7 +12,9 @@
 // formats, the vendors' documented key shapes) before the detectors were
 // last tuned, and is not tuned on: its figures say how the scrubber does on
 // text it was not fitted to. A held-out file is only ever corrected where a
-// label is wrong.
+// label is wrong; a fault it shows is fixed with cases of its own in the
+// tuned part, and new held-out text comes as new files, written before the
+// scrubber is run on them.
 //
 // A file (files/*.txt or heldout/*.txt) is UTF-8 text in which a label is
 // written inline as ⟦KIND:value⟧ or ⟦API_KEY/vendor:value⟧; the text with
@@ -318,8 +320,13 @@ const (
 )
 
 // Goals on the held-out part, which is small and not tuned on: recall
-// GoalRecall all together and GoalHeldOutKindRecall for every kind,
-// precision GoalPrecision all together.
+// GoalRecall all together and GoalHeldOutKindRecall for every kind, and no
+// finding on unlabelled text (precision 1 for every kind). The part is
+// small (a kind has a few to sixty labels), so a floor below 1 would let
+// a kind with few findings through with a look-alike flagged: an IP
+// floor of 0.95 on its seven findings allows none wrong anyway, and a
+// look-alike in this part (a lot number, a section number, a data: URI)
+// is there because it was once flagged.
 const GoalHeldOutKindRecall = 0.90
 
 // Check reports every figure of r, measured on the tuned corpus, below its
@@ -351,8 +358,10 @@ func (r *Result) CheckHeldOut() []string {
 	if s := r.Total; s.Recall() < GoalRecall {
 		bad = append(bad, fmt.Sprintf("%s: recall %.3f (%d of %d) below %.2f", s.Name, s.Recall(), s.Recalled, s.Labels, GoalRecall))
 	}
-	if s := r.Total; s.Found > 0 && s.Precision() < GoalPrecision {
-		bad = append(bad, fmt.Sprintf("%s: precision %.3f (%d of %d) below %.2f", s.Name, s.Precision(), s.Right, s.Found, GoalPrecision))
+	for _, s := range r.Kinds {
+		if s.Right < s.Found {
+			bad = append(bad, fmt.Sprintf("%s: precision %.3f (%d of %d): %d found on unlabelled text", s.Name, s.Precision(), s.Right, s.Found, s.Found-s.Right))
+		}
 	}
 	return bad
 }
@@ -364,7 +373,7 @@ func (r *Result) Print(w io.Writer) {
 
 // PrintHeldOut writes r, measured on the held-out part, as a table.
 func (r *Result) PrintHeldOut(w io.Writer) {
-	r.print(w, fmt.Sprintf("goals: recall >= %.2f in all and >= %.2f for every kind, precision >= %.2f in all", GoalRecall, GoalHeldOutKindRecall, GoalPrecision))
+	r.print(w, fmt.Sprintf("goals: recall >= %.2f in all and >= %.2f for every kind, nothing found on unlabelled text (precision 1 for every kind)", GoalRecall, GoalHeldOutKindRecall))
 }
 
 func (r *Result) print(w io.Writer, goals string) {

@@ -65,3 +65,18 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckHeldOut: on the held-out part a kind with one finding on
+// unlabelled text fails, however high its precision, and so does a kind
+// under the recall goal.
+func TestCheckHeldOut(t *testing.T) {
+	ok := Score{Name: "EMAIL", Labels: 10, Recalled: 10, Found: 10, Right: 10}
+	r := &Result{Kinds: []Score{ok, {Name: "PHONE", Labels: 60, Recalled: 60, Found: 61, Right: 60}}, Total: Score{Labels: 70, Recalled: 70, Found: 71, Right: 70}}
+	if bad := r.CheckHeldOut(); len(bad) != 1 || !strings.Contains(bad[0], "PHONE: precision 0.984 (60 of 61): 1 found on unlabelled text") {
+		t.Errorf("a look-alike flagged: %q", bad)
+	}
+	r = &Result{Kinds: []Score{ok, {Name: "NI_NUMBER", Labels: 10, Recalled: 8, Found: 8, Right: 8}}, Total: Score{Labels: 200, Recalled: 198, Found: 18, Right: 18}}
+	if bad := r.CheckHeldOut(); len(bad) != 1 || !strings.Contains(bad[0], "NI_NUMBER: recall 0.800") {
+		t.Errorf("a kind under its recall goal: %q", bad)
+	}
+}
