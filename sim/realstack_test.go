@@ -91,7 +91,9 @@ func leaderKilled(t *testing.T, so harness.Memory) {
 			}
 			tr = c.Trainer(i)
 			st := tr.Status()
-			return st.Batches.Trained == len(ids) && st.Round == nil
+			// Certified too: a version whose publisher dies before the
+			// voters certified it is retracted, and trained again.
+			return st.Batches.Trained == len(ids) && st.Round == nil && st.Certified
 		}); err != nil {
 			t.Fatal(err)
 		}
