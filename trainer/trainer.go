@@ -10,9 +10,11 @@
 // Trainers form a raft group (hashicorp/raft over the mesh's streams,
 // mesh/raftnet; its log on Pebble, trainer/raftstore) whose replicated state
 // is trainer/group's: the recipe and base model, the adapter lineage, the
-// batch ledger and the trainer registry. The first trainer bootstraps the
-// group, later ones join through its leader (up to group.MaxVoters voters,
-// then non-voters, promoted when a voter leaves or stops answering). The
+// batch ledger and the trainer registry. The first trusted trainer
+// bootstraps the group, later ones join through its leader (the trainers
+// the mesh's admin trusts as voters, up to Timing.MaxVoters, then
+// non-voters, promoted when a voter leaves or stops answering; the others,
+// volunteers, always non-voters). The
 // leader runs rounds (rounds.go): it adds the stored batches to the ledger
 // (a follower offers it those it stored that the ledger lacks, which the
 // leader then pulls: it may have missed their announcement), refuses the
@@ -30,7 +32,15 @@
 // version on the set's held-out split and records it in the lineage.
 //
 // The trainers the mesh's admin trusts are voters: they certify versions
-// (certify.go). The others are volunteers, kept honest by spot
+// (certify.go). Every trainer signs the delta it hands in; before a
+// version reaches a device, each voter fetches the round's signed deltas
+// from its publisher (kept under DATA/deltas, so a restart keeps them),
+// recomputes the version and, if it is the same, votes for it; the leader
+// records a quorum of votes in the log (group.Certify), and only then is
+// the version shared with the devices or trained from. One no quorum
+// certifies within Timing.CertifyWait (sooner once its publisher is gone)
+// is retracted (group.Retract), its batches trained again. The others are
+// volunteers, kept honest by spot
 // re-execution (spot.go): before it publishes a round, the leader
 // retrains a sample of the volunteers' deltas (Config.SpotCheck, 0.1 by
 // default, at least one a round) from the same share, base and seed, and
