@@ -144,14 +144,18 @@ func (c *certState) init() {
 	c.lastCheck = map[string]time.Time{}
 }
 
-// keepDeltas keeps the signed deltas of the version (hash) this trainer
-// is about to publish, in memory and in DeltasDir, the newest
-// keepPublished versions' only.
-func (t *Trainer) keepDeltas(hash string, ds []signedDelta) {
+// deltasKey names the signed deltas of round's version hash.
+func deltasKey(round uint64, hash string) string { return fmt.Sprintf("%s-r%d", hash, round) }
+
+// keepDeltas keeps the signed deltas of the version (hash) of round that
+// this trainer is about to publish, in memory and in DeltasDir, the
+// newest keepPublished versions' only.
+func (t *Trainer) keepDeltas(round uint64, hash string, ds []signedDelta) {
 	c := &t.cert
+	key := deltasKey(round, hash)
 	c.mu.Lock()
-	c.published[hash] = ds
-	c.order = append(c.order, hash)
+	c.published[key] = ds
+	c.order = append(c.order, key)
 	for len(c.order) > keepPublished {
 		delete(c.published, c.order[0])
 		c.order = c.order[1:]
@@ -161,7 +165,7 @@ func (t *Trainer) keepDeltas(hash string, ds []signedDelta) {
 	b, err := json.Marshal(ds)
 	if err == nil {
 		if err = os.MkdirAll(dir, 0o700); err == nil {
-			err = atomicfile.Write(filepath.Join(dir, hash+".json"), b, 0o600)
+			err = atomicfile.Write(filepath.Join(dir, key+".json"), b, 0o600)
 		}
 	}
 	if err != nil {
@@ -187,9 +191,10 @@ func (t *Trainer) keepDeltas(hash string, ds []signedDelta) {
 
 // publishedDeltas returns the signed deltas of a version this trainer
 // published, from memory or, after a restart, from DeltasDir.
-func (t *Trainer) publishedDeltas(hash string) ([]signedDelta, bool) {
+func (t *Trainer) publishedDeltas(round uint64, hash string) ([]signedDelta, bool) {
+	key := deltasKey(round, hash)
 	t.cert.mu.Lock()
-	ds, ok := t.cert.published[hash]
+	ds, ok := t.cert.published[key]
 	t.cert.mu.Unlock()
 	if ok {
 		return ds, true
@@ -197,7 +202,7 @@ func (t *Trainer) publishedDeltas(hash string) ([]signedDelta, bool) {
 	if !validHex(hash) {
 		return nil, false
 	}
-	b, err := os.ReadFile(filepath.Join(t.cfg.DataDir, DeltasDir, hash+".json"))
+	b, err := os.ReadFile(filepath.Join(t.cfg.DataDir, DeltasDir, key+".json"))
 	if err != nil || json.Unmarshal(b, &ds) != nil {
 		return nil, false
 	}
@@ -216,9 +221,17 @@ func validHex(h string) bool {
 	return true
 }
 
-func voteKey(hash string, vs *member.VoterSet) string {
+// versionKey names one committed version: its number, hash and log
+// index. Two versions may have the same bundle (a round whose deltas
+// changed nothing), and a number comes back after a retraction.
+func versionKey(v group.Version) string {
+	return fmt.Sprintf("v%d/%s/%d", v.Version, v.Hash, v.Index)
+}
+
+// voteKey names a version under a voter set.
+func voteKey(v group.Version, vs *member.VoterSet) string {
 	h := vs.Hash()
-	return hash + "/" + string(h[:])
+	return versionKey(v) + "/" + string(h[:])
 }
 
 // mayVote says whether p is one of the mesh's voters now.
@@ -263,8 +276,8 @@ func (t *Trainer) versionManifest(v group.Version, dir string) (*chunks.Manifest
 
 // submissions answers opSubmissions: the signed deltas of a version this
 // trainer published.
-func (t *Trainer) submissions(hash string) ([]byte, error) {
-	ds, ok := t.publishedDeltas(hash)
+func (t *Trainer) submissions(round uint64, hash string) ([]byte, error) {
+	ds, ok := t.publishedDeltas(round, hash)
 	if !ok {
 		return nil, &rpcError{Code: codeNotFound, Msg: "trainer: not the publisher of " + short(hash) + ", or it no longer holds its deltas"}
 	}
@@ -299,14 +312,14 @@ func (t *Trainer) checkVersion(ctx context.Context, v group.Version) (*chunks.Ma
 		return nil, fmt.Errorf("%s's parent %s is not certified", v.Name(), parent.Name())
 	}
 	var ds []signedDelta
-	local, mine := t.publishedDeltas(v.Hash)
+	local, mine := t.publishedDeltas(v.Round, v.Hash)
 	if mine {
 		ds = local
 	} else {
 		if v.Publisher == "" || v.Publisher == t.self {
 			return nil, fmt.Errorf("%w: %s's deltas are not held here", errNoDeltas, v.Name())
 		}
-		out, err := t.call(ctx, v.Publisher, request{Op: opSubmissions, Version: v.Version, Hash: v.Hash}, nil)
+		out, err := t.call(ctx, v.Publisher, request{Op: opSubmissions, Version: v.Version, Round: v.Round, Hash: v.Hash}, nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: from its publisher %s: %w", errNoDeltas, v.Publisher, err)
 		}
@@ -416,13 +429,13 @@ func (t *Trainer) certifyOnce(ctx context.Context) {
 	if v.Cert != nil && bytes.Equal(v.Cert.Voters, vs.Marshal()) {
 		return
 	}
-	key := voteKey(v.Hash, vs)
+	key, vk := voteKey(v, vs), versionKey(v)
 	leader := t.group.leader()
 	t.cert.mu.Lock()
 	sentTo := t.cert.sent[key]
-	m := t.cert.checked[v.Hash]
-	why, refused := t.cert.refused[v.Hash]
-	last := t.cert.lastCheck[v.Hash]
+	m := t.cert.checked[vk]
+	why, refused := t.cert.refused[vk]
+	last := t.cert.lastCheck[vk]
 	t.cert.mu.Unlock()
 	if leader == "" || sentTo == leader {
 		return
@@ -432,7 +445,7 @@ func (t *Trainer) certifyOnce(ctx context.Context) {
 			return
 		}
 		t.cert.mu.Lock()
-		t.cert.lastCheck[v.Hash] = time.Now()
+		t.cert.lastCheck[vk] = time.Now()
 		t.cert.mu.Unlock()
 		var err error
 		if v.Cert != nil {
@@ -445,12 +458,12 @@ func (t *Trainer) certifyOnce(ctx context.Context) {
 		switch {
 		case err == nil:
 			t.cert.mu.Lock()
-			t.cert.checked[v.Hash] = m
+			t.cert.checked[vk] = m
 			t.cert.mu.Unlock()
 		case errors.Is(err, errMismatch) || !errors.Is(err, errNoDeltas) && ctx.Err() == nil && v.Cert == nil:
 			t.log.Warn("version refused: not what its round made", "version", v.Name(), "hash", core.ShortHash(v.Hash), "err", err)
 			t.cert.mu.Lock()
-			t.cert.refused[v.Hash] = err.Error()
+			t.cert.refused[vk] = err.Error()
 			t.cert.mu.Unlock()
 			why, refused = err.Error(), true
 		default:
@@ -458,7 +471,7 @@ func (t *Trainer) certifyOnce(ctx context.Context) {
 			return
 		}
 	}
-	req := request{Op: opVote, Version: v.Version, Hash: v.Hash, VoterSet: vsHash[:]}
+	req := request{Op: opVote, Version: v.Version, Hash: v.Hash, Index: v.Index, VoterSet: vsHash[:]}
 	if refused {
 		req.Refuse = why
 	} else {
@@ -528,10 +541,10 @@ func (n *raftMember) takeVote(ctx context.Context, from mesh.PeerID, req request
 	var v group.Version
 	var ok bool
 	n.view(func(s *group.State) { v, ok = s.Current() })
-	if !ok || v.Version != req.Version || v.Hash != req.Hash {
+	if !ok || v.Version != req.Version || v.Hash != req.Hash || v.Index != req.Index {
 		return fmt.Errorf("%w: a vote for v%d, the newest is %s", group.ErrVersion, req.Version, v.Name())
 	}
-	key := voteKey(v.Hash, vs)
+	key := voteKey(v, vs)
 	if req.Refuse != "" {
 		t.cert.mu.Lock()
 		if t.cert.refusals[key] == nil {

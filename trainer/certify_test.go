@@ -166,3 +166,57 @@ func TestRogueLeadersVersionRetracted(t *testing.T) {
 		}
 	}
 }
+
+// Rounds whose deltas change nothing make versions with their parent's
+// bundle, one after another: each is still checked, voted for and
+// certified on its own (a vote for one is not taken for the next).
+func TestSameBundleVersionsCertified(t *testing.T) {
+	c := newTestCluster(t, 3)
+	ctx := context.Background()
+	for i := range c.Len() {
+		c.Trainer(i).SetForgeDelta(func(payload []byte) []byte {
+			d, err := adapter.UnmarshalDelta(payload, adapter.Limits{})
+			if err != nil {
+				return payload
+			}
+			for _, tn := range d.Tensors {
+				clear(tn.Data)
+			}
+			out, err := d.MarshalBinary()
+			if err != nil {
+				t.Error(err)
+				return payload
+			}
+			return out
+		})
+	}
+	var ids []core.BatchID
+	for k := range 3 {
+		ids = append(ids, shipBatches(t, c, 2, 300+uint64(k)*10)...)
+		if err := c.WaitUntil(ctx, clusterWait, "the batches trained into a certified version", func() bool {
+			i, ok := c.Leader()
+			if !ok {
+				return false
+			}
+			st := c.Trainer(i).Status()
+			return st.Batches.Trained == len(ids) && st.Round == nil && st.Certified
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	i, _ := c.Leader()
+	lead := c.Trainer(i)
+	lin := lead.Lineage()
+	if len(lin) < 3 {
+		t.Fatalf("%d versions", len(lin))
+	}
+	for _, v := range lin[1:] {
+		if v.Hash != lin[0].Hash || v.Cert == nil {
+			t.Fatalf("%s: hash %s (v0 %s), certified %v", v.Name(), core.ShortHash(v.Hash), core.ShortHash(lin[0].Hash), v.Cert != nil)
+		}
+	}
+	if st := lead.Status(); st.Retracted != 0 {
+		t.Fatalf("%d versions retracted", st.Retracted)
+	}
+	checkLedger(t, lead, ids)
+}

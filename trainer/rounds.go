@@ -519,7 +519,7 @@ func (t *Trainer) publish(ctx context.Context, cfg group.Config, cur group.Versi
 	}
 	// The voters fetch the round's signed deltas from the publisher to
 	// check the version before they certify it.
-	t.keepDeltas(hash, signed)
+	t.keepDeltas(r.Number, hash, signed)
 	err = t.group.propose(ctx, &group.Entry{Publish: &group.Publish{
 		Round: r.Number, Version: cur.Version + 1, Parent: cur.Version, Hash: hash, Publisher: t.self,
 		Contributors: contributors, Refused: refused, Evals: evals}})

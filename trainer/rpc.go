@@ -87,6 +87,8 @@ type request struct {
 	// Refuse, why a voter refuses the version instead.
 	VoterSet []byte `json:"voter_set,omitempty"`
 	Refuse   string `json:"refuse,omitempty"`
+	// Index is the log index that committed the version voted on (vote).
+	Index uint64 `json:"index,omitempty"`
 	// Size is the length of the payload that follows the line.
 	Size int64 `json:"size,omitempty"`
 }
@@ -306,7 +308,7 @@ func (t *Trainer) handle(ctx context.Context, from mesh.PeerID, req request, pay
 	case opTaskFile:
 		return t.serveTaskFile(req.Hash)
 	case opSubmissions:
-		return t.submissions(req.Hash)
+		return t.submissions(req.Round, req.Hash)
 	}
 	g := t.group
 	if g == nil || !g.inGroup() {

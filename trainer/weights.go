@@ -26,7 +26,7 @@ func (t *Trainer) shareVersion(ctx context.Context) {
 	if !ok || cur.Version == 0 || cur.Cert == nil || vs == nil || !bytes.Equal(cur.Cert.Voters, vs.Marshal()) || !exists(t.versionDir(cur.Version)) {
 		return
 	}
-	key := voteKey(cur.Hash, vs)
+	key := voteKey(cur, vs)
 	if t.sharedKey.Load() == key {
 		return
 	}
