@@ -38,8 +38,10 @@ type Report struct {
 	Poison []PoisonRun `json:"poison,omitempty"`
 	// Sweep: propagation over NAT shares and relay counts (Relays
 	// scenario).
-	Sweep      []SweepRow `json:"sweep,omitempty"`
-	Invariants Invariants `json:"invariants"`
+	Sweep []SweepRow `json:"sweep,omitempty"`
+	// Trust: the adversaries of the Trust scenario and what they did.
+	Trust      *TrustReport `json:"trust,omitempty"`
+	Invariants Invariants   `json:"invariants"`
 	// VirtualSeconds is the virtual time the run covered; Events the
 	// events the simulator ran.
 	VirtualSeconds float64 `json:"virtual_s"`
