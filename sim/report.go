@@ -669,6 +669,9 @@ func (r *Report) WriteTable(out io.Writer) error {
 		}
 		tw.Flush()
 	}
+	if t := r.Trust; t != nil {
+		writeTrust(f, &b, t)
+	}
 	if len(r.Sweep) > 0 {
 		f("\nNAT and relays\n")
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)

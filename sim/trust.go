@@ -5,9 +5,12 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
+	"text/tabwriter"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -622,4 +625,34 @@ func trustSweep(orig Options) ([]TrustSweepRow, float64, error) {
 		rows = append(rows, row)
 	}
 	return rows, absorbed, nil
+}
+
+// writeTrust prints the Trust scenario's figures.
+func writeTrust(f func(string, ...any), b io.Writer, t *TrustReport) {
+	f("\ntrust: %d voters, %d volunteers, spot checks of %.0f%% of the volunteers' deltas a round (at least one)\n", t.Voters, t.Volunteers, 100*t.SpotCheck)
+	f("rogue volunteers: %d; %d deltas re-executed, %d forged caught and dropped; rounds each handed a delta in until benched: %v (bound %d rounds at 99.9%%); honest volunteers benched: %d\n",
+		t.RogueVolunteers, t.SpotChecks, t.Caught, t.BenchedAfter, t.BenchBound, t.HonestBenched)
+	f("rogue voters: %d; %d forged versions, %d retracted, %d offers of them refused by devices, %d accepted; the last version %.1f s later than clean\n",
+		t.RogueVoters, t.Forged, t.Retracted, t.ForgedOffersRefused, t.ForgedAccepted, t.DelayS)
+	f("flood: %d flooders; %d announcements to trainers, %d taken, %d dropped over the bucket, %d past the pull queue; %d strikes, %d disconnections\n",
+		t.Flooders, t.Announced, t.Taken, t.Dropped, t.QueueDropped, t.Strikes, t.Disconnects)
+	f("honest ingest: median %s, 99%% %s (clean %s, %s): %s; versions' median 99%% reach %s (clean %s): %s; within %.1fx: %v\n",
+		secs(t.IngestMedianS), secs(t.Ingest99S), secs(t.CleanIngestMedianS), secs(t.CleanIngest99S), ratio(t.IngestRatio),
+		secs(t.MedianReach99S), secs(t.CleanMedianReach99S), ratio(t.ReachRatio), t.FloodBound, t.FloodWithin)
+	curve := func(x []float64) string {
+		var c []string
+		for _, s := range x {
+			c = append(c, fmt.Sprintf("%.2f", s))
+		}
+		return strings.Join(c, " ")
+	}
+	f("learning: %s (clean %s)\n", curve(t.Scores), curve(t.CleanScores))
+	f("\nrogue volunteers among %d trainers (%d voters), every defence on, %d seeds\n", sweepTrainers, sweepVoters, sweepSeeds)
+	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "rogue share\tfinal\tarea\tclean final\tclean area\tworst ratio\twithin 10%\tcaught\t")
+	for _, s := range t.Sweep {
+		fmt.Fprintf(tw, "%.0f%%\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%v\t%d of %d\t\n", 100*s.Share, s.Final, s.AUC, s.CleanFinal, s.CleanAUC, s.WorstRatio, s.Within, s.Caught, s.Rogues)
+	}
+	tw.Flush()
+	f("absorbed: up to %.0f%% of the trainers rogue volunteers, the learning curve within 10%% of the clean one's\n", 100*t.Absorbed)
 }
