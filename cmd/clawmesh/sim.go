@@ -97,7 +97,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlags("sim", simHelp, stderr)
 	var o sim.Options
 	fs.IntVar(&o.Nodes, "nodes", sim.DefaultNodes, "devices in the mesh")
-	fs.IntVar(&o.Trainers, "trainers", sim.DefaultTrainers, "trainer peers in the raft group (1-9)")
+	fs.IntVar(&o.Trainers, "trainers", sim.DefaultTrainers, "trainer peers in the raft group, 1-64: the first --voters vote, the others are volunteers (trust default: 6)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of every random draw")
 	fs.StringVar(&o.Scenario, "scenario", sim.Baseline, "baseline, churn, partition, relays, poison or trust")
 	fs.IntVar(&o.Voters, "voters", 0, "trainers that vote; the others are volunteers (default: all up to 5; trust: 3)")
