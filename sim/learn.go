@@ -233,8 +233,10 @@ func (l *learner) trainerDelta(dirs [][]float64, steps []int, malicious bool) []
 // part is one trainer's contribution to a round.
 type part struct {
 	from    string
+	trainer int
 	samples int
 	delta   []float32
+	forged  bool // a rogue volunteer's (trust scenario)
 }
 
 // aggregate combines a round's parts under def: the real

@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/clawmesh/clawmesh/trainer/group"
 )
 
 // Scenarios.
@@ -15,10 +17,11 @@ const (
 	Partition = "partition" // the network cut in two (the leader on the small side), then healed
 	Relays    = "relays"    // the baseline over a sweep of NAT shares and relay counts
 	Poison    = "poison"    // malicious contributors, the learning curve under each defence
+	Trust     = "trust"     // a rogue volunteer, a rogue voter below quorum, a flood of announcements
 )
 
 // Scenarios lists the scenarios, in the order help shows them.
-var Scenarios = []string{Baseline, Churn, Partition, Relays, Poison}
+var Scenarios = []string{Baseline, Churn, Partition, Relays, Poison, Trust}
 
 // ErrOptions is returned for options out of range.
 var ErrOptions = errors.New("sim: invalid options")
@@ -34,6 +37,12 @@ const (
 	DefaultDegree     = 8
 	DefaultRoundEvery = 3 * time.Minute
 	DefaultMalicious  = 0.1
+	// DefaultSpotCheck is the share of the volunteers' deltas a voter
+	// re-executes each round (at least one).
+	DefaultSpotCheck = 0.1
+	// The trust scenario's trainers: 3 voters and 3 volunteers.
+	trustTrainers = 6
+	trustVoters   = 3
 )
 
 // Options configure a run. The zero value of a field means its default.
@@ -43,8 +52,13 @@ type Options struct {
 	// Scenario is one of Scenarios (default Baseline).
 	Scenario string
 	// Nodes is the number of devices (default 1000); Trainers the number
-	// of trainer peers in the raft group (default 3).
+	// of trainer peers in the raft group (default 3; Trust's default is 6).
 	Nodes, Trainers int
+	// Voters is how many of the trainers are voters: they vote in raft
+	// and certify versions; the others are volunteers, which train shares
+	// and never vote (default all of them up to group.MaxVoters; Trust's
+	// default is 3).
+	Voters int
 	// Versions is how many adapter versions the trainers publish before
 	// they stop (default 5; Poison's default is 10).
 	Versions int
@@ -78,6 +92,17 @@ type Options struct {
 	// there are at least 3 trainers).
 	Malicious         float64
 	MaliciousTrainers int
+	// The Trust scenario's adversaries (see the package documentation).
+	// RogueVolunteers is the number of volunteers whose deltas are forged
+	// (default 1); RogueVoters the number of voters that vote for forged
+	// versions and against honest ones, the first of them the first
+	// leader (default 1; fewer than a quorum); Flooders the number of
+	// devices announcing far beyond their token bucket (default 1).
+	// Negative means none. SpotCheck is the share of the volunteers'
+	// deltas a voter re-executes each round, at least one (default 0.1;
+	// negative means none).
+	RogueVolunteers, RogueVoters, Flooders int
+	SpotCheck                              float64
 }
 
 // WithDefaults returns o with zero fields set to their defaults. A
@@ -92,6 +117,29 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.Trainers == 0 {
 		o.Trainers = DefaultTrainers
+		if o.Scenario == Trust {
+			o.Trainers = trustTrainers
+		}
+	}
+	if o.Voters == 0 {
+		o.Voters = min(o.Trainers, group.MaxVoters)
+		if o.Scenario == Trust {
+			o.Voters = min(o.Trainers, trustVoters)
+		}
+	}
+	if o.SpotCheck == 0 {
+		o.SpotCheck = DefaultSpotCheck
+	}
+	if o.Scenario == Trust {
+		if o.RogueVolunteers == 0 && o.Trainers > o.Voters {
+			o.RogueVolunteers = 1
+		}
+		if o.RogueVoters == 0 && o.Voters >= 3 {
+			o.RogueVoters = 1
+		}
+		if o.Flooders == 0 {
+			o.Flooders = 1
+		}
 	}
 	if o.Versions == 0 {
 		o.Versions = DefaultVersions
@@ -140,8 +188,18 @@ func (o Options) Validate() error {
 		return bad("unknown scenario %q (want one of %v)", d.Scenario, Scenarios)
 	case d.Nodes < 4 || d.Nodes > 100_000:
 		return bad("nodes %d outside [4, 100000]", d.Nodes)
-	case d.Trainers < 1 || d.Trainers > 9:
-		return bad("trainers %d outside [1, 9]", d.Trainers)
+	case d.Trainers < 1 || d.Trainers > 64:
+		return bad("trainers %d outside [1, 64]", d.Trainers)
+	case d.Voters < 1 || d.Voters > min(d.Trainers, group.MaxVoters):
+		return bad("voters %d outside [1, %d]", d.Voters, min(d.Trainers, group.MaxVoters))
+	case d.RogueVolunteers > d.Trainers-d.Voters:
+		return bad("%d rogue volunteers of %d volunteers", d.RogueVolunteers, d.Trainers-d.Voters)
+	case d.RogueVoters > 0 && d.Voters-d.RogueVoters < d.Voters/2+1:
+		return bad("%d rogue voters of %d: the others must make a quorum", d.RogueVoters, d.Voters)
+	case d.Flooders > d.Nodes/4:
+		return bad("%d flooders of %d devices: at most a quarter", d.Flooders, d.Nodes)
+	case d.SpotCheck > 1 || math.IsNaN(d.SpotCheck):
+		return bad("spot-check share %v outside [0, 1]", o.SpotCheck)
 	case d.Versions < 1 || d.Versions > 1000:
 		return bad("versions %d outside [1, 1000]", d.Versions)
 	case d.BundleMiB < 1 || d.BundleMiB > 1024:

@@ -103,7 +103,7 @@ func (w *world) leaderNode() int {
 	return w.trainers[w.leader].n.id
 }
 
-func (w *world) voters() []*trainerPeer { return w.trainers[:min(len(w.trainers), group.MaxVoters)] }
+func (w *world) voters() []*trainerPeer { return w.trainers[:w.o.Voters] }
 
 func (w *world) quorum() int { return len(w.voters())/2 + 1 }
 
@@ -114,7 +114,7 @@ func (w *world) reachable(t *trainerPeer) []*trainerPeer {
 		return nil
 	}
 	for _, v := range w.voters() {
-		if v == t || w.reach(t.n, v.n) {
+		if v == t || w.reach(t.n, v.n) && w.answers(t, v) {
 			out = append(out, v)
 		}
 	}
@@ -320,6 +320,7 @@ func (w *world) scheduleElection() {
 			w.term++
 			w.leader = t.i
 			w.round = nil
+			w.elected(t)
 			if w.failing != nil {
 				w.failing.Elected = seconds(w.now)
 			}
@@ -358,6 +359,10 @@ func (w *world) lead(l *trainerPeer) {
 		w.bootstrap(l)
 		return
 	}
+	// A version no quorum certified is retracted first.
+	if w.retractUncertified(l) {
+		return
+	}
 	// Intake: the announced batches the ledger lacks.
 	var add []group.BatchRef
 	for _, r := range l.buf {
@@ -367,7 +372,15 @@ func (w *world) lead(l *trainerPeer) {
 	}
 	l.buf = slices.DeleteFunc(l.buf, func(r group.BatchRef) bool { _, ok := st.Batches[r.ID]; return ok })
 	if len(add) > 0 {
-		w.propose(&group.Entry{Add: add}, nil)
+		var then func(error, uint64, uint64)
+		if w.trust != nil {
+			then = func(err error, _, _ uint64) {
+				if err == nil {
+					w.ingestedBatches(add)
+				}
+			}
+		}
+		w.propose(&group.Entry{Add: add}, then)
 	}
 	if st.Round != nil {
 		r := w.round
@@ -388,7 +401,7 @@ func (w *world) lead(l *trainerPeer) {
 	}
 	var live []mesh.PeerID
 	for _, t := range w.trainers {
-		if t == l || w.reach(l.n, t.n) {
+		if (t == l || w.reach(l.n, t.n)) && !w.benched(t) {
 			live = append(live, t.n.pid)
 		}
 	}
@@ -495,7 +508,8 @@ func (w *world) train(t *trainerPeer, wk *work) {
 			steps[k] = b.steps
 			w.trainedTimes[id]++
 		}
-		p := part{from: string(t.n.pid), samples: samples, delta: w.learn.trainerDelta(dirs, steps, t.malicious)}
+		p := part{from: string(t.n.pid), trainer: t.i, samples: samples, delta: w.learn.trainerDelta(dirs, steps, t.malicious)}
+		p.delta, p.forged = w.forgeDelta(t, p.delta)
 		c := group.Contribution{Trainer: t.n.pid, Batches: wk.ok, Samples: samples, Norm: norm(p.delta), Clipped: norm(p.delta), Seconds: dur.Seconds()}
 		li := w.leader
 		if li < 0 {
@@ -522,6 +536,9 @@ func (w *world) train(t *trainerPeer, wk *work) {
 			if samples > 0 {
 				r.parts = append(r.parts, p)
 				r.contrib = append(r.contrib, c)
+				if w.trust != nil {
+					w.trust.contributed[t.i]++
+				}
 			}
 			if len(r.from) == r.expect {
 				w.closeRound(l)
@@ -561,17 +578,46 @@ func (w *world) closeRound(l *trainerPeer) {
 	for k, i := range idx {
 		parts[k], contrib[k] = r.parts[i], r.contrib[i]
 	}
+	parts, contrib, cost := w.spotCheck(r.number, parts, contrib)
+	if cost == 0 {
+		w.publishRound(l, r, parts, contrib)
+		return
+	}
+	w.after(cost, func() {
+		if w.leader == l.i && w.round == r && l.st.Round != nil && l.st.Round.Number == r.number {
+			w.publishRound(l, r, parts, contrib)
+		}
+	})
+}
+
+// publishRound aggregates the round's deltas and commits the version.
+func (w *world) publishRound(l *trainerPeer, r *roundRun, parts []part, contrib []group.Contribution) {
+	st := l.st
+	if len(parts) == 0 {
+		refused := r.refused
+		w.propose(&group.Entry{Abort: &group.Abort{Round: r.number, Reason: "no delta"}}, func(err error, _, _ uint64) {
+			w.round = nil
+			if err == nil && len(refused) > 0 {
+				w.propose(&group.Entry{Refuse: refused}, nil)
+			}
+		})
+		return
+	}
 	base := st.Round.Base
 	d, err := aggregate(parts, w.learn.hashes[base], w.def)
 	if err != nil {
 		w.fail("%v", err)
 		return
 	}
+	forged := w.forgeVersion(l, d)
 	vec := make([]float32, dim)
 	for i := range vec {
 		vec[i] = w.learn.vectors[base][i] + d[i]
 	}
 	hash := hashOf(uint64(len(w.learn.vectors)), vec)
+	if forged {
+		w.trust.forged[hash] = true
+	}
 	pub := &group.Publish{Round: r.number, Version: base + 1, Parent: base, Hash: hash, Publisher: l.n.pid, Contributors: contrib, Refused: r.refused}
 	w.propose(&group.Entry{Publish: pub}, func(err error, term, index uint64) {
 		w.round = nil

@@ -38,8 +38,10 @@ type Report struct {
 	Poison []PoisonRun `json:"poison,omitempty"`
 	// Sweep: propagation over NAT shares and relay counts (Relays
 	// scenario).
-	Sweep      []SweepRow `json:"sweep,omitempty"`
-	Invariants Invariants `json:"invariants"`
+	Sweep []SweepRow `json:"sweep,omitempty"`
+	// Trust: the adversaries of the Trust scenario and what they did.
+	Trust      *TrustReport `json:"trust,omitempty"`
+	Invariants Invariants   `json:"invariants"`
 	// VirtualSeconds is the virtual time the run covered; Events the
 	// events the simulator ran.
 	VirtualSeconds float64 `json:"virtual_s"`
@@ -666,6 +668,9 @@ func (r *Report) WriteTable(out io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%.0f%%\t%.3f\t%d\t%d\t%s\t\n", p.Defences, 100*p.Malicious, p.Final, p.Refused, p.IntakeRefused, strings.Join(c, " "))
 		}
 		tw.Flush()
+	}
+	if t := r.Trust; t != nil {
+		writeTrust(f, &b, t)
 	}
 	if len(r.Sweep) > 0 {
 		f("\nNAT and relays\n")

@@ -35,6 +35,10 @@ func Run(o Options) (*Report, error) {
 			}
 		}
 		r.Poison = append(r.Poison, w.poisonRun())
+	case Trust:
+		if err := runTrust(orig, w, r); err != nil {
+			return nil, err
+		}
 	case Relays:
 		for _, c := range []struct {
 			nat    float64

@@ -32,6 +32,8 @@ type batchInfo struct {
 	kind  int
 	steps int
 	bytes int
+	at    time.Duration // when it was shipped
+	flood bool          // one of a flooding device's
 }
 
 // world is one run.
@@ -84,6 +86,7 @@ type world struct {
 	lastStart time.Duration
 	onStart   func(round uint64)
 	learn     *learner
+	trust     *trust // the trust scenario's adversaries (nil: none)
 
 	// Batches.
 	batches      map[core.BatchID]*batchInfo
@@ -130,6 +133,9 @@ func newWorld(o Options, def Defences) (*world, error) {
 	if err := w.setupVoters(); err != nil {
 		return nil, err
 	}
+	if o.Scenario == Trust {
+		w.setupTrust()
+	}
 	for _, t := range w.trainers {
 		w.followAgain(t)
 	}
@@ -173,6 +179,10 @@ func (w *world) run() {
 		w.scheduleChurn()
 	case Partition:
 		w.schedulePartition()
+	case Trust:
+		if len(w.trust.flooders) > 0 {
+			w.at(0, w.flood)
+		}
 	}
 	w.at(time.Second, w.watch)
 	for !w.done && w.step(o.Duration) {
@@ -228,7 +238,7 @@ func (w *world) makeBatch(i int) {
 	h := sha256.New()
 	binary.Write(h, binary.LittleEndian, [3]uint64{w.o.Seed, uint64(i), uint64(len(w.batches))})
 	id := core.BatchID(hex.EncodeToString(h.Sum(nil)))
-	w.batches[id] = &batchInfo{from: i, kind: kind, steps: steps, bytes: size}
+	w.batches[id] = &batchInfo{from: i, kind: kind, steps: steps, bytes: size, at: w.now}
 	w.made[kind]++
 	if kind == oversized || kind == malformed {
 		// The trainers' intake refuses it: too large, or it does not decode.
@@ -274,6 +284,10 @@ func (w *world) publishVersion(l *trainerPeer, v uint64) {
 		m.ParentHash = parent.Hash
 	}
 	if !w.certify(l, m) {
+		if w.trust != nil {
+			w.uncertified(l, m)
+			return
+		}
 		w.fail("v%d committed without the votes of a quorum of the voters", v)
 		return
 	}

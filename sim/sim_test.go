@@ -497,7 +497,7 @@ func TestRelaysSweep(t *testing.T) {
 
 func TestOptionsValidate(t *testing.T) {
 	for _, o := range []Options{
-		{Scenario: "storm"}, {Nodes: 2}, {Trainers: 10}, {NATShare: 1.5}, {Malicious: 0.6},
+		{Scenario: "storm"}, {Nodes: 2}, {Trainers: 65}, {Voters: 6}, {Trainers: 3, Voters: 4}, {Scenario: Trust, RogueVoters: 2}, {Scenario: Trust, RogueVolunteers: 4}, {SpotCheck: 1.5}, {NATShare: 1.5}, {Malicious: 0.6},
 		{Duration: 1}, {Nodes: 10, Relays: 6}, {Trainers: 2, MaliciousTrainers: 1}, {HolePunch: 1.01}, {HolePunch: math.NaN()},
 	} {
 		if err := o.Validate(); err == nil {

@@ -75,6 +75,7 @@ func (w *world) handleOffer(b int, data []byte) bool {
 		if l := p.last; l != nil && m.Version > l.Version && (m.Index <= l.Index || m.Term < l.Term) {
 			w.fail("%s accepted v%d (term %d, index %d) after v%d (term %d, index %d)", w.nodes[b].pid, m.Version, m.Term, m.Index, l.Version, l.Term, l.Index)
 		}
+		w.accepted(b, m)
 		p.last = m
 		w.startFetch(b, m)
 	}

@@ -176,7 +176,7 @@ func (w *world) certify(l *trainerPeer, m *chunks.Manifest) bool {
 	var votes []chunks.Vote
 	for _, t := range w.reachable(l) {
 		ver, ok := t.st.Version(m.Version)
-		if !ok || ver.Hash != m.AdapterHash || ver.Term != m.Term || ver.Index != m.Index {
+		if !ok || ver.Hash != m.AdapterHash || ver.Term != m.Term || ver.Index != m.Index || !w.votes(t, m) {
 			continue
 		}
 		v, err := m.VoteFor(w.peers[t.n.id].key, string(t.n.pid), w.voterSet)

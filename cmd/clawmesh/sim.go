@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,7 +15,7 @@ import (
 	"github.com/clawmesh/clawmesh/sim"
 )
 
-const simHelp = `Usage: clawmesh sim [--nodes N] [--trainers N] [--seed N] [--scenario NAME] [--hole-punch S] [--json] [--plot DIR]
+const simHelp = `Usage: clawmesh sim [--nodes N] [--trainers N] [--voters N] [--seed N] [--scenario NAME] [--hole-punch S] [--spot-check S] [--json] [--plot DIR]
 
 Simulates the mesh at scale in one process, in virtual time: devices on
 home-network links (some behind NAT: two NAT devices meet through a relay,
@@ -45,6 +46,16 @@ Scenarios (--scenario):
              batches), one trainer returns a huge delta; the learning curve
              with no defence, each defence alone, and all of them, against
              a clean run
+  trust      volunteers (trainers that do not vote) and voters (6 trainers,
+             3 of them voters): one volunteer forges its deltas, caught by
+             spot checks (--spot-check of the volunteers' deltas re-executed
+             a round, at least one) and benched; one voter below quorum
+             leads first and publishes a forged version, which the honest
+             voters refuse and the next leader retracts; one device floods
+             announcements far past its token bucket; against the same run
+             clean, and a sweep of the share of rogue volunteers among 10
+             trainers (3 seeds, at most 200 devices): the largest share
+             whose learning curve stays within 10% of the clean one's
 
 Figures:
   50%/95%/99%   seconds from a version's publication until that share of the
@@ -73,6 +84,11 @@ Figures:
                 round, refused (stale, verify, unreadable, revoked)
   failover      from a fault to the new leader's first commit
   bytes         chunk bytes each device uploaded per version
+  absorbed      trust: the largest share of rogue volunteers among the
+                trainers for which, on every seed, the final score and the
+                area under the curve stay within 10% of the clean run's
+  ingest        trust: seconds from an honest batch's shipping to the
+                leader's ledger, against the clean run's
   invariants    checked at the end of every run; a violation is printed, and
                 the command exits with status 1
 `
@@ -81,9 +97,14 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlags("sim", simHelp, stderr)
 	var o sim.Options
 	fs.IntVar(&o.Nodes, "nodes", sim.DefaultNodes, "devices in the mesh")
-	fs.IntVar(&o.Trainers, "trainers", sim.DefaultTrainers, "trainer peers in the raft group (1-9)")
+	fs.IntVar(&o.Trainers, "trainers", sim.DefaultTrainers, "trainer peers in the raft group, 1-64: the first --voters vote, the others are volunteers (trust default: 6)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of every random draw")
-	fs.StringVar(&o.Scenario, "scenario", sim.Baseline, "baseline, churn, partition, relays or poison")
+	fs.StringVar(&o.Scenario, "scenario", sim.Baseline, "baseline, churn, partition, relays, poison or trust")
+	fs.IntVar(&o.Voters, "voters", 0, "trainers that vote; the others are volunteers (default: all up to 5; trust: 3)")
+	rogueVol := fs.Int("rogue-volunteers", -1, "volunteers forging their deltas (trust; -1: one)")
+	rogueVoters := fs.Int("rogue-voters", -1, "voters voting for forged versions, fewer than a quorum (trust; -1: one with 3 voters or more)")
+	flooders := fs.Int("flooders", -1, "devices flooding announcements (trust; -1: one)")
+	fs.Float64Var(&o.SpotCheck, "spot-check", sim.DefaultSpotCheck, "share of the volunteers' deltas a voter re-executes each round, at least one, 0-1 (trust)")
 	fs.IntVar(&o.Versions, "versions", 0, "adapter versions the trainers publish (default 5, poison 10)")
 	fs.Float64Var(&o.Malicious, "malicious", sim.DefaultMalicious, "fraction of malicious devices (poison)")
 	malTrainers := fs.Int("malicious-trainers", -1, "trainers returning a huge delta (poison; -1: one when there are 3 trainers or more)")
@@ -124,6 +145,34 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		o.MaliciousTrainers = *malTrainers
 	case *malTrainers < -1:
 		return usageErr("--malicious-trainers %d: at least 0", *malTrainers)
+	}
+	// --trainers left unset: the scenario's default.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["trainers"] && o.Scenario == sim.Trust {
+		o.Trainers = 0
+	}
+	for _, c := range []struct {
+		name string
+		v    int
+		to   *int
+	}{{"rogue-volunteers", *rogueVol, &o.RogueVolunteers}, {"rogue-voters", *rogueVoters, &o.RogueVoters}, {"flooders", *flooders, &o.Flooders}} {
+		switch {
+		case c.v == 0:
+			*c.to = -1 // none
+		case c.v > 0:
+			*c.to = c.v
+		case c.v < -1:
+			return usageErr("--%s %d: at least 0", c.name, c.v)
+		}
+	}
+	switch {
+	case o.Voters < 0:
+		return usageErr("--voters %d: at least 1", o.Voters)
+	case !(o.SpotCheck >= 0 && o.SpotCheck <= 1):
+		return usageErr("--spot-check %v: a share in [0, 1]", o.SpotCheck)
+	case o.SpotCheck == 0:
+		o.SpotCheck = -1 // none
 	}
 	if o.NATShare == 0 {
 		o.NATShare = -1 // --nat 0 means none

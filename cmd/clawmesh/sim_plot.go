@@ -82,7 +82,10 @@ func plotSim(r *sim.Report, dir string) ([]string, error) {
 		p.Add(plotter.NewGrid())
 		curves := r.Poison
 		if len(curves) == 0 {
-			curves = []sim.PoisonRun{{Defences: "this run", Scores: r.Learning}}
+			curves = []sim.PoisonRun{{Defences: "this run", Scores: r.Learning, Final: last(r.Learning)}}
+		}
+		if t := r.Trust; t != nil {
+			curves = append(curves, sim.PoisonRun{Defences: "clean", Scores: t.CleanScores, Final: last(t.CleanScores)})
 		}
 		for i, c := range curves {
 			pts := make(plotter.XYs, len(c.Scores))
@@ -138,5 +141,46 @@ func plotSim(r *sim.Report, dir string) ([]string, error) {
 		}
 		out = append(out, path)
 	}
+	if t := r.Trust; t != nil && len(t.Sweep) > 0 {
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("clawmesh sim trust (seed %d): rogue volunteers absorbed up to %.0f%%", r.Seed, 100*t.Absorbed)
+		p.X.Label.Text = "rogue volunteers among the trainers (%)"
+		p.Y.Label.Text = "worst seed's final and area / clean"
+		p.Y.Min, p.Y.Max = 0, 1.05
+		p.Add(plotter.NewGrid())
+		pts := make(plotter.XYs, len(t.Sweep))
+		for i, s := range t.Sweep {
+			pts[i] = plotter.XY{X: 100 * s.Share, Y: max(s.WorstRatio, 0)}
+		}
+		line, points, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return nil, err
+		}
+		line.Color, points.Color = simColors[0], simColors[0]
+		points.Shape = draw.CircleGlyph{}
+		limit, err := plotter.NewLine(plotter.XYs{{X: 0, Y: 0.9}, {X: 100 * t.Sweep[len(t.Sweep)-1].Share, Y: 0.9}})
+		if err != nil {
+			return nil, err
+		}
+		limit.Color = simColors[1%len(simColors)]
+		limit.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
+		p.Add(line, points, limit)
+		p.Legend.Add("worst ratio to clean", line, points)
+		p.Legend.Add("within 10%", limit)
+		p.Legend.Top, p.Legend.Left = false, true
+		path := filepath.Join(dir, "sim-trust-absorbed.png")
+		if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
+			return nil, err
+		}
+		out = append(out, path)
+	}
 	return out, nil
+}
+
+// last is the last of xs, 0 if none.
+func last(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	return xs[len(xs)-1]
 }

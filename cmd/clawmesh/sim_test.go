@@ -102,3 +102,45 @@ func TestSimBadInput(t *testing.T) {
 		t.Errorf("sim --help: code %d\n%s", code, out)
 	}
 }
+
+func TestSimTrust(t *testing.T) {
+	args := []string{"sim", "--scenario", "trust", "--nodes", "40", "--versions", "2", "--seed", "3"}
+	out, errs, code := runCLI(t, append(args, "--json")...)
+	if code != 0 {
+		t.Fatalf("code %d: %s", code, errs)
+	}
+	var r struct {
+		Trainers int `json:"trainers"`
+		Trust    *struct {
+			Voters         int     `json:"voters"`
+			Volunteers     int     `json:"volunteers"`
+			Retracted      int     `json:"retracted"`
+			ForgedAccepted int     `json:"forged_accepted"`
+			Disconnects    int     `json:"disconnects"`
+			Absorbed       float64 `json:"absorbed_share"`
+			Sweep          []struct {
+				Share float64 `json:"share"`
+			} `json:"sweep"`
+		} `json:"trust"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	if tr := r.Trust; r.Trainers != 6 || tr == nil || tr.Voters != 3 || tr.Volunteers != 3 || tr.Retracted == 0 || tr.ForgedAccepted != 0 || tr.Disconnects == 0 || len(tr.Sweep) != 6 {
+		t.Errorf("trust report: %d trainers, %+v", r.Trainers, tr)
+	}
+	dir := filepath.Join(t.TempDir(), "out")
+	table, errs, code := runCLI(t, append(args, "--rogue-voters", "0", "--flooders", "0", "--plot", dir)...)
+	if code != 0 || !strings.Contains(table, "absorbed: up to") || !strings.Contains(table, "rogue voters: 0; 0 forged versions") {
+		t.Errorf("code %d: %s\n%s", code, errs, table)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "sim-trust-absorbed.png")); err != nil || len(b) < 8 || string(b[1:4]) != "PNG" {
+		t.Errorf("sim-trust-absorbed.png: %v", err)
+	}
+	for _, bad := range [][]string{{"--spot-check", "1.5"}, {"--voters", "6"}, {"--rogue-voters", "2"}, {"--rogue-volunteers", "4"}, {"--flooders", "-3"}} {
+		_, errs, code := runCLI(t, append([]string{"sim", "--scenario", "trust", "--nodes", "40"}, bad...)...)
+		if code == 0 || errs == "" || strings.Contains(errs, "main.") {
+			t.Errorf("%v: code %d, %q", bad, code, errs)
+		}
+	}
+}
