@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -400,10 +401,55 @@ func (t *Trainer) checkVersion(ctx context.Context, v group.Version) (*chunks.Ma
 		return nil, err
 	}
 	if hash != v.Hash {
-		return nil, fmt.Errorf("%w: %s is %s, its round's deltas make %s", errMismatch, v.Name(), short(v.Hash), short(hash))
+		// Float arithmetic may round differently on another machine (a
+		// fused multiply-add on arm64): the committed bundle is taken if
+		// every weight is within recomputeTolerance of the recomputed one.
+		committed, err := t.ensureVersion(ctx, v)
+		if err != nil {
+			return nil, err
+		}
+		cb, err := adapter.Read(committed)
+		if err != nil {
+			return nil, err
+		}
+		if d, ok := bundleDiff(cb, child); !ok || d > recomputeTolerance {
+			return nil, fmt.Errorf("%w: %s is %s, its round's deltas make %s (largest difference %g)", errMismatch, v.Name(), short(v.Hash), short(hash), d)
+		}
+		dir = committed
 	}
 	m, _, err := t.versionManifest(v, dir)
 	return m, err
+}
+
+// recomputeTolerance is the largest difference of a weight a voter
+// accepts between the committed version and its own recomputation: float32
+// rounding differences of one aggregation (a few units in the last place
+// of weights of order 0.01–1) are far below it, and a change of this size
+// moves nothing a user would see.
+const recomputeTolerance = 1e-5
+
+// bundleDiff is the largest absolute difference between a's weights and
+// b's; ok is false when their configurations or tensors' names and shapes
+// differ.
+func bundleDiff(a, b *adapter.Bundle) (float64, bool) {
+	if !bytes.Equal(a.Config, b.Config) || len(a.Tensors) != len(b.Tensors) {
+		return math.Inf(1), false
+	}
+	var d float64
+	for i, ta := range a.Tensors {
+		tb := b.Tensors[i]
+		if ta.Name != tb.Name || !slices.Equal(ta.Shape, tb.Shape) || len(ta.Data) != len(tb.Data) {
+			return math.Inf(1), false
+		}
+		for j, x := range ta.Data {
+			y := tb.Data[j]
+			if x != x || y != y { // NaN
+				return math.Inf(1), false
+			}
+			d = max(d, math.Abs(float64(x)-float64(y)))
+		}
+	}
+	return d, true
 }
 
 var (

@@ -220,3 +220,42 @@ func TestSameBundleVersionsCertified(t *testing.T) {
 	}
 	checkLedger(t, lead, ids)
 }
+
+// A version that differs from a voter's recomputation by rounding alone
+// (as float arithmetic on another machine may) is certified; one that
+// differs by more is not (TestRogueLeadersVersionRetracted).
+func TestRoundingDifferenceCertified(t *testing.T) {
+	c := newTestCluster(t, 3)
+	ctx := context.Background()
+	var nudged atomic.Int32
+	for i := range c.Len() {
+		c.Trainer(i).SetTamper(func(dir string) {
+			b, err := adapter.Read(dir)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			b.Tensors[0].Data[0] += 2e-6
+			os.RemoveAll(dir)
+			if err := b.Write(dir); err != nil {
+				t.Error(err)
+			}
+			nudged.Add(1)
+		})
+	}
+	ids := shipBatches(t, c, 4, 700)
+	if err := c.WaitUntil(ctx, clusterWait, "every batch trained into certified versions", func() bool {
+		i, ok := c.Leader()
+		if !ok {
+			return false
+		}
+		st := c.Trainer(i).Status()
+		return st.Batches.Trained == len(ids) && st.Round == nil && st.Certified
+	}); err != nil {
+		t.Fatal(err)
+	}
+	i, _ := c.Leader()
+	if st := c.Trainer(i).Status(); st.Retracted != 0 || nudged.Load() == 0 {
+		t.Fatalf("%d versions retracted, %d nudged", st.Retracted, nudged.Load())
+	}
+}
