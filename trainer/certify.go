@@ -512,6 +512,15 @@ func (t *Trainer) certifyOnce(ctx context.Context) {
 			t.cert.refused[vk] = err.Error()
 			t.cert.mu.Unlock()
 			why, refused = err.Error(), true
+			if errors.Is(err, errMismatch) && v.Publisher != t.self && v.Publisher == leader {
+				// A leader that publishes what its round did not make is
+				// not followed: this voter stops answering it, so that
+				// with the other honest voters it loses its quorum and a
+				// new leader retracts the version.
+				t.cutOff.Store(v.Publisher, time.Now().Add(t.timing.CertifyWait))
+				t.host.Disconnect(v.Publisher) // raft's streams to it close; new ones are refused
+				t.log.Warn("the leader that published it is cut off", "leader", v.Publisher, "for", t.timing.CertifyWait)
+			}
 		default:
 			t.log.Info("version not checked yet", "version", v.Name(), "err", err)
 			return
@@ -649,6 +658,9 @@ func cmpPeer(a, b mesh.PeerID) int {
 
 // retract takes back the newest version, uncertified (leader only).
 func (t *Trainer) retract(ctx context.Context, v group.Version, why string) error {
+	if t.noRetract.Load() {
+		return nil
+	}
 	if err := t.group.propose(ctx, &group.Entry{Retract: &group.Retract{Version: v.Version, Hash: v.Hash, Reason: why}}); err != nil {
 		return err
 	}

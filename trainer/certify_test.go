@@ -259,3 +259,46 @@ func TestRoundingDifferenceCertified(t *testing.T) {
 		t.Fatalf("%d versions retracted, %d nudged", st.Retracted, nudged.Load())
 	}
 }
+
+// A rogue leader publishes a version its round did not make and never
+// retracts it: the honest voters, refusing it, stop answering that leader,
+// which loses its quorum; the new leader they elect retracts the version,
+// and the batches are trained again into certified versions.
+func TestRogueLeaderDeposed(t *testing.T) {
+	c := newTestCluster(t, 3)
+	ctx := context.Background()
+	rogue, _ := c.Leader()
+	rogueID := c.Trainer(rogue).ID()
+	c.Trainer(rogue).SetNoRetract(true)
+	c.Trainer(rogue).SetTamper(func(dir string) {
+		b, err := adapter.Read(dir)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		b.Tensors[0].Data[0] += 0.5
+		os.RemoveAll(dir)
+		if err := b.Write(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	ids := shipBatches(t, c, 4, 800)
+	if err := c.WaitUntil(ctx, clusterWait, "an honest leader with every batch trained into certified versions", func() bool {
+		i, ok := c.Leader()
+		if !ok || i == rogue {
+			return false
+		}
+		st := c.Trainer(i).Status()
+		return st.Retracted > 0 && st.Batches.Trained == len(ids) && st.Round == nil && st.Certified
+	}); err != nil {
+		t.Fatal(err)
+	}
+	i, _ := c.Leader()
+	lead := c.Trainer(i)
+	checkLedger(t, lead, ids)
+	for _, v := range lead.Lineage()[1:] {
+		if v.Cert == nil || v.Publisher == rogueID {
+			t.Fatalf("%s in the lineage: certified %v, published by the rogue %v", v.Name(), v.Cert != nil, v.Publisher == rogueID)
+		}
+	}
+}

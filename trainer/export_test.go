@@ -99,6 +99,10 @@ func (t *Trainer) Declare(ctx context.Context, engine, device string) error {
 	return err
 }
 
+// SetNoRetract keeps the trainer, when it leads, from retracting any
+// version: with SetTamper, a rogue leader.
+func (t *Trainer) SetNoRetract(on bool) { t.noRetract.Store(on) }
+
 // SetSpotCheck sets the share of the volunteers' deltas the trainer
 // retrains when it leads.
 func (t *Trainer) SetSpotCheck(rate float64) { t.spotBits.Store(math.Float64bits(rate)) }

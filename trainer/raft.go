@@ -143,6 +143,12 @@ func (t *Trainer) isTrainerPeer(p mesh.PeerID) bool {
 	if t.isolated.Load() || t.mesh.Blocked(p) {
 		return false
 	}
+	if until, ok := t.cutOff.Load(p); ok {
+		if time.Now().Before(until.(time.Time)) {
+			return false
+		}
+		t.cutOff.Delete(p)
+	}
 	if pr, ok := t.mesh.Peer(p); ok {
 		if pr.Cert == nil || pr.Cert.Role() != member.RoleTrainer {
 			return false

@@ -210,9 +210,16 @@ type Trainer struct {
 	// declared, in tests, is the engine and device the trainer says it
 	// trains with instead of its own: a lying registration.
 	declared atomic.Pointer[[2]string]
-	isolated atomic.Bool
-	fenced   atomic.Int64 // publications the group refused
-	known    sync.Map     // mesh.PeerID → true: trainers admitted once
+	// noRetract, in tests, keeps the trainer from retracting a version
+	// when it leads: a rogue leader.
+	noRetract atomic.Bool
+	isolated  atomic.Bool
+	// cutOff holds the trainers this voter stopped answering, and until
+	// when (mesh.PeerID → time.Time): a leader that published a version
+	// its round's deltas do not make.
+	cutOff sync.Map
+	fenced atomic.Int64 // publications the group refused
+	known  sync.Map     // mesh.PeerID → true: trainers admitted once
 
 	// weights serves committed versions to the devices (nil on a
 	// simulated network, or when Config.Weights is "off"); key signs
