@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -638,22 +639,12 @@ func (n *raftMember) takeVote(ctx context.Context, from mesh.PeerID, req request
 	if len(votes) < vs.Quorum() {
 		return nil
 	}
-	slices.SortFunc(votes, func(a, b group.Vote) int { return cmpPeer(a.Peer, b.Peer) })
+	slices.SortFunc(votes, func(a, b group.Vote) int { return cmp.Compare(a.Peer, b.Peer) })
 	if err := n.propose(ctx, &group.Entry{Certify: &group.Certify{Version: v.Version, Hash: v.Hash, Voters: vs.Marshal(), Votes: votes}}); err != nil {
 		return err
 	}
 	t.log.Info("version certified", "version", v.Name(), "hash", core.ShortHash(v.Hash), "votes", len(votes), "voters", vs.Len(), "voter_set", vs.Seq())
 	return nil
-}
-
-func cmpPeer(a, b mesh.PeerID) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // retract takes back the newest version, uncertified (leader only).

@@ -108,6 +108,27 @@ func TestVersionsCertifiedByVoters(t *testing.T) {
 	}
 }
 
+// nudgeFirstWeight returns a tamper hook that adds by to the first weight
+// of the bundle in dir. It counts its calls in calls and, with first > 0,
+// nudges only the first first of them.
+func nudgeFirstWeight(t *testing.T, by float32, calls *atomic.Int32, first int32) func(dir string) {
+	return func(dir string) {
+		if c := calls.Add(1); first > 0 && c > first {
+			return
+		}
+		b, err := adapter.Read(dir)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		b.Tensors[0].Data[0] += by
+		os.RemoveAll(dir)
+		if err := b.Write(dir); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 // A rogue leader publishes a version that is not what its round's deltas
 // make: the voters, recomputing it, refuse it; it is retracted, never
 // shared, and its batches are trained again into a version they certify.
@@ -116,21 +137,7 @@ func TestRogueLeadersVersionRetracted(t *testing.T) {
 	ctx := context.Background()
 	var tampered atomic.Int32
 	for i := range c.Len() {
-		c.Trainer(i).SetTamper(func(dir string) {
-			if tampered.Add(1) > 1 {
-				return // only the first version is forged
-			}
-			b, err := adapter.Read(dir)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			b.Tensors[0].Data[0] += 0.5
-			os.RemoveAll(dir)
-			if err := b.Write(dir); err != nil {
-				t.Error(err)
-			}
-		})
+		c.Trainer(i).SetTamper(nudgeFirstWeight(t, 0.5, &tampered, 1)) // only the first version is forged
 	}
 	ids := shipBatches(t, c, 4, 200)
 	var retracted []group.Retracted
@@ -229,19 +236,7 @@ func TestRoundingDifferenceCertified(t *testing.T) {
 	ctx := context.Background()
 	var nudged atomic.Int32
 	for i := range c.Len() {
-		c.Trainer(i).SetTamper(func(dir string) {
-			b, err := adapter.Read(dir)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			b.Tensors[0].Data[0] += 2e-6
-			os.RemoveAll(dir)
-			if err := b.Write(dir); err != nil {
-				t.Error(err)
-			}
-			nudged.Add(1)
-		})
+		c.Trainer(i).SetTamper(nudgeFirstWeight(t, 2e-6, &nudged, 0))
 	}
 	ids := shipBatches(t, c, 4, 700)
 	if err := c.WaitUntil(ctx, clusterWait, "every batch trained into certified versions", func() bool {
@@ -270,18 +265,7 @@ func TestRogueLeaderDeposed(t *testing.T) {
 	rogue, _ := c.Leader()
 	rogueID := c.Trainer(rogue).ID()
 	c.Trainer(rogue).SetNoRetract(true)
-	c.Trainer(rogue).SetTamper(func(dir string) {
-		b, err := adapter.Read(dir)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		b.Tensors[0].Data[0] += 0.5
-		os.RemoveAll(dir)
-		if err := b.Write(dir); err != nil {
-			t.Error(err)
-		}
-	})
+	c.Trainer(rogue).SetTamper(nudgeFirstWeight(t, 0.5, new(atomic.Int32), 0))
 	ids := shipBatches(t, c, 4, 800)
 	if err := c.WaitUntil(ctx, clusterWait, "an honest leader with every batch trained into certified versions", func() bool {
 		i, ok := c.Leader()
