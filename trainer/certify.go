@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,6 +131,9 @@ type certState struct {
 	sent map[string]mesh.PeerID
 	// votes and refusals gathered by the leader, by version hash and voter
 	// set hash.
+	// manifests are the leader's manifests of the versions voted on, by
+	// versionKey (the newest few).
+	manifests map[string]*chunks.Manifest
 	votes     map[string]map[mesh.PeerID][]byte
 	refusals  map[string]map[mesh.PeerID]string
 	lastCheck map[string]time.Time
@@ -136,12 +141,33 @@ type certState struct {
 
 const keepPublished = 4
 
+// maxCertMemo bounds what certState remembers of versions, votes and
+// checks: only the newest version matters, and past this many entries
+// those of other versions are dropped.
+const maxCertMemo = 64
+
+// prune drops the memory of versions but the one named keep (a
+// versionKey) once it grows past maxCertMemo (c.mu held).
+func (c *certState) prune(keep string) {
+	if len(c.checked)+len(c.refused)+len(c.sent)+len(c.votes)+len(c.refusals)+len(c.lastCheck) < maxCertMemo {
+		return
+	}
+	other := func(k string) bool { return !strings.HasPrefix(k, keep) }
+	maps.DeleteFunc(c.checked, func(k string, _ *chunks.Manifest) bool { return other(k) })
+	maps.DeleteFunc(c.refused, func(k, _ string) bool { return other(k) })
+	maps.DeleteFunc(c.sent, func(k string, _ mesh.PeerID) bool { return other(k) })
+	maps.DeleteFunc(c.votes, func(k string, _ map[mesh.PeerID][]byte) bool { return other(k) })
+	maps.DeleteFunc(c.refusals, func(k string, _ map[mesh.PeerID]string) bool { return other(k) })
+	maps.DeleteFunc(c.lastCheck, func(k string, _ time.Time) bool { return other(k) })
+}
+
 func (c *certState) init() {
 	c.published = map[string][]signedDelta{}
 	c.checked = map[string]*chunks.Manifest{}
 	c.refused = map[string]string{}
 	c.sent = map[string]mesh.PeerID{}
 	c.votes = map[string]map[mesh.PeerID][]byte{}
+	c.manifests = map[string]*chunks.Manifest{}
 	c.refusals = map[string]map[mesh.PeerID]string{}
 	c.lastCheck = map[string]time.Time{}
 }
@@ -479,6 +505,7 @@ func (t *Trainer) certifyOnce(ctx context.Context) {
 	key, vk := voteKey(v, vs), versionKey(v)
 	leader := t.group.leader()
 	t.cert.mu.Lock()
+	t.cert.prune(vk)
 	sentTo := t.cert.sent[key]
 	m := t.cert.checked[vk]
 	why, refused := t.cert.refused[vk]
@@ -615,13 +642,26 @@ func (n *raftMember) takeVote(ctx context.Context, from mesh.PeerID, req request
 		}
 		return nil
 	}
-	dir, err := t.ensureVersion(ctx, v)
-	if err != nil {
-		return err
-	}
-	m, _, err := t.versionManifest(v, dir)
-	if err != nil {
-		return err
+	// The version's manifest is built once from the leader's copy: a
+	// voter's votes cost the leader a signature check each, not a read of
+	// the bundle.
+	t.cert.mu.Lock()
+	m := t.cert.manifests[versionKey(v)]
+	t.cert.mu.Unlock()
+	if m == nil {
+		dir, err := t.ensureVersion(ctx, v)
+		if err != nil {
+			return err
+		}
+		if m, _, err = t.versionManifest(v, dir); err != nil {
+			return err
+		}
+		t.cert.mu.Lock()
+		if len(t.cert.manifests) >= keepPublished {
+			clear(t.cert.manifests)
+		}
+		t.cert.manifests[versionKey(v)] = m
+		t.cert.mu.Unlock()
 	}
 	if err := m.CheckVote(vs, chunks.Vote{Peer: string(from), Sig: req.Sig}); err != nil {
 		return &rpcError{Code: codeRefused, Msg: err.Error()}
