@@ -352,19 +352,19 @@ func (t *Trainer) checkVersion(ctx context.Context, v group.Version) (*chunks.Ma
 			return nil, fmt.Errorf("%w: from its publisher %s: %w", errNoDeltas, v.Publisher, err)
 		}
 		if err := json.Unmarshal(out, &ds); err != nil {
-			return nil, fmt.Errorf("%s's deltas from %s: %w", v.Name(), v.Publisher, err)
+			return nil, fmt.Errorf("%w: %s's deltas from %s: %w", errBadDeltas, v.Name(), v.Publisher, err)
 		}
 	}
 	byTrainer := map[mesh.PeerID]*signedDelta{}
 	for i := range ds {
 		d := &ds[i]
 		if byTrainer[d.Trainer] != nil {
-			return nil, fmt.Errorf("two deltas of %s", d.Trainer)
+			return nil, fmt.Errorf("%w: two deltas of %s", errBadDeltas, d.Trainer)
 		}
 		byTrainer[d.Trainer] = d
 	}
 	if len(byTrainer) != len(v.Contributors) {
-		return nil, fmt.Errorf("%d deltas for %d contributors", len(byTrainer), len(v.Contributors))
+		return nil, fmt.Errorf("%w: %d deltas for %d contributors", errBadDeltas, len(byTrainer), len(v.Contributors))
 	}
 	parentDir, err := t.ensureVersion(ctx, parent)
 	if err != nil {
@@ -379,14 +379,14 @@ func (t *Trainer) checkVersion(ctx context.Context, v group.Version) (*chunks.Ma
 		d := byTrainer[c.Trainer]
 		switch {
 		case d == nil:
-			return nil, fmt.Errorf("no delta of contributor %s", c.Trainer)
+			return nil, fmt.Errorf("%w: no delta of contributor %s", errBadDeltas, c.Trainer)
 		case d.Round != v.Round || d.Base != v.Parent:
-			return nil, fmt.Errorf("the delta of %s is of round %d from v%d, not round %d from v%d", c.Trainer, d.Round, d.Base, v.Round, v.Parent)
+			return nil, fmt.Errorf("%w: the delta of %s is of round %d from v%d, not round %d from v%d", errBadDeltas, c.Trainer, d.Round, d.Base, v.Round, v.Parent)
 		case d.Samples != c.Samples || !slices.Equal(d.Batches, c.Batches):
-			return nil, fmt.Errorf("the delta of %s trained other batches or samples than the log says", c.Trainer)
+			return nil, fmt.Errorf("%w: the delta of %s trained other batches or samples than the log says", errBadDeltas, c.Trainer)
 		}
 		if err := t.checkSigned(d); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", errBadDeltas, err)
 		}
 		weight := 0
 		for _, id := range c.Batches {
@@ -395,7 +395,7 @@ func (t *Trainer) checkVersion(ctx context.Context, v group.Version) (*chunks.Ma
 		if d.Samples > 0 && weight > 0 {
 			dl, err := adapter.UnmarshalDelta(d.Delta, adapter.Limits{})
 			if err != nil {
-				return nil, fmt.Errorf("the delta of %s: %w", c.Trainer, err)
+				return nil, fmt.Errorf("%w: the delta of %s: %w", errBadDeltas, c.Trainer, err)
 			}
 			parts = append(parts, adapter.Contribution{From: string(c.Trainer), Weight: float64(weight), Delta: dl})
 		}
@@ -482,6 +482,12 @@ func bundleDiff(a, b *adapter.Bundle) (float64, bool) {
 var (
 	errNoDeltas = errors.New("trainer: a version's deltas cannot be had")
 	errMismatch = errors.New("trainer: a version is not what its round's deltas make")
+	// errBadDeltas: the deltas its publisher gave for a version are not
+	// its round's contributors' as the log records them (missing, extra,
+	// other batches, a bad signature, undecodable). Anything else that
+	// stops a check (a parent not fetched yet) is tried again, not held
+	// against the version.
+	errBadDeltas = errors.New("trainer: a version's deltas do not check out")
 )
 
 // certifyOnce is a voter's step: it votes for the newest version if it has
@@ -534,7 +540,7 @@ func (t *Trainer) certifyOnce(ctx context.Context) {
 			t.cert.mu.Lock()
 			t.cert.checked[vk] = m
 			t.cert.mu.Unlock()
-		case errors.Is(err, errMismatch) || !errors.Is(err, errNoDeltas) && ctx.Err() == nil && v.Cert == nil:
+		case errors.Is(err, errMismatch) || errors.Is(err, errBadDeltas):
 			t.log.Warn("version refused: not what its round made", "version", v.Name(), "hash", core.ShortHash(v.Hash), "err", err)
 			t.cert.mu.Lock()
 			t.cert.refused[vk] = err.Error()
