@@ -84,9 +84,9 @@ func (n *Node) gatewayRoute() gateway.Route {
 	}
 	if f := n.route.Load(); f != nil {
 		if t := f.Route(); t.Version != adapters.Base {
-			return gateway.Route{Model: t.Model, Adapter: t.Version}
-		} else if t.Model != "" {
-			return gateway.Route{Model: t.Model, Adapter: adapter}
+			return gateway.Route{Model: t.Model, Adapter: t.Version, Upstream: t.Upstream, Fields: t.Fields}
+		} else if t.Model != "" || t.Upstream != "" || t.Fields != "" {
+			return gateway.Route{Model: t.Model, Adapter: adapter, Upstream: t.Upstream, Fields: t.Fields}
 		}
 	}
 	return gateway.Route{Adapter: adapter}

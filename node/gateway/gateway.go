@@ -221,6 +221,22 @@ func (c *Config) validate() error {
 // ("" keeps the client's) and the adapter version that serves it.
 type Route struct {
 	Model, Adapter string
+	// Upstream, if set, replaces Config.Upstream for the call (a base URL
+	// with /v1): a node that runs two model servers while it swaps one for
+	// the other routes each call wholly to one of them.
+	Upstream string
+	// Fields, if set, is a JSON object whose members are set in the body
+	// sent upstream (mlx_lm.server's "adapters": the adapter directory the
+	// call is served with).
+	Fields string
+}
+
+// base returns the upstream base URL a call on r goes to.
+func (g *Gateway) base(r Route) string {
+	if r.Upstream != "" {
+		return strings.TrimRight(r.Upstream, "/")
+	}
+	return g.upstream
 }
 
 // Stats are the gateway's counters since New.

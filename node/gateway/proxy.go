@@ -139,7 +139,7 @@ func (g *Gateway) passThrough(w http.ResponseWriter, r *http.Request, rt route) 
 	if r.ContentLength == 0 {
 		body = nil
 	}
-	u := g.upstream + strings.TrimPrefix(rt.rest, "/v1")
+	u := g.base(g.cfg.Route()) + strings.TrimPrefix(rt.rest, "/v1")
 	if r.URL.RawQuery != "" {
 		u += "?" + r.URL.RawQuery
 	}

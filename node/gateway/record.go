@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -70,13 +71,26 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 			route.Adapter = ""
 		}
 	}
+	if route.Fields != "" {
+		var fields map[string]json.RawMessage
+		b, err := body, json.Unmarshal([]byte(route.Fields), &fields)
+		if err == nil {
+			b, err = wire.WithFields(body, fields)
+		}
+		if err == nil {
+			body = b
+		} else {
+			g.log.Warn("could not set the route's fields in the call; sending it as the client did", "err", err)
+			route.Adapter = ""
+		}
+	}
 	step := &core.Step{
 		ID:       g.cfg.NewID(),
 		Turn:     who.turn,
 		API:      rt.api,
 		State:    core.StateOpen,
 		Request:  req.Normalized,
-		Upstream: g.cfg.Upstream,
+		Upstream: cmp.Or(route.Upstream, g.cfg.Upstream),
 		Model:    req.Model,
 		Adapter:  route.Adapter,
 		TraceID:  who.trace,
@@ -116,7 +130,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	idle := newIdleTimer(silence, cancel)
 	defer idle.stop()
-	u := g.upstream + strings.TrimPrefix(rt.rest, "/v1")
+	u := g.base(route) + strings.TrimPrefix(rt.rest, "/v1")
 	if r.URL.RawQuery != "" {
 		u += "?" + r.URL.RawQuery
 	}

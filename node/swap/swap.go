@@ -67,11 +67,23 @@ var (
 type Target struct {
 	Version string // the version's name, e.g. "v3", or "base"
 	Model   string // the model name requests are rewritten to; "" keeps the client's
+	// Upstream, if set, is the server (a base URL with /v1) that serves
+	// the version, in place of Config.Upstream: a node that swaps a model
+	// server for another serves each version from its own.
+	Upstream string
+	// Fields, if set, is a JSON object whose members are set in each
+	// request's body (mlx_lm.server's "adapters", the version's adapter
+	// directory). A string keeps Target comparable.
+	Fields string
 }
 
 // LogValue implements slog.LogValuer.
 func (t Target) LogValue() slog.Value {
-	return slog.GroupValue(slog.String("version", t.Version), slog.String("model", t.Model))
+	attrs := []slog.Attr{slog.String("version", t.Version), slog.String("model", t.Model)}
+	if t.Upstream != "" {
+		attrs = append(attrs, slog.String("upstream", t.Upstream))
+	}
+	return slog.GroupValue(attrs...)
 }
 
 // BaseVersion is the version name of the Target that serves the base model.

@@ -1,7 +1,10 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"sort"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 )
@@ -128,4 +131,38 @@ func WithModel(body []byte, model string) ([]byte, error) {
 		return apply(body, []edit{{start: m.valStart, end: m.valEnd, repl: q}}), nil
 	}
 	return apply(body, []edit{insertMembers(body, closing, `"model":`+string(q))}), nil
+}
+
+// WithFields returns body with each top-level member of fields set to its
+// value (added if missing, replaced if present), in key order. Each value
+// must be valid JSON.
+func WithFields(body []byte, fields map[string]json.RawMessage) ([]byte, error) {
+	keys := make([]string, 0, len(fields))
+	for k, v := range fields {
+		if !json.Valid(v) {
+			return nil, fmt.Errorf("wire: field %q: not JSON", k)
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		q, err := json.Marshal(k)
+		if err != nil {
+			return nil, err
+		}
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, fields[k]); err != nil {
+			return nil, err
+		}
+		m, closing, ok, err := findMember(body, skipSpace(body, 0), k)
+		if err != nil {
+			return nil, badRequest("%v", err)
+		}
+		if ok {
+			body = apply(body, []edit{{start: m.valStart, end: m.valEnd, repl: compact.Bytes()}})
+		} else {
+			body = apply(body, []edit{insertMembers(body, closing, string(q)+":"+compact.String())})
+		}
+	}
+	return body, nil
 }
