@@ -29,6 +29,10 @@ import (
 //	allowed_hosts = ["macmini.lan"]
 //	idle_timeout  = "30m"
 //	drain_timeout = "60s"
+//	serve         = "llama-server"   # a model server the node runs itself: llama-server, mlx, clawmesh
+//	model         = "/path/to/model.gguf"
+//	serve_bin     = ""               # the server's program (default: found on PATH)
+//	serve_args    = ""               # more arguments for it
 //
 //	[retention]
 //	max_age   = "720h"
@@ -66,6 +70,10 @@ type fileConfig struct {
 	AllowedHosts  []string `toml:"allowed_hosts"`
 	IdleTimeout   string   `toml:"idle_timeout"`
 	DrainTimeout  string   `toml:"drain_timeout"`
+	Serve         string   `toml:"serve"`
+	Model         string   `toml:"model"`
+	ServeBin      string   `toml:"serve_bin"`
+	ServeArgs     string   `toml:"serve_args"`
 	Retention     struct {
 		MaxAge   string `toml:"max_age"`
 		MaxBytes int64  `toml:"max_bytes"`
@@ -99,20 +107,24 @@ type filePlugin struct {
 // data directory, the gateway address and so on. They come from defaults,
 // then the config file, then CLAWMESH_* environment variables, then flags.
 type settings struct {
-	Config        string
-	Data          string
-	Listen        string
-	Upstream      string
-	UpstreamKind  string
-	Token         string
-	UpstreamToken string
-	JudgeModel    string
-	AllowedHosts  []string
-	IdleTimeout   time.Duration
-	DrainTimeout  time.Duration
-	MaxAge        time.Duration
-	MaxBytes      int64
-	Plugins       []reward.PluginConfig // nil: built-ins
+	Config       string
+	Data         string
+	Listen       string
+	Upstream     string
+	UpstreamKind string
+	// Serve names the model server the node runs itself (llama-server,
+	// mlx, clawmesh; "" runs none), Model what it serves, ServeBin its
+	// program and ServeArgs more arguments for it.
+	Serve, Model, ServeBin, ServeArgs string
+	Token                             string
+	UpstreamToken                     string
+	JudgeModel                        string
+	AllowedHosts                      []string
+	IdleTimeout                       time.Duration
+	DrainTimeout                      time.Duration
+	MaxAge                            time.Duration
+	MaxBytes                          int64
+	Plugins                           []reward.PluginConfig // nil: built-ins
 	// Limits of every plugin call ([rewards]); zero: reward's defaults.
 	PluginDeadline  time.Duration
 	PluginMemoryMiB int64
@@ -237,6 +249,10 @@ func (s *settings) resolveFile(flags *flag.FlagSet) error {
 		{"upstream-kind", &s.UpstreamKind, fc.UpstreamKind},
 		{"token", &s.Token, fc.Token},
 		{"upstream-token", &s.UpstreamToken, fc.UpstreamToken},
+		{"serve", &s.Serve, fc.Serve},
+		{"model", &s.Model, fc.Model},
+		{"serve-bin", &s.ServeBin, fc.ServeBin},
+		{"serve-args", &s.ServeArgs, fc.ServeArgs},
 	} {
 		env(p.name, p.dst)
 		file(p.name, p.dst, p.file)
