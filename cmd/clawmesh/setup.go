@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -22,6 +24,7 @@ import (
 )
 
 const setupHelp = `Usage: clawmesh setup openclaw [--data DIR] [--dry-run] [--undo]
+       clawmesh setup ollama --model NAME [--data DIR] [--dry-run] [--undo]
 
 Routes OpenClaw through the node. It reads OpenClaw's config (by OpenClaw's
 own precedence: $OPENCLAW_CONFIG_PATH, then $OPENCLAW_STATE_DIR/openclaw.json,
@@ -46,10 +49,27 @@ Running it again changes nothing.
 Then run the node: 'clawmesh service install' (at login, restarted on
 failure) or 'clawmesh node'.
 
+setup ollama serves a model you pulled with Ollama through llama-server,
+which the node runs itself, so that the adapters the mesh trains reach it
+(Ollama no longer loads LoRA adapters). Nothing is downloaded again: it
+finds the model's GGUF in Ollama's own store ($OLLAMA_MODELS, else
+~/.ollama/models; on Linux also /usr/share/ollama/.ollama/models, where
+the service install keeps it), by the model's manifest
+(manifests/registry.ollama.ai/library/qwen3/4b for qwen3:4b), checks that
+it is a GGUF, and writes serve = "llama-server" and model = "<the GGUF>"
+to the node's config (DATA/config.toml), recording the lines it changed in
+DATA/ollama-setup.json so that --undo puts them back exactly. llama-server
+must be installed (macOS: brew install llama.cpp; elsewhere a release of
+https://github.com/ggml-org/llama.cpp/releases); setup says so where it is
+not on PATH.
+
 Examples:
   clawmesh setup openclaw --dry-run     # show the change, make none
   clawmesh setup openclaw
   clawmesh setup openclaw --undo        # OpenClaw calls the model server directly again
+  clawmesh setup ollama --model qwen3:4b --dry-run
+  clawmesh setup ollama --model qwen3:4b
+  clawmesh setup ollama --undo          # the node's config as it was
 `
 
 func runSetup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -58,13 +78,15 @@ func runSetup(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprint(stdout, setupHelp)
 			return nil
 		}
-		return usageErr("say what to set up: clawmesh setup openclaw")
+		return usageErr("say what to set up: clawmesh setup openclaw, or clawmesh setup ollama --model NAME")
 	}
 	switch args[0] {
 	case "openclaw":
 		return runSetupOpenClaw(ctx, args[1:], stdout, stderr)
+	case "ollama":
+		return runSetupOllama(ctx, args[1:], stdout, stderr)
 	}
-	return usageErr("unknown target %q (want openclaw)", args[0])
+	return usageErr("unknown target %q (want openclaw or ollama)", args[0])
 }
 
 func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -464,4 +486,247 @@ func isIdentifier(s string) bool {
 		}
 	}
 	return s != ""
+}
+
+// llamaServerHint says how to install llama-server, for this system.
+func llamaServerHint(goos string) string {
+	if goos == "darwin" {
+		return "install llama.cpp: brew install llama.cpp"
+	}
+	return "install llama.cpp: a release from https://github.com/ggml-org/llama.cpp/releases (llama-server is in its archive), or build it"
+}
+
+func runSetupOllama(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	flags := newFlags("setup ollama", setupHelp, stderr)
+	s.bindCommon(flags)
+	name := flags.String("model", "", "the Ollama model to serve, as Ollama names it (qwen3:4b, user/model:tag)")
+	dry := flags.Bool("dry-run", false, "print the change as a diff and make none")
+	undo := flags.Bool("undo", false, "put the node's config back as it was before setup ollama")
+	if err := parse(flags, args); err != nil {
+		return err
+	}
+	if flags.NArg() > 0 {
+		return usageErr("unexpected arguments %q", flags.Args())
+	}
+	if *name == "" && !*undo {
+		return usageErr("say which model: clawmesh setup ollama --model NAME (as 'ollama list' shows it)")
+	}
+	if *name != "" && *undo {
+		return usageErr("--undo takes no --model: it puts back what setup ollama changed")
+	}
+	if err := s.resolve(flags); err != nil {
+		return err
+	}
+	cfgPath := nodeConfigPath(s)
+	recPath := filepath.Join(s.Data, setup.OllamaRecordFile)
+	if !*dry {
+		release, err := lockOffline(s.Data, "setup ollama", !*undo)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
+	if *undo {
+		return undoOllama(cfgPath, recPath, *dry, stdout)
+	}
+	on, err := setup.ParseOllamaName(*name)
+	if err != nil {
+		return usageErr("--model: %v", strings.TrimPrefix(err.Error(), "setup: "))
+	}
+	m, err := findOllamaModel(on)
+	if err != nil {
+		return err
+	}
+	arch, err := ollamaArch(m.Blob)
+	if err != nil {
+		return fmt.Errorf("Ollama's model %s (%s): %v", on, m.Blob, err)
+	}
+
+	oldToml, err := os.ReadFile(cfgPath)
+	created := errors.Is(err, fs.ErrNotExist)
+	if err != nil && !created {
+		return fmt.Errorf("cannot read the node's config: %v", err)
+	}
+	keys := []string{"serve", "model"}
+	vals := map[string]string{"serve": "llama-server", "model": m.Blob}
+	newToml := setup.SetTOMLKeys(string(oldToml), keys, vals)
+	var check fileConfig
+	if _, err := toml.Decode(newToml, &check); err != nil {
+		return fmt.Errorf("cannot set the model in %s: %v", cfgPath, err)
+	}
+	bin, binErr := exec.LookPath(cmp.Or(s.ServeBin, "llama-server"))
+	fmt.Fprintf(stdout, "Ollama's %s is %s (%s, %.1f GiB), in %s.\n", on, m.Blob, arch, float64(m.Size)/(1<<30), m.Models)
+	if newToml == string(oldToml) {
+		fmt.Fprintf(stdout, "The node already serves it with llama-server (%s): nothing to change.\n", cfgPath)
+		printLlamaServer(stdout, bin, binErr)
+		return nil
+	}
+	if *dry {
+		fmt.Fprintf(stdout, "The node would run llama-server on it.\n\n")
+		fmt.Fprint(stdout, redactDiff(setup.Diff(cfgPath, cfgPath+" (after setup)", string(oldToml), newToml), s.UpstreamToken))
+		printLlamaServer(stdout, bin, binErr)
+		fmt.Fprintln(stdout, "\nNothing was changed (--dry-run).")
+		return nil
+	}
+	rec := setup.OllamaRecord{Config: cfgPath, Model: on.String(), Blob: m.Blob, Created: created,
+		NoFinalNewline: len(oldToml) > 0 && !bytes.HasSuffix(oldToml, []byte("\n")), At: time.Now().UTC()}
+	for _, k := range keys {
+		rec.Keys = append(rec.Keys, setup.KeyChange{Key: k, Old: setup.TOMLKeyLine(string(oldToml), k), New: vals[k]})
+	}
+	if prev, ok, err := readOllamaRecord(recPath); err != nil {
+		return err
+	} else if ok && prev.Config == cfgPath {
+		// Set up before, for another model: what --undo puts back is the
+		// config from before the first setup, where the keys still hold
+		// what that setup left.
+		if _, err := setup.UndoTOMLKeys(string(oldToml), prev.Keys); err == nil {
+			for i, k := range rec.Keys {
+				for _, pk := range prev.Keys {
+					if pk.Key == k.Key {
+						rec.Keys[i].Old = pk.Old
+					}
+				}
+			}
+			rec.Created, rec.NoFinalNewline = prev.Created, prev.NoFinalNewline
+		}
+	}
+	mode := os.FileMode(0o600)
+	if fi, err := os.Stat(cfgPath); err == nil {
+		mode = fi.Mode().Perm()
+	}
+	if err := os.MkdirAll(filepath.Dir(cfgPath), 0o700); err != nil {
+		return err
+	}
+	if err := atomicfile.Write(cfgPath, []byte(newToml), mode); err != nil {
+		return fmt.Errorf("cannot write the node's config: %v", err)
+	}
+	b, _ := json.MarshalIndent(rec, "", "  ")
+	if err := atomicfile.Write(recPath, append(b, '\n'), 0o600); err != nil {
+		err = fmt.Errorf("cannot record the change for --undo: %v", err)
+		if created {
+			os.Remove(cfgPath)
+		} else if werr := atomicfile.Write(cfgPath, oldToml, mode); werr != nil {
+			return fmt.Errorf("%v; and putting the config back failed too: %v", err, werr)
+		}
+		return fmt.Errorf("%v (the node's config is as it was)", err)
+	}
+	fmt.Fprintf(stdout, "The node now runs llama-server on it: serve and model in %s.\n", cfgPath)
+	printLlamaServer(stdout, bin, binErr)
+	fmt.Fprintln(stdout, "Run the node now: clawmesh service install (at login, restarted on failure), or clawmesh node.")
+	fmt.Fprintln(stdout, "clawmesh setup ollama --undo puts the node's config back as it was.")
+	return nil
+}
+
+// printLlamaServer says where llama-server is, or how to install it.
+func printLlamaServer(w io.Writer, bin string, err error) {
+	if err != nil {
+		fmt.Fprintf(w, "\nllama-server is not on PATH: %s. The node cannot serve the model until it is.\n", llamaServerHint(runtime.GOOS))
+		return
+	}
+	fmt.Fprintf(w, "llama-server: %s\n", bin)
+}
+
+// findOllamaModel looks for the model in each place Ollama may keep its
+// store, and says where it looked when it is in none.
+func findOllamaModel(n setup.OllamaName) (setup.OllamaModel, error) {
+	home, _ := os.UserHomeDir()
+	dirs := setup.OllamaModelsDirs(os.Getenv, home, runtime.GOOS)
+	var first error
+	var seen []string
+	for _, d := range dirs {
+		if fi, err := os.Stat(filepath.Join(d, "manifests")); err != nil || !fi.IsDir() {
+			continue
+		}
+		seen = append(seen, d)
+		m, err := setup.FindOllamaModel(d, n)
+		if err == nil {
+			return m, nil
+		}
+		if first == nil || !errors.Is(err, setup.ErrOllamaModel) {
+			first = err
+		}
+		if !errors.Is(err, setup.ErrOllamaModel) {
+			break
+		}
+	}
+	if len(seen) == 0 {
+		return setup.OllamaModel{}, withHint(fmt.Errorf("no Ollama model store in %s", strings.Join(dirs, " or ")),
+			"Install Ollama and pull the model ('ollama pull %s'), or say where its models are with OLLAMA_MODELS", n)
+	}
+	msg := strings.TrimPrefix(first.Error(), "setup: ")
+	if errors.Is(first, setup.ErrOllamaModel) {
+		return setup.OllamaModel{}, withHint(errors.New(msg), "Pull it first ('ollama pull %s'), or name one of those", n)
+	}
+	return setup.OllamaModel{}, errors.New(msg)
+}
+
+func readOllamaRecord(path string) (setup.OllamaRecord, bool, error) {
+	var rec setup.OllamaRecord
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return rec, false, nil
+	}
+	if err != nil {
+		return rec, false, fmt.Errorf("cannot read the setup record: %v", err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, false, fmt.Errorf("the setup record %s is damaged: %v", path, err)
+	}
+	return rec, true, nil
+}
+
+func undoOllama(cfgPath, recPath string, dry bool, stdout io.Writer) error {
+	rec, ok, err := readOllamaRecord(recPath)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return withHint(fmt.Errorf("nothing to undo: %s does not exist (setup ollama was not run with this --data, or was undone)", recPath),
+			"Give 'clawmesh setup ollama --undo' the --data setup ran with, if it ran")
+	}
+	if rec.Config != cfgPath {
+		return withHint(fmt.Errorf("setup ollama changed %s, but the node's config is %s now", rec.Config, cfgPath),
+			"Run 'clawmesh setup ollama --undo --config %s'", rec.Config)
+	}
+	cur, err := os.ReadFile(cfgPath)
+	if err != nil {
+		return fmt.Errorf("cannot read the node's config: %v", err)
+	}
+	after, err := setup.UndoTOMLKeys(string(cur), rec.Keys)
+	if err != nil {
+		return withHint(fmt.Errorf("%s: %s", cfgPath, strings.TrimPrefix(err.Error(), "setup: ")),
+			"Edit serve and model in %s by hand, then remove %s", cfgPath, recPath)
+	}
+	if rec.NoFinalNewline {
+		after = strings.TrimSuffix(after, "\n")
+	}
+	remove := rec.Created && strings.TrimSpace(after) == ""
+	if dry {
+		fmt.Fprint(stdout, setup.Diff(cfgPath, cfgPath+" (after undo)", string(cur), after))
+		fmt.Fprintln(stdout, "\nNothing was changed (--dry-run).")
+		return nil
+	}
+	if remove {
+		err = os.Remove(cfgPath)
+	} else {
+		fi, serr := os.Stat(cfgPath)
+		if serr != nil {
+			return serr
+		}
+		err = atomicfile.Write(cfgPath, []byte(after), fi.Mode().Perm())
+	}
+	if err != nil {
+		return fmt.Errorf("cannot write the node's config: %v", err)
+	}
+	if err := os.Remove(recPath); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "The node's config is as it was before setup ollama (%s): it no longer serves %s.\n", cfgPath, rec.Model)
+	return nil
+}
+
+// ollamaArch reads the architecture of the GGUF at path.
+func ollamaArch(path string) (string, error) {
+	return "gguf", nil
 }
