@@ -76,7 +76,12 @@ func TestReadRefuses(t *testing.T) {
 			return padTo(r.Bytes(), 1024)
 		}(), "nested"},
 		{"unknown value type", func() []byte { r := (&raw{}).head(0, 1); r.str("a").u32(13); return padTo(r.Bytes(), 64) }(), "unknown value type"},
-		{"bad bool", func() []byte { r := (&raw{}).head(0, 1); r.str("a").u32(uint32(ValueBool)); r.WriteByte(2); return r.Bytes() }(), "bool"},
+		{"bad bool", func() []byte {
+			r := (&raw{}).head(0, 1)
+			r.str("a").u32(uint32(ValueBool))
+			r.WriteByte(2)
+			return r.Bytes()
+		}(), "bool"},
 		{"duplicate key", func() []byte {
 			r := (&raw{}).head(0, 2)
 			r.str("a").u32(uint32(ValueUint8)).WriteByte(1)
