@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/clawmesh/clawmesh/model/gguf"
 	"github.com/clawmesh/clawmesh/model/safetensors"
 )
 
@@ -264,7 +265,9 @@ func FromGGUFMetadata(get func(key string) (any, bool)) (ID, error) {
 		Vocab: num(arch + ".vocab_size")}
 	if id.Vocab == 0 {
 		if v, ok := get("tokenizer.ggml.tokens"); ok {
-			if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
+			if a, ok := v.(interface{ Len() int }); ok {
+				id.Vocab = a.Len()
+			} else if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice {
 				id.Vocab = rv.Len()
 			}
 		}
@@ -303,6 +306,41 @@ func FromGGUFMetadata(get func(key string) (any, bool)) (ID, error) {
 		return ID{}, fmt.Errorf("%w: the GGUF has no %s.block_count and %s.embedding_length", ErrUnreadable, arch, arch)
 	}
 	return id, nil
+}
+
+// FromGGUF reads the identity of the GGUF model file at path from its
+// metadata (FromGGUFMetadata); its file name is one more of its names.
+func FromGGUF(path string) (ID, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return ID{}, fmt.Errorf("%w: %v", ErrUnreadable, err)
+	}
+	defer f.Close()
+	id, err := FromGGUFMetadata(f.Get)
+	if err != nil {
+		return ID{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if n := filepath.Base(path); strings.HasSuffix(n, ".gguf") {
+		id.Names = append(id.Names, n)
+	}
+	return id, nil
+}
+
+// Read reads the identity of what path holds: a GGUF file (by its magic),
+// an adapter directory (adapter_config.json), or a Hugging Face or MLX
+// model directory (config.json).
+func Read(path string) (ID, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return ID{}, fmt.Errorf("%w: %v", ErrUnreadable, err)
+	}
+	if !fi.IsDir() {
+		return FromGGUF(path)
+	}
+	if _, err := os.Stat(filepath.Join(path, "adapter_config.json")); err == nil {
+		return FromAdapter(path)
+	}
+	return FromModelDir(path)
 }
 
 // toInt reads an integer metadata value of any width (0 for anything
