@@ -19,6 +19,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
+	"github.com/clawmesh/clawmesh/model/baseid"
 	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/setup"
 )
@@ -538,9 +539,9 @@ func runSetupOllama(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	arch, err := ollamaArch(m.Blob)
+	id, err := baseid.FromGGUF(m.Blob)
 	if err != nil {
-		return fmt.Errorf("Ollama's model %s (%s): %v", on, m.Blob, err)
+		return fmt.Errorf("Ollama's model %s cannot be served by llama-server: %s", on, strings.TrimPrefix(err.Error(), "baseid: "))
 	}
 
 	oldToml, err := os.ReadFile(cfgPath)
@@ -556,7 +557,7 @@ func runSetupOllama(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("cannot set the model in %s: %v", cfgPath, err)
 	}
 	bin, binErr := exec.LookPath(cmp.Or(s.ServeBin, "llama-server"))
-	fmt.Fprintf(stdout, "Ollama's %s is %s (%s, %.1f GiB), in %s.\n", on, m.Blob, arch, float64(m.Size)/(1<<30), m.Models)
+	fmt.Fprintf(stdout, "Ollama's %s is %s: %s, %.1f GiB, in %s.\n", on, m.Blob, id, float64(m.Size)/(1<<30), m.Models)
 	if newToml == string(oldToml) {
 		fmt.Fprintf(stdout, "The node already serves it with llama-server (%s): nothing to change.\n", cfgPath)
 		printLlamaServer(stdout, bin, binErr)
@@ -724,9 +725,4 @@ func undoOllama(cfgPath, recPath string, dry bool, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "The node's config is as it was before setup ollama (%s): it no longer serves %s.\n", cfgPath, rec.Model)
 	return nil
-}
-
-// ollamaArch reads the architecture of the GGUF at path.
-func ollamaArch(path string) (string, error) {
-	return "gguf", nil
 }

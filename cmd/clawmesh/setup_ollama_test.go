@@ -1,0 +1,202 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/clawmesh/clawmesh/model/gguf"
+)
+
+// fakeOllamaStore writes an Ollama models directory as Ollama lays it out
+// (manifests/HOST/NAMESPACE/MODEL/TAG, blobs/sha256-HEX), holding models
+// whose weights are each a real GGUF, points OLLAMA_MODELS at it, and
+// returns it with the first model's blob.
+func fakeOllamaStore(t *testing.T, models ...string) (dir, first string) {
+	t.Helper()
+	dir = filepath.Join(t.TempDir(), "models")
+	t.Setenv("OLLAMA_MODELS", dir)
+	put := func(b []byte) string {
+		sum := sha256.Sum256(b)
+		h := hex.EncodeToString(sum[:])
+		os.MkdirAll(filepath.Join(dir, "blobs"), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, "blobs", "sha256-"+h), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return "sha256:" + h
+	}
+	tmpl := []byte("{{ .Prompt }}")
+	for i, m := range models {
+		g := filepath.Join(t.TempDir(), "m.gguf")
+		kv := []gguf.KV{
+			{Key: "general.architecture", Value: "qwen3"}, {Key: "general.type", Value: "model"}, {Key: "general.name", Value: m},
+			{Key: "qwen3.block_count", Value: uint32(2)}, {Key: "qwen3.embedding_length", Value: uint32(8)},
+			{Key: "qwen3.attention.head_count", Value: uint32(2)}, {Key: "general.file_type", Value: uint32(15)},
+		}
+		if err := gguf.WriteFile(g, kv, []gguf.Tensor{{Info: gguf.TensorInfo{Name: "output_norm.weight", Shape: []uint64{8}, Type: gguf.TypeF32}, Data: make([]byte, 32)}}); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		digest := put(b)
+		if i == 0 {
+			first = filepath.Join(dir, "blobs", strings.Replace(digest, ":", "-", 1))
+		}
+		name, tag, _ := strings.Cut(m, ":")
+		man, _ := json.Marshal(map[string]any{
+			"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+			"config": map[string]any{"mediaType": "application/vnd.docker.container.image.v1+json", "digest": put([]byte("{}")), "size": 2},
+			"layers": []any{
+				map[string]any{"mediaType": "application/vnd.ollama.image.model", "digest": digest, "size": len(b)},
+				map[string]any{"mediaType": "application/vnd.ollama.image.template", "digest": put(tmpl), "size": len(tmpl)},
+			},
+		})
+		p := filepath.Join(dir, "manifests", "registry.ollama.ai", "library", name, tag)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, man, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, first
+}
+
+const userNodeConfig = `# my node
+listen = "127.0.0.1:8400"
+upstream = "http://127.0.0.1:11434/v1"
+
+[retention]
+max_age = "48h"
+`
+
+// TestSetupOllama: the model is found in Ollama's store by its manifest;
+// the dry run shows the change to the node's config and makes none; setup
+// sets serve and model there and says that llama-server is missing and
+// how to install it; a second run changes nothing; --undo gives the
+// config back byte for byte.
+func TestSetupOllama(t *testing.T) {
+	for _, v := range []string{"CLAWMESH_DATA", "CLAWMESH_CONFIG", "CLAWMESH_MODEL", "CLAWMESH_SERVE", "CLAWMESH_SERVE_BIN"} {
+		t.Setenv(v, "")
+	}
+	t.Setenv("PATH", t.TempDir()) // no llama-server
+	_, blob := fakeOllamaStore(t, "qwen3:4b", "llama3.2:1b")
+	data := t.TempDir()
+	cfg := filepath.Join(data, "config.toml")
+	if err := os.WriteFile(cfg, []byte(userNodeConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	out := cli(t, "setup", "ollama", "--model", "qwen3:4b", "--data", data, "--dry-run")
+	for _, want := range []string{blob, "qwen3", "Q4_K_M", `+serve = "llama-server"`, `+model = "` + blob + `"`, "Nothing was changed", "llama-server is not on PATH"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run does not say %q:\n%s", want, out)
+		}
+	}
+	if b, _ := os.ReadFile(cfg); string(b) != userNodeConfig {
+		t.Fatal("the dry run changed the node's config")
+	}
+
+	out = cli(t, "setup", "ollama", "--model", "qwen3:4b", "--data", data)
+	hint := "releases"
+	if runtime.GOOS == "darwin" {
+		hint = "brew install llama.cpp"
+	}
+	if !strings.Contains(out, "llama-server is not on PATH") || !strings.Contains(out, hint) {
+		t.Errorf("setup does not say how to install llama-server:\n%s", out)
+	}
+	var fc fileConfig
+	if _, err := toml.DecodeFile(cfg, &fc); err != nil {
+		t.Fatal(err)
+	}
+	if fc.Serve != "llama-server" || fc.Model != blob || fc.Upstream != "http://127.0.0.1:11434/v1" || fc.Retention.MaxAge != "48h" {
+		t.Fatalf("config after setup: %+v", fc)
+	}
+	b, _ := os.ReadFile(cfg)
+	if !strings.HasPrefix(string(b), "# my node\n") {
+		t.Fatalf("the config lost its comment:\n%s", b)
+	}
+	if out := cli(t, "setup", "ollama", "--model", "qwen3:4b", "--data", data); !strings.Contains(out, "nothing to change") {
+		t.Fatalf("a second run: %s", out)
+	}
+
+	// Another model: --undo still goes back to before the first setup.
+	cli(t, "setup", "ollama", "--model", "llama3.2:1b", "--data", data)
+	out = cli(t, "setup", "ollama", "--undo", "--data", data)
+	if !strings.Contains(out, "llama3.2:1b") {
+		t.Errorf("undo: %s", out)
+	}
+	if b, _ := os.ReadFile(cfg); string(b) != userNodeConfig {
+		t.Fatalf("after undo:\n%s\nwant\n%s", b, userNodeConfig)
+	}
+	if _, err := os.Stat(filepath.Join(data, "ollama-setup.json")); !os.IsNotExist(err) {
+		t.Fatalf("the record stays after undo: %v", err)
+	}
+	_, errs, code := runCLI(t, "setup", "ollama", "--undo", "--data", data)
+	if code == 0 || !strings.Contains(errs, "nothing to undo") {
+		t.Fatalf("a second undo: %d %s", code, errs)
+	}
+}
+
+// TestSetupOllamaNewConfig: with no config file, setup makes one, and
+// --undo removes it; with llama-server on PATH, setup names it.
+func TestSetupOllamaNewConfig(t *testing.T) {
+	for _, v := range []string{"CLAWMESH_DATA", "CLAWMESH_CONFIG", "CLAWMESH_SERVE_BIN"} {
+		t.Setenv(v, "")
+	}
+	bin := t.TempDir()
+	os.WriteFile(filepath.Join(bin, "llama-server"), []byte("#!/bin/sh\n"), 0o755)
+	t.Setenv("PATH", bin)
+	fakeOllamaStore(t, "qwen3:4b")
+	data := t.TempDir()
+	out := cli(t, "setup", "ollama", "--model", "qwen3:4b", "--data", data)
+	if !strings.Contains(out, "llama-server: "+filepath.Join(bin, "llama-server")) || strings.Contains(out, "not on PATH") {
+		t.Errorf("setup with llama-server installed:\n%s", out)
+	}
+	cli(t, "setup", "ollama", "--undo", "--data", data)
+	if _, err := os.Stat(filepath.Join(data, "config.toml")); !os.IsNotExist(err) {
+		t.Fatalf("the config setup made stays after undo: %v", err)
+	}
+}
+
+// TestSetupOllamaRefusals: a model Ollama does not have is named with
+// those it has; no store, a bad name and a bad manifest are refused, and
+// nothing is written.
+func TestSetupOllamaRefusals(t *testing.T) {
+	for _, v := range []string{"CLAWMESH_DATA", "CLAWMESH_CONFIG"} {
+		t.Setenv(v, "")
+	}
+	dir, _ := fakeOllamaStore(t, "qwen3:4b", "llama3.2:1b")
+	data := t.TempDir()
+	fail := func(says []string, args ...string) {
+		t.Helper()
+		out, errs, code := runCLI(t, append([]string{"setup", "ollama", "--data", data}, args...)...)
+		if code == 0 {
+			t.Fatalf("%v succeeded: %s", args, out)
+		}
+		for _, s := range says {
+			if !strings.Contains(errs, s) {
+				t.Errorf("%v: %q does not say %q", args, errs, s)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(data, "config.toml")); !os.IsNotExist(err) {
+			t.Fatalf("%v wrote the config", args)
+		}
+	}
+	fail([]string{"qwen3:8b is not in", "llama3.2:1b, qwen3:4b", "ollama pull qwen3:8b"}, "--model", "qwen3:8b")
+	fail([]string{"--model"}, "--model", "../../etc:x")
+	fail([]string{"say which model"})
+	p := filepath.Join(dir, "manifests", "registry.ollama.ai", "library", "broken", "latest")
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	os.WriteFile(p, []byte(`{"schemaVersion":2,"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:nothex"}]}`), 0o644)
+	fail([]string{"not sha256:HEX"}, "--model", "broken")
+	t.Setenv("OLLAMA_MODELS", filepath.Join(t.TempDir(), "none"))
+	fail([]string{"no Ollama model store", "OLLAMA_MODELS"}, "--model", "qwen3:4b")
+}
