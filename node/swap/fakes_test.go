@@ -1,6 +1,7 @@
 package swap
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+
+	"github.com/clawmesh/clawmesh/model/gguf"
 )
 
 // The fakes below follow each server's documented API (cited on each
@@ -231,18 +234,21 @@ func (f *fakeSGLang) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // fakeOllama is Ollama (ollama serve).
 type fakeOllama struct {
-	arch       string // the base model's architecture: adapters convert for llama and gemma2
-	noAdapters bool   // a release that refuses adapters
+	arch       string // the base models' architecture (general.architecture)
+	hidden     int    // their embedding_length (8, the test adapters')
+	noAdapters bool   // a release that refuses adapters (v0.34.1 and later)
 
 	mu        sync.Mutex
 	blobs     map[string][]byte
 	models    map[string]bool // "name:tag"
 	blobPosts int
 	created   map[string]map[string]string // model -> its adapters
+	adapters  map[string]*gguf.File        // model -> its adapter, read
 }
 
 func newFakeOllama(models ...string) *fakeOllama {
-	f := &fakeOllama{arch: "llama", blobs: map[string][]byte{}, models: map[string]bool{}, created: map[string]map[string]string{}}
+	f := &fakeOllama{arch: "llama", hidden: 8, blobs: map[string][]byte{}, models: map[string]bool{},
+		created: map[string]map[string]string{}, adapters: map[string]*gguf.File{}}
 	for _, m := range models {
 		f.models[ollamaTag(m)] = true
 	}
@@ -286,6 +292,28 @@ func (f *fakeOllama) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		default:
 			w.WriteHeader(http.StatusMethodNotAllowed)
 		}
+	case r.Method == http.MethodPost && r.URL.Path == "/api/show":
+		var req struct {
+			Model string `json:"model"`
+		}
+		if !decode(w, r, &req) {
+			return
+		}
+		if !f.models[ollamaTag(req.Model)] {
+			writeJSON(w, http.StatusNotFound, map[string]any{"error": fmt.Sprintf("model '%s' not found", req.Model)})
+			return
+		}
+		// The base's GGUF metadata; arrays of more than five values are
+		// emptied unless verbose (server/routes.go getModelData).
+		a := f.arch
+		writeJSON(w, http.StatusOK, map[string]any{
+			"details": map[string]any{"format": "gguf", "family": a, "quantization_level": "Q4_K_M"},
+			"model_info": map[string]any{
+				"general.architecture": a, "general.file_type": 15, "general.basename": strings.Split(req.Model, ":")[0],
+				a + ".block_count": 1, a + ".embedding_length": f.hidden, a + ".attention.head_count": 2,
+				a + ".attention.head_count_kv": 2, "tokenizer.ggml.tokens": []any{},
+			},
+		})
 	case r.Method == http.MethodPost && r.URL.Path == "/api/create":
 		var req struct {
 			Model    string            `json:"model"`
@@ -314,17 +342,33 @@ func (f *fakeOllama) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		// convert.ConvertAdapter reads adapter_config.json beside the tensors.
-		if req.Adapters["adapter_config.json"] == "" || req.Adapters["adapter_model.safetensors"] == "" {
-			writeJSON(w, http.StatusInternalServerError, map[string]any{"error": "open adapter_config.json: file does not exist"})
-			return
-		}
-		if f.arch != "llama" && f.arch != "gemma2" {
-			writeJSON(w, http.StatusInternalServerError, map[string]any{"error": "unsupported architecture"})
-			return
+		// server/create.go: files named *.gguf are GGUF; an adapter is one
+		// file, a GGUF whose general.type is "adapter".
+		var ad *gguf.File
+		for name, digest := range req.Adapters {
+			if !strings.HasSuffix(name, ".gguf") {
+				writeJSON(w, http.StatusBadRequest, map[string]any{"error": "this fake takes GGUF adapters only"})
+				return
+			}
+			if len(req.Adapters) > 1 {
+				writeJSON(w, http.StatusBadRequest, map[string]any{"error": "only one adapter is currently supported"})
+				return
+			}
+			b := f.blobs[digest]
+			g, err := gguf.Read(bytes.NewReader(b), int64(len(b)))
+			if err != nil {
+				writeJSON(w, http.StatusBadRequest, map[string]any{"error": "unsupported content type: " + err.Error()})
+				return
+			}
+			if t, _ := g.String("general.type"); t != "adapter" {
+				writeJSON(w, http.StatusBadRequest, map[string]any{"error": "not an adapter: general.type " + t})
+				return
+			}
+			ad = g
 		}
 		f.models[ollamaTag(req.Model)] = true
 		f.created[ollamaTag(req.Model)] = req.Adapters
+		f.adapters[ollamaTag(req.Model)] = ad
 		writeJSON(w, http.StatusOK, map[string]any{"status": "success"})
 	case r.Method == http.MethodDelete && r.URL.Path == "/api/delete":
 		var req struct {
@@ -353,6 +397,14 @@ func (f *fakeOllama) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !f.models[ollamaTag(req.Model)] {
 			writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{"message": fmt.Sprintf("model %q not found, try pulling it first", req.Model), "type": "api_error", "param": nil, "code": nil}})
 			return
+		}
+		// llama.cpp loads the adapter with the model, and refuses one of
+		// another architecture (src/llama-adapter.cpp).
+		if ad := f.adapters[ollamaTag(req.Model)]; ad != nil {
+			if a, _ := ad.String("general.architecture"); a != f.arch {
+				writeJSON(w, http.StatusInternalServerError, map[string]any{"error": map[string]any{"message": "llama runner process has terminated: model arch and LoRA arch mismatch", "type": "api_error"}})
+				return
+			}
 		}
 		writeJSON(w, http.StatusOK, completion(req.Model))
 	default:

@@ -24,7 +24,7 @@ func writeAdapter(t testing.TB, r int, modules []string, seed float32) string {
 	t.Helper()
 	cfg, err := json.Marshal(map[string]any{
 		"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": modules,
-		"task_type": "CAUSAL_LM", "base_model_name_or_path": "test-base",
+		"task_type": "CAUSAL_LM", "base_model_name_or_path": "meta-llama/Llama-3.2-1B",
 	})
 	if err != nil {
 		t.Fatal(err)

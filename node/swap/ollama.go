@@ -1,43 +1,68 @@
 package swap
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/clawmesh/clawmesh/model/baseid"
+	"github.com/clawmesh/clawmesh/model/gguf"
 )
 
 // ollamaDriver drives Ollama, where an adapter becomes a model of its own:
-// the base model with the adapter on top, created from blobs the driver
+// the base model with the adapter on top, created from a blob the driver
 // uploads (so Ollama may run on another machine), addressed by its name.
 //
-// API (docs/api.md: "Create a Blob", "Push a Blob", "Create a Model",
-// "Delete a Model"), at the upstream without /v1:
+// API (docs/api.md: "Show Model Information", "Create a Blob", "Push a
+// Blob", "Create a Model", "Delete a Model"), at the upstream without /v1:
 //
+//	POST /api/show {"model": BASE} -> 200 {"model_info": {KEY: VALUE}}: the
+//	     base's GGUF metadata (general.architecture, ARCH.block_count, ...);
+//	     404 {"error"} if there is no such model
 //	HEAD /api/blobs/sha256:HEX -> 200 if Ollama has the blob, 404 if not
 //	POST /api/blobs/sha256:HEX (the file's bytes) -> 201; 400 if the bytes
 //	     do not hash to HEX
 //	POST /api/create {"model": NAME, "from": BASE, "adapters": {FILE:
-//	     "sha256:HEX", ...}, "stream": false} -> 200 {"status": "success"},
+//	     "sha256:HEX"}, "stream": false} -> 200 {"status": "success"},
 //	     or {"error": MSG} with a 4xx or 5xx status
 //	DELETE /api/delete {"model": NAME} -> 200; 404 if there is no such model
 //
-// Ollama converts a safetensors adapter with its adapter_config.json (it
-// reads the rank and alpha there: convert.ConvertAdapter), so both files
-// go up. Its converter knows few architectures (Llama, Gemma 2: else
-// "unsupported architecture"), and recent releases refuse adapters
-// altogether ("LoRA adapters are no longer supported").
+// The adapter goes up as one llama.cpp LoRA GGUF, exported from the PEFT
+// directory with model/gguf for the base's architecture as Ollama reports
+// it: Ollama takes a GGUF adapter for any architecture llama.cpp runs
+// (server/create.go: a file named *.gguf, one adapter), where its own
+// safetensors converter knew only Llama and Gemma 2. The export is written
+// to a temporary directory and removed once uploaded. Before it, the
+// adapter's base (the shapes of its tensors, base_model_name_or_path) is
+// checked against the model Ollama serves (model/baseid): an adapter
+// trained on another base is refused, not loaded.
+//
+// Ollama v0.34.1 and later refuse adapters altogether ("LoRA adapters are
+// no longer supported", ollama/ollama#14969); Load then fails with
+// ErrUnsupported and points to `clawmesh setup ollama`, which serves the
+// same GGUF with llama-server.
 type ollamaDriver struct{ *client }
+
+// ollamaAdapterFile is the adapter's file name in /api/create: Ollama
+// tells a GGUF by the name's suffix (server/create.go
+// detectModelTypeFromFiles).
+const ollamaAdapterFile = "adapter.gguf"
 
 // ollamaAlternatives is what to tell a user whose Ollama will not load an
 // adapter.
-const ollamaAlternatives = "serve the model with vLLM, SGLang or `clawmesh serve` to have it learn, or convert each version to GGUF with llama.cpp's convert_lora_to_gguf.py and restart llama-server with --lora"
+func ollamaAlternatives(base string) string {
+	return fmt.Sprintf("serve the same model with llama-server, which the node runs itself and which loads adapters: `clawmesh setup ollama --model %s` finds the GGUF Ollama already has (nothing is downloaded again); or serve it with vLLM, SGLang or `clawmesh serve`", base)
+}
 
 // Load implements Driver.
 func (d *ollamaDriver) Load(ctx context.Context, version, dir string) (Target, error) {
@@ -52,16 +77,44 @@ func (d *ollamaDriver) Load(ctx context.Context, version, dir string) (Target, e
 	if err != nil {
 		return Target{}, err
 	}
-	adapters := map[string]string{}
-	for _, f := range []string{configFile, weightsFile} {
-		digest, err := d.pushBlob(ctx, filepath.Join(abs, f))
-		if err != nil {
-			return Target{}, err
+	info, err := d.show(ctx, base)
+	if err != nil {
+		return Target{}, err
+	}
+	arch, _ := info["general.architecture"].(string)
+	if err := checkBase(abs, base, info); err != nil {
+		return Target{}, err
+	}
+	tmp, err := os.MkdirTemp("", "clawmesh-ollama-")
+	if err != nil {
+		return Target{}, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	defer os.RemoveAll(tmp)
+	out := filepath.Join(tmp, ollamaAdapterFile)
+	// The GGUF is named by the version, so that the same version exports
+	// to the same bytes, which Ollama already holds after a restart.
+	opts := gguf.LoRAOptions{Arch: arch, Name: version}
+	if arch == gguf.ArchLlama {
+		// Llama's q and k are permuted by head in a GGUF: the export needs
+		// the head counts, which Ollama reports.
+		heads, kv := metaInt(info[arch+".attention.head_count"]), metaInt(info[arch+".attention.head_count_kv"])
+		cfg, _ := json.Marshal(map[string]any{"model_type": "llama", "num_attention_heads": heads, "num_key_value_heads": kv})
+		if err := os.WriteFile(filepath.Join(tmp, "config.json"), cfg, 0o600); err != nil {
+			return Target{}, fmt.Errorf("%w: %v", ErrConfig, err)
 		}
-		adapters[f] = digest
+		opts.BaseDir = tmp
+	}
+	if err := gguf.ExportLoRA(abs, out, opts); errors.Is(err, gguf.ErrUnsupported) {
+		return Target{}, fmt.Errorf("%w: version %s cannot be exported as a llama.cpp adapter for Ollama's %s (%s): %v", ErrUnsupported, version, base, cmp.Or(arch, "architecture unknown"), err)
+	} else if err != nil {
+		return Target{}, fmt.Errorf("%w: exporting %s as GGUF: %v", ErrAdapter, abs, err)
+	}
+	digest, err := d.pushBlob(ctx, out)
+	if err != nil {
+		return Target{}, err
 	}
 	name := d.name(version)
-	req := map[string]any{"model": name, "from": base, "adapters": adapters, "stream": false}
+	req := map[string]any{"model": name, "from": base, "adapters": map[string]string{ollamaAdapterFile: digest}, "stream": false}
 	r, err := d.do(ctx, http.MethodPost, d.root+"/api/create", req, 0)
 	if err != nil {
 		return Target{}, err
@@ -76,17 +129,78 @@ func (d *ollamaDriver) Load(ctx context.Context, version, dir string) (Target, e
 			return Target{}, fmt.Errorf("%w: creating %s: no success in %q", ErrUpstream, name, r.body)
 		}
 	case strings.Contains(msg, "no longer supported"):
-		return Target{}, fmt.Errorf("%w: this Ollama release does not load LoRA adapters (%s): %s", ErrUnsupported, msg, ollamaAlternatives)
+		return Target{}, fmt.Errorf("%w: this Ollama release does not load LoRA adapters (%s): %s", ErrUnsupported, msg, ollamaAlternatives(base))
 	case strings.Contains(msg, "not found") && strings.Contains(msg, base):
 		return Target{}, fmt.Errorf("%w: Ollama has no base model %s (%s): pull it (`ollama pull %s`) or name the model it serves", ErrConfig, base, msg, base)
-	case strings.Contains(msg, "unsupported architecture"):
-		return Target{}, fmt.Errorf("%w: Ollama cannot convert adapters for base model %s (%s): %s", ErrUnsupported, base, msg, ollamaAlternatives)
 	default:
 		return Target{}, d.failure(fmt.Sprintf("creating model %s from %s with version %s", name, base, version), r)
 	}
 	t := Target{Version: version, Model: name}
 	d.log.Info("adapter loaded", "target", t, "dir", abs)
 	return t, nil
+}
+
+// show returns the base model's GGUF metadata as Ollama reports it
+// (POST /api/show, model_info), numbers as json.Number.
+func (d *ollamaDriver) show(ctx context.Context, base string) (map[string]any, error) {
+	r, err := d.do(ctx, http.MethodPost, d.root+"/api/show", map[string]string{"model": base}, 0)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case r.status == http.StatusNotFound:
+		return nil, fmt.Errorf("%w: Ollama has no base model %s (%s): pull it (`ollama pull %s`) or name the model it serves", ErrConfig, base, r.message(), base)
+	case r.status != http.StatusOK:
+		return nil, d.failure("describing base model "+base, r)
+	}
+	var sr struct {
+		ModelInfo map[string]any `json:"model_info"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(r.body))
+	dec.UseNumber()
+	if err := dec.Decode(&sr); err != nil {
+		return nil, fmt.Errorf("%w: POST %s/api/show: not a model description: %v", ErrUpstream, d.root, err)
+	}
+	if sr.ModelInfo == nil {
+		sr.ModelInfo = map[string]any{}
+	}
+	return sr.ModelInfo, nil
+}
+
+// checkBase refuses an adapter trained on another base than the model
+// Ollama serves, by their identities (model/baseid). What cannot be told
+// (a base with no metadata, an adapter whose shapes say nothing) passes:
+// Ollama or llama.cpp has the last word.
+func checkBase(dir, base string, info map[string]any) error {
+	want, err := baseid.FromGGUFMetadata(func(k string) (any, bool) {
+		v, ok := info[k]
+		if n, isNum := v.(json.Number); isNum {
+			i, err := n.Int64()
+			return i, ok && err == nil
+		}
+		return v, ok
+	})
+	if err != nil {
+		return nil
+	}
+	want.Names = append([]string{base}, want.Names...)
+	got, err := baseid.FromAdapter(dir)
+	if err != nil {
+		return nil
+	}
+	if err := baseid.Same(got, want); err != nil {
+		return fmt.Errorf("%w: the adapter was trained on another base model than Ollama's %s, so it is not loaded: %w", ErrUnsupported, base, err)
+	}
+	return nil
+}
+
+// metaInt reads an integer of Ollama's model_info (0 if it is none).
+func metaInt(v any) int {
+	if n, ok := v.(json.Number); ok {
+		i, _ := n.Int64()
+		return int(i)
+	}
+	return 0
 }
 
 // pushBlob makes sure Ollama holds the file at path as a blob and returns

@@ -90,9 +90,11 @@ func TestOllamaRefusals(t *testing.T) {
 	}
 	runRefusals(t, "ollama", []refusal{
 		{name: "a release without adapters", rank: 8, handler: oll(func(f *fakeOllama) { f.noAdapters = true }),
-			want: ErrUnsupported, says: []string{"no longer supported", "vLLM"}},
-		{name: "an architecture Ollama cannot convert", rank: 8, handler: oll(func(f *fakeOllama) { f.arch = "qwen3" }),
-			want: ErrUnsupported, says: []string{"unsupported architecture", "llama3.2:1b"}},
+			want: ErrUnsupported, says: []string{"no longer supported", "clawmesh setup ollama --model llama3.2:1b", "llama-server"}},
+		{name: "an architecture adapters are not exported for", rank: 8, handler: oll(func(f *fakeOllama) { f.arch = "gemma3" }),
+			want: ErrUnsupported, says: []string{"gemma3", "llama3.2:1b", "cannot be exported"}},
+		{name: "an adapter of another base", rank: 8, handler: oll(func(f *fakeOllama) { f.hidden = 16 }),
+			want: ErrUnsupported, says: []string{"another base model than Ollama's llama3.2:1b", "hidden size 8, not 16", "not loaded"}},
 	})
 }
 

@@ -13,8 +13,9 @@
 // environment variable, a restart), from the server's own answer.
 //
 // The package keeps no state beyond what a driver has learnt of its server
-// (the base model's name) and does no I/O but HTTP to Config.Upstream and
-// reading the adapter directories it is handed. Drivers are safe for
+// (the base model's name) and does no I/O but HTTP to Config.Upstream,
+// reading the adapter directories it is handed, and (Ollama) writing a
+// version's GGUF export to a temporary directory while it uploads it. Drivers are safe for
 // concurrent use. Composing drivers into a swap (load, warm, flip the
 // gateway's route, unload the old version) is the node's. RATIONALE.md
 // explains the choices.

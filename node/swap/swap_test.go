@@ -244,46 +244,72 @@ func TestBaseModel(t *testing.T) {
 	})
 }
 
+// TestOllamaBlobs: a version goes up as one llama.cpp LoRA GGUF, for the
+// base's architecture; the same version loaded again (the node restarted)
+// uploads nothing; Unload deletes the version's model and never the
+// user's.
 func TestOllamaBlobs(t *testing.T) {
 	ctx := ctxT(t)
-	f := newFakeOllama("llama3.2:1b")
-	d, err := New("ollama", Config{Upstream: serveFake(t, f) + "/v1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := writeAdapter(t, 8, []string{"q_proj"}, 1)
-	v1, err := d.Load(ctx, "v1", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Both files went up, under their PEFT names.
-	f.mu.Lock()
-	ad, posts := f.created["clawmesh-v1:latest"], f.blobPosts
-	f.mu.Unlock()
-	if len(ad) != 2 || ad[configFile] == "" || ad[weightsFile] == "" || posts != 2 {
-		t.Fatalf("created with adapters %v after %d uploads", ad, posts)
-	}
-	// The same files under another version: Ollama has the blobs, nothing
-	// is uploaded again.
-	v2, err := d.Load(ctx, "v2", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.mu.Lock()
-	posts = f.blobPosts
-	f.mu.Unlock()
-	if posts != 2 {
-		t.Fatalf("%d uploads after loading the same files twice", posts)
-	}
-	// Unload deletes the version's model, and never one of the user's.
-	if err := d.Unload(ctx, v1); err != nil || f.has("clawmesh-v1") {
-		t.Fatalf("Unload(v1): %v; still there: %v", err, f.has("clawmesh-v1"))
-	}
-	if err := d.Unload(ctx, Target{Version: "v?", Model: "llama3.2:1b"}); err != nil || !f.has("llama3.2:1b") {
-		t.Fatalf("Unload of the user's model: %v; still there: %v", err, f.has("llama3.2:1b"))
-	}
-	if err := d.Warm(ctx, v2); err != nil {
-		t.Fatal(err)
+	for _, arch := range []string{"llama", "qwen3"} {
+		t.Run(arch, func(t *testing.T) {
+			f := newFakeOllama("llama3.2:1b")
+			f.arch = arch
+			cfg := Config{Upstream: serveFake(t, f) + "/v1"}
+			d, err := New("ollama", cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := writeAdapter(t, 8, []string{"q_proj", "v_proj"}, 1)
+			v1, err := d.Load(ctx, "v1", dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.mu.Lock()
+			ad, posts, g := f.created["clawmesh-v1:latest"], f.blobPosts, f.adapters["clawmesh-v1:latest"]
+			f.mu.Unlock()
+			if len(ad) != 1 || ad["adapter.gguf"] == "" || posts != 1 {
+				t.Fatalf("created with adapters %v after %d uploads", ad, posts)
+			}
+			if a, _ := g.String("general.architecture"); a != arch {
+				t.Fatalf("the adapter GGUF is for %q, the base is %q", a, arch)
+			}
+			if at, _ := g.String("adapter.type"); at != "lora" {
+				t.Fatalf("adapter.type %q", at)
+			}
+			for _, n := range []string{"blk.0.attn_q.weight.lora_a", "blk.0.attn_q.weight.lora_b", "blk.0.attn_v.weight.lora_a", "blk.0.attn_v.weight.lora_b"} {
+				if _, ok := g.Tensor(n); !ok {
+					t.Fatalf("the adapter GGUF has no %s", n)
+				}
+			}
+			if err := d.Warm(ctx, v1); err != nil {
+				t.Fatal(err)
+			}
+			// The same version after a restart: Ollama has the blob.
+			d2, _ := New("ollama", cfg)
+			if _, err := d2.Load(ctx, "v1", dir); err != nil {
+				t.Fatal(err)
+			}
+			f.mu.Lock()
+			posts = f.blobPosts
+			f.mu.Unlock()
+			if posts != 1 {
+				t.Fatalf("%d uploads after loading the same version twice", posts)
+			}
+			v2, err := d.Load(ctx, "v2", writeAdapter(t, 8, []string{"q_proj", "v_proj"}, 2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Unload deletes the version's model, and never one of the user's.
+			if err := d.Unload(ctx, v1); err != nil || f.has("clawmesh-v1") {
+				t.Fatalf("Unload(v1): %v; still there: %v", err, f.has("clawmesh-v1"))
+			}
+			if err := d.Unload(ctx, Target{Version: "v?", Model: "llama3.2:1b"}); err != nil || !f.has("llama3.2:1b") {
+				t.Fatalf("Unload of the user's model: %v; still there: %v", err, f.has("llama3.2:1b"))
+			}
+			if err := d.Warm(ctx, v2); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
