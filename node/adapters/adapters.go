@@ -5,6 +5,9 @@
 // fenced by the raft term and index that committed it), installs it atomically under DATA/adapters/vN,
 // and hot-swaps it into the model server with a swap.Driver: load under a
 // new name, one warm-up request, then the gateway's route flips (Route).
+// Where the driver tells the base model its server serves
+// (swap.BaseIdentifier), a version trained on another base (model/baseid)
+// is refused, not loaded.
 // Requests in flight finish on the version they started with; each
 // recorded step names the version that served it.
 //
@@ -32,6 +35,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
+	"github.com/clawmesh/clawmesh/model/baseid"
 	"github.com/clawmesh/clawmesh/node/swap"
 )
 
@@ -248,6 +252,10 @@ func (f *Follower) sync(ctx context.Context) error {
 		}
 		return f.serve(swap.Target{Version: want})
 	}
+	if err := checkBase(ctx, f.cfg.Driver, dir); err != nil {
+		f.fail(want, err)
+		return fmt.Errorf("adapters: %s: %w", want, err)
+	}
 	start := time.Now()
 	t, err := f.cfg.Driver.Load(ctx, want, dir)
 	if err != nil {
@@ -260,6 +268,29 @@ func (f *Follower) sync(ctx context.Context) error {
 		return fmt.Errorf("adapters: warming %s up: %w", want, err)
 	}
 	return f.flip(ctx, t)
+}
+
+// checkBase refuses the adapter in dir where the driver tells the base
+// model its server serves (swap.BaseIdentifier) and the adapter was
+// trained on another (model/baseid). Where either cannot be told, the
+// server has the last word.
+func checkBase(ctx context.Context, d swap.Driver, dir string) error {
+	bi, ok := d.(swap.BaseIdentifier)
+	if !ok {
+		return nil
+	}
+	served, err := bi.BaseIdentity(ctx)
+	if err != nil {
+		return nil
+	}
+	trained, err := baseid.FromAdapter(dir)
+	if err != nil {
+		return nil
+	}
+	if err := baseid.Same(trained, served); err != nil {
+		return fmt.Errorf("trained on another base than the model server serves, so it is not loaded: %w", err)
+	}
+	return nil
 }
 
 func (f *Follower) fail(version string, err error) {

@@ -167,12 +167,23 @@ func (d *ollamaDriver) show(ctx context.Context, base string) (map[string]any, e
 	return sr.ModelInfo, nil
 }
 
-// checkBase refuses an adapter trained on another base than the model
-// Ollama serves, by their identities (model/baseid). What cannot be told
-// (a base with no metadata, an adapter whose shapes say nothing) passes:
-// Ollama or llama.cpp has the last word.
-func checkBase(dir, base string, info map[string]any) error {
-	want, err := baseid.FromGGUFMetadata(func(k string) (any, bool) {
+// BaseIdentity implements BaseIdentifier: the identity of the base model
+// as Ollama's /api/show describes its GGUF, with the model's Ollama name.
+func (d *ollamaDriver) BaseIdentity(ctx context.Context) (baseid.ID, error) {
+	base, err := d.baseModel(ctx)
+	if err != nil {
+		return baseid.ID{}, err
+	}
+	info, err := d.show(ctx, base)
+	if err != nil {
+		return baseid.ID{}, err
+	}
+	return ollamaIdentity(base, info)
+}
+
+// ollamaIdentity reads a base's identity from /api/show's model_info.
+func ollamaIdentity(base string, info map[string]any) (baseid.ID, error) {
+	id, err := baseid.FromGGUFMetadata(func(k string) (any, bool) {
 		v, ok := info[k]
 		if n, isNum := v.(json.Number); isNum {
 			i, err := n.Int64()
@@ -181,9 +192,21 @@ func checkBase(dir, base string, info map[string]any) error {
 		return v, ok
 	})
 	if err != nil {
+		return id, err
+	}
+	id.Names = append([]string{base}, id.Names...)
+	return id, nil
+}
+
+// checkBase refuses an adapter trained on another base than the model
+// Ollama serves, by their identities (model/baseid). What cannot be told
+// (a base with no metadata, an adapter whose shapes say nothing) passes:
+// Ollama or llama.cpp has the last word.
+func checkBase(dir, base string, info map[string]any) error {
+	want, err := ollamaIdentity(base, info)
+	if err != nil {
 		return nil
 	}
-	want.Names = append([]string{base}, want.Names...)
 	got, err := baseid.FromAdapter(dir)
 	if err != nil {
 		return nil

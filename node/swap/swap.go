@@ -39,6 +39,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/clawmesh/clawmesh/model/baseid"
 )
 
 // Sentinel errors. Every error a Driver returns wraps one of them, or is
@@ -102,6 +104,31 @@ type Driver interface {
 	// Unload frees a version no longer routed to (best effort; a no-op where the server has nothing to free).
 	Unload(ctx context.Context, t Target) error
 }
+
+// BaseIdentifier is a Driver that can tell which base model its server
+// serves (an optional capability, found by type assertion): the node then
+// refuses a version whose adapter was trained on another base instead of
+// loading it (node/adapters). Ollama's driver reads the identity from
+// /api/show; WithBaseFile gives one to a driver of a server the node runs
+// on a model file it knows.
+type BaseIdentifier interface {
+	BaseIdentity(ctx context.Context) (baseid.ID, error)
+}
+
+// WithBaseFile returns d with a BaseIdentity read from path, the model
+// file or directory its server serves (a GGUF for llama-server, an MLX or
+// Hugging Face directory): baseid.Read, once, on first use.
+func WithBaseFile(d Driver, path string) Driver {
+	return &fileBase{Driver: d, read: sync.OnceValues(func() (baseid.ID, error) { return baseid.Read(path) })}
+}
+
+type fileBase struct {
+	Driver
+	read func() (baseid.ID, error)
+}
+
+// BaseIdentity implements BaseIdentifier.
+func (f *fileBase) BaseIdentity(context.Context) (baseid.ID, error) { return f.read() }
 
 // Config configures a Driver. Upstream is required; the zero value of
 // every other field means its default.
