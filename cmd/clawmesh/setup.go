@@ -58,8 +58,11 @@ finds the model's GGUF in Ollama's own store ($OLLAMA_MODELS, else
 the service install keeps it), by the model's manifest
 (manifests/registry.ollama.ai/library/qwen3/4b for qwen3:4b), checks that
 it is a GGUF, and writes serve = "llama-server" and model = "<the GGUF>"
-to the node's config (DATA/config.toml), recording the lines it changed in
-DATA/ollama-setup.json so that --undo puts them back exactly. llama-server
+to the node's config (DATA/config.toml); the node's upstream is then the
+server it runs, so an upstream (and an upstream_kind other than llamacpp)
+set there before, such as Ollama's, is commented out in place. The lines it
+changed are recorded in DATA/ollama-setup.json, so that --undo puts them
+back exactly. llama-server
 must be installed (macOS: brew install llama.cpp; elsewhere a release of
 https://github.com/ggml-org/llama.cpp/releases); setup says so where it is
 not on PATH.
@@ -551,9 +554,30 @@ func runSetupOllama(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	keys := []string{"serve", "model"}
 	vals := map[string]string{"serve": "llama-server", "model": m.Blob}
-	newToml := setup.SetTOMLKeys(string(oldToml), keys, vals)
+	var changes []setup.KeyChange
+	for _, k := range keys {
+		changes = append(changes, setup.KeyChange{Key: k, Old: setup.TOMLKeyLine(string(oldToml), k), New: vals[k]})
+	}
 	var check fileConfig
-	if _, err := toml.Decode(newToml, &check); err != nil {
+	if _, err := toml.Decode(string(oldToml), &check); err != nil {
+		return fmt.Errorf("the node's config %s: %v", cfgPath, err)
+	}
+	newToml := setup.SetTOMLKeys(string(oldToml), keys, vals)
+	// The node's upstream is the server it runs: an upstream set before
+	// (Ollama's, by setup openclaw) and a kind other than llama.cpp's are
+	// commented out, in place, to come back with --undo.
+	var dropped []string
+	for _, k := range []string{"upstream", "upstream_kind"} {
+		line := setup.TOMLKeyLine(newToml, k)
+		if line == "" || k == "upstream_kind" && (check.UpstreamKind == "llamacpp" || check.UpstreamKind == "llama.cpp") {
+			continue
+		}
+		var c string
+		newToml, c, _ = setup.CommentTOMLKey(newToml, k, "clawmesh setup ollama: the node runs llama-server on "+on.String())
+		changes = append(changes, setup.KeyChange{Key: k, Old: line, Comment: c})
+		dropped = append(dropped, strings.TrimSpace(line))
+	}
+	if _, err := toml.Decode(newToml, &fileConfig{}); err != nil {
 		return fmt.Errorf("cannot set the model in %s: %v", cfgPath, err)
 	}
 	bin, binErr := exec.LookPath(cmp.Or(s.ServeBin, "llama-server"))
@@ -570,23 +594,25 @@ func runSetupOllama(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintln(stdout, "\nNothing was changed (--dry-run).")
 		return nil
 	}
-	rec := setup.OllamaRecord{Config: cfgPath, Model: on.String(), Blob: m.Blob, Created: created,
+	rec := setup.OllamaRecord{Config: cfgPath, Model: on.String(), Blob: m.Blob, Keys: changes, Created: created,
 		NoFinalNewline: len(oldToml) > 0 && !bytes.HasSuffix(oldToml, []byte("\n")), At: time.Now().UTC()}
-	for _, k := range keys {
-		rec.Keys = append(rec.Keys, setup.KeyChange{Key: k, Old: setup.TOMLKeyLine(string(oldToml), k), New: vals[k]})
-	}
 	if prev, ok, err := readOllamaRecord(recPath); err != nil {
 		return err
 	} else if ok && prev.Config == cfgPath {
 		// Set up before, for another model: what --undo puts back is the
-		// config from before the first setup, where the keys still hold
-		// what that setup left.
+		// config from before the first setup, where it is still as that
+		// setup left it.
 		if _, err := setup.UndoTOMLKeys(string(oldToml), prev.Keys); err == nil {
 			for i, k := range rec.Keys {
 				for _, pk := range prev.Keys {
-					if pk.Key == k.Key {
+					if pk.Key == k.Key && pk.Comment == "" {
 						rec.Keys[i].Old = pk.Old
 					}
+				}
+			}
+			for _, pk := range prev.Keys {
+				if pk.Comment != "" {
+					rec.Keys = append(rec.Keys, pk)
 				}
 			}
 			rec.Created, rec.NoFinalNewline = prev.Created, prev.NoFinalNewline
@@ -613,6 +639,9 @@ func runSetupOllama(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("%v (the node's config is as it was)", err)
 	}
 	fmt.Fprintf(stdout, "The node now runs llama-server on it: serve and model in %s.\n", cfgPath)
+	for _, d := range dropped {
+		fmt.Fprintf(stdout, "  commented out there, as the node's upstream is now the server it runs: %s\n", d)
+	}
 	printLlamaServer(stdout, bin, binErr)
 	fmt.Fprintln(stdout, "Run the node now: clawmesh service install (at login, restarted on failure), or clawmesh node.")
 	fmt.Fprintln(stdout, "clawmesh setup ollama --undo puts the node's config back as it was.")

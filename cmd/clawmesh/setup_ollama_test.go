@@ -72,6 +72,7 @@ func fakeOllamaStore(t *testing.T, models ...string) (dir, first string) {
 const userNodeConfig = `# my node
 listen = "127.0.0.1:8400"
 upstream = "http://127.0.0.1:11434/v1"
+upstream_kind = "ollama"
 
 [retention]
 max_age = "48h"
@@ -79,8 +80,9 @@ max_age = "48h"
 
 // TestSetupOllama: the model is found in Ollama's store by its manifest;
 // the dry run shows the change to the node's config and makes none; setup
-// sets serve and model there and says that llama-server is missing and
-// how to install it; a second run changes nothing; --undo gives the
+// sets serve and model there, comments out the upstream the node forwarded
+// to (Ollama's), and says that llama-server is missing and how to install
+// it; a second run changes nothing; --undo gives the
 // config back byte for byte.
 func TestSetupOllama(t *testing.T) {
 	for _, v := range []string{"CLAWMESH_DATA", "CLAWMESH_CONFIG", "CLAWMESH_MODEL", "CLAWMESH_SERVE", "CLAWMESH_SERVE_BIN"} {
@@ -95,7 +97,9 @@ func TestSetupOllama(t *testing.T) {
 	}
 
 	out := cli(t, "setup", "ollama", "--model", "qwen3:4b", "--data", data, "--dry-run")
-	for _, want := range []string{blob, "qwen3", "Q4_K_M", `+serve = "llama-server"`, `+model = "` + blob + `"`, "Nothing was changed", "llama-server is not on PATH"} {
+	for _, want := range []string{blob, "qwen3", "Q4_K_M", `+serve = "llama-server"`, `+model = "` + blob + `"`,
+		`-upstream = "http://127.0.0.1:11434/v1"`, `+# upstream = "http://127.0.0.1:11434/v1"  # clawmesh setup ollama`, `+# upstream_kind = "ollama"`,
+		"Nothing was changed", "llama-server is not on PATH"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run does not say %q:\n%s", want, out)
 		}
@@ -116,7 +120,8 @@ func TestSetupOllama(t *testing.T) {
 	if _, err := toml.DecodeFile(cfg, &fc); err != nil {
 		t.Fatal(err)
 	}
-	if fc.Serve != "llama-server" || fc.Model != blob || fc.Upstream != "http://127.0.0.1:11434/v1" || fc.Retention.MaxAge != "48h" {
+	// The node's upstream is the server it runs: Ollama's is commented out.
+	if fc.Serve != "llama-server" || fc.Model != blob || fc.Upstream != "" || fc.UpstreamKind != "" || fc.Retention.MaxAge != "48h" {
 		t.Fatalf("config after setup: %+v", fc)
 	}
 	b, _ := os.ReadFile(cfg)

@@ -283,7 +283,29 @@ type KeyChange struct {
 	// Old is the key's line before ("" when the key was absent).
 	Old string `json:"old,omitempty"`
 	// New is the value set.
-	New string `json:"new"`
+	New string `json:"new,omitempty"`
+	// Comment, when set, is the line the key's became: commented out, in
+	// its place, with a note (CommentTOMLKey).
+	Comment string `json:"comment,omitempty"`
+}
+
+// CommentTOMLKey returns a TOML text with the line of top-level key
+// commented out in its place, followed by note, and that line; ok is
+// false (and src unchanged) when the key is absent.
+func CommentTOMLKey(src, key, note string) (out, line string, ok bool) {
+	old := TOMLKeyLine(src, key)
+	if old == "" {
+		return src, "", false
+	}
+	line = "# " + strings.TrimSpace(old) + "  # " + note
+	lines := strings.Split(src, "\n")
+	for i, l := range lines {
+		if l == old {
+			lines[i] = line
+			break
+		}
+	}
+	return strings.Join(lines, "\n"), line, true
 }
 
 // OllamaRecord is what setup ollama keeps in the node's data directory to
@@ -331,6 +353,17 @@ func UndoTOMLKeys(src string, changes []KeyChange) (string, error) {
 		}
 	}
 	for _, c := range changes {
+		if c.Comment != "" {
+			i := slices.Index(lines, c.Comment)
+			if i < 0 {
+				return "", fmt.Errorf("%w: the line %q setup left in place of %s is gone", ErrChanged, c.Comment, c.Key)
+			}
+			if TOMLKeyLine(strings.Join(lines[:end], "\n"), c.Key) != "" {
+				return "", fmt.Errorf("%w: %s is set again since setup commented it out", ErrChanged, c.Key)
+			}
+			lines[i] = c.Old
+			continue
+		}
 		at := -1
 		for i := 0; i < end; i++ {
 			if name, _, ok := strings.Cut(strings.TrimSpace(lines[i]), "="); ok && strings.Trim(strings.TrimSpace(name), `"'`) == c.Key {

@@ -206,6 +206,22 @@ func TestUndoTOMLKeys(t *testing.T) {
 	if err != nil || back != src {
 		t.Fatalf("undo: %v\n%q\nwant\n%q", err, back, src)
 	}
+	// A key commented out in place comes back in place.
+	withUp := "listen = \"127.0.0.1:8400\"\nupstream = \"http://127.0.0.1:11434/v1\" # Ollama\nmodel = \"x\"\n"
+	commented, line, ok := CommentTOMLKey(withUp, "upstream", "the node runs llama-server")
+	if !ok || line != "# upstream = \"http://127.0.0.1:11434/v1\" # Ollama  # the node runs llama-server" || !strings.Contains(commented, "\n"+line+"\n") {
+		t.Fatalf("commented:\n%s", commented)
+	}
+	if TOMLKeyLine(commented, "upstream") != "" {
+		t.Fatal("a commented-out key is still read")
+	}
+	back, err = UndoTOMLKeys(commented, []KeyChange{{Key: "upstream", Old: TOMLKeyLine(withUp, "upstream"), Comment: line}})
+	if err != nil || back != withUp {
+		t.Fatalf("undo of a comment: %v\n%q", err, back)
+	}
+	if _, _, ok := CommentTOMLKey(withUp, "upstream_kind", "x"); ok {
+		t.Fatal("an absent key commented out")
+	}
 	edited := strings.Replace(after, "/x/blobs/sha256-ab", "/elsewhere.gguf", 1)
 	if _, err := UndoTOMLKeys(edited, ch); !errors.Is(err, ErrChanged) || !strings.Contains(err.Error(), "/elsewhere.gguf") {
 		t.Fatalf("undo of a key changed since: %v", err)
