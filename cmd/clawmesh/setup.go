@@ -644,6 +644,7 @@ func runSetupOllama(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	printLlamaServer(stdout, bin, binErr)
 	fmt.Fprintln(stdout, "Run the node now: clawmesh service install (at login, restarted on failure), or clawmesh node.")
+	fmt.Fprintf(stdout, "The file is Ollama's: after 'ollama rm %s', run setup ollama again for another model.\n", on)
 	fmt.Fprintln(stdout, "clawmesh setup ollama --undo puts the node's config back as it was.")
 	return nil
 }
