@@ -21,6 +21,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/model/baseid"
+	"github.com/clawmesh/clawmesh/model/engine/native"
 	"github.com/clawmesh/clawmesh/model/gguf"
 	"github.com/clawmesh/clawmesh/model/mlx"
 	"github.com/clawmesh/clawmesh/model/modeldir"
@@ -88,6 +89,12 @@ func (h heldWeights) Sources(*chunks.Manifest) []weights.Source { return nil }
 // as the node's follower does.
 func holdVersion(t *testing.T, data, dir string, v uint64, install bool) {
 	t.Helper()
+	holdVersionOf(t, data, dir, v, "tiny", install)
+}
+
+// holdVersionOf is holdVersion of a version of base.
+func holdVersionOf(t *testing.T, data, dir string, v uint64, base string, install bool) {
+	t.Helper()
 	wd, err := weights.OpenDir(filepath.Join(data, "weights"))
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +107,7 @@ func holdVersion(t *testing.T, data, dir string, v uint64, install bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Version, m.Base, m.Term, m.Index = v, "tiny", 1, 10*v
+	m.Version, m.Base, m.Term, m.Index = v, base, 1, 10*v
 	// Signed by a trainer, as every manifest a node keeps is (export does
 	// not check it: the weights service did, when it fetched).
 	_, admin, _ := ed25519.GenerateKey(rand.Reader)
@@ -281,5 +288,48 @@ func TestWeightsExportRefusals(t *testing.T) {
 	fail([]string{"differs from the version the mesh certified"}, "v1", "--format", "peft", "--out", out)
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Fatalf("a refused export wrote %s", out)
+	}
+}
+
+// TestWeightsExportBaseDir: a mesh whose base is not the tiny one needs
+// the base's directory, and refuses one of another model.
+func TestWeightsExportBaseDir(t *testing.T) {
+	for _, v := range []string{"CLAWMESH_DATA", "CLAWMESH_CONFIG"} {
+		t.Setenv(v, "")
+	}
+	data := t.TempDir()
+	d1, _ := tinyAdapter(t, 1)
+	holdVersionOf(t, data, d1, 1, "Qwen3-4B", false)
+	out := filepath.Join(t.TempDir(), "base.gguf")
+	_, errs, code := runCLI(t, "weights", "export", "base", "--format", "gguf", "--out", out, "--data", data)
+	if code == 0 || !strings.Contains(errs, "the mesh trains base Qwen3-4B") || !strings.Contains(errs, "--base-dir") {
+		t.Fatalf("no --base-dir: %d %s", code, errs)
+	}
+	// A directory of another model is refused; the mesh's is exported.
+	txt, cfg, err := modeldir.Tiny()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"Llama-3.2-1B", "Qwen3-4B"} {
+		dir := filepath.Join(t.TempDir(), name)
+		if err := native.CreateTiny(dir, cfg, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := txt.Tokenizer.Save(filepath.Join(dir, modeldir.TokenizerFile)); err != nil {
+			t.Fatal(err)
+		}
+		o, errs, code := runCLI(t, "weights", "export", "base", "--format", "gguf", "--out", out, "--data", data, "--base-dir", dir)
+		if name == "Llama-3.2-1B" {
+			if code == 0 || !strings.Contains(errs, "the mesh trains base Qwen3-4B; "+dir+" is Llama-3.2-1B") {
+				t.Fatalf("another model's directory: %d %s%s", code, o, errs)
+			}
+			continue
+		}
+		if code != 0 {
+			t.Fatalf("the mesh's base: %s", errs)
+		}
+		if _, err := baseid.FromGGUF(out); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

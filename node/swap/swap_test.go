@@ -346,3 +346,30 @@ func FuzzReplyMessage(f *testing.F) {
 		}
 	})
 }
+
+// TestOllamaBaseIdentity: the Ollama driver tells the base its server
+// serves from /api/show, by the Ollama name and the GGUF's shape.
+func TestOllamaBaseIdentity(t *testing.T) {
+	ctx := ctxT(t)
+	f := newFakeOllama("llama3.2:1b")
+	f.arch = "qwen3"
+	d, err := New("ollama", Config{Upstream: serveFake(t, f) + "/v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bi, ok := d.(BaseIdentifier)
+	if !ok {
+		t.Fatal("the Ollama driver cannot tell its base")
+	}
+	id, err := bi.BaseIdentity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id.Arch != "qwen3" || id.Layers != 1 || id.Hidden != 8 || id.Quant != "Q4_K_M" || id.Name() != "llama3.2:1b" {
+		t.Fatalf("base identity %+v", id)
+	}
+	d, _ = New("ollama", Config{Upstream: serveFake(t, newFakeOllama("llama3.2:1b")) + "/v1", BaseModel: "llama3.3:70b"})
+	if _, err := d.(BaseIdentifier).BaseIdentity(ctx); !errors.Is(err, ErrConfig) || !contains(err, "ollama pull llama3.3:70b") {
+		t.Fatalf("the identity of a base Ollama does not have: %v", err)
+	}
+}
