@@ -324,7 +324,7 @@ func TestLlamaCppMatchesNative(t *testing.T) {
 
 	want := expected(t, e, prompts, versions, filepath.Join(work, "scaled"))
 	for _, c := range []struct {
-		typ         gguf.TensorType
+		typ          gguf.TensorType
 		tolLP, tolTV float64
 	}{
 		{gguf.TypeF32, 1e-4, 1e-5},
