@@ -27,6 +27,9 @@ func TestExportBaseMetadata(t *testing.T) {
 	}
 	defer f.Close()
 	in := f.Info()
+	if ins, err := gguf.Inspect(out); err != nil || ins != in {
+		t.Errorf("Inspect = %+v, %v; want %+v", ins, err, in)
+	}
 	want := gguf.Info{Arch: "qwen3", Type: "model", Name: "tiny-qwen3", FileType: 0, BlockCount: cfg.Layers,
 		ContextLength: cfg.MaxPosition, EmbeddingLength: cfg.Hidden, FeedForwardLength: cfg.Intermediate,
 		HeadCount: cfg.Heads, HeadCountKV: cfg.KVHeads, KeyLength: cfg.HeadDim, ValueLength: cfg.HeadDim,
