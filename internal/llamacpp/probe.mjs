@@ -26,7 +26,12 @@ const model = await llama.loadModel({ modelPath: req.model, gpuLayers: 0 });
 const out = { cases: [] };
 let n = 0;
 for (const c of req.cases) {
-  const opts = { contextSize: 256, batchSize: 256, sequences: 1, threads: 2 };
+  // An F32 KV cache, so a model of F32 weights is compared without the
+  // rounding of llama.cpp's default F16 cache.
+  const opts = {
+    contextSize: 256, batchSize: 256, sequences: 1, threads: 2, flashAttention: false,
+    experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32",
+  };
   if (c.loras && c.loras.length > 0) {
     opts.lora = { adapters: c.loras.map((l) => ({ filePath: l.path, scale: l.scale ?? 1 })) };
   }
