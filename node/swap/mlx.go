@@ -109,7 +109,7 @@ func (d *mlxDriver) write(abs string) (string, error) {
 		stale := strings.HasPrefix(name, ".mlx-") // an interrupted write
 		if ours && peft != "" {
 			_, err := os.Stat(filepath.Join(parent, peft))
-			stale = errors.Is(err, os.ErrNotExist)
+			stale = errors.Is(err, os.ErrNotExist) && isMLXCopy(filepath.Join(parent, name))
 		}
 		if stale && e.IsDir() {
 			if err := os.RemoveAll(filepath.Join(parent, name)); err != nil {
@@ -118,6 +118,14 @@ func (d *mlxDriver) write(abs string) (string, error) {
 		}
 	}
 	return out, nil
+}
+
+// isMLXCopy reports whether dir looks like a copy write made: mlx-lm's
+// weights file, and no PEFT one (never a version's own directory).
+func isMLXCopy(dir string) bool {
+	_, errW := os.Stat(filepath.Join(dir, mlx.WeightsFile))
+	_, errP := os.Stat(filepath.Join(dir, weightsFile))
+	return errW == nil && errors.Is(errP, os.ErrNotExist)
 }
 
 // Base implements Driver: the base model by name, with no adapter.

@@ -577,6 +577,11 @@ func TestMLXRefusals(t *testing.T) {
 		// The node prunes v5; the next load removes v5's copy, not v6's.
 		os.RemoveAll(filepath.Join(root, "v5"))
 		os.Mkdir(filepath.Join(root, ".mlx-v7-123"), 0o755) // an interrupted write
+		// A version whose own directory ends in .mlx is never taken for a
+		// copy.
+		if err := os.Rename(m.adapter(t, "x", 9), filepath.Join(root, "x.mlx")); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.Rename(m.adapter(t, "v7", 7), filepath.Join(root, "v7")); err != nil {
 			t.Fatal(err)
 		}
@@ -588,7 +593,7 @@ func TestMLXRefusals(t *testing.T) {
 		for _, e := range ents {
 			names = append(names, e.Name())
 		}
-		if got := strings.Join(names, " "); got != "v6 v6.mlx v7 v7.mlx" {
+		if got := strings.Join(names, " "); got != "v6 v6.mlx v7 v7.mlx x.mlx" {
 			t.Fatalf("after pruning v5: %s", got)
 		}
 	})
