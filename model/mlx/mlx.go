@@ -206,6 +206,15 @@ func Export(peftDir, outDir string) error {
 			if !floatType(t.ti.DType) {
 				return fmt.Errorf("%w: %s is %s; mlx-lm adapters hold F32, F16 or BF16", ErrUnsupported, t.name, t.ti.DType)
 			}
+			v, _, err := f.Float32(t.name)
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrPEFT, err)
+			}
+			for _, x := range v {
+				if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+					return fmt.Errorf("%w: %s is not finite", ErrPEFT, t.name)
+				}
+			}
 		}
 		in, out := ta.Shape[1], tb.Shape[0]
 		base := "model.layers." + id[0] + "." + id[1]

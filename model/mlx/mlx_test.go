@@ -255,6 +255,25 @@ func TestExportRefuses(t *testing.T) {
 			addTensor(t, dir, "base_model.model.model.layers.0.mlp.up_proj.lora_A.weight", []int{2, 64})
 		}, mlx.ErrPEFT, "mlp.up_proj"},
 		{"no config", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, mlx.PEFTConfigFile)) }, mlx.ErrPEFT, "adapter_config.json"},
+		{"not finite", func(t *testing.T, dir string) {
+			name := "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"
+			f, err := safetensors.ReadFile(filepath.Join(dir, mlx.PEFTWeightsFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ts []safetensors.Tensor
+			for _, n := range f.Names() {
+				v, shape, _ := f.Float32(n)
+				if n == name {
+					v[3] = float32(math.Inf(1))
+				}
+				tn, _ := safetensors.F32Tensor(n, safetensors.F32, shape, v)
+				ts = append(ts, tn)
+			}
+			if err := safetensors.WriteFile(filepath.Join(dir, mlx.PEFTWeightsFile), ts, nil); err != nil {
+				t.Fatal(err)
+			}
+		}, mlx.ErrPEFT, "lora_B.weight is not finite"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := peftAdapter(t, cfg, native.LoRAConfig{Rank: 2, Targets: []string{"q_proj"}}, false, safetensors.F32, 1)

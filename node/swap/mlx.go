@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -109,7 +110,7 @@ func (d *mlxDriver) write(abs string) (string, error) {
 		stale := strings.HasPrefix(name, ".mlx-") // an interrupted write
 		if ours && peft != "" {
 			_, err := os.Stat(filepath.Join(parent, peft))
-			stale = errors.Is(err, os.ErrNotExist)
+			stale = errors.Is(err, os.ErrNotExist) && isMLXCopy(filepath.Join(parent, name))
 		}
 		if stale && e.IsDir() {
 			if err := os.RemoveAll(filepath.Join(parent, name)); err != nil {
@@ -118,6 +119,68 @@ func (d *mlxDriver) write(abs string) (string, error) {
 		}
 	}
 	return out, nil
+}
+
+// isMLXCopy reports whether dir looks like a copy write made: mlx-lm's
+// weights file, and no PEFT one (never a version's own directory).
+func isMLXCopy(dir string) bool {
+	_, errW := os.Stat(filepath.Join(dir, mlx.WeightsFile))
+	_, errP := os.Stat(filepath.Join(dir, weightsFile))
+	return errW == nil && errors.Is(errP, os.ErrNotExist)
+}
+
+// baseModel returns the base model's name: Config.BaseModel, or the model
+// mlx_lm.server was started with. GET /v1/models lists, besides the mlx
+// models in the Hugging Face cache (by repository id), the server's
+// --model as an absolute path when it is a local directory
+// (handle_models_request): that one is the base model. Otherwise the list
+// must hold one model.
+func (d *mlxDriver) baseModel(ctx context.Context) (string, error) {
+	d.client.mu.Lock()
+	b := d.base
+	d.client.mu.Unlock()
+	if b != "" {
+		return b, nil
+	}
+	r, err := d.do(ctx, http.MethodGet, d.api+"/models", nil, 0)
+	if err != nil {
+		return "", err
+	}
+	if r.status != http.StatusOK {
+		return "", d.failure("listing the models", r)
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(r.body, &list); err != nil {
+		return "", fmt.Errorf("%w: GET %s/models: not a model list: %v", ErrUpstream, d.api, err)
+	}
+	var ids, local []string
+	for _, m := range list.Data {
+		if m.ID == "" {
+			continue
+		}
+		ids = append(ids, m.ID)
+		if strings.HasPrefix(m.ID, "/") {
+			local = append(local, m.ID)
+		}
+	}
+	switch {
+	case len(local) == 1:
+		b = local[0]
+	case len(ids) == 1:
+		b = ids[0]
+	case len(ids) == 0:
+		return "", fmt.Errorf("%w: mlx_lm.server lists no model at %s/models: start it with --model", ErrConfig, d.api)
+	default:
+		return "", fmt.Errorf("%w: mlx_lm.server lists several models (%s) and none as its --model: start it with --model set to the model's local directory, or name the base model in the node's config", ErrConfig, strings.Join(ids, ", "))
+	}
+	d.client.mu.Lock()
+	d.base = b
+	d.client.mu.Unlock()
+	return b, nil
 }
 
 // Base implements Driver: the base model by name, with no adapter.

@@ -577,6 +577,11 @@ func TestMLXRefusals(t *testing.T) {
 		// The node prunes v5; the next load removes v5's copy, not v6's.
 		os.RemoveAll(filepath.Join(root, "v5"))
 		os.Mkdir(filepath.Join(root, ".mlx-v7-123"), 0o755) // an interrupted write
+		// A version whose own directory ends in .mlx is never taken for a
+		// copy.
+		if err := os.Rename(m.adapter(t, "x", 9), filepath.Join(root, "x.mlx")); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.Rename(m.adapter(t, "v7", 7), filepath.Join(root, "v7")); err != nil {
 			t.Fatal(err)
 		}
@@ -588,7 +593,7 @@ func TestMLXRefusals(t *testing.T) {
 		for _, e := range ents {
 			names = append(names, e.Name())
 		}
-		if got := strings.Join(names, " "); got != "v6 v6.mlx v7 v7.mlx" {
+		if got := strings.Join(names, " "); got != "v6 v6.mlx v7 v7.mlx x.mlx" {
 			t.Fatalf("after pruning v5: %s", got)
 		}
 	})
@@ -610,25 +615,40 @@ func TestMLXRefusals(t *testing.T) {
 		}
 	})
 	t.Run("several models", func(t *testing.T) {
-		// The server lists its --model and the mlx models in the Hugging
-		// Face cache: with more than one the node must be told.
-		url := serveFake(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{
-				map[string]any{"id": "mlx-community/Qwen3-4B-4bit"}, map[string]any{"id": m.dir}}})
-		})) + "/v1"
-		d, err := New("mlx", Config{Upstream: url})
-		if err != nil {
-			t.Fatal(err)
+		// The server lists the mlx models in the Hugging Face cache by
+		// repository id, then its --model as an absolute path when that
+		// is a local directory: that one is the base model.
+		listing := func(ids ...string) string {
+			return serveFake(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				var data []any
+				for _, id := range ids {
+					data = append(data, map[string]any{"id": id, "object": "model", "created": 1})
+				}
+				writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+			})) + "/v1"
 		}
-		if _, err := d.Base(ctx); !errors.Is(err, ErrConfig) || !contains(err, "several models") {
-			t.Fatalf("Base with two models listed: %v", err)
-		}
-		d, err = New("mlx", Config{Upstream: url, BaseModel: "mlx-community/Qwen3-4B-4bit"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if tg, err := d.Base(ctx); err != nil || tg.Model != "mlx-community/Qwen3-4B-4bit" {
-			t.Fatalf("Base with the model named: %+v, %v", tg, err)
+		const cached = "mlx-community/Qwen3-4B-4bit"
+		for _, c := range []struct {
+			url, base, want string
+		}{
+			{listing(cached, "mlx-community/Llama-3.2-1B-Instruct-4bit", m.dir), "", m.dir},
+			{listing(cached), "", cached},
+			{listing(cached, "mlx-community/Llama-3.2-1B-Instruct-4bit"), "", ""},
+			{listing(cached, "mlx-community/Llama-3.2-1B-Instruct-4bit"), cached, cached},
+			{listing(), "", ""},
+		} {
+			d, err := New("mlx", Config{Upstream: c.url, BaseModel: c.base})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tg, err := d.Base(ctx)
+			if c.want == "" {
+				if !errors.Is(err, ErrConfig) || !contains(err, "--model") {
+					t.Errorf("Base with no model to tell: %+v, %v; want ErrConfig saying to start it with --model", tg, err)
+				}
+			} else if err != nil || tg.Model != c.want {
+				t.Errorf("Base: %+v, %v; want %q", tg, err, c.want)
+			}
 		}
 	})
 }
