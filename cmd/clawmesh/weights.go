@@ -295,7 +295,10 @@ func runWeightsExport(fs *flag.FlagSet, s *settings, args []string, stdout io.Wr
 	if *out == "" {
 		return usageErr("say where to write it: --out PATH")
 	}
-	tt := gguf.TensorType(0)
+	tt := gguf.TypeF32 // an adapter's default, as convert_lora_to_gguf.py's
+	if what == adapters.Base {
+		tt = gguf.TypeF16 // a model's: half the size, as llama.cpp's converter's default
+	}
 	if *typ != "" {
 		t, ok := exportTypes[strings.ToLower(*typ)]
 		if !ok {
@@ -523,11 +526,7 @@ func (e exporter) base(stdout io.Writer) error {
 	var what string
 	switch e.format {
 	case "gguf":
-		t := e.typ
-		if t == 0 {
-			t = gguf.TypeF16
-		}
-		err = e.replace(func(tmp string) error { return gguf.ExportBase(dir, tmp, gguf.BaseOptions{Type: t}) })
+		err = e.replace(func(tmp string) error { return gguf.ExportBase(dir, tmp, gguf.BaseOptions{Type: e.typ}) })
 		what = "a llama.cpp model (llama-server -m FILE)"
 	case "mlx":
 		err = e.replace(func(tmp string) error { return copyModelDir(dir, tmp) })
