@@ -21,6 +21,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/atomicfile"
 	"github.com/clawmesh/clawmesh/model/baseid"
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/setup"
 )
 
@@ -581,7 +582,13 @@ func runSetupOllama(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("cannot set the model in %s: %v", cfgPath, err)
 	}
 	bin, binErr := exec.LookPath(cmp.Or(s.ServeBin, "llama-server"))
-	fmt.Fprintf(stdout, "Ollama's %s is %s: %s, %.1f GiB, in %s.\n", on, m.Blob, id, float64(m.Size)/(1<<30), m.Models)
+	fmt.Fprintf(stdout, "Ollama's %s is %s: %s, %s, in %s.\n", on, m.Blob, id, sizeText(m.Size), m.Models)
+	if v, err := newestInstalled(s.Data); err == nil {
+		if err := baseid.Same(v.id, id); err != nil {
+			fmt.Fprintf(stdout, "\nWARNING: the mesh's %s was trained on another base model than %s, so the node will not load it there:\n  %s\nServe the mesh's base model instead to have it learn.\n\n",
+				v.name, on, strings.TrimPrefix(err.Error(), "baseid: a different base model: "))
+		}
+	}
 	if newToml == string(oldToml) {
 		fmt.Fprintf(stdout, "The node already serves it with llama-server (%s): nothing to change.\n", cfgPath)
 		printLlamaServer(stdout, bin, binErr)
@@ -755,4 +762,39 @@ func undoOllama(cfgPath, recPath string, dry bool, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "The node's config is as it was before setup ollama (%s): it no longer serves %s.\n", cfgPath, rec.Model)
 	return nil
+}
+
+// installedVersion is the newest adapter version installed on a node.
+type installedVersion struct {
+	name string
+	id   baseid.ID // the base it was trained on
+}
+
+// newestInstalled finds the newest version installed in DATA/adapters
+// and the base it was trained on.
+func newestInstalled(data string) (installedVersion, error) {
+	ents, err := os.ReadDir(filepath.Join(data, node.AdaptersDir))
+	if err != nil {
+		return installedVersion{}, err
+	}
+	var best uint64
+	var name string
+	for _, e := range ents {
+		if n, err := adapters.ParseVersion(e.Name()); err == nil && e.IsDir() && n > best {
+			best, name = n, e.Name()
+		}
+	}
+	if name == "" {
+		return installedVersion{}, fs.ErrNotExist
+	}
+	id, err := baseid.FromAdapter(filepath.Join(data, node.AdaptersDir, name))
+	return installedVersion{name: name, id: id}, err
+}
+
+// sizeText is a file size for people: "2.5 GiB", "140.2 MiB".
+func sizeText(n int64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }

@@ -23,16 +23,6 @@ func fakeOllamaStore(t *testing.T, models ...string) (dir, first string) {
 	t.Helper()
 	dir = filepath.Join(t.TempDir(), "models")
 	t.Setenv("OLLAMA_MODELS", dir)
-	put := func(b []byte) string {
-		sum := sha256.Sum256(b)
-		h := hex.EncodeToString(sum[:])
-		os.MkdirAll(filepath.Join(dir, "blobs"), 0o755)
-		if err := os.WriteFile(filepath.Join(dir, "blobs", "sha256-"+h), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return "sha256:" + h
-	}
-	tmpl := []byte("{{ .Prompt }}")
 	for i, m := range models {
 		g := filepath.Join(t.TempDir(), "m.gguf")
 		kv := []gguf.KV{
@@ -43,30 +33,48 @@ func fakeOllamaStore(t *testing.T, models ...string) (dir, first string) {
 		if err := gguf.WriteFile(g, kv, []gguf.Tensor{{Info: gguf.TensorInfo{Name: "output_norm.weight", Shape: []uint64{8}, Type: gguf.TypeF32}, Data: make([]byte, 32)}}); err != nil {
 			t.Fatal(err)
 		}
-		b, err := os.ReadFile(g)
-		if err != nil {
-			t.Fatal(err)
-		}
-		digest := put(b)
+		blob := putOllamaModel(t, dir, m, g)
 		if i == 0 {
-			first = filepath.Join(dir, "blobs", strings.Replace(digest, ":", "-", 1))
-		}
-		name, tag, _ := strings.Cut(m, ":")
-		man, _ := json.Marshal(map[string]any{
-			"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-			"config": map[string]any{"mediaType": "application/vnd.docker.container.image.v1+json", "digest": put([]byte("{}")), "size": 2},
-			"layers": []any{
-				map[string]any{"mediaType": "application/vnd.ollama.image.model", "digest": digest, "size": len(b)},
-				map[string]any{"mediaType": "application/vnd.ollama.image.template", "digest": put(tmpl), "size": len(tmpl)},
-			},
-		})
-		p := filepath.Join(dir, "manifests", "registry.ollama.ai", "library", name, tag)
-		os.MkdirAll(filepath.Dir(p), 0o755)
-		if err := os.WriteFile(p, man, 0o644); err != nil {
-			t.Fatal(err)
+			first = blob
 		}
 	}
 	return dir, first
+}
+
+// putOllamaModel stores the GGUF file g in the Ollama store dir as model
+// name ("qwen3:4b"), as `ollama pull` leaves it, and returns its blob.
+func putOllamaModel(t *testing.T, dir, name, g string) string {
+	t.Helper()
+	put := func(b []byte) string {
+		sum := sha256.Sum256(b)
+		h := hex.EncodeToString(sum[:])
+		os.MkdirAll(filepath.Join(dir, "blobs"), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, "blobs", "sha256-"+h), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return "sha256:" + h
+	}
+	b, err := os.ReadFile(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := put(b)
+	tmpl := []byte("{{ .Prompt }}")
+	model, tag, _ := strings.Cut(name, ":")
+	man, _ := json.Marshal(map[string]any{
+		"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+		"config": map[string]any{"mediaType": "application/vnd.docker.container.image.v1+json", "digest": put([]byte("{}")), "size": 2},
+		"layers": []any{
+			map[string]any{"mediaType": "application/vnd.ollama.image.model", "digest": digest, "size": len(b)},
+			map[string]any{"mediaType": "application/vnd.ollama.image.template", "digest": put(tmpl), "size": len(tmpl)},
+		},
+	})
+	p := filepath.Join(dir, "manifests", "registry.ollama.ai", "library", model, tag)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, man, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "blobs", strings.Replace(digest, ":", "-", 1))
 }
 
 const userNodeConfig = `# my node
@@ -151,7 +159,9 @@ func TestSetupOllama(t *testing.T) {
 }
 
 // TestSetupOllamaNewConfig: with no config file, setup makes one, and
-// --undo removes it; with llama-server on PATH, setup names it.
+// --undo removes it; with llama-server on PATH, setup names it; where the
+// node holds a version trained on another base than the model's, setup
+// warns that it will not load there, naming both.
 func TestSetupOllamaNewConfig(t *testing.T) {
 	for _, v := range []string{"CLAWMESH_DATA", "CLAWMESH_CONFIG", "CLAWMESH_SERVE_BIN"} {
 		t.Setenv(v, "")
@@ -161,9 +171,16 @@ func TestSetupOllamaNewConfig(t *testing.T) {
 	t.Setenv("PATH", bin)
 	fakeOllamaStore(t, "qwen3:4b")
 	data := t.TempDir()
+	d1, _ := tinyAdapter(t, 1)
+	holdVersion(t, data, d1, 1, true)
 	out := cli(t, "setup", "ollama", "--model", "qwen3:4b", "--data", data)
 	if !strings.Contains(out, "llama-server: "+filepath.Join(bin, "llama-server")) || strings.Contains(out, "not on PATH") {
 		t.Errorf("setup with llama-server installed:\n%s", out)
+	}
+	for _, want := range []string{"WARNING: the mesh's v1 was trained on another base model than qwen3:4b", "tiny", "2 layers, hidden 64", "hidden 8"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("setup onto another base does not say %q:\n%s", want, out)
+		}
 	}
 	cli(t, "setup", "ollama", "--undo", "--data", data)
 	if _, err := os.Stat(filepath.Join(data, "config.toml")); !os.IsNotExist(err) {
