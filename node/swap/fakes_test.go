@@ -236,6 +236,7 @@ func (f *fakeSGLang) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type fakeOllama struct {
 	arch       string // the base models' architecture (general.architecture)
 	hidden     int    // their embedding_length (8, the test adapters')
+	layers     int    // their block_count (1)
 	noAdapters bool   // a release that refuses adapters (v0.34.1 and later)
 
 	mu        sync.Mutex
@@ -247,7 +248,7 @@ type fakeOllama struct {
 }
 
 func newFakeOllama(models ...string) *fakeOllama {
-	f := &fakeOllama{arch: "llama", hidden: 8, blobs: map[string][]byte{}, models: map[string]bool{},
+	f := &fakeOllama{arch: "llama", hidden: 8, layers: 1, blobs: map[string][]byte{}, models: map[string]bool{},
 		created: map[string]map[string]string{}, adapters: map[string]*gguf.File{}}
 	for _, m := range models {
 		f.models[ollamaTag(m)] = true
@@ -310,7 +311,7 @@ func (f *fakeOllama) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"details": map[string]any{"format": "gguf", "family": a, "quantization_level": "Q4_K_M"},
 			"model_info": map[string]any{
 				"general.architecture": a, "general.file_type": 15, "general.basename": strings.Split(req.Model, ":")[0],
-				a + ".block_count": 1, a + ".embedding_length": f.hidden, a + ".attention.head_count": 2,
+				a + ".block_count": f.layers, a + ".embedding_length": f.hidden, a + ".attention.head_count": 2,
 				a + ".attention.head_count_kv": 2, "tokenizer.ggml.tokens": []any{},
 			},
 		})
