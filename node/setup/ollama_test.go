@@ -227,3 +227,27 @@ func TestUndoTOMLKeys(t *testing.T) {
 		t.Fatalf("undo of a key changed since: %v", err)
 	}
 }
+
+// FuzzParseOllamaName: a name is taken from the command line and becomes a
+// path: whatever is accepted names a file four levels under manifests/,
+// never outside it, and shows as a name that parses back the same.
+func FuzzParseOllamaName(f *testing.F) {
+	for _, s := range []string{"qwen3:4b", "ann/tiny:v2", "hf.co/unsloth/Qwen3-4B-GGUF:Q4_K_M", "../x", "a/../../b:c", "x:..", ".:.", "a//b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ParseOllamaName(s)
+		if err != nil {
+			return
+		}
+		root := filepath.Join("/models", "manifests")
+		p := n.manifestPath("/models")
+		rel, err := filepath.Rel(root, p)
+		if err != nil || strings.HasPrefix(rel, "..") || len(strings.Split(rel, string(filepath.Separator))) != 4 {
+			t.Fatalf("%q: manifest path %s is not four levels under %s", s, p, root)
+		}
+		if back, err := ParseOllamaName(n.String()); err != nil || back != n {
+			t.Fatalf("%q shows as %q, which parses as %+v, %v", s, n.String(), back, err)
+		}
+	})
+}
