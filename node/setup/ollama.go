@@ -25,8 +25,9 @@ var (
 	ErrOllamaManifest = errors.New("setup: bad Ollama manifest")
 )
 
-// Ollama's defaults for the parts of a model name left out (types/model
-// name.go: defaultHost, defaultNamespace, defaultTag).
+// Ollama's defaults for the parts of a model name left out
+// (github.com/ollama/ollama types/model/name.go: defaultHost,
+// defaultNamespace, defaultTag).
 const (
 	ollamaHost      = "registry.ollama.ai"
 	ollamaNamespace = "library"
@@ -108,14 +109,15 @@ func (n OllamaName) String() string {
 }
 
 // manifestPath is the name's manifest under a models directory
-// (manifest.PathForName: manifests/HOST/NAMESPACE/MODEL/TAG).
+// (Ollama's manifest/paths.go PathForName with types/model/name.go
+// Name.Filepath: manifests/HOST/NAMESPACE/MODEL/TAG).
 func (n OllamaName) manifestPath(models string) string {
 	return filepath.Join(models, "manifests", n.Host, n.Namespace, n.Model, n.Tag)
 }
 
 // OllamaModelsDirs are the directories Ollama may keep its models in, in
-// the order to look: $OLLAMA_MODELS (envconfig.Models), else
-// ~/.ollama/models; on Linux also /usr/share/ollama/.ollama/models, the
+// the order to look: $OLLAMA_MODELS, else ~/.ollama/models (Ollama's
+// envconfig/config.go Models); on Linux also /usr/share/ollama/.ollama/models, the
 // home of the ollama user its install script runs the service as.
 func OllamaModelsDirs(getenv func(string) string, home, goos string) []string {
 	if d := getenv("OLLAMA_MODELS"); d != "" {
@@ -156,7 +158,8 @@ const maxManifest = 1 << 20
 // manifest (manifests/HOST/NAMESPACE/MODEL/TAG, JSON: schemaVersion,
 // mediaType, config, layers of mediaType, digest, size), and the one
 // layer of the model's weights, whose blob is blobs/sha256-HEX
-// (manifest.BlobsPath). It checks that the blob is there, of the size the
+// (Ollama's manifest/manifest.go Manifest and Layer, ParseNamedManifest;
+// manifest/paths.go BlobsPath, which accepts only sha256 digests). It checks that the blob is there, of the size the
 // manifest says, and starts with GGUF's magic. A model that is not there
 // wraps ErrOllamaModel and lists the models that are.
 func FindOllamaModel(models string, name OllamaName) (OllamaModel, error) {
@@ -238,7 +241,8 @@ func checkGGUFMagic(path string) error {
 }
 
 // ListOllamaModels lists the models in the store under models, by name
-// as Ollama shows them (manifest.Manifests: manifests/*/*/*/*), sorted.
+// as Ollama shows them (manifest/manifest.go Manifests: the files
+// manifests/*/*/*/*), sorted.
 func ListOllamaModels(models string) ([]string, error) {
 	matches, err := filepath.Glob(filepath.Join(models, "manifests", "*", "*", "*", "*"))
 	if err != nil {
