@@ -145,8 +145,8 @@ type OllamaModel struct {
 	Size         int64
 }
 
-// The media type of a manifest's model weights layer (server/images.go,
-// create.go: "application/vnd.ollama.image.model").
+// The media type of a manifest's model weights layer (Ollama's
+// server/create.go gives a GGUF model's layer this type).
 const ollamaModelMedia = "application/vnd.ollama.image.model"
 
 var digestRE = regexp.MustCompile(`^sha256[:-]([0-9a-fA-F]{64})$`)
