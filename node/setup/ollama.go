@@ -117,8 +117,10 @@ func (n OllamaName) manifestPath(models string) string {
 
 // OllamaModelsDirs are the directories Ollama may keep its models in, in
 // the order to look: $OLLAMA_MODELS, else ~/.ollama/models (Ollama's
-// envconfig/config.go Models); on Linux also /usr/share/ollama/.ollama/models, the
-// home of the ollama user its install script runs the service as.
+// envconfig/config.go Models); on Linux also
+// /usr/share/ollama/.ollama/models, the home of the ollama user its
+// install runs the service as (Ollama's docs/faq.mdx, "Where are models
+// stored?"; docs/linux.mdx).
 func OllamaModelsDirs(getenv func(string) string, home, goos string) []string {
 	if d := getenv("OLLAMA_MODELS"); d != "" {
 		if d == "~" || strings.HasPrefix(d, "~/") {
