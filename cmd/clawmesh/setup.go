@@ -605,7 +605,10 @@ func runSetupOllama(ctx context.Context, args []string, stdout, stderr io.Writer
 		NoFinalNewline: len(oldToml) > 0 && !bytes.HasSuffix(oldToml, []byte("\n")), At: time.Now().UTC()}
 	if prev, ok, err := readOllamaRecord(recPath); err != nil {
 		return err
-	} else if ok && prev.Config == cfgPath {
+	} else if ok && prev.Config != cfgPath {
+		return withHint(fmt.Errorf("setup ollama changed %s before, and the node's config is %s now", prev.Config, cfgPath),
+			"Undo it there first ('clawmesh setup ollama --undo --config %s'), then run setup again", prev.Config)
+	} else if ok {
 		// Set up before, for another model: what --undo puts back is the
 		// config from before the first setup, where it is still as that
 		// setup left it.

@@ -219,6 +219,16 @@ func TestSetupOllamaRefusals(t *testing.T) {
 	os.MkdirAll(filepath.Dir(p), 0o755)
 	os.WriteFile(p, []byte(`{"schemaVersion":2,"layers":[{"mediaType":"application/vnd.ollama.image.model","digest":"sha256:nothex"}]}`), 0o644)
 	fail([]string{"not sha256:HEX"}, "--model", "broken")
+	// Set up with one config, then asked with another: the first is
+	// undone there first, not forgotten.
+	other := filepath.Join(t.TempDir(), "node.toml")
+	os.WriteFile(other, []byte("# mine\n"), 0o600)
+	cli(t, "setup", "ollama", "--model", "qwen3:4b", "--data", data, "--config", other)
+	_, errs, code := runCLI(t, "setup", "ollama", "--model", "llama3.2:1b", "--data", data)
+	if code == 0 || !strings.Contains(errs, "changed "+other+" before") || !strings.Contains(errs, "--undo --config "+other) {
+		t.Fatalf("setup with another config: %d %s", code, errs)
+	}
+	cli(t, "setup", "ollama", "--undo", "--data", data, "--config", other)
 	t.Setenv("OLLAMA_MODELS", filepath.Join(t.TempDir(), "none"))
 	fail([]string{"no Ollama model store", "OLLAMA_MODELS"}, "--model", "qwen3:4b")
 }
