@@ -47,10 +47,11 @@ import (
 // checked against the model Ollama serves (model/baseid): an adapter
 // trained on another base is refused, not loaded.
 //
-// Ollama v0.34.1 and later refuse adapters altogether ("LoRA adapters are
-// no longer supported", ollama/ollama#14969); Load then fails with
-// ErrUnsupported and points to `clawmesh setup ollama`, which serves the
-// same GGUF with llama-server.
+// Ollama v0.34.1 removed the creation of adapter models
+// (ollama/ollama#14969). The driver does not guess from the version: where
+// the server refuses ("LoRA adapters are no longer supported"), Load fails
+// with ErrUnsupported and points to `clawmesh setup ollama`, which serves
+// the same GGUF with llama-server.
 type ollamaDriver struct{ *client }
 
 // ollamaAdapterFile is the adapter's file name in /api/create: Ollama
