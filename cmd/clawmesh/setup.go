@@ -53,18 +53,20 @@ failure) or 'clawmesh node'.
 
 setup ollama serves a model you pulled with Ollama through llama-server,
 which the node runs itself, so that the adapters the mesh trains reach it
-(Ollama no longer loads LoRA adapters). Nothing is downloaded again: it
-finds the model's GGUF in Ollama's own store ($OLLAMA_MODELS, else
-~/.ollama/models; on Linux also /usr/share/ollama/.ollama/models, where
-the service install keeps it), by the model's manifest
-(manifests/registry.ollama.ai/library/qwen3/4b for qwen3:4b), checks that
-it is a GGUF, and writes serve = "llama-server" and model = "<the GGUF>"
-to the node's config (DATA/config.toml); the node's upstream is then the
-server it runs, so an upstream (and an upstream_kind other than llamacpp)
-set there before, such as Ollama's, is commented out in place. The lines it
-changed are recorded in DATA/ollama-setup.json, so that --undo puts them
-back exactly. llama-server
-must be installed (macOS: brew install llama.cpp; elsewhere a release of
+(recent Ollama releases no longer load LoRA adapters). Nothing is
+downloaded again: it finds the model's GGUF in Ollama's own store
+($OLLAMA_MODELS, else ~/.ollama/models; on Linux also
+/usr/share/ollama/.ollama/models, where the service install keeps it), by
+the model's manifest (manifests/registry.ollama.ai/library/qwen3/4b for
+qwen3:4b), checks that it is a GGUF, reads its architecture and shape,
+and writes serve = "llama-server" and model = "<the GGUF>" to the node's
+config (DATA/config.toml). The node's upstream is then the server it
+runs, so an upstream (and an upstream_kind other than llamacpp) set there
+before, such as Ollama's, is commented out in place. The lines it changed
+are recorded in DATA/ollama-setup.json, so that --undo puts them back
+exactly. Where the node holds a version the mesh trained on another base
+model, setup warns that it will not load on this one. llama-server must
+be installed (macOS: brew install llama.cpp; elsewhere a release of
 https://github.com/ggml-org/llama.cpp/releases); setup says so where it is
 not on PATH.
 
