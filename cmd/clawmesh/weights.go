@@ -310,8 +310,13 @@ func runWeightsExport(fs *flag.FlagSet, s *settings, args []string, stdout io.Wr
 		tt = t
 	}
 	dst := expandHome(*out)
-	if _, err := os.Lstat(dst); err == nil && !*force {
-		return withHint(fmt.Errorf("%s already exists", dst), "Give another --out, or add --force to replace it")
+	if _, err := os.Lstat(dst); err == nil {
+		if !*force {
+			return withHint(fmt.Errorf("%s already exists", dst), "Give another --out, or add --force to replace it")
+		}
+		if err := replaceable(dst, *format); err != nil {
+			return withHint(err, "Give another --out")
+		}
 	}
 	if *baseDir != "" {
 		*baseDir = expandHome(*baseDir)
@@ -593,4 +598,35 @@ func copyModelDir(src, dst string) error {
 		}
 	}
 	return copyFiles(src, dst, names)
+}
+
+// replaceable says whether --force may replace path with an export of
+// format: a file with a file, and a directory with a directory only where
+// it holds nothing but the files an export writes, so that a mistyped
+// --out never removes a directory of the user's.
+func replaceable(path, format string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if format == "gguf" {
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("%s is not a file: --force replaces a file with a GGUF file, nothing else", path)
+		}
+		return nil
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory: --force replaces an exported directory, nothing else", path)
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if !e.Type().IsRegular() || !(strings.HasSuffix(n, ".json") || strings.HasSuffix(n, ".safetensors") || strings.HasSuffix(n, ".txt") || strings.HasSuffix(n, ".model")) {
+			return fmt.Errorf("%s holds %s, which no export writes: --force replaces an exported directory, nothing else", path, n)
+		}
+	}
+	return nil
 }

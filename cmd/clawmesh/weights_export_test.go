@@ -280,6 +280,14 @@ func TestWeightsExportRefusals(t *testing.T) {
 	fail([]string{"--type is for --format gguf"}, "v1", "--format", "mlx", "--type", "f16", "--out", out)
 	fail([]string{"no adapter"}, "base", "--format", "peft", "--out", out)
 	fail([]string{"vN"}, "3", "--format", "gguf", "--out", out)
+	// --force replaces an export, never a directory of the user's.
+	mine := t.TempDir()
+	os.WriteFile(filepath.Join(mine, "notes.md"), []byte("mine"), 0o600)
+	fail([]string{"holds notes.md, which no export writes"}, "v1", "--format", "peft", "--out", mine, "--force")
+	fail([]string{"is not a file"}, "v1", "--format", "gguf", "--out", mine, "--force")
+	if b, err := os.ReadFile(filepath.Join(mine, "notes.md")); err != nil || string(b) != "mine" {
+		t.Fatalf("--force touched a directory of the user's: %v", err)
+	}
 	// An installed version that no longer matches its manifest.
 	w := filepath.Join(data, "adapters", "v1", "adapter_model.safetensors")
 	b, _ := os.ReadFile(w)
