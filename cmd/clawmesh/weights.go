@@ -442,6 +442,8 @@ func (e exporter) version(name string, stdout io.Writer) error {
 	base := ""
 	if m != nil {
 		base = m.Base
+	} else if id, err := baseid.FromAdapter(src); err == nil && len(id.Names) > 0 {
+		base = id.Names[0] // base_model_name_or_path: "tiny" for the tiny base
 	}
 	var what string
 	switch e.format {
