@@ -493,6 +493,9 @@ func (e exporter) base(stdout io.Writer) error {
 	for _, m := range held {
 		meshBase = m.Base
 	}
+	if v, err := newestInstalled(e.data); meshBase == "" && err == nil && len(v.id.Names) > 0 {
+		meshBase = v.id.Names[0] // the installed version's base_model_name_or_path
+	}
 	dir := e.baseDir
 	switch {
 	case dir != "":

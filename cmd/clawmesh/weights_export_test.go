@@ -240,6 +240,12 @@ func TestWeightsExport(t *testing.T) {
 	if err := baseid.Same(aid, bid); err != nil || bid.Arch != "qwen3" || bid.Quant != "F16" {
 		t.Fatalf("the base exported (%s) and v1's base: %v", bid, err)
 	}
+	// An installed version whose bundle and manifest were pruned: its
+	// adapter says its base.
+	if err := os.RemoveAll(filepath.Join(data, "weights")); err != nil {
+		t.Fatal(err)
+	}
+	cli(t, "weights", "export", "v1", "--format", "gguf", "--out", filepath.Join(out, "v1-again.gguf"), "--data", data)
 	bm := filepath.Join(out, "tiny-mlx")
 	cli(t, "weights", "export", "base", "--format", "mlx", "--out", bm, "--data", data)
 	if id, err := baseid.FromModelDir(bm); err != nil || baseid.Same(id, bid) != nil {
