@@ -12,9 +12,11 @@ import (
 // model is what the server serves, whatever the request's model.
 //
 // API (tools/server/README.md): POST /v1/chat/completions, OpenAI's shape.
-// Converting a PEFT adapter (docs: "GGUF-my-LoRA", convert_lora_to_gguf.py):
+// A version becomes a llama.cpp LoRA GGUF with `clawmesh weights export`
+// (model/gguf, as convert_lora_to_gguf.py writes one), and is served by a
+// restart:
 //
-//	python convert_lora_to_gguf.py --base BASE_MODEL_DIR --outfile OUT.gguf ADAPTER_DIR
+//	clawmesh weights export vN --format gguf --out OUT.gguf
 //	llama-server -m BASE.gguf --lora OUT.gguf
 type llamacppDriver struct{ *client }
 
@@ -29,11 +31,11 @@ func (d *llamacppDriver) Load(_ context.Context, version, dir string) (Target, e
 		return Target{}, err
 	}
 	gguf := d.name(version) + ".gguf"
-	return Target{}, fmt.Errorf("%w: llama-server applies only the adapters it was started with. To serve version %s: "+
-		"convert it to GGUF (llama-server's --lora reads GGUF, not safetensors) with llama.cpp's "+
-		"`python convert_lora_to_gguf.py --base BASE_MODEL_DIR --outfile %s %s` (BASE_MODEL_DIR: the base model's Hugging Face directory), "+
-		"restart llama-server with --lora %s, and run `clawmesh weights use %s` to pin the node to that version",
-		ErrUnsupported, version, gguf, abs, gguf, version)
+	return Target{}, fmt.Errorf("%w: llama-server applies only the adapters it was started with. To serve version %s (%s): "+
+		"export it as GGUF with `clawmesh weights export %s --format gguf --out %s`, "+
+		"restart llama-server with --lora %s, and run `clawmesh weights use %s` to pin the node to that version; "+
+		"or have the node run llama-server itself (`clawmesh node --serve llama-server --model BASE.gguf`), and it swaps each version in",
+		ErrUnsupported, version, abs, version, gguf, gguf, version)
 }
 
 // Base implements Driver: llama-server serves its model whatever a

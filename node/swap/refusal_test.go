@@ -101,6 +101,6 @@ func TestOllamaRefusals(t *testing.T) {
 func TestLlamaCppLoad(t *testing.T) {
 	runRefusals(t, "llamacpp", []refusal{
 		{name: "always", rank: 8, handler: func() http.Handler { return fakeLlama{} },
-			want: ErrUnsupported, says: []string{"convert_lora_to_gguf.py", "--lora clawmesh-v7.gguf", "clawmesh weights use v7", "restart llama-server"}},
+			want: ErrUnsupported, says: []string{"clawmesh weights export v7 --format gguf --out clawmesh-v7.gguf", "--lora clawmesh-v7.gguf", "clawmesh weights use v7", "restart llama-server", "--serve llama-server"}},
 	})
 }
