@@ -127,7 +127,7 @@ func NormName(s string) string {
 	}
 	s = strings.TrimSuffix(s, ".gguf")
 	s = strings.TrimSuffix(s, ":latest")
-	s = strings.NewReplacer(":", "-", " ", "-").Replace(s)
+	s = strings.Join(strings.Fields(strings.ReplaceAll(s, ":", "-")), "-")
 	for {
 		t := suffixRE.ReplaceAllString(s, "")
 		t = strings.TrimRight(t, "-_.")

@@ -238,3 +238,17 @@ func TestUnreadable(t *testing.T) {
 		t.Errorf("an empty directory: %v", err)
 	}
 }
+
+// FuzzNormName: names come from files and servers; normalising never
+// panics and a normal name is its own normal form.
+func FuzzNormName(f *testing.F) {
+	for _, s := range []string{"Qwen/Qwen3-4B-GGUF:Q4_K_M", "x_q4", "a-gguf_", "..", "/", "qwen3:4b-q4_K_M", "Ǆ-4BIT"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n := NormName(s)
+		if again := NormName(n); again != n {
+			t.Fatalf("NormName(%q) = %q, and again %q", s, n, again)
+		}
+	})
+}
