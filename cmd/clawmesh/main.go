@@ -29,7 +29,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"node", "run a device node: the gateway your agent points at, recording into the pool", runNode},
-		{"setup", "route an agent through the node: setup openclaw [--dry-run] [--undo]", runSetup},
+		{"setup", "route an agent through the node (setup openclaw), or serve a model pulled with Ollama through llama-server (setup ollama --model NAME)", runSetup},
 		{"service", "run the node at login, restarted on failure: install, status, logs, uninstall", runService},
 		{"serve", "serve a model with the native Go engine: an OpenAI-compatible LLM server with hot adapter swap", runServe},
 		{"pool", "inspect, export and import the DataPool (stats, ls, show, export, import, preview)", runPool},
@@ -41,7 +41,7 @@ func init() {
 		{"join", "join a mesh with an invite token", runJoin},
 		{"trainer", "run a trainer peer in the trainers' raft group (status, leave, config)", runTrainer},
 		{"tasks", "train on a task set with a verifier plugin: add, ls, status (on a trainer)", runTasks},
-		{"weights", "the adapter versions the trainers publish: list them, fetch one, pin one (ls, get, use)", runWeights},
+		{"weights", "the adapter versions the trainers publish: list them, fetch one, pin one, export one for another server (ls, get, use, export)", runWeights},
 		{"login", "print a single-use URL that lets a browser into a running node's admin pages", runLogin},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
 		{"demo", "run a whole mesh on this machine and watch it learn three simulated users' preferences", runDemo},
