@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/clawmesh/clawmesh/model/baseid"
 	"github.com/clawmesh/clawmesh/model/gguf"
@@ -52,7 +53,16 @@ import (
 // the server refuses ("LoRA adapters are no longer supported"), Load fails
 // with ErrUnsupported and points to `clawmesh setup ollama`, which serves
 // the same GGUF with llama-server.
-type ollamaDriver struct{ *client }
+type ollamaDriver struct {
+	*client
+
+	mu sync.Mutex
+	// exported remembers the GGUF blob each version was uploaded as (by
+	// its directory, version and the architecture it was exported for),
+	// so that loading it again, as the node retries a version the server
+	// refused, exports nothing while Ollama holds the blob.
+	exported map[string]string
+}
 
 // ollamaAdapterFile is the adapter's file name in /api/create: Ollama
 // tells a GGUF by the name's suffix (server/create.go
@@ -82,35 +92,10 @@ func (d *ollamaDriver) Load(ctx context.Context, version, dir string) (Target, e
 	if err != nil {
 		return Target{}, err
 	}
-	arch, _ := info["general.architecture"].(string)
 	if err := checkBase(abs, base, info); err != nil {
 		return Target{}, err
 	}
-	tmp, err := os.MkdirTemp("", "clawmesh-ollama-")
-	if err != nil {
-		return Target{}, fmt.Errorf("%w: %v", ErrConfig, err)
-	}
-	defer os.RemoveAll(tmp)
-	out := filepath.Join(tmp, ollamaAdapterFile)
-	// The GGUF is named by the version, so that the same version exports
-	// to the same bytes, which Ollama already holds after a restart.
-	opts := gguf.LoRAOptions{Arch: arch, Name: version}
-	if arch == gguf.ArchLlama {
-		// Llama's q and k are permuted by head in a GGUF: the export needs
-		// the head counts, which Ollama reports.
-		heads, kv := metaInt(info[arch+".attention.head_count"]), metaInt(info[arch+".attention.head_count_kv"])
-		cfg, _ := json.Marshal(map[string]any{"model_type": "llama", "num_attention_heads": heads, "num_key_value_heads": kv})
-		if err := os.WriteFile(filepath.Join(tmp, "config.json"), cfg, 0o600); err != nil {
-			return Target{}, fmt.Errorf("%w: %v", ErrConfig, err)
-		}
-		opts.BaseDir = tmp
-	}
-	if err := gguf.ExportLoRA(abs, out, opts); errors.Is(err, gguf.ErrUnsupported) {
-		return Target{}, fmt.Errorf("%w: version %s cannot be exported as a llama.cpp adapter for Ollama's %s (%s): %v", ErrUnsupported, version, base, cmp.Or(arch, "architecture unknown"), err)
-	} else if err != nil {
-		return Target{}, fmt.Errorf("%w: exporting %s as GGUF: %v", ErrAdapter, abs, err)
-	}
-	digest, err := d.pushBlob(ctx, out)
+	digest, err := d.upload(ctx, abs, version, base, info)
 	if err != nil {
 		return Target{}, err
 	}
@@ -139,6 +124,59 @@ func (d *ollamaDriver) Load(ctx context.Context, version, dir string) (Target, e
 	t := Target{Version: version, Model: name}
 	d.log.Info("adapter loaded", "target", t, "dir", abs)
 	return t, nil
+}
+
+// upload exports the adapter in dir as a llama.cpp LoRA GGUF for the base
+// Ollama describes in info, and makes sure Ollama holds it as a blob,
+// returning its digest. A version uploaded before, whose blob Ollama still
+// holds, is not exported again.
+func (d *ollamaDriver) upload(ctx context.Context, dir, version, base string, info map[string]any) (string, error) {
+	arch, _ := info["general.architecture"].(string)
+	key := dir + "\x00" + version + "\x00" + arch
+	d.mu.Lock()
+	digest := d.exported[key]
+	d.mu.Unlock()
+	if digest != "" {
+		if ok, err := d.hasBlob(ctx, digest); err != nil {
+			return "", err
+		} else if ok {
+			return digest, nil
+		}
+	}
+	tmp, err := os.MkdirTemp("", "clawmesh-ollama-")
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	defer os.RemoveAll(tmp)
+	out := filepath.Join(tmp, ollamaAdapterFile)
+	// The GGUF is named by the version, so that the same version exports
+	// to the same bytes, which Ollama already holds after a restart.
+	opts := gguf.LoRAOptions{Arch: arch, Name: version}
+	if arch == gguf.ArchLlama {
+		// Llama's q and k are permuted by head in a GGUF: the export needs
+		// the head counts, which Ollama reports.
+		heads, kv := metaInt(info[arch+".attention.head_count"]), metaInt(info[arch+".attention.head_count_kv"])
+		cfg, _ := json.Marshal(map[string]any{"model_type": "llama", "num_attention_heads": heads, "num_key_value_heads": kv})
+		if err := os.WriteFile(filepath.Join(tmp, "config.json"), cfg, 0o600); err != nil {
+			return "", fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		opts.BaseDir = tmp
+	}
+	if err := gguf.ExportLoRA(dir, out, opts); errors.Is(err, gguf.ErrUnsupported) {
+		return "", fmt.Errorf("%w: version %s cannot be exported as a llama.cpp adapter for Ollama's %s (%s): %v", ErrUnsupported, version, base, cmp.Or(arch, "architecture unknown"), err)
+	} else if err != nil {
+		return "", fmt.Errorf("%w: exporting %s as GGUF: %v", ErrAdapter, dir, err)
+	}
+	if digest, err = d.pushBlob(ctx, out); err != nil {
+		return "", err
+	}
+	d.mu.Lock()
+	if d.exported == nil {
+		d.exported = map[string]string{}
+	}
+	d.exported[key] = digest
+	d.mu.Unlock()
+	return digest, nil
 }
 
 // show returns the base model's GGUF metadata as Ollama reports it
@@ -241,22 +279,14 @@ func (d *ollamaDriver) pushBlob(ctx context.Context, path string) (string, error
 		return "", fmt.Errorf("%w: %s: %v", ErrAdapter, path, err)
 	}
 	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
-	url := d.root + "/api/blobs/" + digest
-	r, err := d.do(ctx, http.MethodHead, url, nil, 0)
-	if err != nil {
-		return "", err
-	}
-	if r.status == http.StatusOK {
-		return digest, nil
-	}
-	if r.status != http.StatusNotFound {
-		return "", d.failure("looking up blob "+digest, r)
+	if ok, err := d.hasBlob(ctx, digest); err != nil || ok {
+		return digest, err
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return "", fmt.Errorf("%w: %s: %v", ErrAdapter, path, err)
 	}
 	// Only the file's first n bytes: they are what was hashed.
-	r, err = d.do(ctx, http.MethodPost, url, io.LimitReader(f, n), n)
+	r, err := d.do(ctx, http.MethodPost, d.root+"/api/blobs/"+digest, io.LimitReader(f, n), n)
 	if err != nil {
 		return "", err
 	}
@@ -265,6 +295,20 @@ func (d *ollamaDriver) pushBlob(ctx context.Context, path string) (string, error
 	}
 	d.log.Debug("blob pushed", "file", path, "digest", digest, "bytes", n)
 	return digest, nil
+}
+
+// hasBlob says whether Ollama holds the blob digest.
+func (d *ollamaDriver) hasBlob(ctx context.Context, digest string) (bool, error) {
+	r, err := d.do(ctx, http.MethodHead, d.root+"/api/blobs/"+digest, nil, 0)
+	switch {
+	case err != nil:
+		return false, err
+	case r.status == http.StatusOK:
+		return true, nil
+	case r.status == http.StatusNotFound:
+		return false, nil
+	}
+	return false, d.failure("looking up blob "+digest, r)
 }
 
 // Base implements Driver: the base model by its name.

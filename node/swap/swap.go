@@ -14,7 +14,8 @@
 // environment variable, a restart), from the server's own answer.
 //
 // The package keeps no state beyond what a driver has learnt of its server
-// (the base model's name) and does no I/O but HTTP to Config.Upstream,
+// (the base model's name; for Ollama, the blob each version went up as)
+// and does no I/O but HTTP to Config.Upstream,
 // reading the adapter directories it is handed, writing, for
 // mlx_lm.server, each version's mlx-lm copy beside its directory
 // (model/mlx), and, for Ollama, a version's GGUF export to a temporary
@@ -243,7 +244,7 @@ func New(kind string, cfg Config) (Driver, error) {
 	case "sglang":
 		return &sglangDriver{c}, nil
 	case "ollama":
-		return &ollamaDriver{c}, nil
+		return &ollamaDriver{client: c}, nil
 	case "mlx":
 		return &mlxDriver{client: c}, nil
 	default:

@@ -284,7 +284,23 @@ func TestOllamaBlobs(t *testing.T) {
 			if err := d.Warm(ctx, v1); err != nil {
 				t.Fatal(err)
 			}
-			// The same version after a restart: Ollama has the blob.
+			// The same version again (the node retries it): the driver
+			// knows its blob and exports nothing; a node that restarted
+			// exports it again, to the same bytes, and uploads nothing.
+			w := filepath.Join(dir, weightsFile)
+			good, _ := os.ReadFile(w)
+			os.WriteFile(w, []byte("not safetensors any more"), 0o600)
+			if _, err := d.Load(ctx, "v1", dir); err != nil {
+				t.Fatalf("loading v1 again exported it again: %v", err)
+			}
+			d3, err := New("ollama", cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d3.Load(ctx, "v1", dir); !errors.Is(err, ErrAdapter) {
+				t.Fatalf("a new driver loaded v1 from a broken directory: %v", err)
+			}
+			os.WriteFile(w, good, 0o600)
 			d2, _ := New("ollama", cfg)
 			if _, err := d2.Load(ctx, "v1", dir); err != nil {
 				t.Fatal(err)
