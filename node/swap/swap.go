@@ -15,11 +15,11 @@
 //
 // The package keeps no state beyond what a driver has learnt of its server
 // (the base model's name; for Ollama, the blob each version went up as)
-// and does no I/O but HTTP to Config.Upstream,
-// reading the adapter directories it is handed, writing, for
-// mlx_lm.server, each version's mlx-lm copy beside its directory
-// (model/mlx), and, for Ollama, a version's GGUF export to a temporary
-// directory while it uploads it. Drivers are safe for concurrent use.
+// and does no I/O but HTTP to Config.Upstream, reading the adapter
+// directories it is handed, writing, for mlx_lm.server, each version's
+// mlx-lm copy beside its directory (model/mlx), and, for Ollama, a
+// version's GGUF export to a temporary directory while it uploads it.
+// Drivers are safe for concurrent use.
 // Composing drivers into a swap (load, warm, flip the gateway's route,
 // unload the old version) is the node's. RATIONALE.md explains the
 // choices.
