@@ -279,6 +279,9 @@ func runWeightsExport(fs *flag.FlagSet, s *settings, args []string, stdout io.Wr
 	if fs.NArg() != 1 {
 		return usageErr("weights export takes one version (v3, latest) or base")
 	}
+	if j := fs.Lookup("json"); j != nil && j.Value.String() == "true" {
+		return usageErr("weights export has no --json: it writes files")
+	}
 	what := fs.Arg(0)
 	if what != adapters.Base && what != "latest" {
 		if _, err := adapters.ParseVersion(what); err != nil {
@@ -322,13 +325,10 @@ func runWeightsExport(fs *flag.FlagSet, s *settings, args []string, stdout io.Wr
 		*baseDir = expandHome(*baseDir)
 	}
 	ex := exporter{data: s.Data, format: *format, out: dst, typ: tt, baseDir: *baseDir, seed: *seed}
-	var err error
 	if what == adapters.Base {
-		err = ex.base(stdout)
-	} else {
-		err = ex.version(what, stdout)
+		return ex.base(stdout)
 	}
-	return err
+	return ex.version(what, stdout)
 }
 
 // exporter writes one export.
