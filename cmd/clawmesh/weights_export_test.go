@@ -168,6 +168,15 @@ func TestWeightsExport(t *testing.T) {
 	if st, err := safetensors.ReadFile(filepath.Join(p, "adapter_model.safetensors")); err != nil || len(st.Tensors) != 8 {
 		t.Fatalf("the PEFT weights read back: %v", err)
 	}
+	pb, err := adapter.Read(p)
+	if err != nil {
+		t.Fatalf("the PEFT adapter reads back: %v", err)
+	}
+	if i := slices.IndexFunc(pb.Tensors, func(x adapter.Tensor) bool {
+		return x.Name == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+	}); i < 0 || !slices.Equal(pb.Tensors[i].Data, a1) {
+		t.Fatal("the PEFT adapter read back lacks layer 0's q_proj A, or holds other values")
+	}
 
 	// gguf: a llama.cpp LoRA adapter for the tiny base's architecture.
 	g := filepath.Join(out, "v1.gguf")
