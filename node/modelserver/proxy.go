@@ -1,0 +1,119 @@
+package modelserver
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// proxy is the stable loopback address in front of one model server
+// process: the process may be restarted on another port, the proxy's
+// address stays. It counts the calls in flight through it, so that a
+// server leaving service is stopped only once they have finished.
+type proxy struct {
+	ln     net.Listener
+	srv    *http.Server
+	rp     *httputil.ReverseProxy
+	target atomic.Pointer[url.URL]
+
+	inflight atomic.Int64
+	mu       sync.Mutex
+	last     time.Time // when a call last began or ended
+	served   uint64
+	done     chan struct{}
+}
+
+func newProxy(log *slog.Logger) (*proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &proxy{ln: ln, last: time.Now(), done: make(chan struct{})}
+	p.target.Store(&url.URL{Scheme: "http", Host: "127.0.0.1:1"})
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(p.target.Load())
+		},
+		// Streams pass through as they are written.
+		FlushInterval: -1,
+		Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the client went away
+			}
+			// OpenAI's error shape, as the servers behind answer.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+				"message": "the model server is not answering (it may be restarting): " + err.Error(), "type": "upstream_error", "code": http.StatusBadGateway}})
+		},
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 30 * time.Second}
+	go func() { p.srv.Serve(ln); close(p.done) }()
+	return p, nil
+}
+
+// url is the proxy's base URL (no /v1).
+func (p *proxy) url() string { return "http://" + p.ln.Addr().String() }
+
+// retarget sends the calls that begin from now on to base.
+func (p *proxy) retarget(base string) {
+	u, err := url.Parse(base)
+	if err == nil {
+		p.target.Store(u)
+	}
+}
+
+// ServeHTTP forwards one call, counted while it runs.
+func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.touch(true)
+	p.inflight.Add(1)
+	defer func() {
+		p.inflight.Add(-1)
+		p.touch(false)
+	}()
+	p.rp.ServeHTTP(w, r)
+}
+
+func (p *proxy) touch(begin bool) {
+	p.mu.Lock()
+	p.last = time.Now()
+	if begin {
+		p.served++
+	}
+	p.mu.Unlock()
+}
+
+// inFlight is the number of calls being forwarded now.
+func (p *proxy) inFlight() int64 { return p.inflight.Load() }
+
+// quiet reports whether no call is in flight and none began or ended in
+// the last d.
+func (p *proxy) quiet(d time.Duration) bool {
+	p.mu.Lock()
+	last := p.last
+	p.mu.Unlock()
+	return p.inflight.Load() == 0 && time.Since(last) >= d
+}
+
+// close stops accepting calls; those in flight are cut (the caller waits
+// for them first).
+func (p *proxy) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	p.srv.Shutdown(ctx)
+	p.srv.Close()
+	<-p.done
+}
