@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,11 +31,11 @@ const (
 
 // procConfig is one supervised model server process.
 type procConfig struct {
-	name   string                // for logs: "llama-server v3"
-	bin    string                // the program
+	name   string                  // for logs: "llama-server v3"
+	bin    string                  // the program
 	args   func(port int) []string // its arguments, for a port to listen on
-	health string                // the path answered 200 once it serves
-	log    string                // the file its stdout and stderr are appended to
+	health string                  // the path answered 200 once it serves
+	log    string                  // the file its stdout and stderr are appended to
 	logger *slog.Logger
 	t      Timing
 }
@@ -210,6 +211,11 @@ func (p *proc) runOnce() (answered bool, err error) {
 		return false, err
 	}
 	defer lf.Close()
+	// The thread that starts the server is the one Linux's parent-death
+	// signal watches (sysProcAttr): it stays this goroutine's, and
+	// alive, until the server has exited.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	args := p.cfg.args(port)
 	cmd := exec.Command(p.cfg.bin, args...)
 	cmd.Stdout, cmd.Stderr = lf, lf

@@ -23,10 +23,10 @@ type proxy struct {
 	rp     *httputil.ReverseProxy
 	target atomic.Pointer[url.URL]
 
-	inflight atomic.Int64
 	mu       sync.Mutex
+	inflight int64
 	last     time.Time // when a call last began or ended
-	served   uint64
+	closing  bool      // no call begins any more
 	done     chan struct{}
 }
 
@@ -78,34 +78,47 @@ func (p *proxy) retarget(base string) {
 
 // ServeHTTP forwards one call, counted while it runs.
 func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	p.touch(true)
-	p.inflight.Add(1)
+	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+			"message": "this model server has left service: send the call again", "type": "unavailable_error", "code": http.StatusServiceUnavailable}})
+		return
+	}
+	p.inflight++
+	p.last = time.Now()
+	p.mu.Unlock()
 	defer func() {
-		p.inflight.Add(-1)
-		p.touch(false)
+		p.mu.Lock()
+		p.inflight--
+		p.last = time.Now()
+		p.mu.Unlock()
 	}()
+	// The reply's headers go out as soon as the server sends them, maybe
+	// before the request's body has been read to its end: HTTP/1.1 lets
+	// both go on at once only when asked.
+	http.NewResponseController(w).EnableFullDuplex()
 	p.rp.ServeHTTP(w, r)
 }
 
-func (p *proxy) touch(begin bool) {
+// inFlight is the number of calls being forwarded now.
+func (p *proxy) inFlight() int64 {
 	p.mu.Lock()
-	p.last = time.Now()
-	if begin {
-		p.served++
-	}
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	return p.inflight
 }
 
-// inFlight is the number of calls being forwarded now.
-func (p *proxy) inFlight() int64 { return p.inflight.Load() }
-
-// quiet reports whether no call is in flight and none began or ended in
-// the last d.
-func (p *proxy) quiet(d time.Duration) bool {
+// drained reports whether no call is in flight and none began or ended in
+// the last d; if so, or if force, no call begins any more.
+func (p *proxy) drained(d time.Duration, force bool) bool {
 	p.mu.Lock()
-	last := p.last
-	p.mu.Unlock()
-	return p.inflight.Load() == 0 && time.Since(last) >= d
+	defer p.mu.Unlock()
+	if force || (p.inflight == 0 && time.Since(p.last) >= d) {
+		p.closing = true
+	}
+	return p.closing
 }
 
 // close stops accepting calls; those in flight are cut (the caller waits

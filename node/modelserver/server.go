@@ -404,11 +404,11 @@ func (s *Server) leaving() []*backend {
 			if b.since.IsZero() {
 				b.since = now
 			}
-			drained := b.proc.proxy.quiet(s.cfg.Timing.Settle)
-			if drained || now.Sub(b.since) > s.cfg.Timing.Drain {
-				if !drained {
-					s.log.Warn("model server left service with calls still in flight: stopping it", "version", b.version, "in_flight", b.proc.proxy.inFlight(), "drain", s.cfg.Timing.Drain)
-				}
+			late := now.Sub(b.since) > s.cfg.Timing.Drain
+			if n := b.proc.proxy.inFlight(); late && n > 0 {
+				s.log.Warn("model server left service with calls still in flight: stopping it", "version", b.version, "in_flight", n, "drain", s.cfg.Timing.Drain)
+			}
+			if b.proc.proxy.drained(s.cfg.Timing.Settle, late) {
 				out = append(out, b)
 				continue
 			}
