@@ -222,8 +222,10 @@ func (p *proc) runOnce() (answered bool, err error) {
 	cmd.SysProcAttr = sysProcAttr()
 	fmt.Fprintf(lf, "\n--- %s: %s %s\n", time.Now().UTC().Format(time.RFC3339), p.cfg.bin, strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(lf, "--- %v\n", err)
 		return false, fmt.Errorf("starting %s: %w", p.cfg.bin, err)
 	}
+	fmt.Fprintf(lf, "--- pid %d\n", cmd.Process.Pid)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	p.mu.Lock()

@@ -1,8 +1,11 @@
 package modelserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -96,12 +99,32 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.last = time.Now()
 		p.mu.Unlock()
 	}()
-	// The reply's headers go out as soon as the server sends them, maybe
-	// before the request's body has been read to its end: HTTP/1.1 lets
-	// both go on at once only when asked.
-	http.NewResponseController(w).EnableFullDuplex()
+	// The body is read whole first: the reply's headers go out as soon as
+	// the server sends them, and an HTTP/1.1 server may close the body of
+	// a request once its reply has begun, or read the next request from
+	// the connection once it has ended, while the forwarded body is still
+	// being sent.
+	if r.Body != nil && r.Body != http.NoBody {
+		b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+		r.Body.Close()
+		switch {
+		case err != nil:
+			return // the client went away
+		case int64(len(b)) > maxBody:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+				"message": fmt.Sprintf("request body over %d bytes", maxBody), "type": "invalid_request_error", "code": http.StatusRequestEntityTooLarge}})
+			return
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+	}
 	p.rp.ServeHTTP(w, r)
 }
+
+// maxBody bounds a request body the proxy forwards (the gateway's own
+// bound, --max-body, is smaller by default).
+const maxBody = 1 << 30
 
 // inFlight is the number of calls being forwarded now.
 func (p *proxy) inFlight() int64 {

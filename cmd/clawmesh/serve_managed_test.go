@@ -1,0 +1,348 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	ic "github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/clawmesh/clawmesh/mesh/member"
+	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/modeldir"
+	"github.com/clawmesh/clawmesh/model/serve/servetest"
+	"github.com/clawmesh/clawmesh/model/serveapi"
+)
+
+// asCLI makes this test binary the clawmesh command when it is started
+// with it set: how a node run by a test starts `clawmesh serve` (its
+// default --serve-bin is this executable).
+const asCLI = "CLAWMESH_TEST_BINARY_IS_CLI"
+
+func init() {
+	if os.Getenv(asCLI) == "1" {
+		main()
+	}
+}
+
+// tinyModelDir writes the tiny model servetest serves (seed 7) as a
+// Hugging Face model directory.
+func tinyModelDir(t *testing.T) string {
+	t.Helper()
+	txt, cfg, err := modeldir.Tiny()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "tiny")
+	if err := native.CreateTiny(dir, cfg, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := txt.Tokenizer.Save(filepath.Join(dir, modeldir.TokenizerFile)); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// holdVersion keeps the adapter in dir as version v in the weights
+// directory of the node whose data directory is data, as if fetched:
+// `weights use vN` then serves it.
+func holdVersion(t *testing.T, data, dir string, v uint64) {
+	t.Helper()
+	wd, err := weights.OpenDir(filepath.Join(data, "weights"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wd.Close()
+	b, err := weights.Pack(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := chunks.NewManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Version, m.Term, m.Index = v, 1, 10*v
+	_, admin, _ := ed25519.GenerateKey(rand.Reader)
+	pub, key, _ := ed25519.GenerateKey(rand.Reader)
+	sk, _ := ic.UnmarshalEd25519PrivateKey(key)
+	id, _ := peer.IDFromPrivateKey(sk)
+	cert, err := member.IssueCertificate(admin, nil, member.CertSpec{Subject: id.String(), SubjectKey: pub, Role: member.RoleTrainer}, time.Now(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Sign(key, cert, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := wd.Add(m, b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// streamed is one streamed reply as a client saw it.
+type streamed struct {
+	version  string
+	text     string
+	logprobs []float64
+	err      error
+}
+
+// streamChat makes one streaming chat call with log-probs and reads it
+// whole.
+func streamChat(ctx context.Context, url string) streamed {
+	body, _ := json.Marshal(map[string]any{"model": "tiny", "stream": true, "temperature": 0, "max_tokens": 6, "logprobs": true,
+		"messages": []map[string]string{{"role": "user", "content": "name a colour"}}})
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/chat/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return streamed{err: err}
+	}
+	defer resp.Body.Close()
+	r := streamed{version: resp.Header.Get(serveapi.AdapterHeader)}
+	if resp.StatusCode != 200 {
+		r.err = fmt.Errorf("status %d", resp.StatusCode)
+		return r
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			return r
+		}
+		var ch struct {
+			Choices []struct {
+				Delta    struct{ Content string }
+				Logprobs *struct {
+					Content []struct{ Logprob float64 }
+				}
+			}
+		}
+		if err := json.Unmarshal([]byte(data), &ch); err != nil {
+			r.err = err
+			return r
+		}
+		for _, c := range ch.Choices {
+			r.text += c.Delta.Content
+			if c.Logprobs != nil {
+				for _, l := range c.Logprobs.Content {
+					r.logprobs = append(r.logprobs, l.Logprob)
+				}
+			}
+		}
+	}
+	r.err = fmt.Errorf("the stream ended without [DONE]: %v", sc.Err())
+	return r
+}
+
+func sameReply(a, b streamed) bool {
+	if a.text != b.text || len(a.logprobs) != len(b.logprobs) {
+		return false
+	}
+	for i := range a.logprobs {
+		if math.Abs(a.logprobs[i]-b.logprobs[i]) > 1e-3 {
+			return false
+		}
+	}
+	return true
+}
+
+// serverPID is the process id of the model server last started, from its
+// log file.
+func serverPID(t *testing.T, log string) int {
+	t.Helper()
+	b, err := os.ReadFile(log)
+	if err != nil {
+		return 0
+	}
+	m := regexp.MustCompile(`(?m)^--- pid (\d+)$`).FindAllStringSubmatch(string(b), -1)
+	if len(m) == 0 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(m[len(m)-1][1])
+	return pid
+}
+
+// TestNodeServesClawmesh: `clawmesh node --serve clawmesh` starts
+// `clawmesh serve` on the tiny model itself and stands in front of it;
+// while clients stream replies through the gateway, versions v1, v2 and
+// v3 are put into service one after the other: no call fails, and every
+// reply is, token for token, the reply of the one version its header
+// names. The server, killed, is started again by the node, serving v3
+// still; the node, stopped, stops it.
+func TestNodeServesClawmesh(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a node, its model server and streaming clients")
+	}
+	t.Setenv(asCLI, "1") // the node's `clawmesh serve` is this binary
+	ctx := context.Background()
+	model := tinyModelDir(t)
+	tiny := servetest.Start(t, "", 2)
+	var adapters []string
+	for _, steps := range []int{2, 5, 9} {
+		adapters = append(adapters, tiny.Adapter(t, steps, 0.1))
+	}
+
+	data := t.TempDir()
+	cli(t, "mesh", "init", "--data", data)
+	for i, dir := range adapters {
+		holdVersion(t, data, dir, uint64(i+1))
+	}
+	gw := freeAddr(t)
+	gatewayData.Store(gw, data)
+	var logs syncBuffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(data, "logs", "clawmesh.log"))
+			t.Logf("node's log:\n%s\nserver's log:\n%s", logs.String(), b)
+		}
+	})
+	nctx, stopNode := context.WithCancel(ctx)
+	nodeDone := make(chan int, 1)
+	go func() {
+		nodeDone <- run(nctx, []string{"node", "--serve", "clawmesh", "--model", model, "--serve-args", "--concurrency 4 --threads 1",
+			"--data", data, "--listen", gw, "--no-scoring", "--no-mdns", "--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--weights", "127.0.0.1:0"}, &logs, &logs)
+	}()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			stopNode()
+			<-nodeDone
+		}
+	})
+	url := "http://" + gw + "/v1"
+	waitLong(t, 2*time.Minute, "the node and its model server", func() bool {
+		r := streamChat(ctx, url)
+		return r.err == nil
+	})
+	serverLog := filepath.Join(data, "logs", "clawmesh.log")
+	if serverPID(t, serverLog) == 0 {
+		t.Fatalf("no server started in %s", serverLog)
+	}
+	base := streamChat(ctx, url)
+	if base.err != nil || base.version != "base" {
+		t.Fatalf("before any version: %+v", base)
+	}
+
+	var (
+		mu      sync.Mutex
+		replies []streamed
+		cut     int // calls cut by the kill
+		killed  atomic.Bool
+		stop    atomic.Bool
+		wg      sync.WaitGroup
+	)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5000 && !stop.Load(); i++ {
+				r := streamChat(ctx, url)
+				mu.Lock()
+				if r.err != nil && killed.Load() {
+					cut++
+				} else {
+					replies = append(replies, r)
+				}
+				mu.Unlock()
+				if r.err != nil && killed.Load() {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(replies) }
+	nc := nodeClient(gw)
+	for _, v := range []string{"v1", "v2", "v3"} {
+		if _, err := nc.UseWeights(ctx, v); err != nil {
+			t.Fatalf("weights use %s: %v", v, err)
+		}
+		waitFor(t, v+" serving", func() bool {
+			st, err := nc.Weights(ctx)
+			return err == nil && st.Serving == v
+		})
+		n := count()
+		waitFor(t, "calls after "+v, func() bool { return count() >= n+8 })
+	}
+
+	// The server dies: the node starts it again, with v3.
+	pid := serverPID(t, serverLog)
+	killed.Store(true)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the server started again", func() bool { p := serverPID(t, serverLog); return p != 0 && p != pid })
+	waitLong(t, 2*time.Minute, "v3 served again", func() bool {
+		r := streamChat(ctx, url)
+		return r.err == nil && r.version == "v3"
+	})
+	stop.Store(true)
+	wg.Wait()
+
+	// The reference reply of each version, asked of a server alone.
+	ref := map[string]streamed{"base": base}
+	for i, dir := range adapters {
+		v := fmt.Sprintf("v%d", i+1)
+		if err := tiny.Srv.LoadAdapter(ctx, dir, v); err != nil {
+			t.Fatal(err)
+		}
+		ref[v] = streamChat(ctx, tiny.URL)
+	}
+	for a := range ref {
+		for b := range ref {
+			if a < b && sameReply(ref[a], ref[b]) {
+				t.Fatalf("%s and %s reply alike: the test could not tell them apart", a, b)
+			}
+		}
+	}
+	per := map[string]int{}
+	for i, r := range replies {
+		if r.err != nil {
+			t.Fatalf("call %d failed: %v", i, r.err)
+		}
+		want, ok := ref[r.version]
+		if !ok || !sameReply(r, want) {
+			t.Fatalf("call %d: a reply named %q is not that version's reply:\n got %q %v\nwant %q %v", i, r.version, r.text, r.logprobs, want.text, want.logprobs)
+		}
+		per[r.version]++
+	}
+	for _, v := range []string{"v1", "v2", "v3"} {
+		if per[v] == 0 {
+			t.Errorf("no call served by %s (%v)", v, per)
+		}
+	}
+	t.Logf("%d calls under load: %v; %d cut by the kill", len(replies), per, cut)
+
+	// The node stops its server.
+	pid = serverPID(t, serverLog)
+	stopNode()
+	if code := <-nodeDone; code != 0 {
+		t.Fatalf("node exited %d", code)
+	}
+	stopped = true
+	if syscall.Kill(pid, 0) == nil {
+		t.Fatalf("the model server (pid %d) still runs after the node stopped", pid)
+	}
+}
