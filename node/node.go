@@ -90,8 +90,8 @@ type Config struct {
 	// UpstreamKind names the upstream's flavour, which decides what the
 	// gateway may ask it for: "openai" (default: logprobs on chat),
 	// "vllm" or "sglang" (logprobs and token ids), "clawmesh" (the
-	// embedded engine: logprobs and token ids), "ollama" or "llamacpp"
-	// or "none" (nothing extra).
+	// embedded engine: logprobs and token ids), "ollama", "llamacpp",
+	// "mlx" (mlx_lm.server) or "none" (nothing extra).
 	UpstreamKind string
 	// Token, if set, is required from clients as a bearer token.
 	Token string
@@ -185,10 +185,10 @@ func Caps(kind string) (wire.Caps, error) {
 		return wire.Caps{Logprobs: true}, nil
 	case "vllm", "sglang", "clawmesh":
 		return wire.Caps{Logprobs: true, TokenIDs: true}, nil
-	case "ollama", "llamacpp", "llama.cpp", "none":
+	case "ollama", "llamacpp", "llama.cpp", "mlx", "none":
 		return wire.Caps{}, nil
 	}
-	return wire.Caps{}, fmt.Errorf("%w: unknown upstream kind %q (want openai, vllm, sglang, clawmesh, ollama, llamacpp or none)", ErrConfig, kind)
+	return wire.Caps{}, fmt.Errorf("%w: unknown upstream kind %q (want openai, vllm, sglang, clawmesh, ollama, llamacpp, mlx or none)", ErrConfig, kind)
 }
 
 // Validate checks c and fills nothing in.

@@ -145,7 +145,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := newFlags("node", nodeHelp, stderr)
 	s.bindCommon(fs)
 	fs.StringVar(&s.Upstream, "upstream", "", "LLM server base URL including /v1, e.g. http://127.0.0.1:11434/v1 (default: a local server that answers on its usual port: Ollama, LM Studio, vLLM, llama.cpp, SGLang)")
-	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "upstream flavour: openai, vllm, sglang, clawmesh, ollama, llamacpp, none (decides whether logprobs and token ids are asked for; default openai)")
+	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "upstream flavour: openai, vllm, sglang, clawmesh, ollama, llamacpp, mlx (mlx_lm.server), none (decides whether logprobs and token ids are asked for, and how adapter versions are swapped in; default openai)")
 	fs.StringVar(&s.UpstreamToken, "upstream-token", "", "bearer token sent to the upstream instead of the client's")
 	fs.StringVar(&s.Serve, "serve", "", "run this model server and forward to it, instead of --upstream: llama-server, mlx or clawmesh")
 	fs.StringVar(&s.Model, "model", "", "with --serve: what the server serves (llama-server: a GGUF file; mlx: an MLX model directory or repo; clawmesh: a Hugging Face model directory)")

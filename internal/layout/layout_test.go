@@ -45,6 +45,10 @@ func benchPkg(p string) bool {
 // the model server's included.
 var modelLeaves = []string{"internal/core", "internal/httpguard"}
 
+// formatPkgs are the model file-format packages, pure format code with no
+// engine, that a node may import besides model/serveapi.
+var formatPkgs = []string{"model/safetensors", "model/gguf", "model/mlx"}
+
 // forbiddenInSim are the transports the simulator must not link: it runs
 // the pure cores (the fetch plan, the manifest, the group's state machine)
 // in virtual time, apart from the libraries that carry them for real.
@@ -90,8 +94,8 @@ func edge(from, to string, byPath map[string]pkg) string {
 	switch {
 	case under(from, "model") && !under(to, "model") && !slices.Contains(modelLeaves, to):
 		return "the model stack imports nothing of ours but the shared vocabulary"
-	case under(from, "node") && under(to, "model") && to != "model/serveapi" && !helperPkg(from):
-		return "a node reaches its model server over HTTP: of model it imports only model/serveapi"
+	case under(from, "node") && under(to, "model") && to != "model/serveapi" && !slices.Contains(formatPkgs, to) && !helperPkg(from):
+		return "a node reaches its model server over HTTP: of model it imports only model/serveapi and the file formats"
 	case under(from, "node") && under(to, "trainer"), under(from, "trainer") && under(to, "node"):
 		return "node and trainer never import each other"
 	case under(from, "trainer") && !benchPkg(from) && under(to, "pool"):

@@ -18,6 +18,10 @@ type conformer struct {
 	// until Unload (vLLM, SGLang, Ollama); otherwise the server holds one
 	// version and a load replaces it (clawmesh serve).
 	byModel bool
+	// byFields: every version is served by the base model's name with the
+	// version's body fields, loaded by the request that names them, and
+	// stays servable after Unload (mlx_lm.server).
+	byFields bool
 }
 
 func conformers() []conformer {
@@ -37,6 +41,10 @@ func conformers() []conformer {
 		}},
 		{kind: "ollama", loads: true, byModel: true, start: func(t *testing.T) (Config, [2]string) {
 			return Config{Upstream: serveFake(t, newFakeOllama("llama3.2:1b")) + "/v1"}, fakeDirs(t)
+		}},
+		{kind: "mlx", loads: true, byFields: true, start: func(t *testing.T) (Config, [2]string) {
+			m := startTinyMLX(t)
+			return Config{Upstream: m.url}, [2]string{m.adapter(t, "a1", 1), m.adapter(t, "a2", 2)}
 		}},
 		{kind: "llamacpp", start: func(t *testing.T) (Config, [2]string) {
 			return Config{Upstream: serveFake(t, fakeLlama{}) + "/v1"}, fakeDirs(t)
@@ -103,6 +111,9 @@ func TestConformance(t *testing.T) {
 			if c.byModel {
 				ghost.Model = v1.Model[:len(v1.Model)-len("v1")] + "v9"
 			}
+			if c.byFields {
+				ghost.Model, ghost.Fields = v1.Model, `{"adapters":"/nonexistent/v9"}`
+			}
 			if err := d.Warm(ctx, ghost); !errors.Is(err, ErrWarm) {
 				t.Fatalf("Warm of a version never loaded: %v, want ErrWarm", err)
 			}
@@ -114,9 +125,12 @@ func TestConformance(t *testing.T) {
 			if err := d.Warm(ctx, v2); err != nil {
 				t.Fatalf("Warm(v2): %v", err)
 			}
-			if c.byModel {
-				if v1.Model == v2.Model || v1.Model == base.Model {
+			if c.byModel || c.byFields {
+				if c.byModel && (v1.Model == v2.Model || v1.Model == base.Model) {
 					t.Fatalf("versions share a model name: base %q, v1 %q, v2 %q", base.Model, v1.Model, v2.Model)
+				}
+				if c.byFields && (v1.Fields == v2.Fields || base.Fields != "" || v1.Model != base.Model) {
+					t.Fatalf("versions not told apart by their fields: base %+v, v1 %+v, v2 %+v", base, v1, v2)
 				}
 				// Requests routed to v1 before the flip still find it.
 				if err := d.Warm(ctx, v1); err != nil {
@@ -133,6 +147,10 @@ func TestConformance(t *testing.T) {
 				if err := d.Warm(ctx, v1); !errors.Is(err, ErrWarm) {
 					t.Fatalf("Warm(v1) after Unload: %v, want ErrWarm", err)
 				}
+			} else if c.byFields {
+				if err := d.Warm(ctx, v1); err != nil {
+					t.Fatalf("Warm(v1) after Unload: %v (a request queued before the flip may still name it)", err)
+				}
 			}
 			if err := d.Unload(ctx, v1); err != nil {
 				t.Fatalf("Unload(v1) again: %v", err)
@@ -144,7 +162,7 @@ func TestConformance(t *testing.T) {
 			if err := d.Unload(ctx, base); err != nil {
 				t.Fatalf("Unload(base): %v", err)
 			}
-			if c.byModel {
+			if c.byModel || c.byFields {
 				if err := d.Warm(ctx, base); err != nil {
 					t.Fatalf("Warm(base) after Unload(base): %v", err)
 				}

@@ -1,10 +1,11 @@
 // Package swap owns the hot-swap drivers: one per kind of model server a
 // node can stand in front of ("clawmesh", "vllm", "sglang", "ollama",
-// "llamacpp"). A Driver knows how its server loads a LoRA adapter (a PEFT
-// directory: adapter_config.json + adapter_model.safetensors) under a new
-// name while it keeps serving, how a request is routed to that adapter (the
-// Target's model name), how to check with one small request that the
-// adapter answers, and how to free it once nothing routes to it.
+// "llamacpp", "mlx"). A Driver knows how its server loads a LoRA adapter (a
+// PEFT directory: adapter_config.json + adapter_model.safetensors) under a
+// new name while it keeps serving, how a request is routed to that adapter
+// (the Target's model name, or body fields: mlx_lm.server's "adapters"),
+// how to check with one small request that the adapter answers, and how to
+// free it once nothing routes to it.
 //
 // The drivers speak each server's documented HTTP API and nothing else;
 // each request shape is cited beside the code that sends it. Where a server
@@ -13,8 +14,9 @@
 // environment variable, a restart), from the server's own answer.
 //
 // The package keeps no state beyond what a driver has learnt of its server
-// (the base model's name) and does no I/O but HTTP to Config.Upstream and
-// reading the adapter directories it is handed. Drivers are safe for
+// (the base model's name) and does no I/O but HTTP to Config.Upstream,
+// reading the adapter directories it is handed, and, for mlx_lm.server,
+// writing each version's mlx-lm copy beside its directory (model/mlx). Drivers are safe for
 // concurrent use. Composing drivers into a swap (load, warm, flip the
 // gateway's route, unload the old version) is the node's. RATIONALE.md
 // explains the choices.
@@ -83,6 +85,9 @@ func (t Target) LogValue() slog.Value {
 	if t.Upstream != "" {
 		attrs = append(attrs, slog.String("upstream", t.Upstream))
 	}
+	if t.Fields != "" {
+		attrs = append(attrs, slog.String("fields", t.Fields))
+	}
 	return slog.GroupValue(attrs...)
 }
 
@@ -91,7 +96,7 @@ const BaseVersion = "base"
 
 // Driver loads adapter versions into one kind of model server.
 type Driver interface {
-	Kind() string // the upstream kind: "clawmesh", "vllm", "sglang", "ollama", "llamacpp"
+	Kind() string // the upstream kind: "clawmesh", "vllm", "sglang", "ollama", "llamacpp", "mlx"
 	// Load makes the adapter in dir servable as version and returns its Target.
 	Load(ctx context.Context, version, dir string) (Target, error)
 	// Base returns the Target that serves the base model, no adapter.
@@ -175,7 +180,7 @@ func (c Config) Validate() error {
 }
 
 // kinds are the upstream kinds New has a driver for.
-var kinds = []string{"clawmesh", "vllm", "sglang", "ollama", "llamacpp"}
+var kinds = []string{"clawmesh", "vllm", "sglang", "ollama", "llamacpp", "mlx"}
 
 // Kinds returns the upstream kinds New has a driver for.
 func Kinds() []string { return slices.Clone(kinds) }
@@ -190,7 +195,7 @@ func New(kind string, cfg Config) (Driver, error) {
 		if k == "" {
 			k = "openai"
 		}
-		return nil, fmt.Errorf("%w: the node cannot hot-swap adapters into an upstream of kind %q, so it keeps serving the base model (use --upstream-kind clawmesh, vllm, sglang or ollama for a server that loads adapters)", ErrUnsupported, k)
+		return nil, fmt.Errorf("%w: the node cannot hot-swap adapters into an upstream of kind %q, so it keeps serving the base model (use --upstream-kind clawmesh, vllm, sglang, ollama or mlx for a server that loads adapters)", ErrUnsupported, k)
 	case "llama.cpp":
 		k = "llamacpp"
 	}
@@ -210,6 +215,8 @@ func New(kind string, cfg Config) (Driver, error) {
 		return &sglangDriver{c}, nil
 	case "ollama":
 		return &ollamaDriver{c}, nil
+	case "mlx":
+		return &mlxDriver{client: c}, nil
 	default:
 		return &llamacppDriver{c}, nil
 	}
@@ -525,16 +532,26 @@ type chatReply struct {
 }
 
 // chat sends a one-token chat completion for model ("" leaves the field
-// out) and checks that it was answered: 200 with at least one choice. The
-// request is the OpenAI chat completions shape every server here accepts:
-// POST /v1/chat/completions {"model", "messages", "max_tokens",
-// "temperature", "stream": false}.
+// out), with t's Fields set as the gateway sets them, and checks that it
+// was answered: 200 with at least one choice. The request is the OpenAI
+// chat completions shape every server here accepts: POST
+// /v1/chat/completions {"model", "messages", "max_tokens", "temperature",
+// "stream": false}.
 func (c *client) chat(ctx context.Context, t Target, model string) (*reply, chatReply, error) {
 	req := map[string]any{
 		"messages":    []map[string]string{{"role": "user", "content": warmPrompt}},
 		"max_tokens":  1,
 		"temperature": 0,
 		"stream":      false,
+	}
+	if t.Fields != "" {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(t.Fields), &fields); err != nil {
+			return nil, chatReply{}, fmt.Errorf("%w: version %s: fields %s: %v", ErrConfig, t.Version, t.Fields, err)
+		}
+		for k, v := range fields {
+			req[k] = v
+		}
 	}
 	if model != "" {
 		req["model"] = model
