@@ -27,13 +27,15 @@ func TestMain(m *testing.M) {
 }
 
 // child serves llama-server's flags and endpoints, as far as the tests
-// need: -m, --lora, --host, --port; GET /health, GET /v1/models, POST
-// /v1/chat/completions whose reply names the model and adapter and, when
+// need (and mlx_lm.server's --model and "adapters"): -m, --lora, --host,
+// --port; GET /health, GET /v1/models, POST /v1/chat/completions whose
+// reply names the process, its adapter and the call's, and, when
 // streamed, comes in CHILD_CHUNKS chunks CHILD_CHUNK_DELAY apart. With
 // CHILD_FAIL=1 it exits at once.
 func child(args []string) int {
 	fs := flag.NewFlagSet("child", flag.ContinueOnError)
 	model := fs.String("m", "", "")
+	fs.StringVar(model, "model", "", "") // mlx_lm.server's
 	lora := fs.String("lora", "", "")
 	host := fs.String("host", "127.0.0.1", "")
 	port := fs.Int("port", 0, "")
@@ -61,19 +63,24 @@ func child(args []string) int {
 	})
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 		var q struct {
-			Stream bool `json:"stream"`
+			Stream   bool   `json:"stream"`
+			Model    string `json:"model"`
+			Adapters string `json:"adapters"` // mlx_lm.server's
 		}
 		json.NewDecoder(r.Body).Decode(&q)
-		who := "pid " + strconv.Itoa(os.Getpid()) + " lora " + *lora
+		who := "pid " + strconv.Itoa(os.Getpid()) + " lora " + *lora + " adapters " + q.Adapters
+		if q.Model == "" {
+			q.Model = *model
+		}
 		w.Header().Set("X-Child-Lora", *lora)
 		if !q.Stream {
-			json.NewEncoder(w).Encode(map[string]any{"object": "chat.completion", "model": *model,
+			json.NewEncoder(w).Encode(map[string]any{"object": "chat.completion", "model": q.Model,
 				"choices": []map[string]any{{"index": 0, "finish_reason": "stop", "message": map[string]string{"role": "assistant", "content": who}}}})
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range max(chunks, 1) {
-			b, _ := json.Marshal(map[string]any{"object": "chat.completion.chunk", "model": *model,
+			b, _ := json.Marshal(map[string]any{"object": "chat.completion.chunk", "model": q.Model,
 				"choices": []map[string]any{{"index": 0, "delta": map[string]string{"content": fmt.Sprintf("%s #%d;", who, i)}}}})
 			fmt.Fprintf(w, "data: %s\n\n", b)
 			w.(http.Flusher).Flush()

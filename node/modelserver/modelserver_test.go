@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/clawmesh/clawmesh/model/serve/servetest"
 	"github.com/clawmesh/clawmesh/node/modelserver"
 	"github.com/clawmesh/clawmesh/node/swap"
 )
@@ -352,4 +353,38 @@ func TestBlueGreen(t *testing.T) {
 		t.Fatalf("%d exports, want 2", exported.Load())
 	}
 	t.Logf("%d replies: %v; %d cut by the crash", len(replies), per, cut)
+}
+
+// TestMLX: with mlx, the node runs mlx_lm.server (a stand-in here) with
+// --model, --host and --port, and a version goes into service through
+// swap's mlx driver: each call names the version's mlx-lm adapter
+// directory. A restarted server needs nothing more.
+func TestMLX(t *testing.T) {
+	cfg := childConfig(t)
+	cfg.Kind = modelserver.KindMLX
+	s := start(t, cfg)
+	drv, err := s.Driver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if drv.Kind() != "mlx" || s.UpstreamKind() != "mlx" {
+		t.Fatalf("kinds: driver %s, upstream %s", drv.Kind(), s.UpstreamKind())
+	}
+	tiny := servetest.Start(t, "", 1)
+	ctx := context.Background()
+	tg, err := drv.Load(ctx, "v1", tiny.Adapter(t, 1, 0.1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := drv.Warm(ctx, tg); err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]string
+	if err := json.Unmarshal([]byte(tg.Fields), &fields); err != nil || !strings.HasSuffix(fields["adapters"], ".mlx") {
+		t.Fatalf("target %+v: %v", tg, err)
+	}
+	log, _ := os.ReadFile(s.Status()[0].Log)
+	if !strings.Contains(string(log), "--model "+cfg.Model+" --host 127.0.0.1 --port ") {
+		t.Fatalf("mlx_lm.server's command line:\n%s", log)
+	}
 }
