@@ -381,12 +381,8 @@ func serveConfig(s settings) (*modelserver.Config, error) {
 	if bin != "" {
 		bin = expandHome(bin)
 	}
-	return &modelserver.Config{Kind: s.Serve, Model: model, Bin: bin, Args: args, ExportLoRA: exportLoRA}, nil
+	return &modelserver.Config{Kind: s.Serve, Model: model, Bin: bin, Args: args}, nil
 }
-
-// exportLoRA writes a PEFT adapter directory as a llama.cpp LoRA GGUF
-// file (llama-server's --lora); nil until this program can.
-var exportLoRA func(dir, out string) error
 
 // splitArgs splits a command line as a POSIX shell would, without
 // expanding anything: words separated by blanks, '...' taken as it is,

@@ -26,9 +26,6 @@ import (
 func (s *Server) Driver() (swap.Driver, error) {
 	switch s.cfg.Kind {
 	case KindLlamaServer:
-		if s.cfg.ExportLoRA == nil {
-			return nil, fmt.Errorf("%w: llama-server: no GGUF exporter for adapter versions", swap.ErrUnsupported)
-		}
 		return &blueGreen{s}, nil
 	case KindMLX:
 		d, err := swap.New("mlx", swap.Config{Upstream: s.first.upstream(), Logger: s.cfg.Logger})

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/clawmesh/clawmesh/model/gguf"
 	"github.com/clawmesh/clawmesh/node/swap"
 )
 
@@ -59,7 +60,8 @@ type Config struct {
 	// (Dir/gguf/vN.gguf).
 	Dir string
 	// ExportLoRA writes the PEFT adapter in dir as a llama.cpp LoRA GGUF
-	// file at out (llama-server only; required for it to serve versions).
+	// file at out (llama-server only). Default: model/gguf's ExportLoRA,
+	// F32, for the architecture of the Model file.
 	ExportLoRA func(dir, out string) error
 	// Route, if set, is what the gateway routes calls to now. llama-server
 	// serves each version from a process of its own; one that the route
@@ -214,6 +216,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	bin, _ := cfg.program()
+	if cfg.Kind == KindLlamaServer && cfg.ExportLoRA == nil {
+		model := cfg.Model
+		cfg.ExportLoRA = func(dir, out string) error {
+			in, err := gguf.Inspect(model)
+			if err != nil {
+				return fmt.Errorf("the model %s: %w", model, err)
+			}
+			return gguf.ExportLoRA(dir, out, gguf.LoRAOptions{Arch: in.Arch})
+		}
+	}
 	cfg.Timing = cfg.Timing.withDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
