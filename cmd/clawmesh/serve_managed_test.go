@@ -24,10 +24,12 @@ import (
 	ic "github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/clawmesh/clawmesh/internal/llamacpp"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/mesh/weights/chunks"
 	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/gguf"
 	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/model/serve/servetest"
 	"github.com/clawmesh/clawmesh/model/serveapi"
@@ -99,10 +101,12 @@ func holdVersion(t *testing.T, data, dir string, v uint64) {
 
 // streamed is one streamed reply as a client saw it.
 type streamed struct {
-	version  string
-	text     string
-	logprobs []float64
-	err      error
+	version     string // X-Clawmesh-Adapter
+	fingerprint string // the chunks' system_fingerprint
+	mixed       bool   // chunks with different fingerprints
+	text        string
+	logprobs    []float64
+	err         error
 }
 
 // streamChat makes one streaming chat call with log-probs and reads it
@@ -133,7 +137,8 @@ func streamChat(ctx context.Context, url string) streamed {
 			return r
 		}
 		var ch struct {
-			Choices []struct {
+			Fingerprint string `json:"system_fingerprint"`
+			Choices     []struct {
 				Delta    struct{ Content string }
 				Logprobs *struct {
 					Content []struct{ Logprob float64 }
@@ -143,6 +148,11 @@ func streamChat(ctx context.Context, url string) streamed {
 		if err := json.Unmarshal([]byte(data), &ch); err != nil {
 			r.err = err
 			return r
+		}
+		if r.fingerprint == "" {
+			r.fingerprint = ch.Fingerprint
+		} else if ch.Fingerprint != r.fingerprint {
+			r.mixed = true
 		}
 		for _, c := range ch.Choices {
 			r.text += c.Delta.Content
@@ -344,5 +354,167 @@ func TestNodeServesClawmesh(t *testing.T) {
 	stopped = true
 	if syscall.Kill(pid, 0) == nil {
 		t.Fatalf("the model server (pid %d) still runs after the node stopped", pid)
+	}
+}
+
+// TestNodeServesLlamaServer: `clawmesh node --serve llama-server` runs
+// llama-server (a stand-in answered by real llama.cpp) on a GGUF export of
+// the tiny model; while clients stream replies through the gateway,
+// versions v1 and v2 go into service blue/green: each exported as a GGUF
+// adapter and served by a process of its own, started with --lora, the
+// old process stopped once its calls have finished. No call fails; every
+// reply comes whole from one process (its chunks' system_fingerprint
+// names the adapter), and each process answers as its adapter makes it.
+// The live process, killed, comes back with its adapter; the node,
+// stopped, stops it.
+func TestNodeServesLlamaServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a node, llama.cpp servers and streaming clients")
+	}
+	nodeBin := llamacpp.Require(t)
+	ctx := context.Background()
+	dir := tinyModelDir(t)
+	model := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := gguf.ExportBase(dir, model, gguf.BaseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "llama-server")
+	script := "#!/bin/sh\nexec " + strconv.Quote(nodeBin) + " " + strconv.Quote(filepath.Join(llamacpp.Dir(), "llama-server.mjs")) + ` "$@"` + "\n"
+	if err := os.WriteFile(bin, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// Each reply streams for over half a second: a swap catches calls in
+	// flight.
+	t.Setenv("LLAMA_STAND_IN_TOKEN_DELAY_MS", "100")
+	tiny := servetest.Start(t, "", 1)
+	data := t.TempDir()
+	cli(t, "mesh", "init", "--data", data)
+	for i, steps := range []int{3, 9} {
+		holdVersion(t, data, tiny.Adapter(t, steps, 0.3), uint64(i+1))
+	}
+	gw := freeAddr(t)
+	gatewayData.Store(gw, data)
+	var logs syncBuffer
+	logFile := func(v string) string { return filepath.Join(data, "logs", "llama-server-"+v+".log") }
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node's log:\n%s", logs.String())
+			for _, v := range []string{"base", "v1", "v2"} {
+				b, _ := os.ReadFile(logFile(v))
+				t.Logf("%s's log:\n%s", v, b)
+			}
+		}
+	})
+	nctx, stopNode := context.WithCancel(ctx)
+	nodeDone := make(chan int, 1)
+	go func() {
+		nodeDone <- run(nctx, []string{"node", "--serve", "llama-server", "--model", model, "--serve-bin", bin, "--serve-args", "-c 512 -np 4 -t 1",
+			"--data", data, "--listen", gw, "--no-scoring", "--no-mdns", "--p2p-listen", "/ip4/127.0.0.1/tcp/0", "--weights", "127.0.0.1:0"}, &logs, &logs)
+	}()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			stopNode()
+			<-nodeDone
+		}
+	})
+	url := "http://" + gw + "/v1"
+	waitLong(t, 2*time.Minute, "the node and llama-server", func() bool { return streamChat(ctx, url).err == nil })
+	pids := map[string]int{"base": serverPID(t, logFile("base"))}
+
+	var (
+		mu      sync.Mutex
+		replies []streamed
+		cut     int
+		killed  atomic.Bool
+		stop    atomic.Bool
+		wg      sync.WaitGroup
+	)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5000 && !stop.Load(); i++ {
+				r := streamChat(ctx, url)
+				mu.Lock()
+				if r.err != nil && killed.Load() {
+					cut++
+				} else {
+					replies = append(replies, r)
+				}
+				mu.Unlock()
+				if r.err != nil && killed.Load() {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(replies) }
+	waitFor(t, "calls on the base model", func() bool { return count() >= 8 })
+	nc := nodeClient(gw)
+	prev := "base"
+	for _, v := range []string{"v1", "v2"} {
+		if _, err := nc.UseWeights(ctx, v); err != nil {
+			t.Fatalf("weights use %s: %v", v, err)
+		}
+		waitLong(t, 2*time.Minute, v+" serving", func() bool {
+			st, err := nc.Weights(ctx)
+			return err == nil && st.Serving == v
+		})
+		pids[v] = serverPID(t, logFile(v))
+		n := count()
+		waitFor(t, "calls after "+v, func() bool { return count() >= n+8 })
+		waitFor(t, "the process of "+prev+" stopped", func() bool { return syscall.Kill(pids[prev], 0) != nil })
+		prev = v
+	}
+
+	// v2's process dies: the node starts it again, with v2.
+	killed.Store(true)
+	if err := syscall.Kill(pids["v2"], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "v2's server started again", func() bool { p := serverPID(t, logFile("v2")); return p != 0 && p != pids["v2"] })
+	waitLong(t, 2*time.Minute, "v2 served again", func() bool {
+		r := streamChat(ctx, url)
+		return r.err == nil && r.fingerprint == "stand-in+v2.gguf"
+	})
+	stop.Store(true)
+	wg.Wait()
+
+	text := map[string]string{}
+	per := map[string]int{}
+	for i, r := range replies {
+		if r.err != nil {
+			t.Fatalf("call %d failed: %v", i, r.err)
+		}
+		if r.mixed {
+			t.Fatalf("call %d: a reply from two processes: %+v", i, r)
+		}
+		want, ok := text[r.fingerprint]
+		if !ok {
+			text[r.fingerprint] = r.text
+		} else if r.text != want {
+			t.Fatalf("call %d: %s answered %q, and before %q", i, r.fingerprint, r.text, want)
+		}
+		per[r.fingerprint]++
+	}
+	for _, f := range []string{"stand-in", "stand-in+v1.gguf", "stand-in+v2.gguf"} {
+		if per[f] == 0 {
+			t.Fatalf("no reply from %s: %v", f, per)
+		}
+	}
+	if text["stand-in"] == text["stand-in+v1.gguf"] || text["stand-in+v1.gguf"] == text["stand-in+v2.gguf"] {
+		t.Fatalf("the adapters change nothing: %q", text)
+	}
+	t.Logf("%d calls under load: %v; %d cut by the kill", len(replies), per, cut)
+
+	pid := serverPID(t, logFile("v2"))
+	stopNode()
+	if code := <-nodeDone; code != 0 {
+		t.Fatalf("node exited %d", code)
+	}
+	stopped = true
+	if syscall.Kill(pid, 0) == nil {
+		t.Fatalf("llama-server (pid %d) still runs after the node stopped", pid)
 	}
 }

@@ -19,7 +19,9 @@
 // Every reply's system_fingerprint names this stand-in and its adapters'
 // file names ("stand-in+v1.gguf"), as llama-server's names its build.
 // SIGTERM or SIGINT exits at once, cutting the calls in flight, as
-// llama-server does.
+// llama-server does. LLAMA_STAND_IN_TOKEN_DELAY_MS, if set, holds each
+// streamed token back that long (so that a test's calls are in flight
+// long enough to be caught by a swap).
 import http from "node:http";
 import { basename } from "node:path";
 import { getLlama, LlamaCompletion, LlamaLogLevel } from "node-llama-cpp";
@@ -55,6 +57,8 @@ if (!opt.model) {
 }
 const modelID = opt.alias || opt.model;
 const fingerprint = ["stand-in", ...opt.lora.map((f) => basename(f))].join("+");
+const tokenDelay = Number(process.env.LLAMA_STAND_IN_TOKEN_DELAY_MS || 0);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const created = () => Math.floor(Date.now() / 1000);
 
 let ready = false;
@@ -124,13 +128,21 @@ async function chat(req, res, body) {
     }
     const input = model.tokenize(prompt(q.messages), true);
     let n = 0;
+    const texts = [];
     const out = await completion.generateCompletionWithMeta(input, {
       maxTokens, temperature: 0, signal: abort.signal, stopOnAbortSignal: true,
       onToken: (t) => { n += t.length; },
       onTextChunk: (text) => {
-        if (q.stream && text) res.write(`data: ${JSON.stringify(chunk({ content: text }, null))}\n\n`);
+        if (!q.stream || !text) return;
+        if (tokenDelay > 0) texts.push(text);
+        else res.write(`data: ${JSON.stringify(chunk({ content: text }, null))}\n\n`);
       },
     });
+    for (const text of texts) {
+      await sleep(tokenDelay);
+      if (abort.signal.aborted) return;
+      res.write(`data: ${JSON.stringify(chunk({ content: text }, null))}\n\n`);
+    }
     const finish = out.metadata.stopReason === "maxTokens" ? "length" : "stop";
     const usage = { completion_tokens: n, prompt_tokens: input.length, total_tokens: n + input.length };
     if (q.stream) {
