@@ -111,14 +111,23 @@ func (g *blueGreen) find(version string) *backend {
 }
 
 // start starts a process serving version from the adapter file lora ("":
-// the base model), and waits until it answers.
-func (g *blueGreen) start(ctx context.Context, version, lora string) (swap.Target, error) {
+// the base model; export writes it, when set), and waits until it
+// answers.
+func (g *blueGreen) start(ctx context.Context, version, lora string, export func() error) (swap.Target, error) {
 	if b := g.find(version); b != nil {
 		if err := b.proc.ready(ctx); err == nil {
 			return b.target(), nil
 		}
 	}
+	g.s.files.Lock()
+	if export != nil {
+		if err := export(); err != nil {
+			g.s.files.Unlock()
+			return swap.Target{}, err
+		}
+	}
 	b, err := g.s.spawn(version, lora)
+	g.s.files.Unlock()
 	if err != nil {
 		return swap.Target{}, fmt.Errorf("%w: %v", swap.ErrUpstream, err)
 	}
@@ -140,27 +149,31 @@ func (g *blueGreen) Load(ctx context.Context, version, dir string) (swap.Target,
 		return swap.Target{}, fmt.Errorf("%w: version name %q", swap.ErrConfig, version)
 	}
 	out := filepath.Join(g.s.cfg.Dir, "gguf", version+".gguf")
-	if _, err := os.Stat(out); err != nil {
+	export := func() error {
+		if _, err := os.Stat(out); err == nil {
+			return nil // exported before, for a process still running
+		}
 		if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
-			return swap.Target{}, fmt.Errorf("%w: %v", swap.ErrConfig, err)
+			return fmt.Errorf("%w: %v", swap.ErrConfig, err)
 		}
 		tmp := out + ".tmp"
 		start := time.Now()
 		if err := g.s.cfg.ExportLoRA(dir, tmp); err != nil {
 			os.Remove(tmp)
-			return swap.Target{}, fmt.Errorf("%w: exporting %s to GGUF: %v", swap.ErrAdapter, version, err)
+			return fmt.Errorf("%w: exporting %s to GGUF: %v", swap.ErrAdapter, version, err)
 		}
 		if err := os.Rename(tmp, out); err != nil {
-			return swap.Target{}, fmt.Errorf("%w: %v", swap.ErrConfig, err)
+			return fmt.Errorf("%w: %v", swap.ErrConfig, err)
 		}
 		g.s.log.Info("version exported as GGUF", "version", version, "file", out, "took", time.Since(start).Round(time.Millisecond))
+		return nil
 	}
-	return g.start(ctx, version, out)
+	return g.start(ctx, version, out, export)
 }
 
 // Base implements swap.Driver: a process with no adapter.
 func (g *blueGreen) Base(ctx context.Context) (swap.Target, error) {
-	return g.start(ctx, swap.BaseVersion, "")
+	return g.start(ctx, swap.BaseVersion, "", nil)
 }
 
 // Warm implements swap.Driver: a one-token chat completion to t's own

@@ -305,6 +305,13 @@ func TestBlueGreen(t *testing.T) {
 	if alive(basePID) {
 		t.Fatalf("the base process %d still runs", basePID)
 	}
+	// The adapter of the process stopped goes; the live one's stays.
+	if _, err := os.Stat(filepath.Join(cfg.Dir, "gguf", "v1.gguf")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("v1.gguf after v1's process stopped: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Dir, "gguf", "v2.gguf")); err != nil {
+		t.Fatal(err)
+	}
 	mu.Lock()
 	if len(fails) > 0 {
 		b, _ := os.ReadFile(filepath.Join(cfg.Dir, "logs", "llama-server-base.log"))

@@ -187,6 +187,10 @@ type Server struct {
 	first    *backend
 	adapter  [2]string // clawmesh: the version and directory loaded, for a restart
 
+	// files is held while a GGUF adapter is exported and its process
+	// added to the backends, and while one is removed.
+	files sync.Mutex
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -386,6 +390,7 @@ func (s *Server) janitor() {
 		for _, b := range s.leaving() {
 			s.log.Info("model server left service: stopping it", "version", b.version, "upstream", b.upstream())
 			b.proc.close()
+			s.forget(b)
 		}
 	}
 }
@@ -432,6 +437,22 @@ func (s *Server) leaving() []*backend {
 	return out
 }
 
-// live is the backend serving the base model or a version for clawmesh
-// and mlx: the one process.
-func (s *Server) live() *backend { return s.first }
+// forget removes the GGUF adapter of a stopped llama-server unless a
+// running one uses it: an old version served again is exported again.
+func (s *Server) forget(b *backend) {
+	if b.lora == "" {
+		return
+	}
+	s.files.Lock()
+	defer s.files.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range s.backends {
+		if o.lora == b.lora {
+			return
+		}
+	}
+	if err := os.Remove(b.lora); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("removing a version's GGUF adapter", "file", b.lora, "err", err)
+	}
+}
