@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,8 +33,11 @@ import (
 	"github.com/clawmesh/clawmesh/model/engine/native"
 	"github.com/clawmesh/clawmesh/model/gguf"
 	"github.com/clawmesh/clawmesh/model/modeldir"
+	"github.com/clawmesh/clawmesh/model/safetensors"
 	"github.com/clawmesh/clawmesh/model/serve/servetest"
 	"github.com/clawmesh/clawmesh/model/serveapi"
+	"github.com/clawmesh/clawmesh/node/modelserver"
+	"github.com/clawmesh/clawmesh/node/swap"
 )
 
 // asCLI makes this test binary the clawmesh command when it is started
@@ -517,4 +522,264 @@ func TestNodeServesLlamaServer(t *testing.T) {
 	if syscall.Kill(pid, 0) == nil {
 		t.Fatalf("llama-server (pid %d) still runs after the node stopped", pid)
 	}
+}
+
+// chatVersion makes one small chat call to upstream and says who served
+// it: clawmesh serve's X-Clawmesh-Adapter, or the stand-in llama-server's
+// system_fingerprint.
+func chatVersion(ctx context.Context, upstream string) (string, error) {
+	body := `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}`
+	resp, err := http.Post(upstream+"/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Fingerprint string `json:"system_fingerprint"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != 200 {
+		return "", fmt.Errorf("status %d: %v", resp.StatusCode, err)
+	}
+	if v := resp.Header.Get(serveapi.AdapterHeader); v != "" {
+		return v, nil
+	}
+	return r.Fingerprint, nil
+}
+
+// standInBin writes a llama-server program that runs the stand-in.
+func standInBin(b testing.TB) string {
+	b.Helper()
+	nodeBin := llamacpp.Require(b)
+	bin := filepath.Join(b.TempDir(), "llama-server")
+	script := "#!/bin/sh\nexec " + strconv.Quote(nodeBin) + " " + strconv.Quote(filepath.Join(llamacpp.Dir(), "llama-server.mjs")) + ` "$@"` + "\n"
+	if err := os.WriteFile(bin, []byte(script), 0o700); err != nil {
+		b.Fatal(err)
+	}
+	return bin
+}
+
+// BenchmarkVersionToReply is the time from a version arriving (the
+// driver's Load) to the first reply served by it: Load, the warm-up,
+// the route moved, one call. For clawmesh serve on the tiny model (the
+// version loaded into the running process), and for llama-server (the
+// stand-in on real llama.cpp, the tiny model as GGUF: the version
+// exported to GGUF and a second process started with --lora). Reports
+// the median (p50-ms) over b.N versions.
+func BenchmarkVersionToReply(b *testing.B) {
+	ctx := context.Background()
+	tiny := servetest.Start(b, "", 1)
+	adapters := []string{tiny.Adapter(b, 2, 0.1), tiny.Adapter(b, 5, 0.1)}
+	for _, kind := range []string{modelserver.KindClawmesh, modelserver.KindLlamaServer} {
+		b.Run(kind, func(b *testing.B) {
+			dir := tinyModelDirB(b)
+			cfg := modelserver.Config{Kind: kind, Model: dir, Dir: b.TempDir()}
+			var route atomic.Pointer[swap.Target]
+			route.Store(&swap.Target{Version: swap.BaseVersion})
+			cfg.Route = func() swap.Target { return *route.Load() }
+			if kind == modelserver.KindClawmesh {
+				b.Setenv(asCLI, "1")
+				cfg.Bin = os.Args[0]
+				cfg.Args = []string{"--threads", "1"}
+			} else {
+				cfg.Bin = standInBin(b)
+				cfg.Model = filepath.Join(b.TempDir(), "tiny.gguf")
+				if err := gguf.ExportBase(dir, cfg.Model, gguf.BaseOptions{}); err != nil {
+					b.Fatal(err)
+				}
+				cfg.Args = []string{"-c", "256", "-np", "1", "-t", "1"}
+			}
+			s, err := modelserver.Start(ctx, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			drv, err := s.Driver()
+			if err != nil {
+				b.Fatal(err)
+			}
+			var took []time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				v := fmt.Sprintf("v%d", i+1)
+				start := time.Now()
+				tg, err := drv.Load(ctx, v, adapters[i%2])
+				if err == nil {
+					err = drv.Warm(ctx, tg)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				route.Store(&tg)
+				up := cmp.Or(tg.Upstream, s.Upstream())
+				got, err := chatVersion(ctx, up)
+				if err != nil || (got != v && got != "stand-in+"+v+".gguf") {
+					b.Fatalf("first reply after %s: served by %q, %v", v, got, err)
+				}
+				took = append(took, time.Since(start))
+			}
+			b.StopTimer()
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+		})
+	}
+}
+
+// tinyModelDirB is tinyModelDir for a benchmark.
+func tinyModelDirB(b *testing.B) string {
+	b.Helper()
+	txt, cfg, err := modeldir.Tiny()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := filepath.Join(b.TempDir(), "tiny")
+	if err := native.CreateTiny(dir, cfg, 7); err != nil {
+		b.Fatal(err)
+	}
+	if err := txt.Tokenizer.Save(filepath.Join(dir, modeldir.TokenizerFile)); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+// procMem is what /proc says of a process's memory, in bytes: its
+// resident set, the part of it that maps files (the model), and its
+// proportional set size (each shared page counted once among the
+// processes that map it).
+type procMem struct{ rss, rssFile, pss int64 }
+
+func readMem(pid int) (procMem, error) {
+	var m procMem
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return m, err
+	}
+	sm, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return m, err
+	}
+	field := func(b []byte, name string) int64 {
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, name+":"); ok {
+				f := strings.Fields(rest)
+				if len(f) > 0 {
+					kb, _ := strconv.ParseInt(f[0], 10, 64)
+					return kb << 10
+				}
+			}
+		}
+		return 0
+	}
+	return procMem{rss: field(st, "VmRSS"), rssFile: field(st, "RssFile"), pss: field(sm, "Pss")}, nil
+}
+
+// BenchmarkBlueGreenMemory is what serving a llama-server version
+// blue/green costs in memory: a model of about 100M parameters (random,
+// F16: a 200 MB GGUF), one process serving it, then two (the second with
+// a rank-8 adapter on q and v, both answering), as the node runs them
+// during a swap. Reports each process's RSS and the part of it that maps
+// the model file, and the two processes' summed RSS and PSS (which counts
+// the model's pages once): MiB.
+func BenchmarkBlueGreenMemory(b *testing.B) {
+	if _, err := os.Stat("/proc/self/smaps_rollup"); err != nil {
+		b.Skip("reads Linux's /proc")
+	}
+	ctx := context.Background()
+	txt, cfg, err := modeldir.Tiny()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.Hidden, cfg.Intermediate, cfg.Layers, cfg.Heads, cfg.KVHeads, cfg.HeadDim = 1024, 3072, 8, 16, 8, 64
+	dir := filepath.Join(b.TempDir(), "model")
+	if err := native.CreateTiny(dir, cfg, 7); err != nil {
+		b.Fatal(err)
+	}
+	if err := txt.Tokenizer.Save(filepath.Join(dir, modeldir.TokenizerFile)); err != nil {
+		b.Fatal(err)
+	}
+	model := filepath.Join(b.TempDir(), "model.gguf")
+	if err := gguf.ExportBase(dir, model, gguf.BaseOptions{Type: gguf.TypeF16}); err != nil {
+		b.Fatal(err)
+	}
+	os.RemoveAll(dir)
+	adapter := peftAdapter(b, cfg.Layers, cfg.Hidden, cfg.KVHeads*cfg.HeadDim, 8)
+	for range b.N {
+		var route atomic.Pointer[swap.Target]
+		route.Store(&swap.Target{Version: swap.BaseVersion})
+		s, err := modelserver.Start(ctx, modelserver.Config{Kind: modelserver.KindLlamaServer, Model: model, Bin: standInBin(b), Dir: b.TempDir(),
+			Args: []string{"-c", "512", "-np", "1", "-t", "1"}, Route: func() swap.Target { return *route.Load() }})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := chatVersion(ctx, s.Upstream()); err != nil {
+			b.Fatal(err)
+		}
+		one, err := readMem(s.PIDs()[0])
+		if err != nil {
+			b.Fatal(err)
+		}
+		drv, _ := s.Driver()
+		tg, err := drv.Load(ctx, "v1", adapter)
+		if err == nil {
+			err = drv.Warm(ctx, tg)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		var both []procMem
+		for _, pid := range s.PIDs() {
+			m, err := readMem(pid)
+			if err != nil {
+				b.Fatal(err)
+			}
+			both = append(both, m)
+		}
+		s.Close()
+		if len(both) != 2 {
+			b.Fatalf("%d processes during the swap", len(both))
+		}
+		mib := func(n int64) float64 { return float64(n) / (1 << 20) }
+		b.ReportMetric(mib(one.rss), "rss-one-MiB")
+		b.ReportMetric(mib(one.rssFile), "rss-one-file-MiB")
+		b.ReportMetric(mib(one.pss), "pss-one-MiB")
+		b.ReportMetric(mib(both[0].rss+both[1].rss), "rss-two-MiB")
+		b.ReportMetric(mib(both[0].pss+both[1].pss), "pss-two-MiB")
+		b.ReportMetric(mib(both[1].rssFile), "rss-second-file-MiB")
+	}
+}
+
+// peftAdapter writes a PEFT LoRA adapter of rank r on q_proj and v_proj
+// for a Qwen3 model of the given shape (small random values).
+func peftAdapter(b *testing.B, layers, hidden, kv, r int) string {
+	b.Helper()
+	dir := filepath.Join(b.TempDir(), "adapter")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	cfg := `{"peft_type": "LORA", "r": ` + strconv.Itoa(r) + `, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "bias": "none", "base_model_name_or_path": "Qwen/Qwen3-0.6B"}`
+	if err := os.WriteFile(filepath.Join(dir, "adapter_config.json"), []byte(cfg), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	var ts []safetensors.Tensor
+	vals := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(i%7-3) * 1e-3
+		}
+		return v
+	}
+	for l := range layers {
+		for _, p := range []struct {
+			name string
+			out  int
+		}{{"q_proj", hidden}, {"v_proj", kv}} {
+			pre := fmt.Sprintf("base_model.model.model.layers.%d.self_attn.%s.", l, p.name)
+			a, _ := safetensors.F32Tensor(pre+"lora_A.weight", safetensors.F32, []int{r, hidden}, vals(r*hidden))
+			bt, _ := safetensors.F32Tensor(pre+"lora_B.weight", safetensors.F32, []int{p.out, r}, vals(p.out*r))
+			ts = append(ts, a, bt)
+		}
+	}
+	if err := safetensors.WriteFile(filepath.Join(dir, "adapter_model.safetensors"), ts, nil); err != nil {
+		b.Fatal(err)
+	}
+	return dir
 }

@@ -302,13 +302,12 @@ func TestBlueGreen(t *testing.T) {
 		waitFor(t, "the old process stopped", func() bool { return len(s.PIDs()) == 1 })
 		pids = append(pids, s.PIDs()[0])
 	}
-	if alive(basePID) {
-		t.Fatalf("the base process %d still runs", basePID)
-	}
+	waitFor(t, "the base process gone", func() bool { return !alive(basePID) })
 	// The adapter of the process stopped goes; the live one's stays.
-	if _, err := os.Stat(filepath.Join(cfg.Dir, "gguf", "v1.gguf")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("v1.gguf after v1's process stopped: %v", err)
-	}
+	waitFor(t, "v1.gguf removed", func() bool {
+		_, err := os.Stat(filepath.Join(cfg.Dir, "gguf", "v1.gguf"))
+		return errors.Is(err, os.ErrNotExist)
+	})
 	if _, err := os.Stat(filepath.Join(cfg.Dir, "gguf", "v2.gguf")); err != nil {
 		t.Fatal(err)
 	}

@@ -238,7 +238,11 @@ func (p *proc) runOnce() (answered bool, err error) {
 	p.log.Info("model server started", "pid", cmd.Process.Pid, "port", port, "log", p.cfg.log)
 
 	client := &http.Client{Timeout: p.cfg.t.HealthTimeout}
-	tick := time.NewTicker(p.cfg.t.Poll)
+	// Until it answers, the health check is asked often (from 10ms,
+	// doubling up to Poll), so that a server quick to load is in service
+	// at once; then every Poll.
+	every := min(10*time.Millisecond, p.cfg.t.Poll)
+	tick := time.NewTimer(every)
 	defer tick.Stop()
 	started := time.Now()
 	lastOK := time.Time{}
@@ -255,6 +259,12 @@ func (p *proc) runOnce() (answered bool, err error) {
 			return answered, nil
 		case <-tick.C:
 		}
+		if !answered {
+			every = min(2*every, p.cfg.t.Poll)
+		} else {
+			every = p.cfg.t.Poll
+		}
+		tick.Reset(every)
 		now := time.Now()
 		if healthy(client, base+p.cfg.health) {
 			lastOK = now
