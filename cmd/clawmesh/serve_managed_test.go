@@ -673,16 +673,18 @@ func readMem(pid int) (procMem, error) {
 }
 
 // BenchmarkBlueGreenMemory is what serving a llama-server version
-// blue/green costs in memory: a model of about 100M parameters (random,
-// F16: a 200 MB GGUF), one process serving it, then two (the second with
-// a rank-8 adapter on q and v, both answering), as the node runs them
-// during a swap. Reports each process's RSS and the part of it that maps
-// the model file, and the two processes' summed RSS and PSS (which counts
-// the model's pages once): MiB.
+// blue/green costs in memory: a model of about 100M parameters (random;
+// as a GGUF of F32, F16 or Q8_0 weights: 400, 200 or 110 MB), one process
+// serving it, then two (the second with a rank-8 adapter on q and v, both
+// answering), as the node runs them during a swap. Reports, in MiB, the
+// first process's RSS, the part of it that maps files (the model), and
+// its PSS; the two processes' summed RSS and PSS (PSS counts the model's
+// shared pages once); and swap-cost, the PSS the second process adds.
 func BenchmarkBlueGreenMemory(b *testing.B) {
 	if _, err := os.Stat("/proc/self/smaps_rollup"); err != nil {
 		b.Skip("reads Linux's /proc")
 	}
+	bin := standInBin(b)
 	ctx := context.Background()
 	txt, cfg, err := modeldir.Tiny()
 	if err != nil {
@@ -696,54 +698,57 @@ func BenchmarkBlueGreenMemory(b *testing.B) {
 	if err := txt.Tokenizer.Save(filepath.Join(dir, modeldir.TokenizerFile)); err != nil {
 		b.Fatal(err)
 	}
-	model := filepath.Join(b.TempDir(), "model.gguf")
-	if err := gguf.ExportBase(dir, model, gguf.BaseOptions{Type: gguf.TypeF16}); err != nil {
-		b.Fatal(err)
-	}
-	os.RemoveAll(dir)
 	adapter := peftAdapter(b, cfg.Layers, cfg.Hidden, cfg.KVHeads*cfg.HeadDim, 8)
-	for range b.N {
-		var route atomic.Pointer[swap.Target]
-		route.Store(&swap.Target{Version: swap.BaseVersion})
-		s, err := modelserver.Start(ctx, modelserver.Config{Kind: modelserver.KindLlamaServer, Model: model, Bin: standInBin(b), Dir: b.TempDir(),
-			Args: []string{"-c", "512", "-np", "1", "-t", "1"}, Route: func() swap.Target { return *route.Load() }})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := chatVersion(ctx, s.Upstream()); err != nil {
-			b.Fatal(err)
-		}
-		one, err := readMem(s.PIDs()[0])
-		if err != nil {
-			b.Fatal(err)
-		}
-		drv, _ := s.Driver()
-		tg, err := drv.Load(ctx, "v1", adapter)
-		if err == nil {
-			err = drv.Warm(ctx, tg)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		var both []procMem
-		for _, pid := range s.PIDs() {
-			m, err := readMem(pid)
-			if err != nil {
+	for _, typ := range []gguf.TensorType{gguf.TypeF32, gguf.TypeF16, gguf.TypeQ8_0} {
+		b.Run(typ.String(), func(b *testing.B) {
+			model := filepath.Join(b.TempDir(), "model.gguf")
+			if err := gguf.ExportBase(dir, model, gguf.BaseOptions{Type: typ}); err != nil {
 				b.Fatal(err)
 			}
-			both = append(both, m)
-		}
-		s.Close()
-		if len(both) != 2 {
-			b.Fatalf("%d processes during the swap", len(both))
-		}
-		mib := func(n int64) float64 { return float64(n) / (1 << 20) }
-		b.ReportMetric(mib(one.rss), "rss-one-MiB")
-		b.ReportMetric(mib(one.rssFile), "rss-one-file-MiB")
-		b.ReportMetric(mib(one.pss), "pss-one-MiB")
-		b.ReportMetric(mib(both[0].rss+both[1].rss), "rss-two-MiB")
-		b.ReportMetric(mib(both[0].pss+both[1].pss), "pss-two-MiB")
-		b.ReportMetric(mib(both[1].rssFile), "rss-second-file-MiB")
+			for range b.N {
+				var route atomic.Pointer[swap.Target]
+				route.Store(&swap.Target{Version: swap.BaseVersion})
+				s, err := modelserver.Start(ctx, modelserver.Config{Kind: modelserver.KindLlamaServer, Model: model, Bin: bin, Dir: b.TempDir(),
+					Args: []string{"-c", "512", "-np", "1", "-t", "1"}, Route: func() swap.Target { return *route.Load() }})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := chatVersion(ctx, s.Upstream()); err != nil {
+					b.Fatal(err)
+				}
+				one, err := readMem(s.PIDs()[0])
+				if err != nil {
+					b.Fatal(err)
+				}
+				drv, _ := s.Driver()
+				tg, err := drv.Load(ctx, "v1", adapter)
+				if err == nil {
+					err = drv.Warm(ctx, tg)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				var both []procMem
+				for _, pid := range s.PIDs() {
+					m, err := readMem(pid)
+					if err != nil {
+						b.Fatal(err)
+					}
+					both = append(both, m)
+				}
+				s.Close()
+				if len(both) != 2 {
+					b.Fatalf("%d processes during the swap", len(both))
+				}
+				mib := func(n int64) float64 { return float64(n) / (1 << 20) }
+				b.ReportMetric(mib(one.rss), "rss-one-MiB")
+				b.ReportMetric(mib(one.rssFile), "rss-one-file-MiB")
+				b.ReportMetric(mib(one.pss), "pss-one-MiB")
+				b.ReportMetric(mib(both[0].rss+both[1].rss), "rss-two-MiB")
+				b.ReportMetric(mib(both[0].pss+both[1].pss), "pss-two-MiB")
+				b.ReportMetric(mib(both[0].pss+both[1].pss-one.pss), "swap-cost-MiB")
+			}
+		})
 	}
 }
 
