@@ -52,7 +52,9 @@ With --serve, the node runs the model server itself and needs no
 127.0.0.1 port with --model, forwards to it, restarts it if it crashes
 or stops answering (waiting longer after each crash; after 5 crashes in
 a row before it answers it gives up and says why), appends the server's
-output to DATA/logs/SERVER.log, and stops it when the node stops.
+output to a log in DATA/logs (clawmesh.log, mlx.log, or one per version
+for llama-server: llama-server-base.log, llama-server-v3.log), and stops
+it when the node stops.
   --serve clawmesh       clawmesh serve --model DIR (this program, or
                          --serve-bin): a Hugging Face model directory
   --serve mlx            mlx_lm.server --model PATH (mlx-lm, Apple

@@ -788,3 +788,53 @@ func peftAdapter(b *testing.B, layers, hidden, kv, r int) string {
 	}
 	return dir
 }
+
+// TestServeFlags: what `clawmesh node` refuses of --serve and its flags,
+// and says.
+func TestServeFlags(t *testing.T) {
+	data := t.TempDir()
+	model := filepath.Join(t.TempDir(), "m.gguf")
+	if err := os.WriteFile(model, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--serve", "vllm", "--model", model}, `--serve "vllm": want one of llama-server, mlx, clawmesh`},
+		{[]string{"--serve", "llama-server"}, "--serve llama-server needs --model (a GGUF file)"},
+		{[]string{"--model", model}, "--model, --serve-bin and --serve-args go with --serve"},
+		{[]string{"--serve", "llama-server", "--model", model, "--upstream", "http://127.0.0.1:9/v1"}, "the node's upstream is the server it runs"},
+		{[]string{"--serve", "llama-server", "--model", filepath.Join(data, "none.gguf")}, "none.gguf: no such file or directory"},
+		{[]string{"--serve", "llama-server", "--model", model, "--serve-args", `-c "8192`}, `--serve-args: unclosed "`},
+		{[]string{"--serve", "llama-server", "--model", model, "--serve-bin", "no-such-llama-server"}, "no llama-server program"},
+		{[]string{"--serve", "clawmesh", "--model", model, "--upstream-kind", "vllm"}, `upstream kind "vllm", but the model server the node runs is clawmesh`},
+	} {
+		_, errs, code := runCLI(t, append([]string{"node", "--data", data, "--listen", freeAddr(t)}, tc.args...)...)
+		if code == 0 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: code %d, want %q in:\n%s", tc.args, code, tc.want, errs)
+		}
+	}
+}
+
+func TestSplitArgs(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{"  -c 8192\t--threads 8 ", []string{"-c", "8192", "--threads", "8"}},
+		{`--chat-template-file '/a b/t.jinja' --alias "my \"model\""`, []string{"--chat-template-file", "/a b/t.jinja", "--alias", `my "model"`}},
+		{`a\ b '' "x\y"`, []string{"a b", "", `x\y`}},
+	} {
+		got, err := splitArgs(tc.in)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("splitArgs(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{`"open`, `'open`, `end\`} {
+		if _, err := splitArgs(bad); err == nil {
+			t.Errorf("splitArgs(%q): no error", bad)
+		}
+	}
+}
