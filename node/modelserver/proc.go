@@ -253,6 +253,9 @@ func (p *proc) runOnce() (answered bool, err error) {
 				err = errors.New("exited")
 			}
 			fmt.Fprintf(lf, "--- %s: %v\n", time.Now().UTC().Format(time.RFC3339), err)
+			p.mu.Lock()
+			p.pid = 0
+			p.mu.Unlock()
 			return answered, err
 		case <-p.stop:
 			p.terminate(cmd, exited)
