@@ -6,7 +6,9 @@
 // (node/share), the admin endpoints that let `clawmesh pool ...` read a pool
 // the running node holds, the owner's dashboard at /clawmesh/
 // (node/dashboard) and the Prometheus metrics at /metrics. Given no
-// upstream, a command can find a local model server with Discover.
+// upstream, a command can find a local model server with Discover; given
+// Config.Serve, the node runs its model server itself (node/modelserver),
+// stands in front of it, and stops it when it closes.
 //
 // A Node owns its subsystems and closes them in reverse order of opening.
 package node
@@ -39,6 +41,7 @@ import (
 	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/gateway"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
+	"github.com/clawmesh/clawmesh/node/modelserver"
 	"github.com/clawmesh/clawmesh/node/session"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
@@ -74,8 +77,16 @@ type Config struct {
 	// Listen is the gateway's address; default 127.0.0.1:8400. A port of 0
 	// picks a free one (see Node.Addr).
 	Listen string
-	// Upstream is the LLM server's base URL including /v1. Required.
+	// Upstream is the LLM server's base URL including /v1. Required,
+	// unless Serve is set.
 	Upstream string
+	// Serve, if set, is the model server the node runs itself
+	// (node/modelserver): the node starts it in New, its upstream is that
+	// server (Upstream must be empty, UpstreamKind empty or the server's),
+	// adapter versions go into service through it, and Close stops it.
+	// Serve.Dir defaults to DataDir (logs in DataDir/logs); its Logger and
+	// Route are the node's.
+	Serve *modelserver.Config
 	// UpstreamKind names the upstream's flavour, which decides what the
 	// gateway may ask it for: "openai" (default: logprobs on chat),
 	// "vllm" or "sglang" (logprobs and token ids), "clawmesh" (the
@@ -185,14 +196,20 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		return fmt.Errorf("%w: no data directory", ErrConfig)
 	}
-	if c.Upstream == "" {
-		return fmt.Errorf("%w: no upstream (e.g. http://127.0.0.1:11434/v1)", ErrConfig)
-	}
-	if !strings.HasPrefix(c.Upstream, "http://") && !strings.HasPrefix(c.Upstream, "https://") {
-		return fmt.Errorf("%w: upstream %q must be an http:// or https:// URL", ErrConfig, c.Upstream)
-	}
-	if _, err := Caps(c.UpstreamKind); err != nil {
-		return err
+	if c.Serve != nil {
+		if err := c.validateServe(); err != nil {
+			return err
+		}
+	} else {
+		if c.Upstream == "" {
+			return fmt.Errorf("%w: no upstream (e.g. http://127.0.0.1:11434/v1)", ErrConfig)
+		}
+		if !strings.HasPrefix(c.Upstream, "http://") && !strings.HasPrefix(c.Upstream, "https://") {
+			return fmt.Errorf("%w: upstream %q must be an http:// or https:// URL", ErrConfig, c.Upstream)
+		}
+		if _, err := Caps(c.UpstreamKind); err != nil {
+			return err
+		}
 	}
 	if c.ShareInterval < 0 {
 		return fmt.Errorf("%w: share interval %v", ErrConfig, c.ShareInterval)
@@ -230,6 +247,8 @@ type Node struct {
 	weights  *weights.Service
 	follower *adapters.Follower
 	route    atomic.Pointer[adapters.Follower]
+	// server is the model server the node runs (nil: none).
+	server *modelserver.Server
 
 	meshAdmin   sync.Once
 	meshHandler http.Handler
@@ -351,6 +370,11 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.Close(ctx)
 		return nil, err
 	}
+	if err := n.startServer(ctx); err != nil {
+		n.Close(ctx)
+		return nil, err
+	}
+	cfg = n.cfg
 	caps, _ := Caps(cfg.UpstreamKind)
 	n.adminToken, err = adminapi.LoadOrCreateToken(cfg.DataDir)
 	if err != nil {
@@ -534,8 +558,8 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// Close releases the mesh peer, the reward runner and the pool, in that
-// order.
+// Close releases the mesh peer, the model server the node runs, the
+// reward runner and the pool, in that order.
 func (n *Node) Close(ctx context.Context) error {
 	var errs []error
 	if n.weights != nil {
@@ -543,6 +567,9 @@ func (n *Node) Close(ctx context.Context) error {
 	}
 	if n.peer != nil {
 		errs = append(errs, n.peer.Close())
+	}
+	if n.server != nil {
+		errs = append(errs, n.server.Close())
 	}
 	errs = append(errs, n.closePlugins(ctx))
 	if n.pool != nil {

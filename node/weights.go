@@ -58,7 +58,12 @@ func (n *Node) startWeights() error {
 	if err != nil {
 		return fmt.Errorf("node: weights: %w", err)
 	}
-	drv, err := swap.New(n.cfg.UpstreamKind, swap.Config{Upstream: n.cfg.Upstream, Token: n.cfg.UpstreamToken, Logger: n.log})
+	var drv swap.Driver
+	if n.server != nil {
+		drv, err = n.server.Driver()
+	} else {
+		drv, err = swap.New(n.cfg.UpstreamKind, swap.Config{Upstream: n.cfg.Upstream, Token: n.cfg.UpstreamToken, Logger: n.log})
+	}
 	if err != nil {
 		n.log.Warn("adapter versions will be fetched and installed but not served", "why", err)
 		drv = nil

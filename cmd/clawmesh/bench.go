@@ -16,9 +16,11 @@ import (
 	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/node/gateway/bench"
+	"github.com/clawmesh/clawmesh/node/modelserver"
 	"github.com/clawmesh/clawmesh/node/nodebench"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
+	"github.com/clawmesh/clawmesh/sim/live"
 	"github.com/clawmesh/clawmesh/trainer"
 	"github.com/clawmesh/clawmesh/trainer/harness"
 	"github.com/clawmesh/clawmesh/trainer/learn"
@@ -233,18 +235,38 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fs.StringVar(&o.Dir, "dir", "", "directory for the fetched bundles (default: a temporary directory, removed after)")
 		asJSON := fs.Bool("json", false, "print the figures as JSON")
 		versions := fs.Int("versions", 5, "versions the whole loop on loopback (a node before clawmesh serve --tiny, three trainers) publishes, timing each from its commit to the node's first reply with it; 0 skips the loop")
+		var ls live.LoopServe
+		fs.StringVar(&ls.Kind, "serve", "", "in the loop, the node runs its model server itself, as node --serve does: clawmesh or llama-server (the tiny model as GGUF, versions swapped blue/green); default: the tiny model served in process")
+		fs.StringVar(&ls.Bin, "serve-bin", "", "with --serve: the server's program (default: this program for clawmesh, llama-server on PATH)")
 		if err := parse(fs, args); err != nil {
 			return err
 		}
 		if *versions < 0 {
 			return usageErr("--versions must be 0 or more")
 		}
+		switch ls.Kind {
+		case "":
+			if ls.Bin != "" {
+				return usageErr("--serve-bin goes with --serve")
+			}
+		case modelserver.KindClawmesh:
+			if ls.Bin == "" {
+				exe, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				ls.Bin = exe
+			}
+		case modelserver.KindLlamaServer:
+		default:
+			return usageErr("--serve %q: want clawmesh or llama-server", ls.Kind)
+		}
 		n, err := parseSize(*size)
 		if err != nil || n <= 0 || n > chunks.MaxBundle {
 			return usageErr("--size: want a size up to 4GiB, got %q", *size)
 		}
 		o.Size = int(n)
-		return benchWeights(ctx, stdout, o, *versions, *asJSON)
+		return benchWeights(ctx, stdout, o, ls, *versions, *asJSON)
 	case "rollouts":
 		var o harness.RolloutBenchOptions
 		fs.IntVar(&o.Group, "group", 8, "G: rollouts per prompt")

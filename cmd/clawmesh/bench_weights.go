@@ -6,12 +6,13 @@ import (
 	"io"
 
 	"github.com/clawmesh/clawmesh/mesh/weights"
+	"github.com/clawmesh/clawmesh/node/modelserver"
 	"github.com/clawmesh/clawmesh/sim/live"
 	"github.com/clawmesh/clawmesh/trainer/harness"
 )
 
 // benchWeights runs `clawmesh bench weights`.
-func benchWeights(ctx context.Context, stdout io.Writer, o weights.BenchOptions, versions int, asJSON bool) error {
+func benchWeights(ctx context.Context, stdout io.Writer, o weights.BenchOptions, ls live.LoopServe, versions int, asJSON bool) error {
 	r, err := weights.Bench(ctx, o)
 	if err != nil {
 		return err
@@ -30,9 +31,16 @@ func benchWeights(ctx context.Context, stdout io.Writer, o weights.BenchOptions,
 		var progress io.Writer
 		if !asJSON {
 			progress = stdout
-			fmt.Fprintf(stdout, "the whole loop on loopback (clawmesh serve --tiny, a node, three trainers), %d versions:\n", versions)
+			server := "clawmesh serve --tiny"
+			switch ls.Kind {
+			case modelserver.KindClawmesh:
+				server = "clawmesh serve on the tiny model, run by the node"
+			case modelserver.KindLlamaServer:
+				server = "llama-server on the tiny model as GGUF, run by the node, versions swapped blue/green"
+			}
+			fmt.Fprintf(stdout, "the whole loop on loopback (%s, a node, three trainers), %d versions:\n", server, versions)
 		}
-		l, err := live.Loop(ctx, versions, progress)
+		l, err := live.LoopServing(ctx, ls, versions, progress)
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -36,5 +37,40 @@ func TestBenchWeights(t *testing.T) {
 	}
 	if _, _, code := runCLI(t, "bench", "weights", "--size", "5GiB"); code == 0 {
 		t.Error("a bundle over 4 GiB was accepted")
+	}
+}
+
+// TestBenchWeightsServes runs the whole loop once with the node running
+// llama-server itself (the stand-in on real llama.cpp): the version is
+// exported to GGUF and swapped in blue/green, and the report says which
+// server the figure is for. Bad --serve settings are refused.
+func TestBenchWeightsServes(t *testing.T) {
+	for _, args := range [][]string{
+		{"--serve", "vllm"},
+		{"--serve-bin", "/bin/true"},
+		{"--serve", "mlx"},
+	} {
+		if _, stderr, code := runCLI(t, append([]string{"bench", "weights", "--versions", "1"}, args...)...); code == 0 {
+			t.Errorf("bench weights %v was accepted", args)
+		} else if !strings.Contains(stderr, "--serve") {
+			t.Errorf("bench weights %v: %s", args, stderr)
+		}
+	}
+	if testing.Short() {
+		t.Skip("runs the whole loop once")
+	}
+	bin := standInBin(t)
+	out := cli(t, "bench", "weights", "--size", "1MiB", "--fetchers", "1", "--versions", "1", "--serve", "llama-server", "--serve-bin", bin, "--json")
+	var r struct {
+		Loop struct {
+			Serve   string    `json:"serve"`
+			Seconds []float64 `json:"commit_to_first_reply_s"`
+		} `json:"loop"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if r.Loop.Serve != "llama-server" || len(r.Loop.Seconds) != 1 || r.Loop.Seconds[0] <= 0 {
+		t.Fatalf("loop %+v", r.Loop)
 	}
 }

@@ -30,7 +30,7 @@ func TestWeightsExportLlamaCpp(t *testing.T) {
 	}
 	data := t.TempDir()
 	d1, _ := tinyAdapter(t, 0.05)
-	holdVersion(t, data, d1, 1, true)
+	keepVersion(t, data, d1, 1, true)
 	out := t.TempDir()
 	model, lora := filepath.Join(out, "tiny.gguf"), filepath.Join(out, "v1.gguf")
 	cli(t, "weights", "export", "base", "--format", "gguf", "--type", "f32", "--out", model, "--data", data)
@@ -164,7 +164,7 @@ func TestSetupOllamaLlamaCpp(t *testing.T) {
 
 	data := t.TempDir()
 	d1, _ := tinyAdapter(t, 0.05)
-	holdVersion(t, data, d1, 1, true)
+	keepVersion(t, data, d1, 1, true)
 	out := cli(t, "setup", "ollama", "--model", "tiny:q8_0", "--data", data)
 	if !strings.Contains(out, "Q8_0") || strings.Contains(out, "WARNING") {
 		t.Errorf("setup does not name the quantization, or warns of the mesh's own base: %s", out)

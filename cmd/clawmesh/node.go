@@ -11,7 +11,9 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +22,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/modelserver"
 	"github.com/clawmesh/clawmesh/node/setup"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/reward"
@@ -43,6 +46,31 @@ With no upstream set, the node looks for a local model server on its usual
 port (Ollama 11434, LM Studio 1234, vLLM 8000, llama.cpp 8080, SGLang 30000)
 that answers /v1/models, uses it (asking which, in a terminal, when several
 answer) and says which it chose.
+
+With --serve, the node runs the model server itself and needs no
+--upstream (giving both is an error): it starts the server on a free
+127.0.0.1 port with --model, forwards to it, restarts it if it crashes
+or stops answering (waiting longer after each crash; after 5 crashes in
+a row before it answers it gives up and says why), appends the server's
+output to a log in DATA/logs (clawmesh.log, mlx.log, or one per version
+for llama-server: llama-server-base.log, llama-server-v3.log), and stops
+it when the node stops.
+  --serve clawmesh       clawmesh serve --model DIR (this program, or
+                         --serve-bin): a Hugging Face model directory
+  --serve mlx            mlx_lm.server --model PATH (mlx-lm, Apple
+                         silicon): an MLX model directory or repo
+  --serve llama-server   llama-server -m FILE.gguf (llama.cpp)
+--serve-args passes more arguments to the server (quoted as in a shell),
+e.g. --serve-args "-c 8192 --threads 8". In a mesh, each adapter version
+the node follows goes into service on that server: clawmesh serve and
+mlx_lm.server load it while they run; llama-server reads adapters only
+when it starts, so the node exports the version as a GGUF adapter
+(DATA/gguf/vN.gguf), starts a second llama-server with --lora on it,
+sends new calls there once it answers, and stops the old one when the
+calls still running on it have finished (each call is served wholly by
+one of them; both map the same model file, so the second costs its own
+context memory, not the model's again). A restarted llama-server keeps
+its version.
 
 On the same address: the owner's dashboard at /clawmesh/ (open the URL that
 'clawmesh login' prints first) and Prometheus metrics at /metrics.
@@ -109,8 +137,9 @@ at start, and a call that comes back to the gateway through other hops
 (X-Clawmesh-Hop) is answered 508 Loop Detected and not recorded. A
 --listen address in use is found before the data directory is made.
 
-Example:
+Examples:
   clawmesh node --upstream http://127.0.0.1:11434/v1 --upstream-kind ollama --data ~/.clawmesh
+  clawmesh node --serve llama-server --model ~/models/Qwen3-0.6B-F16.gguf
 `
 
 func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -120,6 +149,10 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&s.Upstream, "upstream", "", "LLM server base URL including /v1, e.g. http://127.0.0.1:11434/v1 (default: a local server that answers on its usual port: Ollama, LM Studio, vLLM, llama.cpp, SGLang)")
 	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "upstream flavour: openai, vllm, sglang, clawmesh, ollama, llamacpp, mlx (mlx_lm.server), none (decides whether logprobs and token ids are asked for, and how adapter versions are swapped in; default openai)")
 	fs.StringVar(&s.UpstreamToken, "upstream-token", "", "bearer token sent to the upstream instead of the client's")
+	fs.StringVar(&s.Serve, "serve", "", "run this model server and forward to it, instead of --upstream: llama-server, mlx or clawmesh")
+	fs.StringVar(&s.Model, "model", "", "with --serve: what the server serves (llama-server: a GGUF file; mlx: an MLX model directory or repo; clawmesh: a Hugging Face model directory)")
+	fs.StringVar(&s.ServeBin, "serve-bin", "", "with --serve: the server's program (default: llama-server or mlx_lm.server on PATH; this program for clawmesh)")
+	fs.StringVar(&s.ServeArgs, "serve-args", "", `with --serve: more arguments for the server, quoted as in a shell (e.g. "-c 8192 --threads 8")`)
 	fs.StringVar(&s.JudgeModel, "judge-model", "", "model name for reward plugins' judge calls (default: the model the judged step asked for)")
 	fs.DurationVar(&s.PluginDeadline, "reward-deadline", 0, "deadline of one reward plugin call (default 100ms; [rewards] deadline)")
 	fs.Int64Var(&s.PluginMemoryMiB, "reward-memory-mib", 0, "memory cap of a reward plugin instance, MiB (default 64; [rewards] memory_mib)")
@@ -205,7 +238,11 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return usageErr("--log: %v", err)
 	}
 	log := newLogger(stderr, level)
-	if s.Upstream == "" {
+	serve, err := serveConfig(s)
+	if err != nil {
+		return err
+	}
+	if s.Upstream == "" && serve == nil {
 		f, err := discoverUpstream(ctx, stdin, stdinIsTerminal(), stderr)
 		if err != nil {
 			return err
@@ -253,6 +290,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		PluginDeadline:    s.PluginDeadline,
 		PluginMemoryLimit: uint64(s.PluginMemoryMiB) << 20,
 		JudgeTimeout:      s.JudgeTimeout,
+		Serve:             serve,
 	}
 	// Everything that can be checked is checked before the data directory
 	// is made or a plugin compiled, and the directory is this process's
@@ -310,6 +348,103 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stderr, "clawmesh node: stopped")
 	}
 	return nodeStartError(runErr, s.Data)
+}
+
+// serveConfig is the model server the node runs, from --serve, --model,
+// --serve-bin and --serve-args (nil: none).
+func serveConfig(s settings) (*modelserver.Config, error) {
+	if s.Serve == "" {
+		if s.Model != "" || s.ServeBin != "" || s.ServeArgs != "" {
+			return nil, usageErr("--model, --serve-bin and --serve-args go with --serve (llama-server, mlx or clawmesh)")
+		}
+		return nil, nil
+	}
+	if !slices.Contains(modelserver.Kinds(), s.Serve) {
+		return nil, usageErr("--serve %q: want one of %s", s.Serve, strings.Join(modelserver.Kinds(), ", "))
+	}
+	if s.Upstream != "" {
+		return nil, usageErr("--serve %s and --upstream %s: the node's upstream is the server it runs; give one or the other", s.Serve, s.Upstream)
+	}
+	if s.Model == "" {
+		return nil, usageErr("--serve %s needs --model (%s)", s.Serve, map[string]string{
+			modelserver.KindLlamaServer: "a GGUF file", modelserver.KindMLX: "an MLX model directory or repo", modelserver.KindClawmesh: "a Hugging Face model directory"}[s.Serve])
+	}
+	args, err := splitArgs(s.ServeArgs)
+	if err != nil {
+		return nil, usageErr("--serve-args: %v", err)
+	}
+	model := expandHome(s.Model)
+	if _, err := os.Stat(model); err == nil {
+		model, _ = filepath.Abs(model)
+	} else if s.Serve != modelserver.KindMLX {
+		return nil, usageErr("--model %s: %v", s.Model, errors.Unwrap(err))
+	}
+	bin := s.ServeBin
+	if bin != "" {
+		bin = expandHome(bin)
+	}
+	return &modelserver.Config{Kind: s.Serve, Model: model, Bin: bin, Args: args}, nil
+}
+
+// splitArgs splits a command line as a POSIX shell would, without
+// expanding anything: words separated by blanks, '...' taken as it is,
+// "..." with \\ \" \$ \` escapes, and \ escaping a character outside
+// quotes. (Written here: the standard library has no such splitter and
+// none is among this module's dependencies.)
+func splitArgs(line string) ([]string, error) {
+	var (
+		out   []string
+		cur   strings.Builder
+		word  bool
+		quote rune
+	)
+	rs := []rune(line)
+	for i := 0; i < len(rs); i++ {
+		c := rs[i]
+		switch {
+		case quote == '\'':
+			if c == '\'' {
+				quote = 0
+			} else {
+				cur.WriteRune(c)
+			}
+		case quote == '"':
+			switch {
+			case c == '"':
+				quote = 0
+			case c == '\\' && i+1 < len(rs) && strings.ContainsRune(`"\$`+"`", rs[i+1]):
+				i++
+				cur.WriteRune(rs[i])
+			default:
+				cur.WriteRune(c)
+			}
+		case c == '\'' || c == '"':
+			quote, word = c, true
+		case c == '\\':
+			if i+1 == len(rs) {
+				return nil, fmt.Errorf("a \\ ends %q", line)
+			}
+			i++
+			cur.WriteRune(rs[i])
+			word = true
+		case c == ' ' || c == '\t' || c == '\n':
+			if word {
+				out = append(out, cur.String())
+				cur.Reset()
+				word = false
+			}
+		default:
+			cur.WriteRune(c)
+			word = true
+		}
+	}
+	if quote != 0 {
+		return nil, fmt.Errorf("unclosed %c in %q", quote, line)
+	}
+	if word {
+		out = append(out, cur.String())
+	}
+	return out, nil
 }
 
 // nodeStartError is why a node could not start, as its user reads it: a

@@ -172,7 +172,7 @@ func TestSetupOllamaNewConfig(t *testing.T) {
 	fakeOllamaStore(t, "qwen3:4b")
 	data := t.TempDir()
 	d1, _ := tinyAdapter(t, 1)
-	holdVersion(t, data, d1, 1, true)
+	keepVersion(t, data, d1, 1, true)
 	out := cli(t, "setup", "ollama", "--model", "qwen3:4b", "--data", data)
 	if !strings.Contains(out, "llama-server: "+filepath.Join(bin, "llama-server")) || strings.Contains(out, "not on PATH") {
 		t.Errorf("setup with llama-server installed:\n%s", out)

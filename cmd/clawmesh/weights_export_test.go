@@ -84,16 +84,16 @@ func (h heldWeights) Fetch(context.Context, *chunks.Manifest, func(weights.Progr
 }
 func (h heldWeights) Sources(*chunks.Manifest) []weights.Source { return nil }
 
-// holdVersion keeps the adapter in dir as version v of the tiny base in
+// keepVersion keeps the adapter in dir as version v of the tiny base in
 // DATA/weights, as a fetch leaves it, and installs it where install says,
 // as the node's follower does.
-func holdVersion(t *testing.T, data, dir string, v uint64, install bool) {
+func keepVersion(t *testing.T, data, dir string, v uint64, install bool) {
 	t.Helper()
-	holdVersionOf(t, data, dir, v, "tiny", install)
+	keepVersionOf(t, data, dir, v, "tiny", install)
 }
 
-// holdVersionOf is holdVersion of a version of base.
-func holdVersionOf(t *testing.T, data, dir string, v uint64, base string, install bool) {
+// keepVersionOf is keepVersion of a version of base.
+func keepVersionOf(t *testing.T, data, dir string, v uint64, base string, install bool) {
 	t.Helper()
 	wd, err := weights.OpenDir(filepath.Join(data, "weights"))
 	if err != nil {
@@ -148,8 +148,8 @@ func TestWeightsExport(t *testing.T) {
 	data := t.TempDir()
 	d1, a1 := tinyAdapter(t, 0.5)
 	d2, a2 := tinyAdapter(t, -0.25)
-	holdVersion(t, data, d1, 1, true)
-	holdVersion(t, data, d2, 2, false)
+	keepVersion(t, data, d1, 1, true)
+	keepVersion(t, data, d2, 2, false)
 	if _, err := os.Stat(filepath.Join(data, "adapters", "v1", "adapter_config.json")); err != nil {
 		t.Fatalf("v1 is not installed: %v", err)
 	}
@@ -286,8 +286,8 @@ func TestWeightsExportRefusals(t *testing.T) {
 	fail([]string{"does not know the mesh's base", "--base-dir"}, "base", "--format", "gguf", "--out", out)
 	d1, _ := tinyAdapter(t, 1)
 	d3, _ := tinyAdapter(t, 3)
-	holdVersion(t, data, d1, 1, true)
-	holdVersion(t, data, d3, 3, false)
+	keepVersion(t, data, d1, 1, true)
+	keepVersion(t, data, d3, 3, false)
 	fail([]string{"does not hold v2", "v1, v3", "weights get v2"}, "v2", "--format", "gguf", "--out", out)
 	fail([]string{"--format"}, "v1", "--out", out)
 	fail([]string{"want peft, gguf or mlx"}, "v1", "--format", "onnx", "--out", out)
@@ -322,7 +322,7 @@ func TestWeightsExportBaseDir(t *testing.T) {
 	}
 	data := t.TempDir()
 	d1, _ := tinyAdapter(t, 1)
-	holdVersionOf(t, data, d1, 1, "Qwen3-4B", false)
+	keepVersionOf(t, data, d1, 1, "Qwen3-4B", false)
 	out := filepath.Join(t.TempDir(), "base.gguf")
 	_, errs, code := runCLI(t, "weights", "export", "base", "--format", "gguf", "--out", out, "--data", data)
 	if code == 0 || !strings.Contains(errs, "the mesh trains base Qwen3-4B") || !strings.Contains(errs, "--base-dir") {

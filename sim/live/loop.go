@@ -4,14 +4,22 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/gguf"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/model/serveapi"
+	"github.com/clawmesh/clawmesh/node/modelserver"
 	"github.com/clawmesh/clawmesh/sim/live/scenario"
 	"github.com/clawmesh/clawmesh/trainer"
 )
@@ -19,6 +27,9 @@ import (
 // LoopReport is the time from a version's commit on the leader to the
 // first reply a node served with it.
 type LoopReport struct {
+	// Serve is the model server the node ran ("" for the tiny model
+	// served in process, as `clawmesh serve --tiny`).
+	Serve    string    `json:"serve,omitempty"`
 	Versions int       `json:"versions"`
 	Seconds  []float64 `json:"commit_to_first_reply_s"`
 	P50      float64   `json:"p50_s"`
@@ -31,12 +42,37 @@ type LoopReport struct {
 // until the trainers commit it, then times until the node's first reply
 // served by it. progress, when not nil, gets a line per version.
 func Loop(ctx context.Context, versions int, progress io.Writer) (LoopReport, error) {
-	r := LoopReport{Versions: versions}
+	return LoopServing(ctx, LoopServe{}, versions, progress)
+}
+
+// LoopServe is the model server the node of LoopServing runs itself (as
+// `clawmesh node --serve KIND`), on the tiny model.
+type LoopServe struct {
+	// Kind is "clawmesh" (clawmesh serve on the tiny model's directory)
+	// or "llama-server" (llama-server on the tiny model as GGUF, each
+	// version swapped in blue/green); "" serves the tiny model in process.
+	Kind string
+	// Bin is the server's program: for clawmesh, this program (required);
+	// for llama-server, a llama-server (default: on PATH).
+	Bin string
+	// Args are more arguments for it.
+	Args []string
+}
+
+// LoopServing is Loop with the node running its model server as s says.
+func LoopServing(ctx context.Context, s LoopServe, versions int, progress io.Writer) (LoopReport, error) {
+	r := LoopReport{Serve: s.Kind, Versions: versions}
 	root, err := os.MkdirTemp("", "clawmesh-bench-loop-")
 	if err != nil {
 		return r, err
 	}
 	defer os.RemoveAll(root)
+	o := recipeOptions{Recipe: "combined", Users: scenario.Users()[:1]}
+	if s.Kind != "" {
+		if o.Serve, err = tinyServer(root, s); err != nil {
+			return r, err
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	var stops []func()
 	defer func() {
@@ -47,7 +83,7 @@ func Loop(ctx context.Context, versions int, progress io.Writer) (LoopReport, er
 	}()
 	// The demo's mesh, with one user: one model server and one node in
 	// front of it, three trainers.
-	m, err := startMesh(ctx, root, recipeOptions{Recipe: "combined", Users: scenario.Users()[:1]}, &stops, func(string, ...any) {})
+	m, err := startMesh(ctx, root, o, &stops, func(string, ...any) {})
 	if err != nil {
 		return r, err
 	}
@@ -68,9 +104,18 @@ func Loop(ctx context.Context, versions int, progress io.Writer) (LoopReport, er
 		if err != nil {
 			return "", err
 		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.Header.Get(serveapi.AdapterHeader), nil
+		defer resp.Body.Close()
+		if v := resp.Header.Get(serveapi.AdapterHeader); v != "" || s.Kind != modelserver.KindLlamaServer {
+			io.Copy(io.Discard, resp.Body)
+			return v, nil
+		}
+		// llama-server names no adapter; the node's log and route do. A
+		// reply served by the version's process is what counts.
+		var reply struct {
+			Fingerprint string `json:"system_fingerprint"`
+		}
+		json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&reply)
+		return reply.Fingerprint, nil
 	}
 	committed := func(v uint64) (time.Time, bool) {
 		for _, tr := range trs {
@@ -112,7 +157,7 @@ func Loop(ctx context.Context, versions int, progress io.Writer) (LoopReport, er
 				if err != nil {
 					return r, err
 				}
-				if got == name {
+				if got == name || (s.Kind == modelserver.KindLlamaServer && strings.Contains(got, name+".gguf")) {
 					break
 				}
 			}
@@ -124,8 +169,41 @@ func Loop(ctx context.Context, versions int, progress io.Writer) (LoopReport, er
 			fmt.Fprintf(progress, "  %s: first reply %.2f s after its commit\n", name, d.Seconds())
 		}
 	}
-	s := slices.Clone(r.Seconds)
-	slices.Sort(s)
-	r.P50, r.Max = s[len(s)/2], s[len(s)-1]
+	secs := slices.Clone(r.Seconds)
+	slices.Sort(secs)
+	r.P50, r.Max = secs[len(secs)/2], secs[len(secs)-1]
 	return r, nil
+}
+
+// tinyServer writes the tiny model (the trainers' "tiny" base) where the
+// server of s can load it, and returns the node's model server config.
+func tinyServer(root string, s LoopServe) (*modelserver.Config, error) {
+	if !slices.Contains(modelserver.Kinds(), s.Kind) || s.Kind == modelserver.KindMLX {
+		return nil, fmt.Errorf("live: the loop runs clawmesh or llama-server, not %q", s.Kind)
+	}
+	dir := filepath.Join(root, "tiny")
+	eng, txt, err := newTiny(native.Options{Seed: 1, Name: "tiny", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, err
+	}
+	err = eng.SaveModel(dir)
+	eng.Close()
+	if err != nil {
+		return nil, err
+	}
+	if err := txt.Tokenizer.Save(filepath.Join(dir, modeldir.TokenizerFile)); err != nil {
+		return nil, err
+	}
+	c := &modelserver.Config{Kind: s.Kind, Model: dir, Bin: s.Bin, Args: s.Args}
+	if s.Kind == modelserver.KindClawmesh {
+		if s.Bin == "" {
+			return nil, errors.New("live: the loop with clawmesh serve needs the clawmesh program")
+		}
+		return c, nil
+	}
+	c.Model = filepath.Join(root, "tiny.gguf")
+	if err := gguf.ExportBase(dir, c.Model, gguf.BaseOptions{Name: "tiny"}); err != nil {
+		return nil, err
+	}
+	return c, nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/clawmesh/clawmesh/model/serve"
 	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/modelserver"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/sim/live/scenario"
@@ -58,6 +59,9 @@ type recipeOptions struct {
 	// Logs, when set, is a directory where each node and trainer writes
 	// its log at debug level (RECIPE-node1.log, RECIPE-trainer1.log, ...).
 	Logs string
+	// Serve, when set, has each node run its model server itself (as
+	// `clawmesh node --serve`) instead of a tiny model served in process.
+	Serve *modelserver.Config
 }
 
 // liveMesh is the running mesh of one recipe's run.
@@ -292,6 +296,10 @@ func startMesh(ctx context.Context, root string, o recipeOptions, stops *[]func(
 		return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug})), nil
 	}
 	for range o.Users {
+		if o.Serve != nil {
+			m.models = append(m.models, "")
+			continue
+		}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
@@ -304,6 +312,9 @@ func startMesh(ctx context.Context, root string, o recipeOptions, stops *[]func(
 		m.models = append(m.models, "http://"+addr)
 	}
 	for _, u := range m.models {
+		if u == "" {
+			continue
+		}
 		if err := waitUp(ctx, u+"/v1/models", time.Minute); err != nil {
 			return nil, fmt.Errorf("the model server did not start: %w", err)
 		}
@@ -335,7 +346,13 @@ func startMesh(ctx context.Context, root string, o recipeOptions, stops *[]func(
 		if err != nil {
 			return nil, err
 		}
-		n, err := node.New(ctx, node.Config{DataDir: dir, Logger: lg, Upstream: model + "/v1", UpstreamKind: "clawmesh", Share: share.Policy{Mode: share.ModeAll},
+		upstream, kind := model+"/v1", "clawmesh"
+		var serve *modelserver.Config
+		if o.Serve != nil {
+			sc := *o.Serve
+			serve, upstream, kind = &sc, "", ""
+		}
+		n, err := node.New(ctx, node.Config{DataDir: dir, Logger: lg, Upstream: upstream, UpstreamKind: kind, Serve: serve, Share: share.Policy{Mode: share.ModeAll},
 			PluginCache: o.Cache, ShareInterval: 200 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
 			Mesh: &node.MeshConfig{Listen: loopbackListen, Bootstrap: bootstrap,
 				Ship:    mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
