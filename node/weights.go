@@ -61,6 +61,11 @@ func (n *Node) startWeights() error {
 	var drv swap.Driver
 	if n.server != nil {
 		drv, err = n.server.Driver()
+		if err == nil {
+			// The node knows the model it serves: a version trained on
+			// another base is refused, not loaded (node/adapters).
+			drv = swap.WithBaseFile(drv, n.cfg.Serve.Model)
+		}
 	} else {
 		drv, err = swap.New(n.cfg.UpstreamKind, swap.Config{Upstream: n.cfg.Upstream, Token: n.cfg.UpstreamToken, Logger: n.log})
 	}

@@ -252,3 +252,32 @@ func FuzzNormName(f *testing.F) {
 		}
 	})
 }
+
+// TestHubCacheNames: a model in the Hugging Face hub's cache is named by
+// its repository, not by its snapshot's revision.
+func TestHubCacheNames(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "hub", "models--Qwen--Qwen3-4B", "snapshots", strings.Repeat("ab12", 10))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 2560, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}`), 0o644)
+	id, err := FromModelDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(id.Names) != 1 || id.Names[0] != "Qwen/Qwen3-4B" || id.QDim != 4096 || id.KVDim != 1024 {
+		t.Fatalf("identity %+v", id)
+	}
+	if err := Same(id, ID{Names: []string{"/srv/models/Qwen3-4B"}, Layers: 36, Hidden: 2560}); err != nil {
+		t.Fatal(err)
+	}
+	// A bare revision names nothing: only the shape is compared.
+	bare := filepath.Join(root, strings.Repeat("0f", 20))
+	os.MkdirAll(bare, 0o755)
+	b, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+	os.WriteFile(filepath.Join(bare, "config.json"), b, 0o644)
+	if id, err := FromModelDir(bare); err != nil || len(id.Names) != 0 {
+		t.Fatalf("a directory named by a revision: %+v %v", id, err)
+	}
+}

@@ -89,7 +89,7 @@ func FromModelDir(dir string) (ID, error) {
 	if c.ModelType == "" || c.Layers <= 0 || c.Hidden <= 0 {
 		return ID{}, fmt.Errorf("%w: %s: config.json names no model_type, num_hidden_layers and hidden_size", ErrUnreadable, dir)
 	}
-	id := ID{Names: []string{dirName(dir)}, Arch: NormArch(c.ModelType), Layers: c.Layers, Hidden: c.Hidden,
+	id := ID{Names: dirNames(dir), Arch: NormArch(c.ModelType), Layers: c.Layers, Hidden: c.Hidden,
 		Heads: c.Heads, KVHeads: c.KVHeads, Vocab: c.Vocab, Format: "hf"}
 	if c.NameOrPath != "" {
 		id.Names = append(id.Names, c.NameOrPath)
@@ -117,6 +117,28 @@ func bitsName(b int) string {
 		return ""
 	}
 	return fmt.Sprintf("%dbit", b)
+}
+
+// hubSnapshot matches a model directory in the Hugging Face hub's cache
+// (huggingface_hub's file_download.py: models--ORG--NAME/snapshots/REVISION).
+var hubSnapshot = regexp.MustCompile(`models--([^/\\]+?)--([^/\\]+)[/\\]snapshots[/\\][^/\\]+$`)
+
+// commitRE is a git revision: a snapshot directory's name says nothing of
+// the model.
+var commitRE = regexp.MustCompile(`^[0-9a-f]{40}$`)
+
+// dirNames are the names a model directory goes by: ORG/NAME for a
+// snapshot in the Hugging Face hub's cache, else the directory's name
+// (none for a bare revision).
+func dirNames(dir string) []string {
+	clean := filepath.Clean(dir)
+	if m := hubSnapshot.FindStringSubmatch(clean); m != nil {
+		return []string{m[1] + "/" + m[2]}
+	}
+	if n := filepath.Base(clean); !commitRE.MatchString(n) {
+		return []string{n}
+	}
+	return nil
 }
 
 // peftConfig is what an identity needs of adapter_config.json.
