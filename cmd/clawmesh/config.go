@@ -257,6 +257,19 @@ func (s *settings) resolveFile(flags *flag.FlagSet) error {
 		env(p.name, p.dst)
 		file(p.name, p.dst, p.file)
 	}
+	// A model server to run and an upstream to forward to exclude each
+	// other: the one given here (flag or environment) wins over the
+	// other from the file (the upstream setup openclaw recorded, say,
+	// when the node is told to run its server itself).
+	switch {
+	case set["serve"] && !set["upstream"]:
+		if !set["upstream-kind"] {
+			s.UpstreamKind = ""
+		}
+		s.Upstream = ""
+	case set["upstream"] && !set["serve"]:
+		s.Serve, s.Model, s.ServeBin, s.ServeArgs = "", "", "", ""
+	}
 	if s.JudgeModel == "" {
 		s.JudgeModel = fc.JudgeModel
 	}

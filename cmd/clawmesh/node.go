@@ -48,7 +48,8 @@ that answers /v1/models, uses it (asking which, in a terminal, when several
 answer) and says which it chose.
 
 With --serve, the node runs the model server itself and needs no
---upstream (giving both is an error): it starts the server on a free
+--upstream (giving both is an error; given here, either wins over the
+other in the config file): it starts the server on a free
 127.0.0.1 port with --model, forwards to it, restarts it if it crashes
 or stops answering (waiting longer after each crash; after 5 crashes in
 a row before it answers it gives up and says why), appends the server's

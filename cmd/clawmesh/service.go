@@ -31,7 +31,8 @@ failure, with its output in DATA/node.log:
           (Restart=on-failure, WantedBy=default.target)
 
   install     write the service from the node's settings (--data, and
-              --upstream, --upstream-kind, --listen, --config where given
+              --upstream, --upstream-kind, --serve, --model, --serve-bin,
+              --serve-args, --listen, --config where given
               here or in CLAWMESH_* variables; the rest the node reads from
               DATA/config.toml at each start) and start it; again, to
               change it
@@ -41,6 +42,7 @@ failure, with its output in DATA/node.log:
 
 Examples:
   clawmesh service install --upstream http://127.0.0.1:11434/v1
+  clawmesh service install --serve mlx --model ~/models/Qwen3-4B-4bit
   clawmesh service status
   clawmesh service logs -f
 `
@@ -67,6 +69,10 @@ func runService(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	s.bindCommon(flags)
 	flags.StringVar(&s.Upstream, "upstream", "", "LLM server base URL including /v1 for the node (default: config.toml's, else the node looks for a local server at each start)")
 	flags.StringVar(&s.UpstreamKind, "upstream-kind", "", "upstream flavour (see clawmesh node --help)")
+	flags.StringVar(&s.Serve, "serve", "", "a model server the node runs itself instead of an upstream: llama-server, mlx or clawmesh (see clawmesh node --help)")
+	flags.StringVar(&s.Model, "model", "", "with --serve: what the server serves")
+	flags.StringVar(&s.ServeBin, "serve-bin", "", "with --serve: the server's program")
+	flags.StringVar(&s.ServeArgs, "serve-args", "", "with --serve: more arguments for the server")
 	program := flags.String("program", "", "the clawmesh binary the service runs (default: this one)")
 	lines := flags.Int("n", 40, "logs: how many lines of the log's end to show")
 	follow := flags.Bool("f", false, "logs: go on printing what the node logs, until interrupted")
@@ -169,11 +175,25 @@ func serviceInstall(ctx context.Context, sm serviceManager, s settings, flags *f
 		return err
 	}
 	program = stableProgram(program)
+	// The service runs in DATA: a model or program named by a path
+	// relative to here is made absolute (an mlx model may also be a
+	// repository's name, which is left as it is).
+	for _, p := range []*string{&s.Model, &s.ServeBin} {
+		if *p == "" {
+			continue
+		}
+		if _, err := os.Stat(*p); err == nil {
+			if abs, err := filepath.Abs(*p); err == nil {
+				*p = abs
+			}
+		}
+	}
 	args := []string{"node", "--data", s.Data}
 	explicit := map[string]bool{}
 	flags.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	for _, e := range []struct{ name, val string }{
 		{"config", s.Config}, {"listen", s.Listen}, {"upstream", s.Upstream}, {"upstream-kind", s.UpstreamKind},
+		{"serve", s.Serve}, {"model", s.Model}, {"serve-bin", s.ServeBin}, {"serve-args", s.ServeArgs},
 	} {
 		// Given here or in the environment, which the service will not
 		// have; what the config file says, the node reads itself.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"net"
 	"os"
 	"os/exec"
@@ -237,5 +238,70 @@ func TestStableProgram(t *testing.T) {
 	other := filepath.Join(prefix, "bin", "clawmesh")
 	if got := stableProgram(other); got != other {
 		t.Errorf("a path outside the Cellar became %s", got)
+	}
+}
+
+// TestServiceServes: service install carries --serve and its companions
+// into the unit, the model made absolute (the service runs in DATA), and
+// an upstream setup openclaw recorded in config.toml does not stand in the
+// way of the server the node is told to run.
+func TestServiceServes(t *testing.T) {
+	home, data := serviceHome(t, "linux")
+	fakeCtl(t, "systemctl", "active\n")
+	program, _ := os.Executable()
+	os.MkdirAll(data, 0o700)
+	if err := os.WriteFile(filepath.Join(data, "config.toml"), []byte("upstream = \"http://127.0.0.1:8080/v1\"\nupstream_kind = \"llamacpp\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	model := filepath.Join(t.TempDir(), "Qwen3-4B-Q4_K_M.gguf")
+	os.WriteFile(model, []byte("GGUF"), 0o600)
+	t.Chdir(filepath.Dir(model))
+	cli(t, "service", "install", "--data", data, "--serve", "llama-server", "--model", filepath.Base(model), "--serve-args", "-c 8192", "--program", program)
+	b, err := os.ReadFile(filepath.Join(home, ".config", "systemd", "user", setup.ServiceLabel+".service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := setup.SystemdUnit(setup.Service{Label: setup.ServiceLabel, Program: program,
+		Args:    []string{"node", "--data", data, "--serve", "llama-server", "--model", model, "--serve-args", "-c 8192"},
+		LogFile: filepath.Join(data, "node.log"), Dir: data})
+	if string(b) != want {
+		t.Errorf("unit\n%s\nwant\n%s", b, want)
+	}
+
+	// What the unit runs: the flag's server, not the file's upstream.
+	var s settings
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	s.bindCommon(fs)
+	fs.StringVar(&s.Upstream, "upstream", "", "")
+	fs.StringVar(&s.UpstreamKind, "upstream-kind", "", "")
+	fs.StringVar(&s.Serve, "serve", "", "")
+	fs.StringVar(&s.Model, "model", "", "")
+	if err := fs.Parse([]string{"--data", data, "--serve", "llama-server", "--model", model}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.resolve(fs); err != nil {
+		t.Fatal(err)
+	}
+	if s.Upstream != "" || s.UpstreamKind != "" || s.Serve != "llama-server" {
+		t.Errorf("settings with --serve over a file's upstream: %+v", s)
+	}
+	if _, err := serveConfig(s); err != nil {
+		t.Errorf("the node would refuse them: %v", err)
+	}
+	// And the other way: --upstream over a file's serve.
+	os.WriteFile(filepath.Join(data, "config.toml"), []byte("serve = \"llama-server\"\nmodel = \""+model+"\"\n"), 0o600)
+	s = settings{}
+	fs = flag.NewFlagSet("t", flag.ContinueOnError)
+	s.bindCommon(fs)
+	fs.StringVar(&s.Upstream, "upstream", "", "")
+	fs.StringVar(&s.Serve, "serve", "", "")
+	if err := fs.Parse([]string{"--data", data, "--upstream", "http://127.0.0.1:11434/v1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.resolve(fs); err != nil {
+		t.Fatal(err)
+	}
+	if s.Serve != "" || s.Model != "" || s.Upstream != "http://127.0.0.1:11434/v1" {
+		t.Errorf("settings with --upstream over a file's serve: %+v", s)
 	}
 }

@@ -187,7 +187,7 @@ func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writ
 			plan.Provider.Name, rec.At.Local().Format("2006-01-02 15:04"), plan.Provider.BaseURL),
 			"Edit %s by hand, or remove %s and run 'clawmesh setup openclaw' to set it up afresh", path, recPath)
 	}
-	if s.Upstream != "" && strings.TrimSuffix(s.Upstream, "/") != plan.Upstream {
+	if s.Serve == "" && s.Upstream != "" && strings.TrimSuffix(s.Upstream, "/") != plan.Upstream {
 		return withHint(fmt.Errorf("the node already forwards to %s (upstream in %s), but OpenClaw's provider %q goes to %s",
 			s.Upstream, nodeConfigPath(s), plan.Provider.Name, plan.Provider.BaseURL),
 			"Change one of them so that they agree, then run 'clawmesh setup openclaw' again")
@@ -209,6 +209,12 @@ func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writ
 	if plan.UpstreamToken != "" {
 		keys, vals["upstream_token"] = append(keys, "upstream_token"), plan.UpstreamToken
 	}
+	if s.Serve != "" {
+		// The node runs its model server itself (serve in its config, as
+		// setup ollama writes): that server is its upstream, so only
+		// OpenClaw changes.
+		keys = nil
+	}
 	newToml := setup.SetTOMLKeys(string(oldToml), keys, vals)
 	var check fileConfig
 	if _, err := toml.Decode(newToml, &check); err != nil {
@@ -217,7 +223,11 @@ func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writ
 
 	if *dry {
 		fmt.Fprintf(stdout, "OpenClaw's default model %s uses provider %q (%s, %s).\n", plan.Provider.Model, plan.Provider.Name, plan.Provider.BaseURL, plan.Provider.API)
-		fmt.Fprintf(stdout, "The node would forward to %s; OpenClaw would call the gateway at %s.\n\n", plan.Upstream, gw)
+		if s.Serve != "" {
+			fmt.Fprintf(stdout, "The node runs %s on %s itself; OpenClaw would call the gateway at %s.\n\n", s.Serve, s.Model, gw)
+		} else {
+			fmt.Fprintf(stdout, "The node would forward to %s; OpenClaw would call the gateway at %s.\n\n", plan.Upstream, gw)
+		}
 		fmt.Fprint(stdout, setup.Diff(path, path+" (after setup)", string(src), string(after)))
 		fmt.Fprint(stdout, redactDiff(setup.Diff(cfgPath, cfgPath+" (after setup)", string(oldToml), newToml), plan.UpstreamToken))
 		if oc.bin != "" {
@@ -264,7 +274,11 @@ func runSetupOpenClaw(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	fmt.Fprintf(stdout, "OpenClaw's provider %q now goes through the node at %s.\n", plan.Provider.Name, route.BaseURL(plan.Provider.API))
 	fmt.Fprintf(stdout, "  OpenClaw's config: %s (a copy of it as it was: %s)\n", path, backup)
-	fmt.Fprintf(stdout, "  the node's upstream: %s (in %s)\n", plan.Upstream, cfgPath)
+	if s.Serve != "" {
+		fmt.Fprintf(stdout, "  the node runs %s on %s itself (serve and model in %s)\n", s.Serve, s.Model, cfgPath)
+	} else {
+		fmt.Fprintf(stdout, "  the node's upstream: %s (in %s)\n", plan.Upstream, cfgPath)
+	}
 	fmt.Fprintln(stdout, "Run the node now: clawmesh service install (at login, restarted on failure), or clawmesh node.")
 	fmt.Fprintln(stdout, "clawmesh setup openclaw --undo puts the provider back as it was.")
 	return nil

@@ -232,3 +232,47 @@ func TestSetupOllamaRefusals(t *testing.T) {
 	t.Setenv("OLLAMA_MODELS", filepath.Join(t.TempDir(), "none"))
 	fail([]string{"no Ollama model store", "OLLAMA_MODELS"}, "--model", "qwen3:4b")
 }
+
+// TestSetupOllamaThenOpenClaw follows the README's Ollama path: setup
+// ollama has the node run llama-server on Ollama's file, then setup
+// openclaw points OpenClaw at the gateway and leaves the node's config
+// alone, as the node's upstream is the server it runs (an upstream beside
+// serve would keep the node from starting). Its undo puts OpenClaw back.
+func TestSetupOllamaThenOpenClaw(t *testing.T) {
+	path := openClawHome(t, userOpenClaw)
+	for _, v := range []string{"CLAWMESH_MODEL", "CLAWMESH_SERVE", "CLAWMESH_SERVE_BIN"} {
+		t.Setenv(v, "")
+	}
+	t.Setenv("PATH", t.TempDir()+string(os.PathListSeparator)+os.Getenv("PATH"))
+	_, blob := fakeOllamaStore(t, "qwen3:4b")
+	data := t.TempDir()
+	cfg := filepath.Join(data, "config.toml")
+	cli(t, "setup", "ollama", "--model", "qwen3:4b", "--data", data)
+	before, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	out := cli(t, "setup", "openclaw", "--data", data, "--openclaw", "none", "--dry-run")
+	if !strings.Contains(out, "The node runs llama-server on "+blob+" itself") || strings.Contains(out, "+upstream") {
+		t.Errorf("dry run:\n%s", out)
+	}
+	out = cli(t, "setup", "openclaw", "--data", data, "--openclaw", "none")
+	if !strings.Contains(out, `provider "ollama" now goes through the node at http://127.0.0.1:8400/v1`) || !strings.Contains(out, "the node runs llama-server on "+blob) {
+		t.Errorf("setup said:\n%s", out)
+	}
+	if after, _ := os.ReadFile(cfg); string(after) != string(before) {
+		t.Errorf("setup openclaw changed the node's config:\n%s\nwas\n%s", after, before)
+	}
+	var fc fileConfig
+	if _, err := toml.DecodeFile(cfg, &fc); err != nil || fc.Serve != "llama-server" || fc.Model != blob || fc.Upstream != "" {
+		t.Errorf("node config: %+v (%v)", fc, err)
+	}
+	if b, _ := os.ReadFile(path); !strings.Contains(string(b), "'http://127.0.0.1:8400/v1'") {
+		t.Errorf("OpenClaw's config:\n%s", b)
+	}
+	cli(t, "setup", "openclaw", "--data", data, "--openclaw", "none", "--undo")
+	if b, _ := os.ReadFile(path); string(b) != userOpenClaw {
+		t.Errorf("after undo:\n%s", b)
+	}
+}
