@@ -1,7 +1,9 @@
 // Package node is a device's clawmesh node. It composes the gateway the
 // agent talks to, the DataPool that records every call, the reward runner
 // that scores closed steps in the background (its plugins compiled in the
-// background too, while the gateway already serves), the outbox that seals
+// background too, while the gateway already serves, into a compilation
+// cache in the user's cache directory shared by the nodes of the machine,
+// and let go after Config.PluginIdle unused), the outbox that seals
 // scored steps into scrubbed batches as the sharing policy allows
 // (node/share), the admin endpoints that let `clawmesh pool ...` read a pool
 // the running node holds, the owner's dashboard at /clawmesh/

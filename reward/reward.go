@@ -11,7 +11,10 @@
 // code that never calls out. A plugin that traps, overruns,
 // returns junk or lacks the ABI's exports abstains with a logged reason and
 // affects nothing else. The plugin set can be swapped at run time (Reload);
-// calls in flight finish on the set they started with.
+// calls in flight finish on the set they started with. With
+// Options.ReleaseAfter, a plugin unused that long lets its compiled code and
+// instances go and is loaded again, from the compilation cache, by its next
+// call.
 //
 // Replay runs a plugin as a peer that checks a recorded score can (judge
 // calls refused, optionally without the plugin's config); Rescore scores a
