@@ -1,7 +1,9 @@
 // Package node is a device's clawmesh node. It composes the gateway the
 // agent talks to, the DataPool that records every call, the reward runner
 // that scores closed steps in the background (its plugins compiled in the
-// background too, while the gateway already serves), the outbox that seals
+// background too, while the gateway already serves, into a compilation
+// cache in the user's cache directory shared by the nodes of the machine,
+// and let go after Config.PluginIdle unused), the outbox that seals
 // scored steps into scrubbed batches as the sharing policy allows
 // (node/share), the admin endpoints that let `clawmesh pool ...` read a pool
 // the running node holds, the owner's dashboard at /clawmesh/
@@ -59,6 +61,8 @@ const (
 	DefaultMaxSessions   = 10000
 	DefaultRetention     = 10 * time.Minute
 	DefaultShareInterval = 30 * time.Second
+	// DefaultPluginIdle is Config.PluginIdle's default.
+	DefaultPluginIdle = 30 * time.Second
 )
 
 // ErrConfig reports an invalid Config.
@@ -120,10 +124,20 @@ type Config struct {
 	PluginMemoryLimit uint64
 	JudgeTimeout      time.Duration
 	// PluginCache is the directory of the reward plugins' compilation
-	// cache; "" means cache/wazero in the data directory. Nodes may share
-	// one: what is compiled is kept under a key of the module and the
-	// runtime, and written whole.
+	// cache; "" means clawmesh/wazero in the user's cache directory
+	// (os.UserCacheDir), or cache/wazero in the data directory when there
+	// is none. Nodes may share one: what is compiled is kept under a key
+	// of the module and the runtime, and written whole. Once the plugins
+	// are loaded from a cache elsewhere, a cache/wazero left in the data
+	// directory by an earlier version is removed.
 	PluginCache string
+	// PluginIdle is how long a reward plugin stays loaded (its compiled
+	// code and instances, most of an idle node's memory) after its last
+	// call; the next call loads it again from the compilation cache (tens
+	// of milliseconds per built-in, off the call path: scoring runs in the
+	// background). 0 means DefaultPluginIdle; negative keeps the plugins
+	// loaded.
+	PluginIdle time.Duration
 	// MinFree is the free-space guard: below this many bytes free on the
 	// data directory's filesystem the node stops recording (and retention
 	// may drop shipped steps and tombstones to make room) until there is
@@ -301,6 +315,12 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.MaxSessions == 0 {
 		cfg.MaxSessions = DefaultMaxSessions
+	}
+	switch {
+	case cfg.PluginIdle == 0:
+		cfg.PluginIdle = DefaultPluginIdle
+	case cfg.PluginIdle < 0:
+		cfg.PluginIdle = 0 // reward: kept loaded
 	}
 	in, err := joined(cfg.DataDir)
 	if err != nil {

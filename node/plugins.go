@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/reward"
@@ -35,7 +36,7 @@ func (n *Node) startPlugins(list []reward.PluginConfig) error {
 	}
 	cache := n.cfg.PluginCache
 	if cache == "" {
-		cache = filepath.Join(n.cfg.DataDir, "cache", "wazero")
+		cache = pluginCache(n.cfg.DataDir)
 	}
 	entries, _ := os.ReadDir(cache)
 	first := len(entries) == 0
@@ -65,6 +66,11 @@ func (n *Node) startPlugins(list []reward.PluginConfig) error {
 			Now:          n.cfg.Now,
 			Logger:       n.cfg.Logger,
 			OnFailure:    func(p string) { n.metrics.pluginFailures.WithLabelValues(p).Inc() },
+			ReleaseAfter: n.cfg.PluginIdle,
+			// What the plugins released is most of an idle node's
+			// memory: give it back to the system now rather than over
+			// minutes.
+			OnRelease: func(int) { debug.FreeOSMemory() },
 		})
 		switch {
 		case ctx.Err() != nil:
@@ -77,6 +83,19 @@ func (n *Node) startPlugins(list []reward.PluginConfig) error {
 			p.err = fmt.Errorf("reward plugins: %w", err)
 		default:
 			p.r = r
+			// The compilation cache used to live in the data directory:
+			// once the one in the cache directory is in use, the old one
+			// is only disk space.
+			if old := filepath.Join(n.cfg.DataDir, "cache", "wazero"); filepath.Clean(cache) != old {
+				if _, err := os.Stat(old); err == nil {
+					if err := os.RemoveAll(old); err != nil {
+						n.log.Warn("removing the old compilation cache", "dir", old, "err", err)
+					} else {
+						os.Remove(filepath.Dir(old)) // cache/, if nothing else is there
+						n.log.Info("removed the old compilation cache from the data directory", "dir", old, "now", cache)
+					}
+				}
+			}
 			for _, pc := range r.Plugins() {
 				n.metrics.pluginFailures.WithLabelValues(pc.Name) // a series at 0 from the start
 			}
@@ -104,6 +123,21 @@ func (n *Node) startPlugins(list []reward.PluginConfig) error {
 		}
 	}()
 	return nil
+}
+
+// pluginCache is where the reward plugins' compilation cache lives by
+// default: clawmesh/wazero in the user's cache directory, shared by the
+// nodes of the machine (a cache is not data: the system may clear it, and
+// backups skip it), or cache/wazero in the data directory when there is no
+// cache directory or it cannot be made.
+func pluginCache(dataDir string) string {
+	if d, err := os.UserCacheDir(); err == nil {
+		dir := filepath.Join(d, "clawmesh", "wazero")
+		if err := os.MkdirAll(dir, 0o700); err == nil {
+			return dir
+		}
+	}
+	return filepath.Join(dataDir, "cache", "wazero")
 }
 
 // runner waits until the plugins are ready (and the steps closed before

@@ -118,3 +118,57 @@ func sha(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// TestPluginCacheLocation: by default the plugins' compilation cache is in
+// the user's cache directory, shared by the nodes of the machine; the one
+// an earlier version left in the data directory is removed once the new
+// one is in use. Without a cache directory, the data directory holds it.
+func TestPluginCacheLocation(t *testing.T) {
+	ctx := context.Background()
+	start := func(t *testing.T, data string) {
+		t.Helper()
+		n, err := node.New(ctx, node.Config{DataDir: data, Upstream: "http://127.0.0.1:9/v1",
+			Plugins: []reward.PluginConfig{{Builtin: "hint", Enabled: true}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close(ctx)
+		if err := n.PluginsReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nonEmpty := func(dir string) bool {
+		entries, err := os.ReadDir(dir)
+		return err == nil && len(entries) > 0
+	}
+	t.Run("user cache dir", func(t *testing.T) {
+		home := t.TempDir()
+		t.Setenv("XDG_CACHE_HOME", filepath.Join(home, "cache"))
+		data := t.TempDir()
+		old := filepath.Join(data, "cache", "wazero")
+		if err := os.MkdirAll(filepath.Join(old, "wazero-v0-old"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(old, "wazero-v0-old", "x"), make([]byte, 1<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		start(t, data)
+		if shared := filepath.Join(home, "cache", "clawmesh", "wazero"); !nonEmpty(shared) {
+			t.Errorf("nothing compiled into %s", shared)
+		}
+		if _, err := os.Stat(filepath.Join(data, "cache")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the old cache in the data directory is still there: %v", err)
+		}
+		// A second node on the machine finds the cache filled.
+		start(t, t.TempDir())
+	})
+	t.Run("no cache dir", func(t *testing.T) {
+		t.Setenv("XDG_CACHE_HOME", "")
+		t.Setenv("HOME", "")
+		data := t.TempDir()
+		start(t, data)
+		if !nonEmpty(filepath.Join(data, "cache", "wazero")) {
+			t.Error("without a user cache directory, nothing compiled into the data directory's cache/wazero")
+		}
+	})
+}

@@ -55,13 +55,16 @@ func fakeModel(t testing.TB, ctx context.Context) string {
 // is answered and recorded, and it is scored once the plugins are ready.
 // The log says that the plugins are being compiled, and when they are
 // ready; a second start, with the compilation cached, says only the
-// latter, and so does a node on another data directory that shares the
-// first one's cache (Config.PluginCache).
+// latter, and so does a node on another data directory given the first
+// one's cache (Config.PluginCache, by default in the user's cache
+// directory).
 func TestGatewayServesWhilePluginsCompile(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	up := fakeModel(t, ctx)
 	data := t.TempDir()
+	userCache := t.TempDir() // empty: the first start compiles
+	t.Setenv("XDG_CACHE_HOME", userCache)
 	startOn := func(data, cache string) (*node.Node, string, *lockedBuffer, func()) {
 		var logs lockedBuffer
 		n, err := node.New(ctx, node.Config{DataDir: data, Upstream: up, ScoreInterval: 50 * time.Millisecond, PluginCache: cache,
@@ -125,7 +128,7 @@ func TestGatewayServesWhilePluginsCompile(t *testing.T) {
 	}
 
 	other := t.TempDir()
-	_, _, logs, stop = startOn(other, filepath.Join(data, "cache", "wazero"))
+	_, _, logs, stop = startOn(other, filepath.Join(userCache, "clawmesh", "wazero"))
 	for i := 0; !n2Ready() && i < 1200; i++ {
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -218,10 +218,17 @@ type plugin struct {
 	cfg    PluginConfig
 	hash   string
 	broken string // why every call abstains; "" if usable
-	code   wazero.CompiledModule
 	fresh  bool
 	free   chan *instance
 	abi    int32 // the ABI version the module answers
+
+	// The compiled code and the idle instances are made on demand: a
+	// plugin unused for Options.ReleaseAfter lets them go (release), and
+	// its next call compiles it again from the compilation cache.
+	lmu     sync.Mutex
+	code    wazero.CompiledModule // nil once released
+	busy    int                   // calls holding an instance
+	lastUse time.Time
 
 	// Consecutive failed calls, and until when the plugin is set aside
 	// after Options.FailureLimit of them.
@@ -258,30 +265,15 @@ func normalize(c PluginConfig) (PluginConfig, error) {
 // load compiles and checks a plugin. A plugin that cannot be used is
 // returned with broken set.
 func (h *host) load(ctx context.Context, c PluginConfig, poolSize int) *plugin {
-	p := &plugin{h: h, cfg: c, fresh: h.opts.FreshInstances, free: make(chan *instance, poolSize)}
-	var bin []byte
-	var err error
-	if c.Builtin != "" {
-		bin, err = builtin.Module(c.Builtin)
-	} else {
-		bin, err = os.ReadFile(c.Path)
-	}
+	p := &plugin{h: h, cfg: c, fresh: h.opts.FreshInstances, free: make(chan *instance, poolSize), lastUse: h.opts.Now()}
+	bin, err := p.source()
 	if err != nil {
 		p.broken = "read: " + err.Error()
 		return p
 	}
 	sum := sha256.Sum256(bin)
 	p.hash = hex.EncodeToString(sum[:])
-	if !h.opts.loopChecks {
-		if bin, err = meter.Instrument(bin); err != nil {
-			p.broken = "compile: " + err.Error()
-			return p
-		}
-	}
-	// More than one worker is also what makes wazero's compiler stop when
-	// ctx ends: a node stopped during its first start does not wait for
-	// the compilation.
-	code, err := h.rt.CompileModule(experimental.WithCompilationWorkers(ctx, max(runtime.GOMAXPROCS(0), 2)), bin)
+	code, err := h.compile(ctx, bin)
 	if err != nil {
 		p.broken = "compile: " + firstLine(err.Error())
 		return p
@@ -293,7 +285,7 @@ func (h *host) load(ctx context.Context, c PluginConfig, poolSize int) *plugin {
 	}
 	// Start one instance now: a module that cannot start is found at load
 	// time, and the first call does not pay for it.
-	inst, err := p.instantiate(ctx)
+	inst, err := p.instantiate(ctx, code)
 	if err != nil {
 		p.broken = err.Error()
 		return p
@@ -301,6 +293,80 @@ func (h *host) load(ctx context.Context, c PluginConfig, poolSize int) *plugin {
 	p.abi = inst.abi
 	p.put(inst)
 	return p
+}
+
+// source reads the plugin's module: the built-in's bytes or the file's.
+func (p *plugin) source() ([]byte, error) {
+	if p.cfg.Builtin != "" {
+		return builtin.Module(p.cfg.Builtin)
+	}
+	return os.ReadFile(p.cfg.Path)
+}
+
+// compile instruments (unless loopChecks) and compiles a module.
+func (h *host) compile(ctx context.Context, bin []byte) (wazero.CompiledModule, error) {
+	if !h.opts.loopChecks {
+		var err error
+		if bin, err = meter.Instrument(bin); err != nil {
+			return nil, err
+		}
+	}
+	// More than one worker is also what makes wazero's compiler stop when
+	// ctx ends: a node stopped during its first start does not wait for
+	// the compilation.
+	return h.rt.CompileModule(experimental.WithCompilationWorkers(ctx, max(runtime.GOMAXPROCS(0), 2)), bin)
+}
+
+// compiled returns the plugin's compiled code, compiling it again (from
+// the compilation cache) if it was released. The module must still be the
+// one loaded: a plugin file changed since then is refused until a reload.
+func (p *plugin) compiled(ctx context.Context) (wazero.CompiledModule, error) {
+	p.lmu.Lock()
+	defer p.lmu.Unlock()
+	if p.code != nil {
+		return p.code, nil
+	}
+	bin, err := p.source()
+	if err != nil {
+		return nil, fmt.Errorf("start: read: %w", err)
+	}
+	if sum := sha256.Sum256(bin); hex.EncodeToString(sum[:]) != p.hash {
+		return nil, fmt.Errorf("start: %s has changed since the plugin was loaded (reload the plugins to use it)", p.cfg.Path)
+	}
+	code, err := p.h.compile(ctx, bin)
+	if err != nil {
+		return nil, fmt.Errorf("start: compile: %s", firstLine(err.Error()))
+	}
+	p.code = code
+	return code, nil
+}
+
+// release closes the plugin's idle instances and, when compiled code can
+// be had again from the on-disk cache, its compiled code, if no call holds
+// an instance and none started after cutoff. It says whether it released
+// anything.
+func (p *plugin) release(ctx context.Context, cutoff time.Time) bool {
+	p.lmu.Lock()
+	defer p.lmu.Unlock()
+	if p.busy > 0 || p.lastUse.After(cutoff) {
+		return false
+	}
+	released := false
+	for done := false; !done; {
+		select {
+		case inst := <-p.free:
+			inst.mod.Close(ctx)
+			released = true
+		default:
+			done = true
+		}
+	}
+	if p.code != nil && p.h.opts.CacheDir != "" {
+		p.code.Close(ctx)
+		p.code = nil
+		released = true
+	}
+	return released
 }
 
 // checkABI reports what makes a compiled module unusable as a plugin.
@@ -347,6 +413,8 @@ func checkABI(code wazero.CompiledModule, judgeOK bool) string {
 }
 
 func (p *plugin) close(ctx context.Context) {
+	p.lmu.Lock()
+	defer p.lmu.Unlock()
 	for {
 		select {
 		case inst := <-p.free:
@@ -354,19 +422,42 @@ func (p *plugin) close(ctx context.Context) {
 		default:
 			if p.code != nil {
 				p.code.Close(ctx)
+				p.code = nil
 			}
 			return
 		}
 	}
 }
 
+// get returns an idle instance or starts one; the caller calls done once
+// the instance is put back or closed.
 func (p *plugin) get(ctx context.Context) (*instance, error) {
+	p.lmu.Lock()
+	p.busy++
+	p.lastUse = p.h.opts.Now()
+	p.lmu.Unlock()
 	select {
 	case inst := <-p.free:
 		return inst, nil
 	default:
-		return p.instantiate(ctx)
 	}
+	code, err := p.compiled(ctx)
+	if err != nil {
+		p.done()
+		return nil, err
+	}
+	inst, err := p.instantiate(ctx, code)
+	if err != nil {
+		p.done()
+	}
+	return inst, err
+}
+
+// done ends a call that get gave an instance to.
+func (p *plugin) done() {
+	p.lmu.Lock()
+	p.busy--
+	p.lmu.Unlock()
 }
 
 func (p *plugin) put(inst *instance) {
@@ -485,6 +576,7 @@ func (p *plugin) call(ctx context.Context, in []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer p.done()
 	limit := p.h.opts.Deadline
 	if p.cfg.Judge {
 		limit += p.h.opts.JudgeTimeout
@@ -556,7 +648,7 @@ type instance struct {
 	output *logWriter
 }
 
-func (p *plugin) instantiate(ctx context.Context) (*instance, error) {
+func (p *plugin) instantiate(ctx context.Context, code wazero.CompiledModule) (*instance, error) {
 	inst := &instance{abi: abiJSON, rng: rand.NewChaCha8(randSeed)}
 	inst.output = &logWriter{log: p.h.log, plugin: p.cfg.Name}
 	var nano int64
@@ -577,7 +669,7 @@ func (p *plugin) instantiate(ctx context.Context) (*instance, error) {
 		WithRandSource(randReader{inst})
 	sctx, cancel := context.WithTimeout(ctx, p.h.opts.StartTimeout)
 	defer cancel()
-	mod, err := p.h.rt.InstantiateModule(sctx, p.code, cfg)
+	mod, err := p.h.rt.InstantiateModule(sctx, code, cfg)
 	if err != nil {
 		var exit *sys.ExitError
 		if errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded {

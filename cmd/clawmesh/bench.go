@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -26,7 +27,7 @@ import (
 	"github.com/clawmesh/clawmesh/trainer/learn"
 )
 
-const benchHelp = `Usage: clawmesh bench <gateway|pool|soak|engine|learn|scrub|mesh|trainers|weights|rollouts> [flags]
+const benchHelp = `Usage: clawmesh bench <gateway|pool|soak|idle|engine|learn|scrub|mesh|trainers|weights|rollouts> [flags]
 
 Measures clawmesh's parts on this machine, against a baseline measured in
 the same run. Everything runs locally (loopback, a temporary directory).
@@ -40,12 +41,20 @@ the same run. Everything runs locally (loopback, a temporary directory).
             sessions that continue call by call
   pool      DataPool ingest: synced step writes per second with concurrent
             writers, and put latency
-  soak      this binary run as a node under a steady open-loop load (each
-            call its own conversation, left open as an agent that never
-            says it is done) and then idle: its resident memory over time
-            (it must level off: --max-sessions bounds the conversations held),
-            and the scorer's rate and lag (closed steps waiting, and those
-            shed past --max-score-backlog) with the built-in plugins
+  soak      this binary run as a node at its defaults under load (by
+            default 6 clients in a closed loop for 180s; --rate for a steady
+            open-loop load), each call its own conversation, left open as
+            an agent that never says it is done, and then idle: its
+            resident memory over time, at 120s and at the end of the load,
+            and its slope over the last minute of the load (goal: at most
+            300 MiB, and flat: at most +5 MiB/min), and the scorer's rate
+            and lag (closed steps waiting, and those shed past
+            --max-score-backlog) with the built-in plugins
+  idle      this binary run as a fresh node with the built-in plugins: 20
+            calls, scored, then 60s idle; its resident memory (anonymous
+            and file-backed) against the goal of 100 MiB, its data
+            directory's size against 20 MiB, and the size of the plugins'
+            compilation cache (in the user's cache directory)
   engine    the native Go engine: training and generation tokens/s on a
             tiny and a small (0.5B-shaped, 2 layers) model, with the
             arithmetic rate achieved against the measured matmul rate;
@@ -101,7 +110,9 @@ Examples:
   clawmesh bench gateway --memory       # without the synced write per step
   clawmesh bench gateway --realistic --rate 200
   clawmesh bench pool --writers 64 --steps 20000
-  clawmesh bench soak --rate 1700 --duration 240s --idle 60s --json
+  clawmesh bench soak --json
+  clawmesh bench soak --rate 1700 --duration 240s --idle 60s
+  clawmesh bench idle --json
   clawmesh bench engine --model tiny
   clawmesh bench engine --engine torch --base tiny --device cpu
   clawmesh bench engine --engine torch --base ~/models/Qwen3-0.6B --device cuda
@@ -116,7 +127,7 @@ Examples:
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, benchHelp)
-		return usageErr("which benchmark? gateway, pool, soak, engine, learn, scrub, mesh, trainers, weights or rollouts")
+		return usageErr("which benchmark? gateway, pool, soak, idle, engine, learn, scrub, mesh, trainers, weights or rollouts")
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlags("bench "+sub, benchHelp, stderr)
@@ -146,8 +157,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return nil
 	case "soak":
 		var o nodebench.SoakOptions
-		fs.IntVar(&o.Rate, "rate", 1000, "calls a second, sent open loop")
-		fs.DurationVar(&o.Duration, "duration", 60*time.Second, "how long the load runs")
+		fs.IntVar(&o.Clients, "clients", 6, "clients sending calls in a closed loop (each sends its next call once the last is answered)")
+		fs.IntVar(&o.Rate, "rate", 0, "calls a second, sent open loop, instead of --clients")
+		fs.DurationVar(&o.Duration, "duration", 180*time.Second, "how long the load runs")
 		fs.DurationVar(&o.Idle, "idle", 30*time.Second, "how long the node is watched idle after the load")
 		fs.DurationVar(&o.Every, "every", time.Second, "time between samples")
 		fs.IntVar(&o.MaxSessions, "max-sessions", 0, "the node's --max-sessions (default its own)")
@@ -159,8 +171,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := parse(fs, args); err != nil {
 			return err
 		}
-		if o.Rate <= 0 || o.Duration <= 0 || o.Idle < 0 || o.Every <= 0 || o.MaxSessions < 0 {
-			return usageErr("--rate, --duration and --every must be positive, --idle and --max-sessions not negative")
+		if o.Rate > 0 {
+			if flagSet(fs, "clients") {
+				return usageErr("--rate (open loop) and --clients (closed loop): give one")
+			}
+			o.Clients = 0
+		}
+		if o.Rate < 0 || o.Clients < 0 || (o.Rate == 0 && o.Clients == 0) || o.Duration <= 0 || o.Idle < 0 || o.Every <= 0 || o.MaxSessions < 0 {
+			return usageErr("--clients or --rate, --duration and --every must be positive, --idle and --max-sessions not negative")
 		}
 		if *nodeLog {
 			o.NodeLog = stderr
@@ -174,6 +192,31 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		o.Binary = exe
 		r, err := nodebench.Soak(ctx, o)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, r)
+		}
+		r.Print(stdout)
+		return nil
+	case "idle":
+		var o nodebench.FootprintOptions
+		fs.IntVar(&o.Calls, "calls", 20, "calls sent (each scored) before the node is left idle")
+		fs.DurationVar(&o.Wait, "wait", 60*time.Second, "how long the node is left idle, once the calls are scored, before it is measured")
+		asJSON := fs.Bool("json", false, "print the result as JSON")
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		if o.Calls < 0 || o.Wait < 0 {
+			return usageErr("--calls and --wait must not be negative")
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		o.Binary = exe
+		r, err := nodebench.Footprint(ctx, o)
 		if err != nil {
 			return err
 		}
@@ -425,4 +468,11 @@ func benchLearn(ctx context.Context, stdout io.Writer, rounds int, seed uint64, 
 	cmp.Print(stdout)
 	fmt.Fprintf(stdout, "\n(%s)\n", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// flagSet says whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

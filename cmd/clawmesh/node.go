@@ -124,7 +124,11 @@ resolved from the config file's directory.
 
 The gateway serves at once; the reward plugins are compiled in the
 background (seconds on a first start, whose log says so; then cached in
-DATA/cache) and score what was recorded meanwhile once they are ready. The
+clawmesh/wazero in the user's cache directory, shared by the nodes of the
+machine, or in DATA/cache when there is none) and score what was recorded
+meanwhile once they are ready; a plugin unused for 30s lets its compiled
+code and instances go (most of an idle node's memory) and is loaded again
+from the cache by the next step it scores. The
 node does not start if an enabled plugin's file cannot be read or is not
 WebAssembly, and stops, naming it, if one turns out unusable as it is
 compiled (missing exports, a start-up that fails).

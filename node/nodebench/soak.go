@@ -26,8 +26,13 @@ import (
 // SoakOptions configures Soak.
 type SoakOptions struct {
 	// Binary is the clawmesh binary run as the node (required).
-	Binary      string
-	Rate        int           // calls a second, open loop (required)
+	Binary string
+	// Clients, if positive, send the load closed loop: each sends its
+	// next call when the last one is answered, as fast as the node
+	// answers; Rate is then ignored. Otherwise Rate calls a second are
+	// sent open loop.
+	Clients     int
+	Rate        int           // calls a second, open loop (required without Clients)
 	Duration    time.Duration // of the load (required)
 	Idle        time.Duration // measured after the load
 	Every       time.Duration // between samples (required)
@@ -44,8 +49,8 @@ func (o SoakOptions) Validate() error {
 	if o.Binary == "" {
 		return errors.New("nodebench: no binary to run as the node")
 	}
-	if o.Rate <= 0 || o.Duration <= 0 || o.Idle < 0 || o.Every <= 0 || o.MaxSessions < 0 {
-		return errors.New("nodebench: the rate, duration and time between samples must be positive, the idle time and sessions not negative")
+	if (o.Rate <= 0 && o.Clients <= 0) || o.Clients < 0 || o.Duration <= 0 || o.Idle < 0 || o.Every <= 0 || o.MaxSessions < 0 {
+		return errors.New("nodebench: the rate (or the clients), duration and time between samples must be positive, the idle time and sessions not negative")
 	}
 	return nil
 }
@@ -71,9 +76,18 @@ type SoakSample struct {
 	ClosuresDropped uint64 `json:"closures_dropped"`
 }
 
+// The goals of a node under stress at its defaults (`clawmesh bench
+// soak`): resident memory at most GoalSoakRSS, and flat over the last
+// minute of the load (growing by at most GoalSoakSlope bytes a minute).
+const (
+	GoalSoakRSS   = 300 << 20
+	GoalSoakSlope = 5 << 20
+)
+
 // SoakResult is what `clawmesh bench soak --json` prints.
 type SoakResult struct {
-	Rate        int     `json:"rate"`
+	Clients     int     `json:"clients,omitempty"` // closed loop; 0: open loop at Rate
+	Rate        int     `json:"rate,omitempty"`
 	DurationS   float64 `json:"duration_s"`
 	IdleS       float64 `json:"idle_s"`
 	MaxSessions int     `json:"max_sessions,omitempty"`
@@ -92,6 +106,16 @@ type SoakResult struct {
 	RSSPeak  int64 `json:"rss_peak_bytes"`
 	RSSLoad  int64 `json:"rss_end_of_load_bytes"`
 	RSSIdle  int64 `json:"rss_end_of_idle_bytes"`
+	// RSSAt120 is the RSS 120 s into the load (0 if it was shorter), and
+	// SlopeLastMin how fast the RSS grew over the last minute of the load,
+	// in bytes a minute (a least-squares fit of the samples; the whole
+	// load if shorter). Met says whether the peak under load and the
+	// slope meet GoalSoakRSS and GoalSoakSlope.
+	RSSAt120     int64   `json:"rss_at_120s_bytes"`
+	SlopeLastMin float64 `json:"slope_last_min_bytes_per_min"`
+	GoalRSS      int64   `json:"goal_rss_bytes"`
+	GoalSlope    int64   `json:"goal_slope_bytes_per_min"`
+	Met          bool    `json:"met"`
 	// ScoredPerS is the scorer's rate over the load; AnsweredPerS the
 	// calls' rate. BacklogEnd is the scoring lag when the load stopped,
 	// DrainS how long the scorer then took to empty it (-1: not within
@@ -183,7 +207,11 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakResult, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	r := &SoakResult{Rate: o.Rate, DurationS: o.Duration.Seconds(), IdleS: o.Idle.Seconds(), MaxSessions: o.MaxSessions, MemoryLimit: o.MemoryLimit, SessionDone: o.SessionDone, DrainS: -1}
+	rate := o.Rate
+	if o.Clients > 0 {
+		rate = 0
+	}
+	r := &SoakResult{Clients: o.Clients, GoalRSS: GoalSoakRSS, GoalSlope: GoalSoakSlope, Rate: rate, DurationS: o.Duration.Seconds(), IdleS: o.Idle.Seconds(), MaxSessions: o.MaxSessions, MemoryLimit: o.MemoryLimit, SessionDone: o.SessionDone, DrainS: -1}
 	r.RSSStart, err = rss(pid)
 	if err != nil {
 		return nil, fmt.Errorf("reading /proc (Linux only): %w", err)
@@ -251,11 +279,48 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakResult, error) {
 		return s
 	}
 
-	// The load: call k leaves at start + k/Rate, whatever the replies do.
-	total := int64(o.Rate) * int64(o.Duration/time.Millisecond) / 1000
+	if o.Clients > 0 {
+		// Closed loop: each client sends its next call once the last is
+		// answered; samples on their own clock.
+		var next atomic.Int64
+		loadEnd := start.Add(o.Duration)
+		for range o.Clients {
+			inflight.Add(1)
+			go func() {
+				defer inflight.Done()
+				for time.Now().Before(loadEnd) && ctx.Err() == nil {
+					sem <- struct{}{}
+					sent.Add(1)
+					inflight.Add(1)
+					call(next.Add(1) - 1)
+				}
+			}()
+		}
+		sampled := make(chan struct{})
+		go func() {
+			defer close(sampled)
+			t := time.NewTicker(o.Every)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case now := <-t.C:
+					if !now.Before(loadEnd) {
+						return
+					}
+					sample()
+				}
+			}
+		}()
+		inflight.Wait()
+		<-sampled
+	}
+	// Open loop: call k leaves at start + k/Rate, whatever the replies do.
+	total := int64(rate) * int64(o.Duration/time.Millisecond) / 1000
 	nextSample := start.Add(o.Every)
 	for k := int64(0); k < total; k++ {
-		at := start.Add(time.Duration(k) * time.Second / time.Duration(o.Rate))
+		at := start.Add(time.Duration(k) * time.Second / time.Duration(rate))
 		if d := time.Until(at); d > 0 {
 			select {
 			case <-ctx.Done():
@@ -283,6 +348,8 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakResult, error) {
 	loadSecs := loadEnd.At
 	r.ScoredPerS = float64(loadEnd.Scored) / loadSecs
 	r.AnsweredPerS = float64(loadEnd.Answered) / loadSecs
+	r.RSSAt120, r.SlopeLastMin = loadFigures(r.Samples, loadSecs)
+	r.Met = r.RSSPeak <= r.GoalRSS && r.SlopeLastMin <= float64(r.GoalSlope)
 
 	// Idle: the backlog drains, memory settles.
 	idleStart := time.Now()
@@ -301,6 +368,34 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakResult, error) {
 	last := r.Samples[len(r.Samples)-1]
 	r.Sent, r.Answered, r.Failed, r.Shed, r.NotSent = sent.Load(), last.Answered, last.Failed, last.Shed, notSent.Load()
 	return r, nil
+}
+
+// loadFigures returns, from the samples of a load that lasted end seconds,
+// the RSS at 120 s (the first sample from then on; 0 if none) and the
+// least-squares slope of the RSS over the last minute, in bytes a minute.
+func loadFigures(samples []SoakSample, end float64) (at120 int64, slope float64) {
+	for _, s := range samples {
+		if s.At >= 120 && s.At <= end {
+			at120 = s.RSS
+			break
+		}
+	}
+	var n, sx, sy, sxx, sxy float64
+	for _, s := range samples {
+		if s.At < end-60 || s.At > end {
+			continue
+		}
+		x, y := s.At/60, float64(s.RSS)
+		n++
+		sx += x
+		sy += y
+		sxx += x * x
+		sxy += x * y
+	}
+	if d := n*sxx - sx*sx; n >= 2 && d != 0 {
+		slope = (n*sxy - sx*sy) / d
+	}
+	return at120, slope
 }
 
 // adminClient is a client of the admin API of the node running on the
@@ -332,7 +427,11 @@ func health(ctx context.Context, base string) gateway.Health {
 // Print writes the soak's figures for a person.
 func (r *SoakResult) Print(w io.Writer) {
 	mib := func(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
-	fmt.Fprintf(w, "load      %d calls/s for %.0fs, each its own conversation", r.Rate, r.DurationS)
+	if r.Clients > 0 {
+		fmt.Fprintf(w, "load      %d clients, closed loop, for %.0fs, each call its own conversation", r.Clients, r.DurationS)
+	} else {
+		fmt.Fprintf(w, "load      %d calls/s for %.0fs, each its own conversation", r.Rate, r.DurationS)
+	}
 	if r.SessionDone {
 		fmt.Fprint(w, " (ended with X-Session-Done)")
 	}
@@ -340,6 +439,16 @@ func (r *SoakResult) Print(w io.Writer) {
 	fmt.Fprintf(w, "calls     %d sent, %d answered (%.0f/s), %d failed; %d not sent (2,048 already in flight)\n", r.Sent, r.Answered, r.AnsweredPerS, r.Failed, r.NotSent)
 	fmt.Fprintf(w, "memory    rss %s after start-up, %s at most, %s when the load stopped, %s after %.0fs idle\n",
 		mib(r.RSSStart), mib(r.RSSPeak), mib(r.RSSLoad), mib(r.RSSIdle), r.IdleS)
+	verdict := "met"
+	if !r.Met {
+		verdict = "NOT MET"
+	}
+	at120 := "-"
+	if r.RSSAt120 > 0 {
+		at120 = mib(r.RSSAt120)
+	}
+	fmt.Fprintf(w, "          rss %s at 120s, %s at %.0fs; over the last minute %+.1f MiB/min; goal <= %s at most and <= %+.1f MiB/min: %s\n",
+		at120, mib(r.RSSLoad), r.DurationS, r.SlopeLastMin/(1<<20), mib(r.GoalRSS), float64(r.GoalSlope)/(1<<20), verdict)
 	fmt.Fprintf(w, "scoring   %.0f steps/s during the load; backlog %d at most, %d when the load stopped; %d shed", r.ScoredPerS, r.BacklogPeak, r.BacklogEnd, r.Shed)
 	if r.DrainS >= 0 {
 		fmt.Fprintf(w, "; drained %.0fs after\n", r.DrainS)
