@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 )
@@ -21,14 +24,19 @@ type IngestResult struct {
 	StepsPerSec float64       `json:"steps_per_sec"`
 	P50         time.Duration `json:"p50_ns"` // Put latency
 	P99         time.Duration `json:"p99_ns"`
-	Stats       Stats         `json:"stats"` // the pool afterwards
+	// WALBytes is what the run wrote to Pebble's write-ahead log, per
+	// step: the size of one step's synced write.
+	WALBytes int   `json:"wal_bytes_per_step"`
+	Stats    Stats `json:"stats"` // the pool afterwards (BenchIngest)
 }
 
 // BenchIngest opens (creating) a pool in dir and measures synced Puts of
 // realistic steps: conversations that resend a 40,000-character system
-// prompt, a dozen tools and their growing history at every call. writers
-// goroutines share the steps between them. It uses the wall clock; dir
-// should be a fresh directory on the disk to be measured.
+// prompt, a dozen tools and their growing history at every call. Each of
+// the writers goroutines is an agent: it takes the next conversation and
+// puts its steps (twelve calls) in order, each once the one before is
+// stored, as the calls of a conversation follow one another. It uses the
+// wall clock; dir should be a fresh directory on the disk to be measured.
 func BenchIngest(ctx context.Context, dir string, writers, steps int) (IngestResult, error) {
 	if writers <= 0 || steps <= 0 {
 		return IngestResult{}, fmt.Errorf("pool: bench: writers and steps must be positive, got %d and %d", writers, steps)
@@ -39,9 +47,10 @@ func BenchIngest(ctx context.Context, dir string, writers, steps int) (IngestRes
 	}
 	defer p.Close()
 
-	gen := NewStepGen("bench", 12)
+	const perSession = 12
+	gen := NewStepGen("bench", perSession)
 	lat := make([]time.Duration, steps)
-	var next atomic.Int64
+	var next atomic.Int64 // the next conversation
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
 	start := time.Now()
@@ -50,13 +59,89 @@ func BenchIngest(ctx context.Context, dir string, writers, steps int) (IngestRes
 		go func() {
 			defer wg.Done()
 			for {
-				i := int(next.Add(1)) - 1
-				if i >= steps {
+				first := int(next.Add(1)-1) * perSession
+				for i := first; i < min(first+perSession, steps); i++ {
+					s := gen.Step(i)
+					t0 := time.Now()
+					if err := p.Put(ctx, s); err != nil {
+						errs <- err
+						return
+					}
+					lat[i] = time.Since(t0)
+				}
+				if first+perSession >= steps {
 					return
 				}
-				s := gen.Step(i)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return IngestResult{}, fmt.Errorf("pool: bench: %w", err)
+	}
+	res := ingestResult(writers, elapsed, lat)
+	in, leave, err := p.enter(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.WALBytes = int(in.db.Metrics().WAL.BytesIn / uint64(steps))
+	leave()
+	if res.Stats, err = p.Stats(ctx); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+func ingestResult(writers int, elapsed time.Duration, lat []time.Duration) IngestResult {
+	slices.Sort(lat)
+	return IngestResult{
+		Writers:     writers,
+		Steps:       len(lat),
+		Elapsed:     elapsed,
+		StepsPerSec: float64(len(lat)) / elapsed.Seconds(),
+		P50:         lat[len(lat)/2],
+		P99:         lat[min(len(lat)-1, len(lat)*99/100)],
+	}
+}
+
+// BenchPebble is BenchIngest's baseline: bare Pebble (its default options)
+// in dir, where writers goroutines commit synced batches of one new
+// key and a value of size bytes (BenchIngest's WALBytes, so that both write
+// as much to the log per step), each on its own, as many concurrent
+// writers of the same disk commit them. Nothing is read, encoded or indexed.
+func BenchPebble(ctx context.Context, dir string, writers, writes, size int) (IngestResult, error) {
+	if writers <= 0 || writes <= 0 || size < 0 {
+		return IngestResult{}, fmt.Errorf("pool: bench: writers and writes must be positive and size not negative, got %d, %d and %d", writers, writes, size)
+	}
+	db, err := pebble.Open(dir, &pebble.Options{})
+	if err != nil {
+		return IngestResult{}, fmt.Errorf("pool: bench: %w", err)
+	}
+	defer db.Close()
+	value := make([]byte, size)
+	for i := range value {
+		value[i] = byte('a' + i%26) // compressible as JSON is
+	}
+	lat := make([]time.Duration, writes)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	start := time.Now()
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := make([]byte, 0, 16)
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= writes || ctx.Err() != nil {
+					return
+				}
+				key = binary.BigEndian.AppendUint64(append(key[:0], 'k'), uint64(i))
 				t0 := time.Now()
-				if err := p.Put(ctx, s); err != nil {
+				if err := db.Set(key, value, pebble.Sync); err != nil {
 					errs <- err
 					return
 				}
@@ -70,18 +155,11 @@ func BenchIngest(ctx context.Context, dir string, writers, steps int) (IngestRes
 	if err := <-errs; err != nil {
 		return IngestResult{}, fmt.Errorf("pool: bench: %w", err)
 	}
-	slices.Sort(lat)
-	res := IngestResult{
-		Writers:     writers,
-		Steps:       steps,
-		Elapsed:     elapsed,
-		StepsPerSec: float64(steps) / elapsed.Seconds(),
-		P50:         lat[len(lat)/2],
-		P99:         lat[min(len(lat)-1, len(lat)*99/100)],
+	if err := ctx.Err(); err != nil {
+		return IngestResult{}, err
 	}
-	if res.Stats, err = p.Stats(ctx); err != nil {
-		return res, err
-	}
+	res := ingestResult(writers, elapsed, lat)
+	res.WALBytes = int(db.Metrics().WAL.BytesIn / uint64(writes))
 	return res, nil
 }
 

@@ -189,6 +189,8 @@ type instance struct {
 	stripes [stripes]sync.Mutex
 	// gc coordinates blob writes with the blob sweep; see sweep.go.
 	gc gcState
+	// group commits concurrent synced writes together; see groupCommit.
+	group groupCommit
 	// ops counts the operations running on this instance.
 	ops sync.WaitGroup
 	// openFatal receives a fatal error Pebble reports while opening.
@@ -602,7 +604,11 @@ func (p *Pool) writeKnown(in *instance, steps []*core.Step, olds []*header, extr
 		}
 		refs = append(refs, enc.blobs...)
 	}
-	if err := in.commit(b, opts); err != nil {
+	commit := in.commit
+	if opts == pebble.Sync {
+		commit = func(b *pebble.Batch, _ *pebble.WriteOptions) error { return in.commitSync(b) }
+	}
+	if err := commit(b, opts); err != nil {
 		return fmt.Errorf("pool: put: %w", err)
 	}
 	p.known.add(refs)

@@ -38,8 +38,11 @@ the same run. Everything runs locally (loopback, a temporary directory).
             requests/s, and the disk's synced-write latency (the floor under
             the durable path); --realistic sends agent-sized requests in
             sessions that continue call by call
-  pool      DataPool ingest: synced step writes per second with concurrent
-            writers, and put latency
+  pool      DataPool ingest: synced writes per second of agent-sized steps
+            from one and from --writers concurrent writers, put latency
+            p50/p99, beside bare Pebble's synced writes of as many bytes
+            each from as many writers in the same run (goal: >= 20,000
+            steps/s and >= 0.6x bare Pebble)
   soak      this binary run as a node under a steady open-loop load (each
             call its own conversation, left open as an agent that never
             says it is done) and then idle: its resident memory over time
@@ -369,6 +372,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		defer os.RemoveAll(dir)
+		if *writers <= 0 || *steps <= 0 {
+			return usageErr("--writers and --steps must be positive")
+		}
 		one, err := pool.BenchIngest(ctx, dir+"/one", 1, min(*steps, 2000))
 		if err != nil {
 			return err
@@ -377,12 +383,27 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "pool ingest, synced writes (every Put durable when it returns):\n")
-		for _, r := range []pool.IngestResult{one, many} {
-			fmt.Fprintf(stdout, "  %3d writers: %8.0f steps/s  put p50 %s  p99 %s  (%d steps in %s)\n",
-				r.Writers, r.StepsPerSec, ms(r.P50), ms(r.P99), r.Steps, r.Elapsed.Round(time.Millisecond))
+		bare, err := pool.BenchPebble(ctx, dir+"/bare", *writers, *steps, many.WALBytes)
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "  %d writers vs 1: %.1fx the steps/s\n", many.Writers, many.StepsPerSec/one.StepsPerSec)
+		fmt.Fprintf(stdout, "pool ingest, synced writes (every Put durable when it returns), agent-sized steps:\n")
+		line := func(what string, r pool.IngestResult) {
+			fmt.Fprintf(stdout, "  %-28s %8.0f steps/s  p50 %s  p99 %s  (%d in %s, %d B to the WAL each)\n",
+				what, r.StepsPerSec, ms(r.P50), ms(r.P99), r.Steps, r.Elapsed.Round(time.Millisecond), r.WALBytes)
+		}
+		line("pool, 1 writer", one)
+		line(fmt.Sprintf("pool, %d writers", many.Writers), many)
+		line(fmt.Sprintf("bare Pebble, %d writers", bare.Writers), bare)
+		ratio := many.StepsPerSec / bare.StepsPerSec
+		verdict := func(ok bool) string {
+			if ok {
+				return "met"
+			}
+			return "NOT met"
+		}
+		fmt.Fprintf(stdout, "  %d writers: %.0f steps/s (goal >= 20000: %s), %.2fx bare Pebble's synced writes (goal >= 0.6x: %s), %.1fx 1 writer\n",
+			many.Writers, many.StepsPerSec, verdict(many.StepsPerSec >= 20000), ratio, verdict(ratio >= 0.6), many.StepsPerSec/one.StepsPerSec)
 		return nil
 	}
 	return usageErr("unknown benchmark %q: want gateway, pool, soak, engine, learn, scrub, mesh, trainers, weights or rollouts", sub)
