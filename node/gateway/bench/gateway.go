@@ -1,8 +1,9 @@
 // Package bench measures the gateway for `clawmesh bench gateway`: it sets
-// up a scripted model server and a gateway recording into a real pool on
-// loopback, drives the same load directly and through the gateway,
-// interleaved, and reports the added latency against that baseline
-// measured in the same run.
+// up a scripted model server, a gateway recording into a real pool and a
+// bare Go reverse proxy (net/http/httputil) on loopback, drives the same
+// load through the bare proxy and through the gateway, interleaved, and
+// reports the gateway's added latency against that baseline measured in the
+// same run, beside the goal.
 package bench
 
 import (
@@ -13,9 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"sort"
 	"sync"
@@ -93,10 +97,11 @@ type GatewayResult struct {
 	Fsync Latency
 }
 
-// Series is one kind of measurement, direct and through the gateway.
+// Series is one kind of measurement, through the bare proxy (Direct) and
+// through the gateway.
 type Series struct {
-	Name     string // "non-streaming", "streaming: first byte", "streaming: last byte"
-	Direct   Latency
+	Name     string  // "non-streaming", "streaming: first byte", "streaming: last byte"
+	Direct   Latency // through the bare reverse proxy
 	Through  Latency
 	AddedP50 time.Duration
 	AddedP99 time.Duration
@@ -104,9 +109,9 @@ type Series struct {
 
 // request kinds in the interleaving.
 const (
-	kindDirectPlain = iota
+	kindProxyPlain = iota
 	kindGatewayPlain
-	kindDirectStream
+	kindProxyStream
 	kindGatewayStream
 	numKinds
 )
@@ -163,6 +168,10 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 		return nil, err
 	}
 	go up.Run(ctx, upLn)
+	bare, err := bareProxy(ctx, "http://"+upLn.Addr().String())
+	if err != nil {
+		return nil, err
+	}
 
 	res := &GatewayResult{Rate: o.Rate, Duration: o.Duration, Memory: o.Memory, Realistic: o.Realistic, Turns: o.Turns}
 	var store gateway.Store = &memStore{steps: map[core.StepID]*core.Step{}}
@@ -236,11 +245,11 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 		wg.Add(1)
 		go func(i, kind int) {
 			defer wg.Done()
-			base := upURL
+			base := bare
 			if kind == kindGatewayPlain || kind == kindGatewayStream {
 				base = gwURL
 			}
-			stream := kind == kindDirectStream || kind == kindGatewayStream
+			stream := kind == kindProxyStream || kind == kindGatewayStream
 			body, hdr := load.request(i/2, stream)
 			ttfb, tot, err := oneCall(ctx, client, base, body, hdr)
 			samples[i] = sample{kind: kind, ttfb: ttfb, total: tot, failed: err != nil, measured: i >= warm}
@@ -279,9 +288,9 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 	}
 	res.RequestBytes = load.meanBytes()
 	res.Series = []Series{
-		mk("non-streaming", byKind[kindDirectPlain], byKind[kindGatewayPlain], ttlb),
-		mk("streaming: first byte", byKind[kindDirectStream], byKind[kindGatewayStream], ttfb),
-		mk("streaming: last byte", byKind[kindDirectStream], byKind[kindGatewayStream], ttlb),
+		mk("non-streaming", byKind[kindProxyPlain], byKind[kindGatewayPlain], ttlb),
+		mk("streaming: first byte", byKind[kindProxyStream], byKind[kindGatewayStream], ttfb),
+		mk("streaming: last byte", byKind[kindProxyStream], byKind[kindGatewayStream], ttlb),
 	}
 	okThrough := res.Series[0].Through.N + res.Series[2].Through.N
 	res.Achieved = float64(okThrough) / elapsed.Seconds()
@@ -289,6 +298,32 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 		return res, errors.New("bench: no request through the gateway succeeded")
 	}
 	return res, nil
+}
+
+// bareProxy serves a bare Go reverse proxy to upstream on loopback (until
+// ctx ends) and returns its base URL: the baseline the gateway is measured
+// against, a proxy that only passes the bytes on, flushing each write as the
+// gateway does for a stream.
+func bareProxy(ctx context.Context, upstream string) (string, error) {
+	u, err := url.Parse(upstream)
+	if err != nil {
+		return "", err
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.FlushInterval = -1
+	rp.ErrorLog = log.New(io.Discard, "", 0) // a failed call is counted, not logged
+	rp.Transport = &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute, DisableCompression: true}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	return "http://" + ln.Addr().String() + "/v1", nil
 }
 
 // oneCall makes one chat completion call and returns its time to the first
@@ -465,7 +500,7 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 
 // Print writes r as a table.
 func (r *GatewayResult) Print(w io.Writer) {
-	fmt.Fprintf(w, "gateway: open-loop %d req/s direct and %d req/s through the gateway, interleaved, for %s\n", r.Rate, r.Rate, r.Duration)
+	fmt.Fprintf(w, "gateway: open-loop %d req/s through a bare reverse proxy and %d req/s through the gateway, interleaved, for %s\n", r.Rate, r.Rate, r.Duration)
 	if r.Realistic {
 		fmt.Fprintf(w, "agent-sized requests (mean %d bytes): a 40,000-character system prompt, 12 tools, sessions of %d calls whose history grows\n", r.RequestBytes, r.Turns)
 	} else {
@@ -479,13 +514,31 @@ func (r *GatewayResult) Print(w io.Writer) {
 	if !r.Memory {
 		fmt.Fprintf(w, "the disk: a synced 4 KiB write takes %s p50, %s p99 (the floor under the durable path)\n", ms(r.Fsync.P50), ms(r.Fsync.P99))
 	}
-	fmt.Fprintf(w, "through the gateway: %.0f req/s completed\n\n", r.Achieved)
-	fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7s\n", "", "direct p50", "gw p50", "added p50", "direct p99", "gw p99", "added p99", "errors")
+	fmt.Fprintf(w, "through the gateway: %.0f req/s completed\n", r.Achieved)
+	fmt.Fprintf(w, "baseline: a bare Go reverse proxy (httputil) to the same server, %d req/s, interleaved\n\n", r.Rate)
+	fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7s\n", "", "proxy p50", "gw p50", "added p50", "proxy p99", "gw p99", "added p99", "errors")
 	for _, s := range r.Series {
 		fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7d\n", s.Name,
 			ms(s.Direct.P50), ms(s.Through.P50), ms(s.AddedP50), ms(s.Direct.P99), ms(s.Through.P99), ms(s.AddedP99), s.Direct.Errors+s.Through.Errors)
 	}
+	fmt.Fprintf(w, "\ngoal: added p50 <= +%s, p99 <= +%s, plain and streamed (last byte)\n", ms(GoalP50), ms(GoalP99))
+	for _, s := range r.Series {
+		if s.Name == "streaming: first byte" {
+			continue
+		}
+		verdict := "met"
+		if s.AddedP50 > GoalP50 || s.AddedP99 > GoalP99 {
+			verdict = "NOT met"
+		}
+		fmt.Fprintf(w, "  %-22s added p50 %s, p99 %s: %s\n", s.Name, ms(s.AddedP50), ms(s.AddedP99), verdict)
+	}
 }
+
+// The goal for the gateway's added latency beyond a bare reverse proxy.
+const (
+	GoalP50 = 300 * time.Microsecond
+	GoalP99 = 2 * time.Millisecond
+)
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
 
