@@ -75,8 +75,8 @@ func BenchmarkPut(b *testing.B) {
 }
 
 // BenchmarkPutParallel64: 64 concurrent writers, synced Puts. Compare
-// fsyncs/step with BenchmarkPut: Pebble's commit pipeline shares one WAL
-// fsync among the batches waiting for it.
+// fsyncs/step with BenchmarkPut: the writes waiting while a commit is on
+// the disk share the next commit and its fsync (groupCommit).
 func BenchmarkPutParallel64(b *testing.B) {
 	p, syncs := benchPool(b)
 	gen := NewStepGen("b", 20)

@@ -101,7 +101,11 @@ func (in *instance) commitGroup(ws []*groupWaiter) error {
 	if len(ws) == 1 {
 		return in.commit(ws[0].b, pebble.Sync)
 	}
-	all := in.db.NewBatch()
+	size := 0
+	for _, w := range ws {
+		size += len(w.b.Repr())
+	}
+	all := in.db.NewBatchWithSize(size)
 	defer all.Close()
 	for _, w := range ws {
 		if err := all.Apply(w.b, nil); err != nil {

@@ -110,9 +110,19 @@ func TestGroupCommitSharesOneSync(t *testing.T) {
 		errs <- p.Put(ctx, gen.Step(i))
 		returned <- struct{}{}
 	}
-	go put(1)
+	// Steps on distinct write locks (stripes), so that none waits for
+	// another's lock rather than for the commit.
+	ids := []int{1}
+	used := map[uint64]bool{p.stripeIndex(gen.Step(1).ID): true}
+	for i := 2; len(ids) < 1+n; i++ {
+		if k := p.stripeIndex(gen.Step(i).ID); !used[k] {
+			used[k] = true
+			ids = append(ids, i)
+		}
+	}
+	go put(ids[0])
 	<-g.entered // the first write's sync is held
-	for i := 2; i < 2+n; i++ {
+	for _, i := range ids[1:] {
 		go put(i)
 	}
 	for tries := 0; queued() < n; tries++ {
@@ -141,7 +151,7 @@ func TestGroupCommitSharesOneSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer crashed.Close()
-	for i := 0; i < 2+n; i++ {
+	for _, i := range append([]int{0}, ids...) {
 		s, err := crashed.Get(ctx, gen.Step(i).ID)
 		if err != nil {
 			t.Fatalf("step %d after a crash: %v", i, err)
