@@ -21,6 +21,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -95,6 +96,31 @@ type GatewayResult struct {
 	// measured before the load: the floor under the durable path's added
 	// latency (zero with Memory).
 	Fsync Latency
+	// GC is what the Go collector did in this process (load generator,
+	// bare proxy, server and gateway together) during the measured load.
+	GC GCStats
+}
+
+// GCStats counts the collector's work over a window.
+type GCStats struct {
+	Cycles   int
+	PauseSum time.Duration // stop-the-world pauses, summed
+	PauseMax time.Duration // the longest of them
+	Goal     uint64        // the heap size the next cycle starts at, bytes, at the end
+}
+
+func gcSince(before *runtime.MemStats) GCStats {
+	var now runtime.MemStats
+	runtime.ReadMemStats(&now)
+	st := GCStats{Cycles: int(now.NumGC - before.NumGC), PauseSum: time.Duration(now.PauseTotalNs - before.PauseTotalNs), Goal: now.NextGC}
+	first := before.NumGC + 1 // cycle k's pause is PauseNs[(k+255)%256], the last 256 kept
+	if now.NumGC > 256 && first < now.NumGC-255 {
+		first = now.NumGC - 255
+	}
+	for k := first; k <= now.NumGC; k++ {
+		st.PauseMax = max(st.PauseMax, time.Duration(now.PauseNs[(k+255)%256]))
+	}
+	return st
 }
 
 // Series is one kind of measurement, through the bare proxy (Direct) and
@@ -232,7 +258,13 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 	samples := make([]sample, total)
 	var wg sync.WaitGroup
 	start := time.Now()
+	var gcBefore runtime.MemStats
+	gcTaken := false
 	for i := 0; i < total; i++ {
+		if i == warm && !gcTaken {
+			runtime.ReadMemStats(&gcBefore)
+			gcTaken = true
+		}
 		at := start.Add(time.Duration(i) * interval)
 		if d := time.Until(at); d > 0 {
 			select {
@@ -257,6 +289,9 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start.Add(o.Warmup))
+	if gcTaken {
+		res.GC = gcSince(&gcBefore)
+	}
 
 	var byKind [numKinds][]sample
 	for _, s := range samples {
@@ -515,6 +550,8 @@ func (r *GatewayResult) Print(w io.Writer) {
 		fmt.Fprintf(w, "the disk: a synced 4 KiB write takes %s p50, %s p99 (the floor under the durable path)\n", ms(r.Fsync.P50), ms(r.Fsync.P99))
 	}
 	fmt.Fprintf(w, "through the gateway: %.0f req/s completed\n", r.Achieved)
+	fmt.Fprintf(w, "Go GC in this process (load, proxy, server, gateway) while measured: %d cycles, pauses %s in all, longest %s, heap goal %.0f MiB\n",
+		r.GC.Cycles, ms(r.GC.PauseSum), ms(r.GC.PauseMax), float64(r.GC.Goal)/(1<<20))
 	fmt.Fprintf(w, "baseline: a bare Go reverse proxy (httputil) to the same server, %d req/s, interleaved\n\n", r.Rate)
 	fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7s\n", "", "proxy p50", "gw p50", "added p50", "proxy p99", "gw p99", "added p99", "errors")
 	for _, s := range r.Series {

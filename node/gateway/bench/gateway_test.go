@@ -31,6 +31,9 @@ func TestGatewayRuns(t *testing.T) {
 		if len(r.Series) != 3 {
 			t.Fatalf("%d series", len(r.Series))
 		}
+		if r.GC.Goal == 0 || r.GC.PauseMax > r.GC.PauseSum {
+			t.Errorf("memory=%v: GC %+v", mem, r.GC)
+		}
 		for _, s := range r.Series {
 			if s.Direct.N == 0 || s.Through.N == 0 || s.Direct.Errors+s.Through.Errors > 0 {
 				t.Errorf("memory=%v %s: %+v", mem, s.Name, s)
@@ -41,7 +44,7 @@ func TestGatewayRuns(t *testing.T) {
 		}
 		var b bytes.Buffer
 		r.Print(&b)
-		for _, want := range []string{"added p50", "bare Go reverse proxy", "goal: added p50 <= +0.300ms, p99 <= +2.000ms", "streaming: last byte   added p50"} {
+		for _, want := range []string{"added p50", "bare Go reverse proxy", "goal: added p50 <= +0.300ms, p99 <= +2.000ms", "streaming: last byte   added p50", "Go GC in this process"} {
 			if !strings.Contains(b.String(), want) {
 				t.Errorf("print has no %q: %s", want, b.String())
 			}
