@@ -587,7 +587,7 @@ func (p *Pool) writeKnown(in *instance, steps []*core.Step, olds []*header, extr
 			return fmt.Errorf("pool: put: %w", err)
 		}
 		for _, bl := range enc.blobs {
-			in.gc.touch(bl.key)
+			in.gc.touch(&bl)
 			if bl.data == nil { // known to be stored
 				continue
 			}
@@ -596,11 +596,15 @@ func (p *Pool) writeKnown(in *instance, steps []*core.Step, olds []*header, extr
 			// stored already costs a few bytes that compaction drops, once
 			// per blob (it is known from then on); looking would cost
 			// every new blob of every step a read.
-			if err := b.Set(bl.key, bl.data, nil); err != nil {
+			if err := b.Set(bl.key(), bl.data, nil); err != nil {
 				return fmt.Errorf("pool: put: %w", err)
 			}
 		}
-		refs = append(refs, enc.blobs...)
+		if len(steps) == 1 {
+			refs = enc.blobs
+		} else {
+			refs = append(refs, enc.blobs...)
+		}
 	}
 	commit := in.commit
 	if opts == pebble.Sync {
