@@ -7,36 +7,41 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// groupCommit commits the synced writes of concurrent writers together: a
-// writer queues its batch; the first one finding no commit running leads:
-// it takes the queue, applies the queued batches to one batch, commits that
-// with a single synced write and releases the others with its result. A
-// writer that queued while a commit ran is handed the lead of the next one,
-// so the queue is committed as soon as the disk is free, and nobody waits
-// for more than the commit in progress and its own. Every writer still
+// groupCommit commits the synced writes of concurrent writers together. Up
+// to groupsInFlight commits run at once: a writer that finds fewer running
+// commits its batch at once; otherwise it queues. A commit that ends hands
+// what queued meanwhile (up to groupMaxBytes) to the first writer of the
+// queue, which applies those batches to one batch, commits it with a single
+// synced write and releases the others with its result. Every writer still
 // returns only after a sync that covers its batch.
 //
 // Pebble's commit pipeline already shares one WAL sync among the batches
 // waiting for it; what grouping here adds is one trip through that pipeline
-// (sequence numbers, the WAL record, the memtable, the wake-ups) for the
-// whole group instead of one per writer, which is what concurrent writers
-// of small steps spend their time on.
+// (sequence numbers, the WAL record, the memtable, the wake-ups) for many
+// writers instead of one each. Two commits in flight rather than one keep
+// what Pebble does for a pair of writers: the second one's record is
+// written while the first one's sync runs, and its sync follows at once.
 type groupCommit struct {
-	mu      sync.Mutex
-	queue   []*groupWaiter
-	leading bool
+	mu       sync.Mutex
+	queue    []*groupWaiter
+	inFlight int // commits running
 	// commits counts the batches committed into Pebble (for tests).
 	commits int
 }
 
+// groupsInFlight is how many group commits run at once.
+const groupsInFlight = 2
+
 type groupWaiter struct {
 	b    *pebble.Batch
-	done chan groupResult // buffered: the leader never waits on it
+	done chan groupResult // buffered: nobody waits to send on it
 }
 
+// groupResult releases a queued writer: with the commit's error, or with
+// the group it is to commit (lead).
 type groupResult struct {
 	err  error
-	lead bool // take the lead of the next commit instead
+	lead []*groupWaiter
 }
 
 // groupMaxBytes bounds a group's batch: far below Pebble's large-batch
@@ -50,50 +55,50 @@ func (in *instance) commitSync(b *pebble.Batch) error {
 	w := &groupWaiter{b: b, done: make(chan groupResult, 1)}
 	g := &in.group
 	g.mu.Lock()
-	g.queue = append(g.queue, w)
-	if g.leading {
+	if g.inFlight < groupsInFlight {
+		// Nothing queues while fewer commits run (a commit that ends
+		// hands the queue on), so this writer's group is itself.
+		g.inFlight++
+		g.commits++
 		g.mu.Unlock()
-		if r := <-w.done; !r.lead {
-			return r.err
-		}
-	} else {
-		g.leading = true
-		g.mu.Unlock()
+		return in.lead(w, []*groupWaiter{w})
 	}
-	return in.lead(w)
+	g.queue = append(g.queue, w)
+	g.mu.Unlock()
+	r := <-w.done
+	if r.lead == nil {
+		return r.err
+	}
+	return in.lead(w, r.lead)
 }
 
-// lead commits the writers at the head of the queue (self among them) and
-// passes the lead on to the first writer left queued, if any.
-func (in *instance) lead(self *groupWaiter) error {
+// lead commits group (self among them), then hands the next group of the
+// queue to its first writer, or leaves the commit's place free.
+func (in *instance) lead(self *groupWaiter, group []*groupWaiter) error {
+	err := in.commitGroup(group)
+
 	g := &in.group
 	g.mu.Lock()
-	n, size := 0, 0
-	for n < len(g.queue) && (n == 0 || size+len(g.queue[n].b.Repr()) <= groupMaxBytes) {
-		size += len(g.queue[n].b.Repr())
-		n++
-	}
-	batch := g.queue[:n:n]
-	g.queue = append([]*groupWaiter(nil), g.queue[n:]...)
-	g.commits++
-	g.mu.Unlock()
-
-	err := in.commitGroup(batch)
-
-	g.mu.Lock()
 	if len(g.queue) > 0 {
-		g.queue[0].done <- groupResult{lead: true}
+		n, size := 0, 0
+		for n < len(g.queue) && (n == 0 || size+len(g.queue[n].b.Repr()) <= groupMaxBytes) {
+			size += len(g.queue[n].b.Repr())
+			n++
+		}
+		next := g.queue[:n:n]
+		g.queue = append([]*groupWaiter(nil), g.queue[n:]...)
+		g.commits++
+		next[0].done <- groupResult{lead: next}
 	} else {
-		g.leading = false
+		g.inFlight--
 	}
 	g.mu.Unlock()
-	mine := err
-	for _, w := range batch {
+	for _, w := range group {
 		if w != self {
 			w.done <- groupResult{err: err}
 		}
 	}
-	return mine
+	return err
 }
 
 // commitGroup commits the batches of ws as one synced batch.

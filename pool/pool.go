@@ -12,10 +12,10 @@
 // so a reply the agent received is never lost, even if the process is
 // killed (ApplyUnsynced, for what can be made again, does not wait).
 // Concurrent synced writes are group-committed: the writes that arrive
-// while a commit is waiting on the disk are applied together as one batch
-// and committed with one sync when it is done, and each writer returns once
-// that sync covers its write (see groupCommit); writes to the same step are
-// serialized. A writer with several writes for one event (a step and its
+// while two commits are waiting on the disk are applied together as one
+// batch and committed with one sync when one of them is done, and each
+// writer returns once a sync covers its write (see groupCommit); writes to
+// the same step are serialized. A writer with several writes for one event (a step and its
 // parent's next state) makes them one commit, one fsync, with Apply.
 //
 // Deduplication: every message (request, reply and next state) and every
