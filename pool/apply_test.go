@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -290,5 +291,37 @@ func TestFingerprintCoversFields(t *testing.T) {
 		if fp.tools(ts) == wantT {
 			t.Errorf("tools %s: fingerprint unchanged", name)
 		}
+	}
+}
+
+// Long strings enter a fingerprint as their own hash: equal texts still
+// fingerprint the same, and texts that differ anywhere (one byte in the
+// middle, a long one against a short one) do not.
+func TestFingerprintLongStrings(t *testing.T) {
+	k := newKnownBlobs(16)
+	long := strings.Repeat("rule: keep it short. ", 2000)
+	mid := []byte(long)
+	mid[len(mid)/2] ^= 1
+	fp := func(content string) fingerprint {
+		return k.fingerprinter().message(&core.Message{Role: core.RoleSystem, Content: content})
+	}
+	if fp(long) != fp(strings.Clone(long)) {
+		t.Fatal("equal long texts fingerprint differently")
+	}
+	seen := map[fingerprint]string{}
+	for name, c := range map[string]string{"long": long, "one byte changed": string(mid), "shorter": long[:len(long)-1],
+		"at the threshold": long[:longString], "below it": long[:longString-1]} {
+		f := fp(c)
+		if other, ok := seen[f]; ok {
+			t.Fatalf("%s and %s fingerprint the same", name, other)
+		}
+		seen[f] = name
+	}
+	tools := func(params string) fingerprint {
+		return k.fingerprinter().tools([]core.Tool{{Name: "t", Parameters: json.RawMessage(params)}})
+	}
+	big := `{"description":"` + strings.Repeat("x", 1000) + `"}`
+	if tools(big) == tools(strings.Replace(big, "xx", "xy", 1)) || tools(big) != tools(strings.Clone(big)) {
+		t.Fatal("long tool parameters fingerprinted wrongly")
 	}
 }

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 )
@@ -21,14 +24,19 @@ type IngestResult struct {
 	StepsPerSec float64       `json:"steps_per_sec"`
 	P50         time.Duration `json:"p50_ns"` // Put latency
 	P99         time.Duration `json:"p99_ns"`
-	Stats       Stats         `json:"stats"` // the pool afterwards
+	// WALBytes is what the run wrote to Pebble's write-ahead log, per
+	// step: the size of one step's synced write.
+	WALBytes int   `json:"wal_bytes_per_step"`
+	Stats    Stats `json:"stats"` // the pool afterwards (BenchIngest)
 }
 
 // BenchIngest opens (creating) a pool in dir and measures synced Puts of
 // realistic steps: conversations that resend a 40,000-character system
-// prompt, a dozen tools and their growing history at every call. writers
-// goroutines share the steps between them. It uses the wall clock; dir
-// should be a fresh directory on the disk to be measured.
+// prompt, a dozen tools and their growing history at every call. Each of
+// the writers goroutines is an agent: it takes the next conversation and
+// puts its steps (twelve calls) in order, each once the one before is
+// stored, as the calls of a conversation follow one another. It uses the
+// wall clock; dir should be a fresh directory on the disk to be measured.
 func BenchIngest(ctx context.Context, dir string, writers, steps int) (IngestResult, error) {
 	if writers <= 0 || steps <= 0 {
 		return IngestResult{}, fmt.Errorf("pool: bench: writers and steps must be positive, got %d and %d", writers, steps)
@@ -39,9 +47,10 @@ func BenchIngest(ctx context.Context, dir string, writers, steps int) (IngestRes
 	}
 	defer p.Close()
 
-	gen := NewStepGen("bench", 12)
+	const perSession = 12
+	gen := NewStepGen("bench", perSession)
 	lat := make([]time.Duration, steps)
-	var next atomic.Int64
+	var next atomic.Int64 // the next conversation
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
 	start := time.Now()
@@ -50,13 +59,109 @@ func BenchIngest(ctx context.Context, dir string, writers, steps int) (IngestRes
 		go func() {
 			defer wg.Done()
 			for {
-				i := int(next.Add(1)) - 1
-				if i >= steps {
+				sess := int(next.Add(1) - 1)
+				first := sess * perSession
+				if first >= steps {
 					return
 				}
-				s := gen.Step(i)
+				for t, s := range gen.Session(sess, steps-first) {
+					i := first + t
+					t0 := time.Now()
+					if err := p.Put(ctx, s); err != nil {
+						errs <- err
+						return
+					}
+					lat[i] = time.Since(t0)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return IngestResult{}, fmt.Errorf("pool: bench: %w", err)
+	}
+	res := ingestResult(writers, elapsed, lat)
+	in, leave, err := p.enter(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.WALBytes = int(in.db.Metrics().WAL.BytesIn / uint64(steps))
+	leave()
+	if res.Stats, err = p.Stats(ctx); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// StepValues returns the JSON of the first n steps of a StepGen like
+// BenchIngest's: the steps as an agent's calls carry them, whole, for
+// BenchPebble to store as they are.
+func StepValues(n int) ([][]byte, error) {
+	gen := NewStepGen("bench", 12)
+	out := make([][]byte, n)
+	for i := range out {
+		b, err := json.Marshal(gen.Step(i))
+		if err != nil {
+			return nil, err
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+func ingestResult(writers int, elapsed time.Duration, lat []time.Duration) IngestResult {
+	slices.Sort(lat)
+	return IngestResult{
+		Writers:     writers,
+		Steps:       len(lat),
+		Elapsed:     elapsed,
+		StepsPerSec: float64(len(lat)) / elapsed.Seconds(),
+		P50:         lat[len(lat)/2],
+		P99:         lat[min(len(lat)-1, len(lat)*99/100)],
+	}
+}
+
+// BenchPebble is BenchIngest's baseline: bare Pebble (its default options)
+// in dir, where writers goroutines commit synced batches of one new key
+// each, as many concurrent writers of the same disk commit them. The value
+// written for write i is values[i%len(values)], or, with values nil, size
+// bytes. Nothing is read, encoded or indexed in the timed loop.
+func BenchPebble(ctx context.Context, dir string, writers, writes int, values [][]byte, size int) (IngestResult, error) {
+	if writers <= 0 || writes <= 0 || size < 0 {
+		return IngestResult{}, fmt.Errorf("pool: bench: writers and writes must be positive and size not negative, got %d, %d and %d", writers, writes, size)
+	}
+	db, err := pebble.Open(dir, &pebble.Options{Logger: quietLogger{}})
+	if err != nil {
+		return IngestResult{}, fmt.Errorf("pool: bench: %w", err)
+	}
+	defer db.Close()
+	if values == nil {
+		value := make([]byte, size)
+		for i := range value {
+			value[i] = byte('a' + i%26)
+		}
+		values = [][]byte{value}
+	}
+	lat := make([]time.Duration, writes)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	start := time.Now()
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := make([]byte, 0, 16)
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= writes || ctx.Err() != nil {
+					return
+				}
+				key = binary.BigEndian.AppendUint64(append(key[:0], 'k'), uint64(i))
 				t0 := time.Now()
-				if err := p.Put(ctx, s); err != nil {
+				if err := db.Set(key, values[i%len(values)], pebble.Sync); err != nil {
 					errs <- err
 					return
 				}
@@ -70,18 +175,11 @@ func BenchIngest(ctx context.Context, dir string, writers, steps int) (IngestRes
 	if err := <-errs; err != nil {
 		return IngestResult{}, fmt.Errorf("pool: bench: %w", err)
 	}
-	slices.Sort(lat)
-	res := IngestResult{
-		Writers:     writers,
-		Steps:       steps,
-		Elapsed:     elapsed,
-		StepsPerSec: float64(steps) / elapsed.Seconds(),
-		P50:         lat[len(lat)/2],
-		P99:         lat[min(len(lat)-1, len(lat)*99/100)],
+	if err := ctx.Err(); err != nil {
+		return IngestResult{}, err
 	}
-	if res.Stats, err = p.Stats(ctx); err != nil {
-		return res, err
-	}
+	res := ingestResult(writers, elapsed, lat)
+	res.WALBytes = int(db.Metrics().WAL.BytesIn / uint64(writes))
 	return res, nil
 }
 
@@ -135,15 +233,58 @@ func NewStepGen(prefix string, perSession int) *StepGen {
 // system prompt, the earlier turns (user message and reply) and the turn's
 // user message.
 func (g *StepGen) Messages(sess, turn int) []core.Message {
+	return g.messages(sess, turn, nil)
+}
+
+// sessionTurns holds the user messages and replies of one session made so
+// far, for a caller making its steps in order (StepGen.Session).
+type sessionTurns struct {
+	users   []string
+	replies []core.Message
+}
+
+func (g *StepGen) messages(sess, turn int, c *sessionTurns) []core.Message {
 	msgs := make([]core.Message, 0, 2*turn+2)
 	msgs = append(msgs, core.Message{Role: core.RoleSystem, Content: g.system})
 	for t := 0; t <= turn; t++ {
-		msgs = append(msgs, core.Message{Role: core.RoleUser, Content: g.user(sess, t)})
+		msgs = append(msgs, core.Message{Role: core.RoleUser, Content: c.user(g, sess, t)})
 		if t < turn {
-			msgs = append(msgs, g.Reply(sess, t))
+			msgs = append(msgs, c.reply(g, sess, t))
 		}
 	}
 	return msgs
+}
+
+func (c *sessionTurns) user(g *StepGen, sess, turn int) string {
+	if c == nil {
+		return g.user(sess, turn)
+	}
+	for len(c.users) <= turn {
+		c.users = append(c.users, g.user(sess, len(c.users)))
+	}
+	return c.users[turn]
+}
+
+func (c *sessionTurns) reply(g *StepGen, sess, turn int) core.Message {
+	if c == nil {
+		return g.reply(sess, turn)
+	}
+	for len(c.replies) <= turn {
+		c.replies = append(c.replies, g.reply(sess, len(c.replies)))
+	}
+	return c.replies[turn]
+}
+
+// Session returns the steps of session sess, first to n-1 (at most
+// PerSession), equal to what Step returns for them; the steps share their
+// messages' strings, made once.
+func (g *StepGen) Session(sess, n int) []*core.Step {
+	c := new(sessionTurns)
+	steps := make([]*core.Step, min(n, g.PerSession))
+	for t := range steps {
+		steps[t] = g.step(sess*g.PerSession+t, c)
+	}
+	return steps
 }
 
 // Tools returns the tools every request offers (shared, not to be
@@ -154,12 +295,14 @@ func (g *StepGen) Tools() []core.Tool { return g.tools }
 func (g *StepGen) Reply(sess, turn int) core.Message { return g.reply(sess, turn) }
 
 // Step returns step i.
-func (g *StepGen) Step(i int) *core.Step {
+func (g *StepGen) Step(i int) *core.Step { return g.step(i, nil) }
+
+func (g *StepGen) step(i int, c *sessionTurns) *core.Step {
 	sess, turn := i/g.PerSession, i%g.PerSession
-	msgs := g.Messages(sess, turn)
+	msgs := g.messages(sess, turn, c)
 	var next *core.NextState
 	if turn+1 < g.PerSession {
-		next = &core.NextState{Messages: []core.Message{{Role: core.RoleUser, Content: g.user(sess, turn+1)}}}
+		next = &core.NextState{Messages: []core.Message{{Role: core.RoleUser, Content: c.user(g, sess, turn+1)}}}
 	}
 	state := core.StateOpen
 	if next != nil {
@@ -175,7 +318,7 @@ func (g *StepGen) Step(i int) *core.Step {
 		Response: core.Response{
 			ID:      fmt.Sprintf("chatcmpl-%d", i),
 			Model:   "qwen3-8b",
-			Choices: []core.Choice{{Index: 0, Message: g.reply(sess, turn), FinishReason: "stop"}},
+			Choices: []core.Choice{{Index: 0, Message: c.reply(g, sess, turn), FinishReason: "stop"}},
 			Usage:   &core.Usage{PromptTokens: 10000 + 200*turn, CompletionTokens: 120, TotalTokens: 10120 + 200*turn},
 			Status:  200,
 		},
@@ -190,9 +333,11 @@ func (g *StepGen) user(sess, turn int) string {
 	return fmt.Sprintf("Session %d, turn %d: please look at file src/module_%d.go and explain what function f%d does.", sess, turn, turn%17, sess*31+turn)
 }
 
+var replyTail = strings.Repeat("then transforms the records and returns them. ", 8)
+
 func (g *StepGen) reply(sess, turn int) core.Message {
 	return core.Message{
 		Role:    core.RoleAssistant,
-		Content: fmt.Sprintf("In session %d at turn %d: f%d validates its input, %s", sess, turn, sess*31+turn, strings.Repeat("then transforms the records and returns them. ", 8)),
+		Content: fmt.Sprintf("In session %d at turn %d: f%d validates its input, %s", sess, turn, sess*31+turn, replyTail),
 	}
 }

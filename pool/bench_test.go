@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"encoding/json"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -74,8 +75,8 @@ func BenchmarkPut(b *testing.B) {
 }
 
 // BenchmarkPutParallel64: 64 concurrent writers, synced Puts. Compare
-// fsyncs/step with BenchmarkPut: Pebble's commit pipeline shares one WAL
-// fsync among the batches waiting for it.
+// fsyncs/step with BenchmarkPut: the writes waiting while a commit is on
+// the disk share the next commit and its fsync (groupCommit).
 func BenchmarkPutParallel64(b *testing.B) {
 	p, syncs := benchPool(b)
 	gen := NewStepGen("b", 20)
@@ -133,5 +134,23 @@ func TestBenchIngest(t *testing.T) {
 	}
 	if _, err := BenchIngest(context.Background(), t.TempDir(), 0, 1); err == nil {
 		t.Fatal("zero writers accepted")
+	}
+}
+
+func TestStepGenSession(t *testing.T) {
+	gen := NewStepGen("g", 5)
+	steps := gen.Session(3, 7)
+	if len(steps) != 5 {
+		t.Fatalf("%d steps, want 5 (PerSession)", len(steps))
+	}
+	for i, s := range steps {
+		a, _ := json.Marshal(s)
+		b, _ := json.Marshal(gen.Step(15 + i))
+		if string(a) != string(b) {
+			t.Fatalf("step %d differs from Step(%d)", i, 15+i)
+		}
+	}
+	if n := len(gen.Session(0, 2)); n != 2 {
+		t.Fatalf("%d steps, want 2", n)
 	}
 }

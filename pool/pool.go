@@ -10,11 +10,12 @@
 //
 // Durability: Put, Update, Apply and Import return only after a synced write,
 // so a reply the agent received is never lost, even if the process is
-// killed (ApplyUnsynced, for what can be made again, does not wait). Concurrent writers are group-committed by Pebble's commit
-// pipeline, which folds the synced batches waiting on the WAL into a single
-// fsync (BenchmarkPutParallel64 against BenchmarkPut shows it); the pool
-// therefore does no batching of its own and only serializes writes to the
-// same step. A writer with several writes for one event (a step and its
+// killed (ApplyUnsynced, for what can be made again, does not wait).
+// Concurrent synced writes are group-committed: the writes that arrive
+// while two commits are waiting on the disk are applied together as one
+// batch and committed with one sync when one of them is done, and each
+// writer returns once a sync covers its write (see groupCommit); writes to
+// the same step are serialized. A writer with several writes for one event (a step and its
 // parent's next state) makes them one commit, one fsync, with Apply.
 //
 // Deduplication: every message (request, reply and next state) and every
@@ -189,6 +190,8 @@ type instance struct {
 	stripes [stripes]sync.Mutex
 	// gc coordinates blob writes with the blob sweep; see sweep.go.
 	gc gcState
+	// group commits concurrent synced writes together; see groupCommit.
+	group groupCommit
 	// ops counts the operations running on this instance.
 	ops sync.WaitGroup
 	// openFatal receives a fatal error Pebble reports while opening.
@@ -584,25 +587,30 @@ func (p *Pool) writeKnown(in *instance, steps []*core.Step, olds []*header, extr
 			return fmt.Errorf("pool: put: %w", err)
 		}
 		for _, bl := range enc.blobs {
-			in.gc.touch(bl.key)
+			in.gc.touch(&bl)
 			if bl.data == nil { // known to be stored
 				continue
 			}
-			_, closer, err := in.db.Get(bl.key)
-			if err == nil {
-				closer.Close()
-				continue
-			}
-			if !errors.Is(err, pebble.ErrNotFound) {
-				return fmt.Errorf("pool: put: %w", err)
-			}
-			if err := b.Set(bl.key, bl.data, nil); err != nil {
+			// Not known to be stored: written without looking first. A
+			// blob never changes under its hash, so writing one that is
+			// stored already costs a few bytes that compaction drops, once
+			// per blob (it is known from then on); looking would cost
+			// every new blob of every step a read.
+			if err := b.Set(bl.key(), bl.data, nil); err != nil {
 				return fmt.Errorf("pool: put: %w", err)
 			}
 		}
-		refs = append(refs, enc.blobs...)
+		if len(steps) == 1 {
+			refs = enc.blobs
+		} else {
+			refs = append(refs, enc.blobs...)
+		}
 	}
-	if err := in.commit(b, opts); err != nil {
+	commit := in.commit
+	if opts == pebble.Sync {
+		commit = func(b *pebble.Batch, _ *pebble.WriteOptions) error { return in.commitSync(b) }
+	}
+	if err := commit(b, opts); err != nil {
 		return fmt.Errorf("pool: put: %w", err)
 	}
 	p.known.add(refs)

@@ -47,11 +47,13 @@ type header struct {
 // blob is one content-addressed piece of a step, ready to store. data is nil
 // for a blob known to be stored already (see knownBlobs).
 type blob struct {
-	key  []byte
-	data []byte
-	fp   fingerprint
-	h    hash
+	prefix []byte // the blob's key is blobKey(prefix, h)
+	data   []byte // nil when known to be stored
+	fp     fingerprint
+	h      hash
 }
+
+func (b *blob) key() []byte { return blobKey(b.prefix, b.h) }
 
 // encoded is a step split into its record and the blobs it references.
 type encoded struct {
@@ -83,8 +85,12 @@ func appendHeader(dst []byte, h header) []byte {
 // the known set names are addressed without being encoded again; the caller
 // holds gc's lock shared, as for the existence checks.
 func (p *Pool) encodeStep(s *core.Step) (*encoded, error) {
-	e := &encoded{hdr: header{state: s.State, t: s.Timings.Start, session: s.SessionID}}
-	seen := make(map[hash]bool)
+	n := len(s.Request.Messages) + len(s.Response.Choices) + 1
+	if s.NextState != nil {
+		n += len(s.NextState.Messages)
+	}
+	e := &encoded{hdr: header{state: s.State, t: s.Timings.Start, session: s.SessionID}, blobs: make([]blob, 0, n)}
+	seen := make(map[hash]bool, n)
 	fp := p.known.fingerprinter()
 	addMsgs := func(dst []byte, msgs []core.Message) ([]byte, error) {
 		if msgs == nil {
@@ -165,7 +171,7 @@ func (e *encoded) addBlob(prefix []byte, v any, f fingerprint, known *knownBlobs
 	if h, ok := known.lookup(f); ok {
 		if !seen[h] {
 			seen[h] = true
-			e.blobs = append(e.blobs, blob{key: blobKey(prefix, h), fp: f, h: h})
+			e.blobs = append(e.blobs, blob{prefix: prefix, fp: f, h: h})
 		}
 		return h, nil
 	}
@@ -176,7 +182,7 @@ func (e *encoded) addBlob(prefix []byte, v any, f fingerprint, known *knownBlobs
 	h := hash(sha256.Sum256(data))
 	if !seen[h] {
 		seen[h] = true
-		e.blobs = append(e.blobs, blob{key: blobKey(prefix, h), data: data, fp: f, h: h})
+		e.blobs = append(e.blobs, blob{prefix: prefix, data: data, fp: f, h: h})
 	}
 	return h, nil
 }

@@ -34,11 +34,12 @@ type gcState struct {
 func (g *gcState) enterWrite() { g.mu.RLock() }
 func (g *gcState) exitWrite()  { g.mu.RUnlock() }
 
-// touch records that a writer references key; the caller holds mu shared.
-func (g *gcState) touch(key []byte) {
+// touch records that a writer references b; the caller holds mu shared.
+func (g *gcState) touch(b *blob) {
 	if !g.sweeping {
 		return
 	}
+	key := b.key()
 	g.touchMu.Lock()
 	g.touched[string(key)] = struct{}{}
 	g.touchMu.Unlock()

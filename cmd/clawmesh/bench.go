@@ -33,14 +33,20 @@ Measures clawmesh's parts on this machine, against a baseline measured in
 the same run. Everything runs locally (loopback, a temporary directory).
 
   gateway   the same open-loop load sent to a local scripted LLM server
-            directly and through the gateway (recording into Pebble),
-            interleaved; prints added latency p50/p99 for non-streaming calls
-            and for streaming ones (time to first and to last byte), and
-            requests/s, and the disk's synced-write latency (the floor under
-            the durable path); --realistic sends agent-sized requests in
-            sessions that continue call by call
-  pool      DataPool ingest: synced step writes per second with concurrent
-            writers, and put latency
+            through a bare Go reverse proxy (net/http/httputil) and through
+            the gateway (recording into Pebble), interleaved; prints the
+            gateway's added latency p50/p99 for non-streaming calls and for
+            streaming ones (time to first and to last byte) beside the goal
+            (p50 <= +0.3 ms, p99 <= +2 ms), requests/s, and the disk's
+            synced-write latency (the floor under the durable path);
+            --realistic sends agent-sized requests in sessions that continue
+            call by call
+  pool      DataPool ingest: synced writes per second of agent-sized steps
+            from one and from --writers concurrent writers, put latency
+            p50/p99, beside bare Pebble's synced writes from as many writers
+            in the same run, of the same steps stored whole (their JSON)
+            and of as many bytes a write as the pool writes a step (goal:
+            >= 20,000 steps/s and >= 0.6x bare Pebble storing the steps)
   soak      this binary run as a node at its defaults under load (by
             default 6 clients in a closed loop for 180s; --rate for a steady
             open-loop load), each call its own conversation, left open as
@@ -137,7 +143,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return nil
 	case "gateway":
 		var o bench.GatewayOptions
-		fs.IntVar(&o.Rate, "rate", 1000, "requests per second through the gateway (the same rate goes direct)")
+		fs.IntVar(&o.Rate, "rate", 1000, "requests per second through the gateway (the same rate goes through the bare proxy)")
 		fs.DurationVar(&o.Duration, "duration", 10*time.Second, "measured load duration")
 		fs.DurationVar(&o.Warmup, "warmup", time.Second, "load before measuring")
 		fs.IntVar(&o.Chunks, "chunks", 8, "chunks per streamed reply")
@@ -412,6 +418,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		defer os.RemoveAll(dir)
+		if *writers <= 0 || *steps <= 0 {
+			return usageErr("--writers and --steps must be positive")
+		}
 		one, err := pool.BenchIngest(ctx, dir+"/one", 1, min(*steps, 2000))
 		if err != nil {
 			return err
@@ -420,12 +429,39 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "pool ingest, synced writes (every Put durable when it returns):\n")
-		for _, r := range []pool.IngestResult{one, many} {
-			fmt.Fprintf(stdout, "  %3d writers: %8.0f steps/s  put p50 %s  p99 %s  (%d steps in %s)\n",
-				r.Writers, r.StepsPerSec, ms(r.P50), ms(r.P99), r.Steps, r.Elapsed.Round(time.Millisecond))
+		// Bare Pebble stores the same agent-sized steps whole (their JSON,
+		// encoded beforehand), and then as many bytes a write as the pool
+		// writes a step.
+		values, err := pool.StepValues(24)
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "  %d writers vs 1: %.1fx the steps/s\n", many.Writers, many.StepsPerSec/one.StepsPerSec)
+		bare, err := pool.BenchPebble(ctx, dir+"/bare", *writers, *steps, values, 0)
+		if err != nil {
+			return err
+		}
+		small, err := pool.BenchPebble(ctx, dir+"/small", *writers, *steps, nil, many.WALBytes)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "pool ingest, synced writes (every Put durable when it returns), agent-sized steps:\n")
+		line := func(what string, r pool.IngestResult) {
+			fmt.Fprintf(stdout, "  %-28s %8.0f steps/s  p50 %s  p99 %s  (%d in %s, %d B to the WAL each)\n",
+				what, r.StepsPerSec, ms(r.P50), ms(r.P99), r.Steps, r.Elapsed.Round(time.Millisecond), r.WALBytes)
+		}
+		line("pool, 1 writer", one)
+		line(fmt.Sprintf("pool, %d writers", many.Writers), many)
+		line(fmt.Sprintf("bare Pebble, %d writers", bare.Writers), bare)
+		line("  same bytes as the pool", small)
+		ratio := many.StepsPerSec / bare.StepsPerSec
+		verdict := func(ok bool) string {
+			if ok {
+				return "met"
+			}
+			return "NOT met"
+		}
+		fmt.Fprintf(stdout, "  %d writers: %.0f steps/s (goal >= 20000: %s), %.2fx bare Pebble storing the steps whole (goal >= 0.6x: %s), %.2fx bare Pebble writing the pool's bytes, %.1fx 1 writer\n",
+			many.Writers, many.StepsPerSec, verdict(many.StepsPerSec >= 20000), ratio, verdict(ratio >= 0.6), many.StepsPerSec/small.StepsPerSec, many.StepsPerSec/one.StepsPerSec)
 		return nil
 	}
 	return usageErr("unknown benchmark %q: want gateway, pool, soak, engine, learn, scrub, mesh, trainers, weights or rollouts", sub)

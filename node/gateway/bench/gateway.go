@@ -1,8 +1,9 @@
 // Package bench measures the gateway for `clawmesh bench gateway`: it sets
-// up a scripted model server and a gateway recording into a real pool on
-// loopback, drives the same load directly and through the gateway,
-// interleaved, and reports the added latency against that baseline
-// measured in the same run.
+// up a scripted model server, a gateway recording into a real pool and a
+// bare Go reverse proxy (net/http/httputil) on loopback, drives the same
+// load through the bare proxy and through the gateway, interleaved, and
+// reports the gateway's added latency against that baseline measured in the
+// same run, beside the goal.
 package bench
 
 import (
@@ -13,10 +14,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -91,12 +96,38 @@ type GatewayResult struct {
 	// measured before the load: the floor under the durable path's added
 	// latency (zero with Memory).
 	Fsync Latency
+	// GC is what the Go collector did in this process (load generator,
+	// bare proxy, server and gateway together) during the measured load.
+	GC GCStats
 }
 
-// Series is one kind of measurement, direct and through the gateway.
+// GCStats counts the collector's work over a window.
+type GCStats struct {
+	Cycles   int
+	PauseSum time.Duration // stop-the-world pauses, summed
+	PauseMax time.Duration // the longest of them
+	Goal     uint64        // the heap size the next cycle starts at, bytes, at the end
+}
+
+func gcSince(before *runtime.MemStats) GCStats {
+	var now runtime.MemStats
+	runtime.ReadMemStats(&now)
+	st := GCStats{Cycles: int(now.NumGC - before.NumGC), PauseSum: time.Duration(now.PauseTotalNs - before.PauseTotalNs), Goal: now.NextGC}
+	first := before.NumGC + 1 // cycle k's pause is PauseNs[(k+255)%256], the last 256 kept
+	if now.NumGC > 256 && first < now.NumGC-255 {
+		first = now.NumGC - 255
+	}
+	for k := first; k <= now.NumGC; k++ {
+		st.PauseMax = max(st.PauseMax, time.Duration(now.PauseNs[(k+255)%256]))
+	}
+	return st
+}
+
+// Series is one kind of measurement, through the bare proxy (Direct) and
+// through the gateway.
 type Series struct {
-	Name     string // "non-streaming", "streaming: first byte", "streaming: last byte"
-	Direct   Latency
+	Name     string  // "non-streaming", "streaming: first byte", "streaming: last byte"
+	Direct   Latency // through the bare reverse proxy
 	Through  Latency
 	AddedP50 time.Duration
 	AddedP99 time.Duration
@@ -104,9 +135,9 @@ type Series struct {
 
 // request kinds in the interleaving.
 const (
-	kindDirectPlain = iota
+	kindProxyPlain = iota
 	kindGatewayPlain
-	kindDirectStream
+	kindProxyStream
 	kindGatewayStream
 	numKinds
 )
@@ -163,6 +194,10 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 		return nil, err
 	}
 	go up.Run(ctx, upLn)
+	bare, err := bareProxy(ctx, "http://"+upLn.Addr().String())
+	if err != nil {
+		return nil, err
+	}
 
 	res := &GatewayResult{Rate: o.Rate, Duration: o.Duration, Memory: o.Memory, Realistic: o.Realistic, Turns: o.Turns}
 	var store gateway.Store = &memStore{steps: map[core.StepID]*core.Step{}}
@@ -223,7 +258,13 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 	samples := make([]sample, total)
 	var wg sync.WaitGroup
 	start := time.Now()
+	var gcBefore runtime.MemStats
+	gcTaken := false
 	for i := 0; i < total; i++ {
+		if i == warm && !gcTaken {
+			runtime.ReadMemStats(&gcBefore)
+			gcTaken = true
+		}
 		at := start.Add(time.Duration(i) * interval)
 		if d := time.Until(at); d > 0 {
 			select {
@@ -236,11 +277,11 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 		wg.Add(1)
 		go func(i, kind int) {
 			defer wg.Done()
-			base := upURL
+			base := bare
 			if kind == kindGatewayPlain || kind == kindGatewayStream {
 				base = gwURL
 			}
-			stream := kind == kindDirectStream || kind == kindGatewayStream
+			stream := kind == kindProxyStream || kind == kindGatewayStream
 			body, hdr := load.request(i/2, stream)
 			ttfb, tot, err := oneCall(ctx, client, base, body, hdr)
 			samples[i] = sample{kind: kind, ttfb: ttfb, total: tot, failed: err != nil, measured: i >= warm}
@@ -248,6 +289,9 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start.Add(o.Warmup))
+	if gcTaken {
+		res.GC = gcSince(&gcBefore)
+	}
 
 	var byKind [numKinds][]sample
 	for _, s := range samples {
@@ -279,9 +323,9 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 	}
 	res.RequestBytes = load.meanBytes()
 	res.Series = []Series{
-		mk("non-streaming", byKind[kindDirectPlain], byKind[kindGatewayPlain], ttlb),
-		mk("streaming: first byte", byKind[kindDirectStream], byKind[kindGatewayStream], ttfb),
-		mk("streaming: last byte", byKind[kindDirectStream], byKind[kindGatewayStream], ttlb),
+		mk("non-streaming", byKind[kindProxyPlain], byKind[kindGatewayPlain], ttlb),
+		mk("streaming: first byte", byKind[kindProxyStream], byKind[kindGatewayStream], ttfb),
+		mk("streaming: last byte", byKind[kindProxyStream], byKind[kindGatewayStream], ttlb),
 	}
 	okThrough := res.Series[0].Through.N + res.Series[2].Through.N
 	res.Achieved = float64(okThrough) / elapsed.Seconds()
@@ -289,6 +333,32 @@ func Gateway(ctx context.Context, o GatewayOptions) (*GatewayResult, error) {
 		return res, errors.New("bench: no request through the gateway succeeded")
 	}
 	return res, nil
+}
+
+// bareProxy serves a bare Go reverse proxy to upstream on loopback (until
+// ctx ends) and returns its base URL: the baseline the gateway is measured
+// against, a proxy that only passes the bytes on, flushing each write as the
+// gateway does for a stream.
+func bareProxy(ctx context.Context, upstream string) (string, error) {
+	u, err := url.Parse(upstream)
+	if err != nil {
+		return "", err
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.FlushInterval = -1
+	rp.ErrorLog = log.New(io.Discard, "", 0) // a failed call is counted, not logged
+	rp.Transport = &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute, DisableCompression: true}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	return "http://" + ln.Addr().String() + "/v1", nil
 }
 
 // oneCall makes one chat completion call and returns its time to the first
@@ -465,7 +535,7 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 
 // Print writes r as a table.
 func (r *GatewayResult) Print(w io.Writer) {
-	fmt.Fprintf(w, "gateway: open-loop %d req/s direct and %d req/s through the gateway, interleaved, for %s\n", r.Rate, r.Rate, r.Duration)
+	fmt.Fprintf(w, "gateway: open-loop %d req/s through a bare reverse proxy and %d req/s through the gateway, interleaved, for %s\n", r.Rate, r.Rate, r.Duration)
 	if r.Realistic {
 		fmt.Fprintf(w, "agent-sized requests (mean %d bytes): a 40,000-character system prompt, 12 tools, sessions of %d calls whose history grows\n", r.RequestBytes, r.Turns)
 	} else {
@@ -479,13 +549,33 @@ func (r *GatewayResult) Print(w io.Writer) {
 	if !r.Memory {
 		fmt.Fprintf(w, "the disk: a synced 4 KiB write takes %s p50, %s p99 (the floor under the durable path)\n", ms(r.Fsync.P50), ms(r.Fsync.P99))
 	}
-	fmt.Fprintf(w, "through the gateway: %.0f req/s completed\n\n", r.Achieved)
-	fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7s\n", "", "direct p50", "gw p50", "added p50", "direct p99", "gw p99", "added p99", "errors")
+	fmt.Fprintf(w, "through the gateway: %.0f req/s completed\n", r.Achieved)
+	fmt.Fprintf(w, "Go GC in this process (load, proxy, server, gateway) while measured: %d cycles, pauses %s in all, longest %s, heap goal %.0f MiB\n",
+		r.GC.Cycles, ms(r.GC.PauseSum), ms(r.GC.PauseMax), float64(r.GC.Goal)/(1<<20))
+	fmt.Fprintf(w, "baseline: a bare Go reverse proxy (httputil) to the same server, %d req/s, interleaved\n\n", r.Rate)
+	fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7s\n", "", "proxy p50", "gw p50", "added p50", "proxy p99", "gw p99", "added p99", "errors")
 	for _, s := range r.Series {
 		fmt.Fprintf(w, "%-24s %10s %10s %10s %10s %10s %10s %7d\n", s.Name,
 			ms(s.Direct.P50), ms(s.Through.P50), ms(s.AddedP50), ms(s.Direct.P99), ms(s.Through.P99), ms(s.AddedP99), s.Direct.Errors+s.Through.Errors)
 	}
+	fmt.Fprintf(w, "\ngoal: added p50 <= +%s, p99 <= +%s, plain and streamed (last byte)\n", ms(GoalP50), ms(GoalP99))
+	for _, s := range r.Series {
+		if s.Name == "streaming: first byte" {
+			continue
+		}
+		verdict := "met"
+		if s.AddedP50 > GoalP50 || s.AddedP99 > GoalP99 {
+			verdict = "NOT met"
+		}
+		fmt.Fprintf(w, "  %-22s added p50 %s, p99 %s: %s\n", s.Name, ms(s.AddedP50), ms(s.AddedP99), verdict)
+	}
 }
+
+// The goal for the gateway's added latency beyond a bare reverse proxy.
+const (
+	GoalP50 = 300 * time.Microsecond
+	GoalP99 = 2 * time.Millisecond
+)
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
 

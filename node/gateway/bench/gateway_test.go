@@ -3,6 +3,10 @@ package bench
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -10,6 +14,7 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/internal/fakeupstream"
 	"github.com/clawmesh/clawmesh/node/gateway/storetest"
 	"github.com/clawmesh/clawmesh/pool"
 )
@@ -26,6 +31,9 @@ func TestGatewayRuns(t *testing.T) {
 		if len(r.Series) != 3 {
 			t.Fatalf("%d series", len(r.Series))
 		}
+		if r.GC.Goal == 0 || r.GC.PauseMax > r.GC.PauseSum {
+			t.Errorf("memory=%v: GC %+v", mem, r.GC)
+		}
 		for _, s := range r.Series {
 			if s.Direct.N == 0 || s.Through.N == 0 || s.Direct.Errors+s.Through.Errors > 0 {
 				t.Errorf("memory=%v %s: %+v", mem, s.Name, s)
@@ -36,8 +44,10 @@ func TestGatewayRuns(t *testing.T) {
 		}
 		var b bytes.Buffer
 		r.Print(&b)
-		if !strings.Contains(b.String(), "added p50") {
-			t.Errorf("print: %s", b.String())
+		for _, want := range []string{"added p50", "bare Go reverse proxy", "goal: added p50 <= +0.300ms, p99 <= +2.000ms", "streaming: last byte   added p50", "Go GC in this process"} {
+			if !strings.Contains(b.String(), want) {
+				t.Errorf("print has no %q: %s", want, b.String())
+			}
 		}
 	}
 }
@@ -99,5 +109,40 @@ func TestGatewayRealistic(t *testing.T) {
 	}
 	if whole == 0 {
 		t.Fatalf("no whole session among %d steps in %d sessions", len(steps), len(bySession))
+	}
+}
+
+// TestBareProxy: the baseline passes a call through to the server and
+// back, a streamed reply whole.
+func TestBareProxy(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	up := fakeupstream.New(fakeupstream.Script{Chunks: 4})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Run(ctx, ln)
+	base, err := bareProxy(ctx, "http://"+ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, stream)
+		resp, err := http.Post(base+"/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream=%v: status %d, %v: %s", stream, resp.StatusCode, err, b)
+		}
+		if stream && !bytes.Contains(b, []byte("data: [DONE]")) {
+			t.Fatalf("streamed reply not whole: %s", b)
+		}
+		if !stream && !bytes.Contains(b, []byte(`"choices"`)) {
+			t.Fatalf("reply: %s", b)
+		}
 	}
 }

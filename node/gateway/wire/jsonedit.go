@@ -231,38 +231,47 @@ func apply(b []byte, edits []edit) []byte {
 // member by member cannot: two neighbours each taking "their" comma would
 // take the same one.)
 type deletions struct {
-	members []member
-	remove  []bool
+	members []span
+	first   [8]span // the members of a small object, without a further allocation
+}
+
+// span is where a member starts and ends, and whether it goes.
+type span struct {
+	keyStart, valEnd int
+	remove           bool
 }
 
 // add records the object's next member, to be removed or kept.
 func (d *deletions) add(m member, remove bool) {
-	d.members = append(d.members, m)
-	d.remove = append(d.remove, remove)
+	if d.members == nil {
+		d.members = d.first[:0]
+	}
+	d.members = append(d.members, span{keyStart: m.keyStart, valEnd: m.valEnd, remove: remove})
 }
 
 // edits appends to dst the edits removing the members marked for removal.
 func (d *deletions) edits(dst []edit) []edit {
-	n := len(d.members)
+	ms := d.members
+	n := len(ms)
 	for i := 0; i < n; {
-		if !d.remove[i] {
+		if !ms[i].remove {
 			i++
 			continue
 		}
 		j := i
-		for j+1 < n && d.remove[j+1] {
+		for j+1 < n && ms[j+1].remove {
 			j++
 		}
 		switch {
 		case j+1 < n:
 			// A kept member follows: remove up to its key, the comma with it.
-			dst = append(dst, edit{start: d.members[i].keyStart, end: d.members[j+1].keyStart})
+			dst = append(dst, edit{start: ms[i].keyStart, end: ms[j+1].keyStart})
 		case i > 0:
 			// The run ends the object: remove from the kept member before it.
-			dst = append(dst, edit{start: d.members[i-1].valEnd, end: d.members[j].valEnd})
+			dst = append(dst, edit{start: ms[i-1].valEnd, end: ms[j].valEnd})
 		default:
 			// Every member goes.
-			dst = append(dst, edit{start: d.members[0].keyStart, end: d.members[j].valEnd})
+			dst = append(dst, edit{start: ms[0].keyStart, end: ms[j].valEnd})
 		}
 		i = j + 1
 	}
