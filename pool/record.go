@@ -310,15 +310,26 @@ func newDecodedCache(max int64) *decodedCache {
 	return &decodedCache{max: max, msgs: make(map[hash]core.Message), tools: make(map[hash][]core.Tool)}
 }
 
-// add accounts for n more bytes, clearing the cache first if they would not
-// fit. The caller holds mu.
-func (c *decodedCache) add(n int64) {
-	if c.size+n > c.max {
-		clear(c.msgs)
-		clear(c.tools)
+// decodedEntryOverhead is what an entry costs beyond its bytes: the map's
+// slot, the decoded struct and its strings' headers. Counting the JSON bytes
+// alone let a cache of short messages grow to five times its budget.
+const decodedEntryOverhead = 256
+
+// cost is what an entry decoded from n bytes of JSON holds in memory: its
+// strings (about the JSON's size) and their structure, and the entry.
+func decodedCost(n int) int64 { return 2*int64(n) + decodedEntryOverhead }
+
+// add accounts for an entry decoded from n bytes, starting over first if it
+// would not fit. Starting over makes new maps: clear keeps a map's buckets,
+// and the memory with them. The caller holds mu.
+func (c *decodedCache) add(n int) {
+	cost := decodedCost(n)
+	if c.size+cost > c.max {
+		c.msgs = make(map[hash]core.Message)
+		c.tools = make(map[hash][]core.Tool)
 		c.size = 0
 	}
-	c.size += n
+	c.size += cost
 }
 
 func (c *decodedCache) message(r getter, h hash) (core.Message, error) {
@@ -336,7 +347,7 @@ func (c *decodedCache) message(r getter, h hash) (core.Message, error) {
 		return core.Message{}, fmt.Errorf("%w: message blob: %v", errCorrupt, err)
 	}
 	c.mu.Lock()
-	c.add(int64(len(data)))
+	c.add(len(data))
 	c.msgs[h] = m
 	c.mu.Unlock()
 	return cloneMessage(m), nil
@@ -358,7 +369,7 @@ func (c *decodedCache) toolList(r getter, h hash) ([]core.Tool, error) {
 		return nil, fmt.Errorf("%w: tools blob: %v", errCorrupt, err)
 	}
 	c.mu.Lock()
-	c.add(int64(len(data)))
+	c.add(len(data))
 	c.tools[h] = ts
 	c.mu.Unlock()
 	return cloneTools(ts), nil
