@@ -1,23 +1,17 @@
 package nodebench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/clawmesh/clawmesh/internal/fakeupstream"
-	"github.com/clawmesh/clawmesh/node"
 )
 
 // The goals of an idle node (`clawmesh bench idle`): its resident memory,
@@ -97,52 +91,21 @@ func Footprint(ctx context.Context, o FootprintOptions) (*FootprintResult, error
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	up := fakeupstream.New(fakeupstream.Script{Forget: true, Turns: []fakeupstream.Turn{{Text: "The quick brown fox jumps over the lazy dog, twice over, as a reply."}}})
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	upstream, err := scriptedUpstream(ctx)
 	if err != nil {
 		return nil, err
 	}
-	go up.Run(ctx, upLn)
-
 	data := filepath.Join(dir, "data")
 	userCache := filepath.Join(dir, "user-cache")
-	cmd := exec.CommandContext(ctx, o.Binary, "node", "--data", data, "--listen", "127.0.0.1:0", "--log", "warn",
-		"--upstream", "http://"+upLn.Addr().String()+"/v1", "--min-free", "0")
-	// os.UserCacheDir on Linux; the node's compilation cache goes under it.
-	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+userCache)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	defer stop(cmd)
-	var addr string
-	for i := 0; i < 1200 && addr == ""; i++ { // up to 2 min
-		if a, err := node.ReadAddr(data); err == nil {
-			addr = a
-		} else {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	if addr == "" {
-		return nil, fmt.Errorf("the node did not start: %s", stderr.String())
-	}
-	admin, err := adminClient(data)
+	// XDG_CACHE_HOME is os.UserCacheDir on Linux; the node's compilation
+	// cache goes under it.
+	n, err := startNode(ctx, o.Binary, data, []string{"node", "--data", data, "--listen", "127.0.0.1:0", "--log", "warn",
+		"--upstream", upstream, "--min-free", "0"}, []string{"XDG_CACHE_HOME=" + userCache}, nil)
 	if err != nil {
 		return nil, err
 	}
-	for i := 0; ; i++ {
-		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-		sc, err := admin.Scorer(sctx)
-		scancel()
-		if err == nil && sc.Ready {
-			break
-		}
-		if i == 1800 { // 3 min
-			return nil, fmt.Errorf("the node's reward plugins were not ready after 3 minutes (%v): %s", err, stderr.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	defer stop(n.cmd)
+	addr, admin := n.addr, n.admin
 
 	client := &http.Client{Timeout: 30 * time.Second}
 	for k := range o.Calls {
@@ -194,7 +157,7 @@ func Footprint(ctx context.Context, o FootprintOptions) (*FootprintResult, error
 		return nil, fmt.Errorf("the node's scorer: %w", err)
 	}
 	r.Scored = sc.Scored
-	st, err := procStatus(cmd.Process.Pid, "VmRSS", "RssAnon", "RssFile")
+	st, err := procStatus(n.cmd.Process.Pid, "VmRSS", "RssAnon", "RssFile")
 	if err != nil {
 		return nil, fmt.Errorf("reading /proc (Linux only): %w", err)
 	}

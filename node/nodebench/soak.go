@@ -146,66 +146,26 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	up := fakeupstream.New(fakeupstream.Script{Forget: true, Turns: []fakeupstream.Turn{{Text: "The quick brown fox jumps over the lazy dog, twice over, as a reply."}}})
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	upstream, err := scriptedUpstream(ctx)
 	if err != nil {
 		return nil, err
 	}
-	go up.Run(ctx, upLn)
 
 	data := filepath.Join(dir, "data")
 	args := []string{"node", "--data", data, "--listen", "127.0.0.1:0", "--log", "warn", "--log-requests=false",
-		"--upstream", "http://" + upLn.Addr().String() + "/v1", "--min-free", "0"}
+		"--upstream", upstream, "--min-free", "0"}
 	if o.MaxSessions > 0 {
 		args = append(args, "--max-sessions", strconv.Itoa(o.MaxSessions))
 	}
 	if o.MemoryLimit != "" {
 		args = append(args, "--memory-limit", o.MemoryLimit)
 	}
-	cmd := exec.CommandContext(ctx, o.Binary, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if o.NodeLog != nil {
-		cmd.Stderr = io.MultiWriter(&stderr, o.NodeLog)
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	defer stop(cmd)
-	var addr string
-	for i := 0; i < 1200 && addr == ""; i++ { // start-up compiles the plugins: up to 2 min
-		if a, err := node.ReadAddr(data); err == nil {
-			addr = a
-		} else if cmd.ProcessState != nil {
-			break
-		} else {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	if addr == "" {
-		return nil, fmt.Errorf("the node did not start: %s", stderr.String())
-	}
-	base := "http://" + addr
-	admin, err := adminClient(data)
+	n, err := startNode(ctx, o.Binary, data, args, nil, o.NodeLog)
 	if err != nil {
 		return nil, err
 	}
-	pid := cmd.Process.Pid
-
-	// The reward plugins compile at a node's first start (seconds); the
-	// load starts once the scorer runs.
-	for i := 0; ; i++ {
-		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-		sc, err := admin.Scorer(sctx)
-		scancel()
-		if err == nil && sc.Ready {
-			break
-		}
-		if i == 1800 { // 3 min
-			return nil, fmt.Errorf("the node's reward plugins were not ready after 3 minutes (%v): %s", err, stderr.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	defer stop(n.cmd)
+	base, admin, pid := "http://"+n.addr, n.admin, n.cmd.Process.Pid
 
 	rate := o.Rate
 	if o.Clients > 0 {
@@ -455,4 +415,78 @@ func (r *SoakResult) Print(w io.Writer) {
 	} else {
 		fmt.Fprintln(w, "; not drained within the idle time")
 	}
+}
+
+// scriptedUpstream runs the scripted LLM server the node benchmarks load a
+// node with, until ctx is done, and returns its base URL with /v1.
+func scriptedUpstream(ctx context.Context) (string, error) {
+	up := fakeupstream.New(fakeupstream.Script{Forget: true, Turns: []fakeupstream.Turn{{Text: "The quick brown fox jumps over the lazy dog, twice over, as a reply."}}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	go up.Run(ctx, ln)
+	return "http://" + ln.Addr().String() + "/v1", nil
+}
+
+// benchNode is a node process a benchmark started, its reward plugins ready.
+type benchNode struct {
+	cmd    *exec.Cmd
+	addr   string // the gateway's host:port
+	admin  *node.Client
+	stderr *bytes.Buffer
+}
+
+// startNode runs bin with args as a node on data (env added to this
+// process's environment, its stderr also to log when not nil), and waits
+// until it listens and its reward plugins are ready. On success the caller
+// stops it with stop(n.cmd).
+func startNode(ctx context.Context, bin, data string, args, env []string, log io.Writer) (*benchNode, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	n := &benchNode{cmd: cmd, stderr: &bytes.Buffer{}}
+	cmd.Stderr = n.stderr
+	if log != nil {
+		cmd.Stderr = io.MultiWriter(n.stderr, log)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			stop(cmd)
+		}
+	}()
+	for i := 0; i < 1200 && n.addr == ""; i++ { // start-up compiles the plugins: up to 2 min
+		if a, err := node.ReadAddr(data); err == nil {
+			n.addr = a
+		} else {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if n.addr == "" {
+		return nil, fmt.Errorf("the node did not start: %s", n.stderr.String())
+	}
+	var err error
+	if n.admin, err = adminClient(data); err != nil {
+		return nil, err
+	}
+	// The reward plugins compile at a node's first start (seconds).
+	for i := 0; ; i++ {
+		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+		sc, err := n.admin.Scorer(sctx)
+		scancel()
+		if err == nil && sc.Ready {
+			break
+		}
+		if i == 1800 { // 3 min
+			return nil, fmt.Errorf("the node's reward plugins were not ready after 3 minutes (%v): %s", err, n.stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ok = true
+	return n, nil
 }
