@@ -354,8 +354,11 @@ func recordedBaseURL(rec setup.Record) string {
 	return ""
 }
 
-func readRecord(path string) (setup.Record, bool, error) {
-	var rec setup.Record
+func readRecord(path string) (setup.Record, bool, error) { return readSetupRecord[setup.Record](path) }
+
+// readSetupRecord reads the record a setup keeps for --undo; ok is false
+// when there is none.
+func readSetupRecord[T any](path string) (rec T, ok bool, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return rec, false, nil
@@ -719,18 +722,7 @@ func findOllamaModel(n setup.OllamaName) (setup.OllamaModel, error) {
 }
 
 func readOllamaRecord(path string) (setup.OllamaRecord, bool, error) {
-	var rec setup.OllamaRecord
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return rec, false, nil
-	}
-	if err != nil {
-		return rec, false, fmt.Errorf("cannot read the setup record: %v", err)
-	}
-	if err := json.Unmarshal(b, &rec); err != nil {
-		return rec, false, fmt.Errorf("the setup record %s is damaged: %v", path, err)
-	}
-	return rec, true, nil
+	return readSetupRecord[setup.OllamaRecord](path)
 }
 
 func undoOllama(cfgPath, recPath string, dry bool, stdout io.Writer) error {
