@@ -66,6 +66,13 @@ func (d *Decoder) Uvarint() uint64 {
 		d.Fail("bad varint")
 		return 0
 	}
+	if n > 1 && d.b[n-1] == 0 {
+		// A trailing zero group makes a second encoding of the same
+		// number; only the shortest one is accepted, so that what decodes
+		// re-encodes to the bytes that were signed.
+		d.Fail("varint not in its shortest form")
+		return 0
+	}
 	d.b = d.b[n:]
 	return v
 }
