@@ -1,14 +1,8 @@
-package personal
+package core
 
-import (
-	"context"
-
-	"github.com/clawmesh/clawmesh/internal/core"
-)
-
-// Job is one training of a device's personal adapter: the device's own
+// PersonalJob is one training of a device's personal adapter: the device's own
 // scored steps, learned on top of the shared version it serves.
-type Job struct {
+type PersonalJob struct {
 	// Shared is the directory of the shared version's PEFT adapter the
 	// personal one is trained on top of ("": the base model alone), and
 	// SharedVersion its name ("v12"; "" with no shared version).
@@ -20,8 +14,8 @@ type Job struct {
 	// Steps are the device's scored steps to learn from; HeldBack are its
 	// scored steps kept out of training, which the score is measured on.
 	// Never another device's steps.
-	Steps    []*core.Step
-	HeldBack []*core.Step
+	Steps    []*Step
+	HeldBack []*Step
 	// Out is the directory, not existing yet, where the new personal
 	// adapter is written (a PEFT adapter directory).
 	Out string
@@ -29,8 +23,8 @@ type Job struct {
 	Seed uint64
 }
 
-// Result describes one training.
-type Result struct {
+// PersonalResult describes one training.
+type PersonalResult struct {
 	// Trained is the number of steps that took part in the update;
 	// HeldBack the number of held-back steps scored.
 	Trained  int `json:"trained"`
@@ -42,11 +36,4 @@ type Result struct {
 	ScoreBefore float64 `json:"score_before"`
 	ScoreAfter  float64 `json:"score_after"`
 	Seconds     float64 `json:"seconds"`
-}
-
-// Trainer trains a personal adapter. The node never trains itself: it
-// hands the job to a Trainer (a worker process on the device under
-// [personal] mode local, a trusted trainer peer under mode mesh).
-type Trainer interface {
-	Train(ctx context.Context, j Job) (Result, error)
 }
