@@ -47,8 +47,9 @@ var modelLeaves = []string{"internal/core", "internal/httpguard"}
 
 // formatPkgs are the model file-format packages, pure format code with no
 // engine, that a node may import besides model/serveapi (model/baseid
-// reads a model's identity from those formats).
-var formatPkgs = []string{"model/safetensors", "model/gguf", "model/mlx", "model/baseid"}
+// reads a model's identity from those formats, model/peft stacks PEFT
+// adapters).
+var formatPkgs = []string{"model/safetensors", "model/gguf", "model/mlx", "model/baseid", "model/peft"}
 
 // forbiddenInSim are the transports the simulator must not link: it runs
 // the pure cores (the fetch plan, the manifest, the group's state machine)
