@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -128,7 +129,11 @@ func stack(ads []*Adapter, names []string) (*Adapter, error) {
 				src := m.B[row*r : (row+1)*r]
 				dst := o.B[row*total+off : row*total+off+r]
 				for k, v := range src {
-					dst[k] = float32(m.Scale * float64(v))
+					x := float32(m.Scale * float64(v))
+					if math.IsInf(float64(x), 0) {
+						return nil, fmt.Errorf("%w: %s: lora_B scaled by %g overflows float32", ErrUnsupported, m.Name, m.Scale)
+					}
+					dst[k] = x
 				}
 			}
 		}
