@@ -6,7 +6,8 @@
 // Read loads an adapter whole: its config and, for each adapted module,
 // lora_A [r, in] and lora_B [out, r] in float32, with the scale PEFT applies
 // (lora_alpha/r, or lora_alpha/√r with use_rslora). Module.Delta is what the
-// module adds to its base weight, scale·B·A.
+// module adds to its base weight, scale·B·A. Module paths are named as
+// PEFT saves them, "base_model.model." added where a file lacks it.
 //
 // Stack writes one adapter whose delta on every module is the sum of the
 // inputs' deltas. Concatenating low-rank factors is exact: with A the rows
@@ -26,5 +27,5 @@
 // ErrFormat; inputs of different bases or shapes with ErrMismatch. Reads are
 // bounded (MaxConfigSize, MaxWeightsSize) and the output is written to a
 // temporary directory beside it and renamed into place; an existing output
-// is refused.
+// is refused with ErrExists.
 package peft

@@ -47,7 +47,7 @@ func FuzzRead(f *testing.F) {
 	f.Add([]byte(`{"r":3,"lora_alpha":1e309}`), smallWeights(f, 3, 2, 2, safetensors.F32))
 	f.Add([]byte(`{"r":1,"lora_alpha":1e39}`), smallWeights(f, 1, 2, 2, safetensors.F32))
 	f.Fuzz(func(t *testing.T, cb, wb []byte) {
-		c, err := ParseConfig(cb)
+		c, err := parseConfig(cb)
 		if err != nil {
 			return
 		}

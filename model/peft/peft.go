@@ -79,10 +79,10 @@ func (c Config) Scale() float64 {
 	return c.LoraAlpha / float64(c.R)
 }
 
-// ParseConfig decodes and checks adapter_config.json: a LoRA adapter
+// parseConfig decodes and checks adapter_config.json: a LoRA adapter
 // (peft_type "LORA" or absent) with r in [1, MaxRank] and a finite
 // positive lora_alpha, and nothing stacking cannot carry.
-func ParseConfig(b []byte) (Config, error) {
+func parseConfig(b []byte) (Config, error) {
 	var c Config
 	if err := json.Unmarshal(b, &c); err != nil {
 		return Config{}, fmt.Errorf("%w: %s: %v", ErrFormat, ConfigFile, err)
@@ -139,8 +139,9 @@ func (c Config) targets() (list []string, ok bool, err error) {
 
 // Module is one adapted module.
 type Module struct {
-	// Name is the module's path as the tensors name it, without
-	// ".lora_A.weight": "base_model.model.model.layers.3.self_attn.q_proj".
+	// Name is the module's path as PEFT saves it, without ".lora_A.weight":
+	// "base_model.model.model.layers.3.self_attn.q_proj" (the prefix
+	// "base_model.model." is added where the tensors lack it).
 	Name string
 	// In, Out and Rank are the dimensions: A is [Rank, In], B [Out, Rank],
 	// the base weight [Out, In].
@@ -186,7 +187,7 @@ type Adapter struct {
 var loraName = regexp.MustCompile(`^(.+)\.lora_([AB])\.weight$`)
 
 // Read reads the PEFT LoRA adapter in dir: adapter_config.json (at most
-// MaxConfigSize bytes, checked by ParseConfig) and adapter_model.safetensors
+// MaxConfigSize bytes, checked by parseConfig) and adapter_model.safetensors
 // (at most MaxWeightsSize bytes) whose every tensor is a lora_A [r, in] or
 // lora_B [out, r] weight in F32, F16, BF16 or F64, paired per module, with
 // finite values.
@@ -195,7 +196,7 @@ func Read(dir string) (*Adapter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrFormat, dir, err)
 	}
-	c, err := ParseConfig(cb)
+	c, err := parseConfig(cb)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
@@ -223,16 +224,20 @@ func fromFile(c Config, f *safetensors.File) (*Adapter, error) {
 		if m == nil {
 			return nil, fmt.Errorf("%w: tensor %q is not a lora_A or lora_B weight (%s)", ErrUnsupported, name, whyNot(name))
 		}
-		p := pairs[m[1]]
+		mod := canonical(m[1])
+		p := pairs[mod]
 		if p == nil {
 			p = &pair{}
-			pairs[m[1]] = p
+			pairs[mod] = p
 		}
+		half := &p.b
 		if m[2] == "A" {
-			p.a = name
-		} else {
-			p.b = name
+			half = &p.a
 		}
+		if *half != "" {
+			return nil, fmt.Errorf("%w: %s and %s are the same module's lora_%s", ErrFormat, *half, name, m[2])
+		}
+		*half = name
 	}
 	if len(pairs) == 0 {
 		return nil, fmt.Errorf("%w: %s holds no LoRA weights", ErrFormat, WeightsFile)
@@ -299,6 +304,16 @@ func floats(f *safetensors.File, name string) ([]float32, error) {
 		}
 	}
 	return v, nil
+}
+
+// peftPrefix is what PEFT's save_pretrained puts before a causal LM's
+// module paths.
+const peftPrefix = "base_model.model."
+
+// canonical is a module path as PEFT saves it, so that an adapter written
+// without the prefix ("model.layers.0...") stacks with one written with it.
+func canonical(name string) string {
+	return peftPrefix + strings.TrimPrefix(name, peftPrefix)
 }
 
 // whyNot says what a tensor that is not a LoRA weight is.

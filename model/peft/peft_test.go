@@ -470,3 +470,69 @@ func TestStackRefuses(t *testing.T) {
 		t.Errorf("an adapter stacked with itself: %v", err)
 	}
 }
+
+// renameTensors rewrites dir's adapter_model.safetensors with every tensor
+// name passed through fn; extra tensors (name → source name) are added.
+func renameTensors(t *testing.T, dir string, fn func(string) string, extra map[string]string) {
+	t.Helper()
+	p := filepath.Join(dir, peft.WeightsFile)
+	f, err := safetensors.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ts []safetensors.Tensor
+	add := func(name, src string) {
+		ti, b, err := f.Raw(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts = append(ts, safetensors.Tensor{Name: name, DType: ti.DType, Shape: ti.Shape, Data: slices.Clone(b)})
+	}
+	for _, n := range f.Names() {
+		add(fn(n), n)
+	}
+	for n, src := range extra {
+		add(n, src)
+	}
+	if err := safetensors.WriteFile(p, ts, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStackPrefix stacks an adapter whose tensors lack PEFT's
+// "base_model.model." prefix with one that has it: the modules are the
+// same, and the stacked delta of each is the sum of the two. An adapter
+// naming one module both ways is refused.
+func TestStackPrefix(t *testing.T) {
+	s := shape{layers: 2, hidden: 8, q: 8, kv: 4, inter: 12}
+	work := t.TempDir()
+	a, b := filepath.Join(work, "a"), filepath.Join(work, "b")
+	writeAdapter(t, a, s, spec{rank: 2, alpha: 3, targets: []string{"q_proj", "up_proj"}, dtype: safetensors.F32, seed: 1, base: "m"})
+	writeAdapter(t, b, s, spec{rank: 3, alpha: 5, rslora: true, targets: []string{"q_proj"}, dtype: safetensors.F16, seed: 2, base: "m"})
+	renameTensors(t, b, func(n string) string { return strings.TrimPrefix(n, "base_model.model.") }, nil)
+	out := stackInto(t, a, b)
+	deltas := func(dir string) map[string][]float64 {
+		t.Helper()
+		ad, err := peft.Read(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds := map[string][]float64{}
+		for _, m := range ad.Modules {
+			ds["base_model.model."+strings.TrimPrefix(m.Name, "base_model.model.")] = m.Delta()
+		}
+		return ds
+	}
+	compareDeltas(t, "prefix", deltas(out), sumDeltas(t, deltas(a), deltas(b)), 1e-6)
+
+	dup := filepath.Join(work, "dup")
+	writeAdapter(t, dup, s, spec{rank: 2, alpha: 3, targets: []string{"q_proj"}, dtype: safetensors.F32, seed: 3, base: "m"})
+	renameTensors(t, dup, func(n string) string { return n }, map[string]string{
+		"model.layers.0.self_attn.q_proj.lora_A.weight": "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight",
+		"model.layers.0.self_attn.q_proj.lora_B.weight": "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight",
+	})
+	err := peft.Stack(filepath.Join(work, "dup-stacked"), a, dup)
+	if !errors.Is(err, peft.ErrFormat) || !strings.Contains(err.Error(), "same module") {
+		t.Errorf("an adapter naming a module twice: error %v, want %v saying so", err, peft.ErrFormat)
+	}
+}
