@@ -114,14 +114,15 @@ func writeConfig(t testing.TB, dir string, c map[string]any) {
 	}
 }
 
-// twoAdapters writes the two adapters the format tests stack: rank 8 on
-// every projection, F32; rank 4 rsLoRA on three of them, BF16, its base
-// spelt another way (a local copy's directory, lower case).
+// twoAdapters writes the two adapters the format tests stack: rank 8
+// (alpha 13) on every projection, F32; rank 4 rsLoRA (alpha 6) on three of
+// them, BF16, its base spelt another way (a local copy's directory, lower
+// case).
 func twoAdapters(t *testing.T, s shape) (a, b string) {
 	t.Helper()
 	work := t.TempDir()
 	a, b = filepath.Join(work, "a"), filepath.Join(work, "b")
-	writeAdapter(t, a, s, spec{rank: 8, alpha: 16, targets: allTargets, dtype: safetensors.F32, seed: 1, base: "Qwen/Qwen3-0.6B"})
+	writeAdapter(t, a, s, spec{rank: 8, alpha: 13, targets: allTargets, dtype: safetensors.F32, seed: 1, base: "Qwen/Qwen3-0.6B"})
 	writeAdapter(t, b, s, spec{rank: 4, alpha: 6, rslora: true, targets: []string{"q_proj", "v_proj", "down_proj"},
 		dtype: safetensors.BF16, seed: 2, base: "/models/qwen3-0.6b/"})
 	return a, b
