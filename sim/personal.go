@@ -263,9 +263,11 @@ func (p *personalRun) startJob(d *personalDevice) {
 	up := p.w.latency(nd, t) + time.Duration(float64(n*bytesPerStep)/nd.up*float64(time.Second))
 	p.after(up, func() {
 		train := float64(n) / (p.m.trainerSpeed * p.m.slice)
-		done := max(p.free[d.trainer], p.now) + time.Duration(train*float64(time.Second))
+		start := max(p.free[d.trainer], p.now)
+		done := start + time.Duration(train*float64(time.Second))
 		p.free[d.trainer] = done
-		p.busy += train
+		// Busy: the part of the slice's time within the run.
+		p.busy += max(0, min(done, p.w.o.PersonalFor)-start).Seconds()
 		back := p.w.latency(t, nd) + time.Duration(float64(p.w.o.BundleMiB<<20)/nd.down*float64(time.Second))
 		p.at(done+back, func() { p.jobDone(d) })
 	})
@@ -380,7 +382,7 @@ func (p *personalRun) report() *PersonalReport {
 	}
 	r.PreemptedShare = share(r.Preempted, r.Started)
 	if r.Mesh > 0 {
-		r.TrainerBusy = round3(p.busy / (p.m.slice * p.now.Seconds() * float64(len(p.free))))
+		r.TrainerBusy = round3(p.busy / (p.now.Seconds() * float64(len(p.free))))
 	}
 	all, steps90 := p.summarise(p.devices)
 	r.KeepUp, r.LagSteps50, r.LagSteps90, r.LagHours50, r.LagHours90 = all.KeepUp, all.LagSteps50, steps90, all.LagHours50, all.LagHours90
