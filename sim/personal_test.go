@@ -195,3 +195,17 @@ func TestPersonalOptions(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// BenchmarkPersonal runs the personal adapters of 1,000 devices over three
+// days, a fifth of them in mesh mode.
+func BenchmarkPersonal(b *testing.B) {
+	w, err := newWorld(Options{Seed: 1, Personal: 1, PersonalMesh: 0.2}, DefAll)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		p := w.newPersonalRun(personalDefaults)
+		p.run()
+		p.report()
+	}
+}

@@ -193,9 +193,13 @@ func TestSimPersonal(t *testing.T) {
 	if len(a) != len(b) {
 		t.Errorf("%d fields with --personal, %d without", len(b), len(a))
 	}
-	table, errs, code := runCLI(t, "sim", "--nodes", "40", "--seed", "5", "--versions", "2", "--personal", "1")
+	dir := filepath.Join(t.TempDir(), "out")
+	table, errs, code := runCLI(t, "sim", "--nodes", "40", "--seed", "5", "--versions", "2", "--personal", "1", "--plot", dir)
 	if code != 0 || !strings.Contains(table, "personal adapters over 72 h: 40 devices (40 local, 0 mesh)") || !strings.Contains(table, "keep up") {
 		t.Errorf("code %d: %s\n%s", code, errs, table)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "sim-baseline-personal.png")); err != nil || len(b) < 8 || string(b[1:4]) != "PNG" {
+		t.Errorf("sim-baseline-personal.png: %v", err)
 	}
 	for _, bad := range [][]string{{"--personal", "1.5"}, {"--personal", "-0.1"}, {"--personal", "0.5", "--personal-mesh", "2"}, {"--personal", "0.5", "--personal-for", "10m"}} {
 		_, errs, code := runCLI(t, append([]string{"sim", "--nodes", "40"}, bad...)...)
