@@ -5,7 +5,9 @@
 // sim/live/scenario; this package imports neither.
 //
 // Run runs a scenario (Options) and returns its Report, which prints as a
-// table (WriteTable) or encodes as JSON; CheckLineage is the ledger and
+// table (WriteTable) or encodes as JSON; with personal adapters on, the
+// report adds how well the devices' personal adapters keep up with their
+// steps (below, "Personal adapters"); CheckLineage is the ledger and
 // lineage invariants, for the simulator's runs and the real trainers' alike.
 //
 // # How it runs
@@ -246,6 +248,47 @@
 // devices: the largest share whose learning curve stays within 10% of
 // the clean run's (final score and mean score over the versions, on
 // every seed) is the share the mesh absorbs.
+//
+// # Personal adapters
+//
+// With Options.Personal, a share of the devices keep a personal adapter,
+// trained on their own steps only (local mode: on the device; mesh mode,
+// PersonalMesh of them: by a trainer they trust), and the run adds a
+// second one on its own clock over PersonalFor (default three days),
+// after the scenario's, on the same devices, links and trainers: the
+// mesh's run covers minutes, a personal adapter's life days. Its draws
+// come from streams of their own, so the rest of the report is the same
+// with it and without it. The model, each part an assumption:
+//
+//   - The agent's activity: each device has a time zone (its local time
+//     is virtual time plus a phase, uniform over the day); from 07:00
+//     to 23:00 local the agent alternates idle gaps (exponential, mean
+//     45 minutes) and active sessions (exponential, mean 15 minutes, cut
+//     at 23:00); it is idle at night, and the device stays on. An active
+//     agent records 8 scored steps a minute (the mesh model's 16-step
+//     batch every 2 minutes), spread evenly over the session.
+//   - Device classes: half the devices are Apple M-series laptops or
+//     minis training at 0.5–4 steps a second, half small CPU boxes at
+//     0.02–0.2, each speed drawn log-uniform within its class.
+//   - Jobs: a job trains the device's oldest untrained steps, at most
+//     PersonalJobSteps (256); it starts when the agent goes idle, and the
+//     next when one ends while the agent is still idle. A local job takes
+//     its steps over the device's speed and runs only while the agent is
+//     idle: when a session starts it is preempted, its progress lost (the
+//     worker is stopped), and its steps go back to the queue. A mesh job
+//     goes up the device's uplink (4 KiB a step, plus the latency) to its
+//     trusted trainer (one of the trainers, drawn per device), which
+//     trains the jobs it gets one at a time in order of arrival, at 20
+//     steps a second on a quarter of its time (the rest is the rounds'),
+//     and the adapter (a bundle's size) comes back down the device's
+//     downlink; mesh jobs are not preempted, and the trainers stay up.
+//   - Keeping up: at the end, a device's lag is the steps not yet trained
+//     into its adapter (queued, or in a job running or away) and the age
+//     of the oldest; its adapter keeps up when that age is at most
+//     PersonalKeepUp (6 hours). The report gives the share that keeps
+//     up, the median and 90th percentile lag in steps and hours, the jobs
+//     done, started and preempted, the share of the trainers' slice in
+//     use, and the same by mode and device class.
 //
 // # The figures
 //

@@ -103,6 +103,15 @@ type Options struct {
 	// negative means none).
 	RogueVolunteers, RogueVoters, Flooders int
 	SpotCheck                              float64
+	// Personal is the share of devices with a personal adapter on, 0-1
+	// (default 0: none, and the report has no personal section). Of
+	// them, PersonalMesh is the share in mesh mode, trained by a trainer
+	// they trust; the others are in local mode, training on the device
+	// while the agent is idle (default 0: all local). PersonalFor is the
+	// virtual time the personal adapters' run covers (default 72h). See
+	// the package documentation, "Personal adapters".
+	Personal, PersonalMesh float64
+	PersonalFor            time.Duration
 }
 
 // WithDefaults returns o with zero fields set to their defaults. A
@@ -174,6 +183,9 @@ func (o Options) WithDefaults() Options {
 	if o.MaliciousTrainers == 0 && o.Trainers >= 3 && o.Malicious > 0 {
 		o.MaliciousTrainers = 1
 	}
+	if o.PersonalFor == 0 && o.Personal > 0 {
+		o.PersonalFor = DefaultPersonalFor
+	}
 	return o
 }
 
@@ -220,6 +232,12 @@ func (o Options) Validate() error {
 		return bad("malicious fraction %v outside [0, 0.5)", o.Malicious)
 	case d.MaliciousTrainers*2 >= d.Trainers && d.MaliciousTrainers > 0:
 		return bad("%d malicious trainers of %d: fewer than half must be", d.MaliciousTrainers, d.Trainers)
+	case !(d.Personal >= 0 && d.Personal <= 1):
+		return bad("personal share %v outside [0, 1]", o.Personal)
+	case !(d.PersonalMesh >= 0 && d.PersonalMesh <= 1):
+		return bad("personal mesh share %v outside [0, 1]", o.PersonalMesh)
+	case d.Personal > 0 && (d.PersonalFor < time.Hour || d.PersonalFor > 30*24*time.Hour):
+		return bad("personal run of %v outside [1h, 30d]", d.PersonalFor)
 	}
 	return nil
 }

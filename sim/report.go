@@ -40,8 +40,10 @@ type Report struct {
 	// scenario).
 	Sweep []SweepRow `json:"sweep,omitempty"`
 	// Trust: the adversaries of the Trust scenario and what they did.
-	Trust      *TrustReport `json:"trust,omitempty"`
-	Invariants Invariants   `json:"invariants"`
+	Trust *TrustReport `json:"trust,omitempty"`
+	// Personal: the personal adapters' run (only with Options.Personal).
+	Personal   *PersonalReport `json:"personal,omitempty"`
+	Invariants Invariants      `json:"invariants"`
 	// VirtualSeconds is the virtual time the run covered; Events the
 	// events the simulator ran.
 	VirtualSeconds float64 `json:"virtual_s"`
@@ -681,6 +683,9 @@ func (r *Report) WriteTable(out io.Writer) error {
 				secs(s.MedianReach99), ratio(s.MedianRatio99), s.Converged)
 		}
 		tw.Flush()
+	}
+	if pr := r.Personal; pr != nil {
+		writePersonal(f, &b, pr)
 	}
 	f("\ninvariants: ")
 	if r.Invariants.OK {

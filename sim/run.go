@@ -15,6 +15,11 @@ func Run(o Options) (*Report, error) {
 	}
 	w.run()
 	r := w.report()
+	if o.Personal > 0 {
+		p := w.newPersonalRun(personalDefaults)
+		p.run()
+		r.Personal = p.report()
+	}
 	switch o.Scenario {
 	case Poison:
 		clean := orig

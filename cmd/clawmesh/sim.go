@@ -15,7 +15,7 @@ import (
 	"github.com/clawmesh/clawmesh/sim"
 )
 
-const simHelp = `Usage: clawmesh sim [--nodes N] [--trainers N] [--voters N] [--seed N] [--scenario NAME] [--hole-punch S] [--spot-check S] [--json] [--plot DIR]
+const simHelp = `Usage: clawmesh sim [--nodes N] [--trainers N] [--voters N] [--seed N] [--scenario NAME] [--hole-punch S] [--spot-check S] [--personal S] [--personal-mesh S] [--personal-for D] [--json] [--plot DIR]
 
 Simulates the mesh at scale in one process, in virtual time: devices on
 home-network links (some behind NAT: two NAT devices meet through a relay,
@@ -32,6 +32,7 @@ byte; the seed is printed first.
   clawmesh sim --nodes 1000 --trainers 3 --seed 7          # a table of results
   clawmesh sim --nodes 1000 --trainers 3 --seed 7 --json   # the same as JSON
   clawmesh sim --scenario churn --plot out/                # PNG plots
+  clawmesh sim --personal 0.5 --personal-mesh 0.2          # and personal adapters
 
 Scenarios (--scenario):
   baseline   a quiet mesh; one device is revoked part way
@@ -56,6 +57,20 @@ Scenarios (--scenario):
              clean, and a sweep of the share of rogue volunteers among 10
              trainers (3 seeds, at most 200 devices): the largest share
              whose learning curve stays within 10% of the clean one's
+
+Personal adapters (--personal S, any scenario): a share S of the devices
+train a personal adapter on their own steps, over --personal-for of virtual
+time (default 72h) after the scenario's run, on the same devices and links.
+The agent records 8 steps a minute in active sessions (15 min on average,
+45 min apart, between 07:00 and 23:00 in the device's own time zone) and is
+idle at night. In local mode the device trains its oldest steps, at most
+256 a job, only while the agent is idle, at its own speed: half the devices
+are Apple M-series (0.5-4 steps/s), half small CPU boxes (0.02-0.2 steps/s);
+a job is preempted, its progress lost, when the agent becomes active. In mesh
+mode (--personal-mesh: the share of them) the steps go up the device's link
+to a trainer it trusts, which trains jobs in order on a quarter of its time
+(20 steps/s), and the adapter comes back down the link. An adapter keeps up
+when the oldest step not yet trained into it is at most 6 h old at the end.
 
 Figures:
   50%/95%/99%   seconds from a version's publication until that share of the
@@ -89,6 +104,10 @@ Figures:
                 area under the curve stay within 10% of the clean run's
   ingest        trust: seconds from an honest batch's shipping to the
                 leader's ledger, against the clean run's
+  keep up       personal: the share of the devices whose personal adapter
+                keeps up; lag: the steps not yet trained into it at the end,
+                and the age of the oldest (median and 90th percentile);
+                preempted: local jobs stopped because the agent became active
   invariants    checked at the end of every run; a violation is printed, and
                 the command exits with status 1
 `
@@ -114,6 +133,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Float64Var(&o.HolePunch, "hole-punch", sim.DefaultHolePunch, "share of NAT-to-NAT connections hole punching makes direct, 0-1 (0: none, NAT devices talk to public ones only)")
 	fs.DurationVar(&o.Duration, "duration", 0, "virtual time limit of a run (default: versions+5 round intervals)")
 	fs.DurationVar(&o.RoundEvery, "round-every", sim.DefaultRoundEvery, "least virtual time between two rounds")
+	fs.Float64Var(&o.Personal, "personal", 0, "share of the devices with a personal adapter, 0-1 (0: none, no personal section)")
+	fs.Float64Var(&o.PersonalMesh, "personal-mesh", 0, "share of the personal adapters trained by a trusted trainer (mesh mode), the others on the device (local mode), 0-1")
+	fs.DurationVar(&o.PersonalFor, "personal-for", sim.DefaultPersonalFor, "virtual time the personal adapters' run covers, 1h-720h")
 	asJSON := fs.Bool("json", false, "print the report as JSON (fields: see README.md)")
 	plotDir := fs.String("plot", "", "write PNG plots of the run into this directory")
 	if err := parse(fs, args); err != nil {
@@ -173,6 +195,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErr("--spot-check %v: a share in [0, 1]", o.SpotCheck)
 	case o.SpotCheck == 0:
 		o.SpotCheck = -1 // none
+	case !(o.Personal >= 0 && o.Personal <= 1):
+		return usageErr("--personal %v: a share in [0, 1]", o.Personal)
+	case !(o.PersonalMesh >= 0 && o.PersonalMesh <= 1):
+		return usageErr("--personal-mesh %v: a share in [0, 1]", o.PersonalMesh)
+	case o.PersonalFor < time.Hour || o.PersonalFor > 30*24*time.Hour:
+		return usageErr("--personal-for %v: between 1h and 720h", o.PersonalFor)
 	}
 	if o.NATShare == 0 {
 		o.NATShare = -1 // --nat 0 means none

@@ -23,7 +23,8 @@ var simColors = []color.Color{
 // plotSim draws the run's figures into dir: the propagation of each
 // version (over the devices live at its publication, and over those that
 // stayed up until they held it) against its bound, and for the poison scenario the learning
-// curves. It returns the files written.
+// curves; with personal adapters, the share keeping up by mode and device
+// class. It returns the files written.
 func plotSim(r *sim.Report, dir string) ([]string, error) {
 	var out []string
 	p := plot.New()
@@ -169,6 +170,32 @@ func plotSim(r *sim.Report, dir string) ([]string, error) {
 		p.Legend.Add("within 10%", limit)
 		p.Legend.Top, p.Legend.Left = false, true
 		path := filepath.Join(dir, "sim-trust-absorbed.png")
+		if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
+			return nil, err
+		}
+		out = append(out, path)
+	}
+	if pr := r.Personal; pr != nil && len(pr.Groups) > 0 {
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("clawmesh sim (seed %d): personal adapters keeping up over %.0f h", r.Seed, pr.Hours)
+		p.X.Label.Text = "mode, device class"
+		p.Y.Label.Text = fmt.Sprintf("share keeping up (oldest untrained step at most %.0f h old)", pr.KeepUpH)
+		p.Y.Min, p.Y.Max = 0, 1.05
+		p.Add(plotter.NewGrid())
+		vals := make(plotter.Values, len(pr.Groups))
+		names := make([]string, len(pr.Groups))
+		for i, g := range pr.Groups {
+			vals[i] = g.KeepUp
+			names[i] = fmt.Sprintf("%s, %s (%d)", g.Mode, g.Class, g.Devices)
+		}
+		bars, err := plotter.NewBarChart(vals, vg.Points(30))
+		if err != nil {
+			return nil, err
+		}
+		bars.Color = simColors[2]
+		p.Add(bars)
+		p.NominalX(names...)
+		path := filepath.Join(dir, "sim-"+r.Scenario+"-personal.png")
 		if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
 			return nil, err
 		}

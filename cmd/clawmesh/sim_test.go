@@ -144,3 +144,71 @@ func TestSimTrust(t *testing.T) {
 		}
 	}
 }
+
+func TestSimPersonal(t *testing.T) {
+	args := []string{"sim", "--nodes", "40", "--seed", "5", "--versions", "2", "--json"}
+	off, errs, code := runCLI(t, args...)
+	if code != 0 {
+		t.Fatalf("code %d: %s", code, errs)
+	}
+	on, errs, code := runCLI(t, append(args, "--personal", "0.5", "--personal-mesh", "0.5", "--personal-for", "48h")...)
+	if code != 0 {
+		t.Fatalf("--personal: code %d: %s", code, errs)
+	}
+	var a, b map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(off), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(on), &b); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a["personal"]; ok {
+		t.Error("a report without --personal has a personal section")
+	}
+	var p struct {
+		Hours   float64 `json:"hours"`
+		Devices int     `json:"devices"`
+		Local   int     `json:"local"`
+		Mesh    int     `json:"mesh"`
+		KeepUp  float64 `json:"keep_up_share"`
+		Lag90   float64 `json:"lag_h90"`
+		Jobs    int     `json:"jobs"`
+		Groups  []struct {
+			Mode string `json:"mode"`
+		} `json:"groups"`
+	}
+	if err := json.Unmarshal(b["personal"], &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Hours != 48 || p.Devices != 20 || p.Local != 10 || p.Mesh != 10 || p.Jobs == 0 || !(p.KeepUp > 0) || len(p.Groups) < 2 || p.Groups[len(p.Groups)-1].Mode != "mesh" {
+		t.Errorf("personal: %+v", p)
+	}
+	// The rest of the report is the one without personal adapters.
+	delete(b, "personal")
+	for k, v := range a {
+		if string(b[k]) != string(v) {
+			t.Errorf("--personal changed %q: %s, without it %s", k, b[k], v)
+		}
+	}
+	if len(a) != len(b) {
+		t.Errorf("%d fields with --personal, %d without", len(b), len(a))
+	}
+	dir := filepath.Join(t.TempDir(), "out")
+	table, errs, code := runCLI(t, "sim", "--nodes", "40", "--seed", "5", "--versions", "2", "--personal", "1", "--plot", dir)
+	if code != 0 || !strings.Contains(table, "personal adapters over 72 h: 40 devices (40 local, 0 mesh)") || !strings.Contains(table, "keep up") {
+		t.Errorf("code %d: %s\n%s", code, errs, table)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "sim-baseline-personal.png")); err != nil || len(b) < 8 || string(b[1:4]) != "PNG" {
+		t.Errorf("sim-baseline-personal.png: %v", err)
+	}
+	for _, bad := range [][]string{{"--personal", "1.5"}, {"--personal", "-0.1"}, {"--personal", "0.5", "--personal-mesh", "2"}, {"--personal", "0.5", "--personal-for", "10m"}} {
+		_, errs, code := runCLI(t, append([]string{"sim", "--nodes", "40"}, bad...)...)
+		if code == 0 || !strings.Contains(errs, "--personal") || strings.Contains(errs, "main.") {
+			t.Errorf("%v: code %d, %q", bad, code, errs)
+		}
+	}
+	out, errs, code := runCLI(t, "sim", "--help")
+	if out += errs; code != 0 || !strings.Contains(out, "--personal-mesh") || !strings.Contains(out, "keeps up") {
+		t.Errorf("sim --help: code %d\n%s", code, out)
+	}
+}
