@@ -100,6 +100,7 @@ func (n *Node) adminHandler() http.Handler {
 	})
 	mux.HandleFunc("GET "+adminapi.LoginPath, n.sessions.Login)
 	n.handleWeights(mux)
+	n.handlePersonal(mux)
 	mux.HandleFunc("GET "+adminPrefix+"preview", func(w http.ResponseWriter, r *http.Request) {
 		limit := 0
 		if s := r.URL.Query().Get("limit"); s != "" {

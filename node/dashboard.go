@@ -80,6 +80,10 @@ func (n *Node) dashboardData(ctx context.Context) (*dashboard.Data, error) {
 			d.Peers = append(d.Peers, peer.PeerInfo{PeerID: string(pe.ID), Role: pe.Cert.Role().String(), MayInvite: pe.Cert.MayInvite(), Since: pe.Since.UTC()})
 		}
 	}
+	if n.personal != nil {
+		ps := n.personal.Status()
+		d.Personal = &ps
+	}
 	if n.follower != nil {
 		ws := n.follower.Status()
 		d.Weights = &ws

@@ -44,6 +44,7 @@ import (
 	"github.com/clawmesh/clawmesh/node/gateway"
 	"github.com/clawmesh/clawmesh/node/gateway/wire"
 	"github.com/clawmesh/clawmesh/node/modelserver"
+	"github.com/clawmesh/clawmesh/node/personal"
 	"github.com/clawmesh/clawmesh/node/session"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
@@ -180,6 +181,9 @@ type Config struct {
 	// share.DefaultMode: scored for a node whose data directory is in a
 	// mesh, none for one that is not.
 	Share share.Policy
+	// Personal is the [personal] policy: a personal adapter trained on
+	// this device's steps only, stacked on the mesh's versions (nil: off).
+	Personal *PersonalConfig
 	// Mesh makes a node whose data directory is in a mesh a mesh peer
 	// (nil: the node stays off the network even then).
 	Mesh *MeshConfig
@@ -263,6 +267,10 @@ type Node struct {
 	route    atomic.Pointer[adapters.Follower]
 	// server is the model server the node runs (nil: none).
 	server *modelserver.Server
+	// personal keeps the personal adapter (nil: none); lastCall is when
+	// the agent's last call ended (unix ns), for its idle windows.
+	personal *personal.Manager
+	lastCall atomic.Int64
 
 	meshAdmin   sync.Once
 	meshHandler http.Handler
@@ -427,8 +435,11 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		MaxBodyBytes:    cfg.MaxBody,
 		Pages:           n.dashboard(),
 		Metrics:         n.metrics.handler(),
-		OnCall:          n.metrics.call,
-		Closed:          closed,
+		OnCall: func(api core.APIKind, d time.Duration) {
+			n.metrics.call(api, d)
+			n.called()
+		},
+		Closed: closed,
 	})
 	if err != nil {
 		n.Close(ctx)
@@ -442,6 +453,13 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err := n.startMesh(ctx); err != nil {
 		n.Close(ctx)
 		return nil, err
+	}
+	if n.personal, err = n.startPersonal(cfg.Personal, key); err != nil {
+		n.Close(ctx)
+		return nil, err
+	}
+	if n.personal != nil {
+		n.follower.SetPersonal(n.personal)
 	}
 	return n, nil
 }
@@ -565,6 +583,10 @@ func (n *Node) Serve(ctx context.Context, ln net.Listener) error {
 	if n.weights != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); n.runWeights(bg) }()
+	}
+	if n.personal != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.personal.Run(bg) }()
 	}
 	err = n.gw.Run(ctx, ln)
 	stop()

@@ -76,7 +76,37 @@ type Config struct {
 	// held for other devices, besides the one serving and the one pinned
 	// (default 3); older ones are removed once a newer one serves.
 	Keep   int
-	Logger *slog.Logger
+	// Personal, if set, is the device's personal adapter: it is stacked
+	// on each version served (node/personal).
+	Personal Layer
+	Logger   *slog.Logger
+}
+
+// Layer is a personal adapter served on top of the shared versions.
+type Layer interface {
+	// Current is the personal version to stack and its directory ("",
+	// "" when none).
+	Current() (name, dir string)
+	// Stacked returns the directory of one adapter that is the shared
+	// version (installed in sharedDir) with the personal version p
+	// (directory pdir) on top.
+	Stacked(version, sharedDir, p, pdir string) (string, error)
+}
+
+// StackName names a version with a personal version stacked on it:
+// "v12+p3" ("base+p3" on the base model alone).
+func StackName(version, p string) string {
+	if p == "" {
+		return version
+	}
+	return version + "+" + p
+}
+
+// SplitStack splits a name StackName made into the shared version and the
+// personal one ("" when the name has no personal part).
+func SplitStack(name string) (version, p string) {
+	v, p, _ := strings.Cut(name, "+")
+	return v, p
 }
 
 type state struct {
@@ -141,6 +171,10 @@ func New(cfg Config) (*Follower, error) {
 	}
 	return f, nil
 }
+
+// SetPersonal sets the personal adapter stacked on the versions served
+// (Config.Personal); call it before Run.
+func (f *Follower) SetPersonal(l Layer) { f.cfg.Personal = l }
 
 // Route is where requests go now; the gateway reads it once per request.
 func (f *Follower) Route() swap.Target { return *f.route.Load() }
@@ -224,13 +258,21 @@ func (f *Follower) manifest(name string) (*chunks.Manifest, bool) {
 
 func (f *Follower) sync(ctx context.Context) error {
 	want := f.want()
+	var p, pdir string
+	if f.cfg.Personal != nil && f.cfg.Driver != nil {
+		p, pdir = f.cfg.Personal.Current()
+	}
 	cur := f.Route()
-	if want == "" || (want == cur.Version && (f.cfg.Driver != nil || f.serving() == want)) {
+	if want == "" || (StackName(want, p) == cur.Version && (f.cfg.Driver != nil || f.serving() == want)) {
 		return nil
 	}
 	if want == Base {
 		if f.cfg.Driver == nil {
 			return f.serve(swap.Target{Version: Base})
+		}
+		if p != "" {
+			// The personal adapter alone, on the base model.
+			return f.load(ctx, StackName(Base, p), pdir)
 		}
 		t, err := f.cfg.Driver.Base(ctx)
 		if err != nil {
@@ -256,16 +298,30 @@ func (f *Follower) sync(ctx context.Context) error {
 		f.fail(want, err)
 		return fmt.Errorf("adapters: %s: %w", want, err)
 	}
-	start := time.Now()
-	t, err := f.cfg.Driver.Load(ctx, want, dir)
-	if err != nil {
-		f.fail(want, err)
-		return fmt.Errorf("adapters: loading %s: %w", want, err)
+	if p != "" {
+		stacked, err := f.cfg.Personal.Stacked(want, dir, p, pdir)
+		if err == nil {
+			return f.load(ctx, StackName(want, p), stacked)
+		}
+		// The shared version still serves, alone.
+		f.log.Warn("the personal adapter does not stack on this version; serving the version alone", "version", want, "personal", p, "err", err)
 	}
-	f.log.Info("version loaded", "version", want, "model", t.Model, "took", time.Since(start).Round(time.Millisecond))
+	return f.load(ctx, want, dir)
+}
+
+// load loads the adapter in dir into the model server as name, warms it
+// up and routes new requests to it.
+func (f *Follower) load(ctx context.Context, name, dir string) error {
+	start := time.Now()
+	t, err := f.cfg.Driver.Load(ctx, name, dir)
+	if err != nil {
+		f.fail(name, err)
+		return fmt.Errorf("adapters: loading %s: %w", name, err)
+	}
+	f.log.Info("version loaded", "version", name, "model", t.Model, "took", time.Since(start).Round(time.Millisecond))
 	if err := f.cfg.Driver.Warm(ctx, t); err != nil {
-		f.fail(want, err)
-		return fmt.Errorf("adapters: warming %s up: %w", want, err)
+		f.fail(name, err)
+		return fmt.Errorf("adapters: warming %s up: %w", name, err)
 	}
 	return f.flip(ctx, t)
 }
@@ -339,8 +395,9 @@ func (f *Follower) serve(t swap.Target) error {
 // serving and the one pinned: their bundles and their installed copies.
 func (f *Follower) prune(st state) {
 	held := f.cfg.Weights.Dir().Held() // newest first
+	serving, _ := SplitStack(st.Serving)
 	for i, m := range held {
-		if i < f.cfg.Keep || m.Name() == st.Serving || m.Name() == st.Pin {
+		if i < f.cfg.Keep || m.Name() == serving || m.Name() == st.Pin {
 			continue
 		}
 		if err := f.cfg.Weights.Dir().Remove(m.BundleID()); err != nil {

@@ -15,6 +15,9 @@ type Status struct {
 	Pin string `json:"pin"`
 	// Serving is the version requests go to now ("base" or "vN").
 	Serving string `json:"serving"`
+	// Personal is the device's personal version stacked on Serving ("p3";
+	// "" when none).
+	Personal string `json:"personal,omitempty"`
 	// Latest is the newest version the mesh announced ("" if none).
 	Latest string `json:"latest"`
 	// Driver is the upstream kind that hot-swaps ("" when the upstream
@@ -85,7 +88,8 @@ func EvalsOf(m *chunks.Manifest) []Eval {
 // Status reports the versions known and which one serves.
 func (f *Follower) Status() Status {
 	f.mu.Lock()
-	st := Status{Pin: f.st.Pin, Serving: f.Route().Version, Error: f.lastErr}
+	st := Status{Pin: f.st.Pin, Error: f.lastErr}
+	st.Serving, st.Personal = SplitStack(f.Route().Version)
 	progress := make(map[string]int64, len(f.progress))
 	for id, p := range f.progress {
 		progress[id] = p.Bytes

@@ -27,6 +27,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/node/adapters"
+	"github.com/clawmesh/clawmesh/node/personal"
 	"github.com/clawmesh/clawmesh/pool"
 )
 
@@ -60,6 +61,8 @@ type Data struct {
 	// steps it answered there.
 	FirstServed map[string]time.Time
 	ServedSteps map[string]int
+	// Personal is the device's personal adapter (nil when it has none).
+	Personal *personal.Status
 	// Errors are the parts that could not be read, with why.
 	Errors []string
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh/peer"
 	"github.com/clawmesh/clawmesh/node/adapters"
+	"github.com/clawmesh/clawmesh/node/personal"
 	"github.com/clawmesh/clawmesh/pool"
 )
 
@@ -128,5 +129,35 @@ func TestRenderMeshNode(t *testing.T) {
 	}
 	if out := buf.String(); !strings.Contains(out, `id="revoked">This device was removed from the mesh by the mesh admin (sold &lt;b&gt;)`) {
 		t.Errorf("the page of a revoked device:\n%s", out)
+	}
+}
+
+// TestRenderPersonal: the personal adapter's section shows its mode, the
+// version serving, the steps learned, the score and each version; with none
+// the page says how to turn it on.
+func TestRenderPersonal(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	d := &Data{Now: now, Since: now.Add(-24 * time.Hour), Stats: pool.Stats{ByState: map[core.State]int{}},
+		Personal: &personal.Status{Mode: personal.ModeLocal, Enabled: true, Current: "p2", Learned: 48, Score: 0.81,
+			Versions: []personal.Record{{Version: "p1", Shared: "v3", Trained: 20, HeldBack: 5, ScoreBefore: 0.5, ScoreAfter: 0.62, At: now.Add(-time.Hour)},
+				{Version: "p2", Shared: "v4", Trained: 28, HeldBack: 7, ScoreBefore: 0.62, ScoreAfter: 0.81, At: now}}}}
+	var buf bytes.Buffer
+	if err := Render(&buf, d); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{`id="personal-mode">local<`, `id="personal-current">p2<`, `id="personal-learned">48<`, `id="personal-score">0.81<`,
+		`<td>p2</td><td>v4</td><td>28</td><td>7</td><td>0.62 → 0.81</td>`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("page lacks %s", want)
+		}
+	}
+	d.Personal = nil
+	buf.Reset()
+	if err := Render(&buf, d); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `No personal adapter: set [personal] mode`) {
+		t.Error("a page with no personal adapter does not say how to turn it on")
 	}
 }
