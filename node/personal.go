@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/internal/adminapi"
+	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/node/personal"
 	"github.com/clawmesh/clawmesh/node/scrub"
 	"github.com/clawmesh/clawmesh/node/share"

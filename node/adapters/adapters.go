@@ -75,7 +75,7 @@ type Config struct {
 	// Keep is how many of the newest versions stay on disk, installed and
 	// held for other devices, besides the one serving and the one pinned
 	// (default 3); older ones are removed once a newer one serves.
-	Keep   int
+	Keep int
 	// Personal, if set, is the device's personal adapter: it is stacked
 	// on each version served (node/personal).
 	Personal Layer
