@@ -10,7 +10,9 @@
 // (node/dashboard) and the Prometheus metrics at /metrics. Given no
 // upstream, a command can find a local model server with Discover; given
 // Config.Serve, the node runs its model server itself (node/modelserver),
-// stands in front of it, and stops it when it closes.
+// stands in front of it, and stops it when it closes. Given
+// Config.Personal, it keeps a personal adapter trained on its own steps
+// only (node/personal) and serves it stacked on the mesh's version.
 //
 // A Node owns its subsystems and closes them in reverse order of opening.
 package node

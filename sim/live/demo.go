@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/clawmesh/clawmesh/mesh"
@@ -54,6 +55,11 @@ type Options struct {
 	// Progress is where the demo says what it does as it goes (nil:
 	// nowhere).
 	Progress io.Writer
+	// Conflict runs the conflict scenario (scenario.ConflictUsers): users
+	// whose preferences no shared adapter can meet at once, each node with
+	// a personal adapter on top of the shared version; every round is
+	// measured with the shared version alone and with shared + personal.
+	Conflict bool
 }
 
 // Validate reports options Run cannot run.
@@ -71,12 +77,15 @@ func (o Options) Validate() error {
 
 // Report is the outcome of `clawmesh demo`, its --json contract.
 type Report struct {
-	Date    string      `json:"date"`
-	Quick   bool        `json:"quick"`
-	Seed    uint64      `json:"seed"`
-	Users   []UserInfo  `json:"users"`
-	Runs    []RecipeRun `json:"runs"`
-	Seconds float64     `json:"seconds"`
+	Date  string `json:"date"`
+	Quick bool   `json:"quick"`
+	// Conflict is set for `clawmesh demo --conflict`: its rounds carry
+	// personal and shared_only.
+	Conflict bool        `json:"conflict,omitempty"`
+	Seed     uint64      `json:"seed"`
+	Users    []UserInfo  `json:"users"`
+	Runs     []RecipeRun `json:"runs"`
+	Seconds  float64     `json:"seconds"`
 	// Base is how the base model every recipe starts from was made.
 	Base *Base `json:"base,omitempty"`
 }
@@ -152,6 +161,18 @@ type Round struct {
 	Rewarded int `json:"steps_rewarded"`
 	Hinted   int `json:"steps_hinted"`
 	Batches  int `json:"batches_trained"`
+	// Personal is the personal version each user's node serves on top of
+	// Version (--conflict; none in round 0), and SharedOnly the scores
+	// the shared version alone gets on the same prompts: Score and
+	// PerUser are then shared + personal.
+	Personal   []string    `json:"personal,omitempty"`
+	SharedOnly *SharedOnly `json:"shared_only,omitempty"`
+}
+
+// SharedOnly is a round's score with the shared version alone.
+type SharedOnly struct {
+	Score   float64   `json:"score"`
+	PerUser []float64 `json:"per_user"`
 }
 
 // Failover is the trainer stopped half way.
@@ -181,7 +202,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	start := time.Now()
 	users := scenario.Users()
-	rep := &Report{Date: start.UTC().Format(time.DateOnly), Quick: o.Quick, Seed: o.Seed}
+	if o.Conflict {
+		users = scenario.ConflictUsers()
+	}
+	rep := &Report{Date: start.UTC().Format(time.DateOnly), Quick: o.Quick, Seed: o.Seed, Conflict: o.Conflict}
 	for i, u := range users {
 		rep.Users = append(rep.Users, UserInfo{Name: u.Name, Node: i + 1, Preference: u.Pref.Name, Style: u.Style.String()})
 		fmt.Fprintf(progress, "user %-6s on node %d: likes replies that %s; shows it by %s\n", u.Name, i+1, u.Pref.Name, u.Style)
@@ -207,7 +231,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	fmt.Fprintf(progress, "base model %s (%s): replies that start with a word %.2f -> %.2f with the hint, %.2f -> %.2f without\n",
 		baseModelName, how, b.HintedBefore, b.HintedAfter, b.PlainBefore, b.PlainAfter)
 	for _, r := range o.Recipes {
-		run, err := runRecipe(ctx, recipeOptions{Recipe: r, Rounds: o.Rounds, Seed: o.Seed, Users: users, Failover: true, Cache: filepath.Join(cache, "wazero"), Base: base, Logs: o.Logs}, progress)
+		run, err := runRecipe(ctx, recipeOptions{Recipe: r, Rounds: o.Rounds, Seed: o.Seed, Users: users, Failover: true, Cache: filepath.Join(cache, "wazero"), Base: base, Logs: o.Logs, Personal: o.Conflict}, progress)
 		if err != nil {
 			return nil, fmt.Errorf("recipe %s: %w", r, err)
 		}
@@ -336,8 +360,14 @@ func PrintLegend(w io.Writer) {
 `)
 }
 
-// Print writes the score per round, one column per recipe.
+// Print writes the score per round, one column per recipe (with
+// Conflict, one table per recipe, each user's score with the shared
+// version alone and with shared + personal side by side).
 func (rep *Report) Print(w io.Writer) {
+	if rep.Conflict {
+		rep.printConflict(w)
+		return
+	}
 	fmt.Fprintf(w, "\npersonalization score per round (share of replies to held-back prompts their user accepts)\n")
 	fmt.Fprintf(w, "%-6s", "round")
 	n := 0
@@ -380,4 +410,55 @@ func unplanned(cs []LeaderChange) int {
 		}
 	}
 	return n
+}
+
+// printConflict writes the conflict scenario's tables.
+func (rep *Report) printConflict(w io.Writer) {
+	for _, r := range rep.Runs {
+		fmt.Fprintf(w, "\n%s: each user's score, shared version alone | shared + personal (share of replies to held-back prompts their user accepts)\n", r.Recipe)
+		fmt.Fprintf(w, "%-6s %-8s", "round", "version")
+		for _, u := range rep.Users {
+			fmt.Fprintf(w, " %15s", u.Name)
+		}
+		fmt.Fprintf(w, " %15s\n", "all")
+		for _, rd := range r.Rounds {
+			fmt.Fprintf(w, "%-6d %-8s", rd.Round, rd.Version)
+			for i := range rep.Users {
+				sh, pe := "-", "-"
+				if rd.SharedOnly != nil && i < len(rd.SharedOnly.PerUser) {
+					sh = fmt.Sprintf("%.2f", rd.SharedOnly.PerUser[i])
+				}
+				if i < len(rd.PerUser) {
+					pe = fmt.Sprintf("%.2f", rd.PerUser[i])
+				}
+				fmt.Fprintf(w, " %6s | %6s", sh, pe)
+			}
+			sh := "-"
+			if rd.SharedOnly != nil {
+				sh = fmt.Sprintf("%.2f", rd.SharedOnly.Score)
+			}
+			fmt.Fprintf(w, " %6s | %6.2f\n", sh, rd.Score)
+		}
+		last := r.Rounds[len(r.Rounds)-1]
+		fmt.Fprintf(w, "%s: after %d rounds, shared alone %s, shared + personal %s", r.Recipe, len(r.Rounds)-1, conflictLine(rep.Users, last.SharedOnly), perUserLine(rep.Users, last.PerUser))
+		fmt.Fprintf(w, " (%.0f s)\n", r.Seconds)
+	}
+	fmt.Fprintf(w, "total %.0f s\n", rep.Seconds)
+}
+
+func conflictLine(users []UserInfo, so *SharedOnly) string {
+	if so == nil {
+		return "-"
+	}
+	return perUserLine(users, so.PerUser)
+}
+
+func perUserLine(users []UserInfo, xs []float64) string {
+	var parts []string
+	for i, x := range xs {
+		if i < len(users) {
+			parts = append(parts, fmt.Sprintf("%s %.2f", users[i].Name, x))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

@@ -27,7 +27,9 @@ import (
 	"github.com/clawmesh/clawmesh/model/serve"
 	"github.com/clawmesh/clawmesh/model/serveapi"
 	"github.com/clawmesh/clawmesh/node"
+	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/node/modelserver"
+	"github.com/clawmesh/clawmesh/node/personal"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/pool"
 	"github.com/clawmesh/clawmesh/sim/live/scenario"
@@ -62,11 +64,18 @@ type recipeOptions struct {
 	// Serve, when set, has each node run its model server itself (as
 	// `clawmesh node --serve`) instead of a tiny model served in process.
 	Serve *modelserver.Config
+	// Personal gives every node a personal adapter (mode local, trained in
+	// process after each round) and measures each user's score with the
+	// shared version alone too, on a model server of its own.
+	Personal bool
 }
 
 // liveMesh is the running mesh of one recipe's run.
 type liveMesh struct {
-	models   []string // the model servers' base URLs (http://addr)
+	models []string // the model servers' base URLs (http://addr)
+	// shared is the model server that serves the shared version alone
+	// (with Personal).
+	shared   string
 	nodes    []*node.Node
 	gateways []string // the nodes' base URLs
 	trainers []*liveTrainer
@@ -146,28 +155,59 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 		return st
 	}
 
-	measure := func(round int, version string, liked float64) (Round, error) {
-		r := Round{Round: round, Version: version, Liked: liked}
-		var replies [][]string
-		for i, u := range o.Users {
-			var rs []string
-			for j, p := range u.HeldBack {
-				// The server draws at most 16 replies a call.
-				for k := 0; k < o.Samples; k += 16 {
-					got, served, err := sampleReplies(ctx, m.models[i], p, min(16, o.Samples-k), o.Seed*1000+uint64(j*100+k))
-					if err != nil {
-						return r, err
-					}
-					if version != "" && served != version {
-						return r, fmt.Errorf("node %d's model server serves %q, not %s", i+1, served, version)
-					}
-					rs = append(rs, got...)
+	// draw samples the replies to u's held-back prompts from the model
+	// server at url, which must serve version ("" any).
+	draw := func(url, version string, u scenario.User) ([]string, error) {
+		var rs []string
+		for j, p := range u.HeldBack {
+			// The server draws at most 16 replies a call.
+			for k := 0; k < o.Samples; k += 16 {
+				got, served, err := sampleReplies(ctx, url, p, min(16, o.Samples-k), o.Seed*1000+uint64(j*100+k))
+				if err != nil {
+					return nil, err
 				}
+				if version != "" && served != version {
+					return nil, fmt.Errorf("the model server serves %q, not %s", served, version)
+				}
+				rs = append(rs, got...)
+			}
+		}
+		return rs, nil
+	}
+	measure := func(round int, version string, liked float64, personal []string) (Round, error) {
+		r := Round{Round: round, Version: version, Liked: liked, Personal: personal}
+		var replies, shared [][]string
+		for i, u := range o.Users {
+			want := version
+			if i < len(personal) {
+				want = adapters.StackName(version, personal[i])
+			}
+			rs, err := draw(m.models[i], want, u)
+			if err != nil {
+				return r, fmt.Errorf("node %d: %w", i+1, err)
 			}
 			replies = append(replies, rs)
 			r.PerUser = append(r.PerUser, u.Accepted(rs))
+			if o.Personal {
+				sv := version
+				if round == 0 {
+					sv = ""
+				}
+				rs, err := draw(m.shared, sv, u)
+				if err != nil {
+					return r, fmt.Errorf("the shared-only server: %w", err)
+				}
+				shared = append(shared, rs)
+			}
 		}
 		r.Score = scenario.Score(o.Users, replies)
+		if o.Personal {
+			so := &SharedOnly{Score: scenario.Score(o.Users, shared)}
+			for i, u := range o.Users {
+				so.PerUser = append(so.PerUser, u.Accepted(shared[i]))
+			}
+			r.SharedOnly = so
+		}
 		for _, n := range m.nodes {
 			steps, err := n.Pool().List(ctx, pool.Filter{})
 			if err != nil {
@@ -186,7 +226,7 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 		r.Batches = status().Batches.Trained
 		return r, nil
 	}
-	r0, err := measure(0, "", 0)
+	r0, err := measure(0, "", 0, nil)
 	if err != nil {
 		return run, err
 	}
@@ -207,14 +247,25 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 			return run, fmt.Errorf("round %d: %w", round, err)
 		}
 		last = v
-		r, err := measure(round, fmt.Sprint("v", v), liked)
+		var pvs []string
+		if o.Personal {
+			if pvs, err = trainPersonal(ctx, m, fmt.Sprint("v", v), say); err != nil {
+				return run, fmt.Errorf("round %d: %w", round, err)
+			}
+		}
+		r, err := measure(round, fmt.Sprint("v", v), liked, pvs)
 		if err != nil {
 			return run, err
 		}
 		run.Rounds = append(run.Rounds, r)
 		st := status()
-		say("round %d  v%-3d serving on 3 nodes  score %.3f  (%s)  liked while training %.2f  steps %d (%d rewarded, %d with a hint)  batches trained %d  leader %s",
-			round, v, r.Score, perUser(o.Users, r.PerUser), liked, r.Steps, r.Rewarded, r.Hinted, r.Batches, shortPeer(st.Leader))
+		if o.Personal {
+			say("round %d  v%-3d + personal  score %.3f  (%s)  shared only %.3f  (%s)  liked while training %.2f  steps %d  batches trained %d  leader %s",
+				round, v, r.Score, perUser(o.Users, r.PerUser), r.SharedOnly.Score, perUser(o.Users, r.SharedOnly.PerUser), liked, r.Steps, r.Batches, shortPeer(st.Leader))
+		} else {
+			say("round %d  v%-3d serving on 3 nodes  score %.3f  (%s)  liked while training %.2f  steps %d (%d rewarded, %d with a hint)  batches trained %d  leader %s",
+				round, v, r.Score, perUser(o.Users, r.PerUser), liked, r.Steps, r.Rewarded, r.Hinted, r.Batches, shortPeer(st.Leader))
+		}
 
 		if o.Failover && run.Failover == nil && round == (o.Rounds+1)/2 && round < o.Rounds {
 			l := leader()
@@ -311,6 +362,21 @@ func startMesh(ctx context.Context, root string, o recipeOptions, stops *[]func(
 		*stops = append(*stops, func() { <-done })
 		m.models = append(m.models, "http://"+addr)
 	}
+	if o.Personal {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		done := make(chan error, 1)
+		go func() { done <- serveModel(ctx, o.Base, addr) }()
+		*stops = append(*stops, func() { <-done })
+		m.shared = "http://" + addr
+		if err := waitUp(ctx, m.shared+"/v1/models", time.Minute); err != nil {
+			return nil, fmt.Errorf("the model server did not start: %w", err)
+		}
+	}
 	for _, u := range m.models {
 		if u == "" {
 			continue
@@ -352,7 +418,14 @@ func startMesh(ctx context.Context, root string, o recipeOptions, stops *[]func(
 			sc := *o.Serve
 			serve, upstream, kind = &sc, "", ""
 		}
-		n, err := node.New(ctx, node.Config{DataDir: dir, Logger: lg, Upstream: upstream, UpstreamKind: kind, Serve: serve, Share: share.Policy{Mode: share.ModeAll},
+		var pc *node.PersonalConfig
+		if o.Personal {
+			// Trained by the demo after each round (the users' pause), not
+			// by the node's own idle loop.
+			pc = &node.PersonalConfig{Mode: personal.ModeLocal, Trainer: localTrainer{base: o.Base, recipe: o.Recipe},
+				Idle: 24 * time.Hour, Poll: time.Hour, MinSteps: 8}
+		}
+		n, err := node.New(ctx, node.Config{DataDir: dir, Logger: lg, Upstream: upstream, UpstreamKind: kind, Serve: serve, Share: share.Policy{Mode: share.ModeAll}, Personal: pc,
 			PluginCache: o.Cache, ShareInterval: 200 * time.Millisecond, ScoreInterval: 50 * time.Millisecond,
 			Mesh: &node.MeshConfig{Listen: loopbackListen, Bootstrap: bootstrap,
 				Ship:    mesh.ShipOptions{Retry: 500 * time.Millisecond, MaxRetry: 2 * time.Second, Poll: 100 * time.Millisecond},
@@ -532,7 +605,7 @@ func settle(ctx context.Context, m *liveMesh, last uint64, status func() trainer
 			}
 			name := fmt.Sprint("v", st.Version.Version.Version)
 			for i, n := range m.nodes {
-				if got := n.Follower().Route().Version; got != name {
+				if got, _ := adapters.SplitStack(n.Follower().Route().Version); got != name {
 					why = fmt.Sprintf("node %d serves %q, not %s yet", i+1, got, name)
 					return 0, false
 				}

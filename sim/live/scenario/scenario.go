@@ -24,6 +24,17 @@ type Preference struct {
 	Name string
 	// Accepts reports whether the user is happy with the reply.
 	Accepts func(reply string) bool
+	// Wants is what the user asks for when it complains ("a word": the
+	// default), in its corrections and re-asks.
+	Wants string
+}
+
+// wants is what p's user asks for when it complains.
+func (p Preference) wants() string {
+	if p.Wants == "" {
+		return "a word"
+	}
+	return p.Wants
 }
 
 // The preferences of the default users. They differ, and a single adapter
@@ -39,6 +50,19 @@ var (
 	}}
 	StartsASCIILetter = Preference{Name: "start with a plain a-z or A-Z letter", Accepts: func(s string) bool {
 		return s != "" && (s[0] >= 'a' && s[0] <= 'z' || s[0] >= 'A' && s[0] <= 'Z')
+	}}
+)
+
+// The preferences of the conflict scenario: a word first, a digit first, a
+// symbol first. No adapter can satisfy two of them at once.
+var (
+	StartsWithDigit = Preference{Name: "start with a digit", Wants: "a number", Accepts: func(s string) bool {
+		r, _ := utf8.DecodeRuneInString(s)
+		return r != utf8.RuneError && unicode.IsDigit(r)
+	}}
+	StartsWithSymbol = Preference{Name: "start with a symbol or punctuation, as a list item does", Wants: "a dash", Accepts: func(s string) bool {
+		r, _ := utf8.DecodeRuneInString(s)
+		return r != utf8.RuneError && (unicode.IsPunct(r) || unicode.IsSymbol(r))
 	}}
 )
 
@@ -101,17 +125,22 @@ func (u User) React(question, reply string, rng *rand.Rand) Reaction {
 		}
 		return r
 	}
+	w := u.Pref.wants()
 	switch u.Style {
 	case Explicit:
 		minus := -1.0
-		return Reaction{Feedback: &minus, Next: "/bad you should start the reply with a word"}
+		return Reaction{Feedback: &minus, Next: "/bad you should start the reply with " + w}
 	case Corrects:
 		fixes := []string{"No, you should start with a word, not symbols.", "No, that's not what I asked. Next time, start the reply with a word.",
 			"Wrong. Don't open with punctuation, start with a word."}
+		if w != "a word" {
+			fixes = []string{"No, you should start with " + w + ".", "No, that's not what I asked. Next time, start the reply with " + w + ".",
+				"Wrong. Start with " + w + "."}
+		}
 		return Reaction{Next: fixes[rng.IntN(len(fixes))]}
 	default:
 		if rng.IntN(3) == 0 {
-			return Reaction{Next: "I asked: " + question + " Please make sure to start with a word."}
+			return Reaction{Next: "I asked: " + question + " Please make sure to start with " + w + "."}
 		}
 		return Reaction{Next: question}
 	}
@@ -131,6 +160,18 @@ func Users() []User {
 			Prompts:  []string{"Plan my day.", "Translate hello to French.", "Write a haiku.", "What should I cook?"},
 			HeldBack: []string{"Suggest a book.", "How far is the moon?"}},
 	}
+}
+
+// ConflictUsers are the conflict scenario's users, on the same nodes,
+// styles and prompts as Users: alice wants a word first and bob a digit
+// first, opposite wishes no shared adapter can meet at once; carol wants
+// a symbol first, and agrees with neither. Only an adapter of their own
+// gives each what they want.
+func ConflictUsers() []User {
+	us := Users()
+	us[1].Pref = StartsWithDigit
+	us[2].Pref = StartsWithSymbol
+	return us
 }
 
 // WordHints are the directives the users' complaints carry, as the
