@@ -354,3 +354,67 @@ func TestTrainWithoutHeldBackScoresNothing(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A personal adapter is trained and scored on the base with the shared
+// adapter merged in: the policy scored is base + shared + personal, against
+// base + shared.
+func TestTrainOnTheSharedVersion(t *testing.T) {
+	ctx := context.Background()
+	base := tinyBase(t)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// The shared version: learned from users who dislike what alice likes.
+	others := rollout(t, policy(t, base, "", ""), base, alice.Prompts, 8, 4, "v1", t0)
+	for _, st := range others {
+		r := -*st.Reward.Value
+		st.Reward.Value = &r
+	}
+	shared := filepath.Join(t.TempDir(), "v2")
+	if _, err := Train(ctx, testOptions(base), core.PersonalJob{Steps: others, Out: shared, Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// The mesh names its base model its own way; the personal adapter
+	// carries the shared one's name, so that the two stack.
+	c := readConfig(t, shared)
+	c["base_model_name_or_path"] = "Qwen/Qwen3-0.6B"
+	b, _ := json.Marshal(c)
+	if err := os.WriteFile(filepath.Join(shared, "adapter_config.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A personal adapter from before, trained on the base alone.
+	prev := filepath.Join(t.TempDir(), "p1")
+	onBase := rollout(t, policy(t, base, "", ""), base, alice.Prompts, 4, 5, "v1", t0)
+	if _, err := Train(ctx, testOptions(base), core.PersonalJob{Steps: onBase, Out: prev, Seed: 4}); err != nil {
+		t.Fatal(err)
+	}
+
+	served := policy(t, base, shared, prev)
+	steps := rollout(t, served, base, alice.Prompts, 16, 6, "v2+p1", t0)
+	held := rollout(t, served, base, alice.HeldBack, 16, 7, "v2+p1", t0)
+	out := filepath.Join(t.TempDir(), "p2")
+	res, err := Train(ctx, testOptions(base), core.PersonalJob{Shared: shared, SharedVersion: "v2", Prev: prev,
+		Steps: steps, HeldBack: held, Out: out, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", res)
+	before, _, _ := agreement(t, served, base, held)
+	after, liked, disliked := agreement(t, policy(t, base, shared, out), base, held)
+	if res.ScoreBefore != before || res.ScoreAfter != after {
+		t.Errorf("Train scored %v → %v; base + shared + personal against base + shared scores %v → %v",
+			res.ScoreBefore, res.ScoreAfter, before, after)
+	}
+	if !(liked > disliked) || res.ScoreAfter < res.ScoreBefore {
+		t.Errorf("on the shared version: score %v → %v, liked replies moved %+.4f, disliked %+.4f", res.ScoreBefore, res.ScoreAfter, liked, disliked)
+	}
+	// Without the shared version, the same adapters score otherwise: the
+	// comparison above tells the two apart.
+	noBefore, _, _ := agreement(t, policy(t, base, "", prev), base, held)
+	noAfter, _, _ := agreement(t, policy(t, base, "", out), base, held)
+	t.Logf("without the shared version the adapters score %v → %v", noBefore, noAfter)
+	if noBefore == before && noAfter == after {
+		t.Fatalf("the shared version changes no score: the test cannot tell whether Train used it")
+	}
+	if got := readConfig(t, out)["base_model_name_or_path"]; got != "Qwen/Qwen3-0.6B" {
+		t.Errorf("personal adapter's base %v, want the shared one's", got)
+	}
+}
