@@ -6,7 +6,8 @@
 // Train opens the base with the native engine, merges the shared adapter
 // into it, loads the personal adapter trained so far (or starts a fresh one,
 // whose zero B leaves the policy unchanged), trains it with trainer/learn on
-// the job's newest MaxSteps steps, writes the personal part alone to the
+// the job's newest MaxSteps steps, a KL penalty keeping it near the shared
+// version, writes the personal part alone to the
 // job's output directory, and scores the adapter before and after on the
 // steps the device held back (see Score and RATIONALE.md).
 package personal
