@@ -118,6 +118,7 @@ func worker(t *testing.T) (*execTrainer, string) {
 
 func TestExecTrainerRunsTheWorker(t *testing.T) {
 	tr, report := worker(t)
+	tr.Rank, tr.Recipe = 3, "binary"
 	data := t.TempDir()
 	out := filepath.Join(data, "personal", "p1")
 	j := core.PersonalJob{SharedVersion: "v3", Steps: personalSteps(12, "Which day is it"), HeldBack: personalSteps(6, "Where is it"), Out: out, Seed: 1}
@@ -129,10 +130,11 @@ func TestExecTrainerRunsTheWorker(t *testing.T) {
 	if res.Trained != 12 || res.HeldBack != 6 || res.ScoreBefore != 0.5 || res.ScoreAfter < 0 || res.ScoreAfter > 1 || !(res.Seconds > 0) {
 		t.Errorf("result %+v", res)
 	}
-	for _, f := range []string{"adapter_config.json", "adapter_model.safetensors"} {
-		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
-			t.Error(err)
-		}
+	if _, err := os.Stat(filepath.Join(out, "adapter_model.safetensors")); err != nil {
+		t.Error(err)
+	}
+	if cfg, err := os.ReadFile(filepath.Join(out, "adapter_config.json")); err != nil || !strings.Contains(string(cfg), `"r": 3,`) {
+		t.Errorf("adapter config %s, %v; want the rank asked for, 3", cfg, err)
 	}
 	// The job file, with the device's steps in it, is gone.
 	if left, _ := filepath.Glob(filepath.Join(data, "personal", ".personal-job-*")); len(left) > 0 {

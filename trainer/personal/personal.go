@@ -143,7 +143,8 @@ func (o Options) withDefaults() (Options, loss.Recipe, error) {
 // j.Out and scores it on j.HeldBack (see Score): ScoreBefore is j.Prev's
 // score, 0.5 for a fresh adapter (the shared policy itself: every step a
 // tie), ScoreAfter the new adapter's; both are -1 when no held-back step
-// can be scored. Steps are never dropped as stale, whatever adapter served
+// can be scored. Trained counts the samples trained on: one per choice, so
+// one per step of the usual single reply. Steps are never dropped as stale, whatever adapter served
 // them ("v12+p3"): all are the device's own. Only the newest MaxSteps steps
 // and MaxHeldBack held-back steps are used.
 //

@@ -418,3 +418,29 @@ func TestTrainOnTheSharedVersion(t *testing.T) {
 		t.Errorf("personal adapter's base %v, want the shared one's", got)
 	}
 }
+
+func TestNewestKeepsTheNewestSteps(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	step := func(id string, at time.Duration) *core.Step {
+		return &core.Step{ID: core.StepID(id), Timings: core.Timings{Start: t0.Add(at)}}
+	}
+	ids := func(steps []*core.Step) string {
+		var s []string
+		for _, st := range steps {
+			s = append(s, string(st.ID))
+		}
+		return strings.Join(s, ",")
+	}
+	in := []*core.Step{step("c", 3), nil, step("a", 1), step("d", 3), step("b", 2), step("z", 0)}
+	for _, c := range []struct {
+		n    int
+		want string
+	}{{10, "z,a,b,c,d"}, {3, "b,c,d"}, {1, "d"}, {0, ""}} {
+		if got := ids(newest(in, c.n)); got != c.want {
+			t.Errorf("newest %d: %s, want %s", c.n, got, c.want)
+		}
+	}
+	if got := ids(newest(nil, MaxSteps)); got != "" {
+		t.Errorf("newest of none: %s", got)
+	}
+}
