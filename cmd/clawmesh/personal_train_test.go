@@ -43,7 +43,8 @@ func init() {
 		os.Exit(1)
 	}
 	if os.Getenv(workerHangs) == "1" {
-		select {}
+		time.Sleep(time.Hour) // until killed
+		os.Exit(1)
 	}
 	if n, _ := strconv.Atoi(os.Getenv(workerSpams)); n > 0 {
 		for i := 0; i < n; i += 64 {
