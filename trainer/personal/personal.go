@@ -9,7 +9,7 @@
 // the job's newest MaxSteps steps, a KL penalty keeping it near the shared
 // version, writes the personal part alone to the
 // job's output directory, and scores the adapter before and after on the
-// steps the device held back (see Score and RATIONALE.md).
+// steps the device held back (see Agrees and RATIONALE.md).
 package personal
 
 import (
@@ -140,13 +140,15 @@ func (o Options) withDefaults() (Options, loss.Recipe, error) {
 
 // Train trains j.Prev (or a fresh adapter of rank o.Rank) on j.Steps on top
 // of the base with j.Shared merged in, writes the personal adapter alone to
-// j.Out and scores it on j.HeldBack (see Score): ScoreBefore is j.Prev's
-// score, 0.5 for a fresh adapter (the shared policy itself: every step a
-// tie), ScoreAfter the new adapter's; both are -1 when no held-back step
-// can be scored. Trained counts the samples trained on: one per choice, so
-// one per step of the usual single reply. Steps are never dropped as stale, whatever adapter served
-// them ("v12+p3"): all are the device's own. Only the newest MaxSteps steps
-// and MaxHeldBack held-back steps are used.
+// j.Out and scores it on j.HeldBack: the share of the held-back steps with
+// a reward other than 0 that the policy agrees with (see Agrees).
+// ScoreBefore is j.Prev's score, 0.5 for a fresh adapter (the shared policy
+// itself: every step a tie), ScoreAfter the new adapter's; both are -1 when
+// no held-back step can be scored. Trained counts the samples trained on:
+// one per choice, so one per step of the usual single reply. Steps are
+// never dropped as stale, whatever adapter served them ("v12+p3"): all are
+// the device's own. Only the newest MaxSteps steps and MaxHeldBack
+// held-back steps are used.
 //
 // j.Out must not exist; it is written atomically, with the base's
 // base_model_name_or_path (that of the shared adapter, when there is one,
