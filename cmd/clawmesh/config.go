@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/clawmesh/clawmesh/internal/private"
+	"github.com/clawmesh/clawmesh/node/personal"
 	"github.com/clawmesh/clawmesh/node/share"
 	"github.com/clawmesh/clawmesh/reward"
 )
@@ -43,6 +45,13 @@ import (
 //	tools = ["read", "exec"] # tools whose results may leave (scrubbed); others are withheld; ["*"]: all
 //	names = ["Alice Zhou", "Project Falcon"]  # words to hide as well
 //	min_reward_abs = 0.0    # leave out steps whose |reward| is below this (no signal)
+//
+//	[personal]              # a personal adapter on top of the mesh's, from this device's steps only; read at start
+//	mode      = "off"       # "local" (trained here while the agent is idle), "mesh" (by a trainer you trust), "off"
+//	base      = ""          # local: the base model's directory the worker trains on (default: model, if a directory)
+//	trainers  = []          # mesh: the peer ids of the trainers you trust with your steps
+//	idle      = "2m"        # local: how long the agent is quiet before training starts
+//	min_steps = 16          # new scored steps before a new personal version is trained
 //
 //	[rewards]               # limits of every plugin call; read at start
 //	deadline      = "100ms"
@@ -89,6 +98,13 @@ type fileConfig struct {
 		Names        []string `toml:"names"`
 		MinRewardAbs float64  `toml:"min_reward_abs"`
 	} `toml:"share"`
+	Personal struct {
+		Mode     string   `toml:"mode"`
+		Base     string   `toml:"base"`
+		Trainers []string `toml:"trainers"`
+		Idle     string   `toml:"idle"`
+		MinSteps int      `toml:"min_steps"`
+	} `toml:"personal"`
 	Plugins []filePlugin `toml:"plugins"`
 }
 
@@ -131,6 +147,17 @@ type settings struct {
 	JudgeTimeout    time.Duration
 	// Share is the [share] policy; Mode "" means the node's default.
 	Share share.Policy
+	// Personal is the [personal] policy.
+	Personal personalSettings
+}
+
+// personalSettings are the [personal] policy's settings.
+type personalSettings struct {
+	Mode     personal.Mode
+	Base     string
+	Trainers []string
+	Idle     time.Duration
+	MinSteps int
 }
 
 // envNames maps setting names to their environment variables.
@@ -337,6 +364,9 @@ func (s *settings) resolveFile(flags *flag.FlagSet) error {
 	if err := check.Validate(); err != nil {
 		return fmt.Errorf("config %s: [share]: %v", path, strings.TrimPrefix(err.Error(), share.ErrPolicy.Error()+": "))
 	}
+	if err := fc.personal(path, &s.Personal); err != nil {
+		return err
+	}
 	if len(fc.Plugins) > 0 {
 		// A relative path is relative to the config file's directory,
 		// wherever the node was started from.
@@ -382,4 +412,41 @@ func expandHome(p string) string {
 		}
 	}
 	return p
+}
+
+// personal reads the [personal] section into ps.
+func (fc *fileConfig) personal(path string, ps *personalSettings) error {
+	fp := fc.Personal
+	mode, err := personal.ParseMode(fp.Mode)
+	if err != nil {
+		return fmt.Errorf("config %s: [personal] mode %q: want local, mesh or off", path, fp.Mode)
+	}
+	ps.Mode = mode
+	if fp.Base != "" {
+		ps.Base = expandHome(fp.Base)
+		if !filepath.IsAbs(ps.Base) {
+			ps.Base = filepath.Join(filepath.Dir(expandHome(path)), ps.Base)
+		}
+	}
+	for _, t := range fp.Trainers {
+		if _, err := peer.Decode(t); err != nil {
+			return fmt.Errorf("config %s: [personal] trainers: %q is not a peer id (`clawmesh trainer status` on the trainer prints its own)", path, t)
+		}
+	}
+	ps.Trainers = fp.Trainers
+	if mode == personal.ModeMesh && len(ps.Trainers) == 0 {
+		return fmt.Errorf("config %s: [personal] mode = \"mesh\" needs trainers = [\"<peer id>\", ...]: the trainers you trust with your steps", path)
+	}
+	if fp.Idle != "" {
+		d, err := time.ParseDuration(fp.Idle)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("config %s: [personal] idle %q: want a positive duration such as 2m", path, fp.Idle)
+		}
+		ps.Idle = d
+	}
+	if fp.MinSteps < 0 || fp.MinSteps > 100000 {
+		return fmt.Errorf("config %s: [personal] min_steps %d: want 1 to 100000", path, fp.MinSteps)
+	}
+	ps.MinSteps = fp.MinSteps
+	return nil
 }

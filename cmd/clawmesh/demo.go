@@ -12,7 +12,7 @@ import (
 	"github.com/clawmesh/clawmesh/sim/live"
 )
 
-const demoHelp = `Usage: clawmesh demo [--quick] [--recipe binary|opd|combined|all] [--json FILE] [--plot FILE.png] [--seed N]
+const demoHelp = `Usage: clawmesh demo [--quick] [--conflict] [--recipe binary|opd|combined|all] [--json FILE] [--plot FILE.png] [--seed N]
 
 Runs a whole mesh on this machine and shows it learn. Three nodes, each a
 gateway in front of its own model server with the tiny model, join one mesh
@@ -41,10 +41,21 @@ reading the user's correction) has something to teach. Without a hint it
 behaves as the tiny model does. The first demo on a machine teaches it (under
 a minute on 2 cores) and keeps it in the user's cache directory.
 
+With --conflict, the users disagree: alice wants a reply that starts with
+a word, bob one that starts with a digit, carol one that starts with a
+symbol. One shared adapter cannot please them all, so each node also
+trains a personal adapter on its own user's steps only (as [personal] mode
+= "local" does on a device) and serves it stacked on the shared version.
+Every round is measured twice, per user: with the shared version alone (on
+a model server of its own) and with shared + personal (the user's node).
+It runs the binary recipe unless --recipe says otherwise; the table, the
+plot and the JSON (rounds[].personal, rounds[].shared_only) show both.
+
 Examples:
   clawmesh demo                         # all three recipes, a few minutes
   clawmesh demo --quick                 # fewer rounds, the combined recipe
   clawmesh demo --json out.json --plot score.png
+  clawmesh demo --conflict              # preferences that conflict, and personal adapters
 
 At the end it says where it wrote the plot, the JSON and the logs, by
 absolute path. Unless --plot names a file, the plot goes to
@@ -60,12 +71,16 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	plot := fs.String("plot", "", "write a plot of the score per round to this PNG file (default clawmesh-demo.png in the --logs directory, else in the user's cache directory, clawmesh/demo; - for none)")
 	seed := fs.Uint64("seed", 1, "seed of the users' choices and of the sampling")
 	rounds := fs.Int("rounds", 0, "versions trained per recipe (default 8, 4 with --quick)")
+	conflict := fs.Bool("conflict", false, "users whose preferences conflict (a word, a digit, a symbol first), each node with a personal adapter on the shared version; shows both per user")
 	logs := fs.String("logs", "", "write each node's and trainer's log (debug level) to a file in this directory: RECIPE-node1.log, RECIPE-trainer1.log, ...")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageErr("demo takes no arguments (got %q)", fs.Arg(0))
+	}
+	if *conflict && *recipe == "" {
+		*recipe = "binary"
 	}
 	recipes, err := demoRecipes(*recipe, *quick)
 	if err != nil {
@@ -100,7 +115,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		modelCache = ""
 	}
 	rep, err := live.Run(ctx, live.Options{Recipes: recipes, Rounds: *rounds, Seed: *seed, Quick: *quick,
-		ModelCache: modelCache, Logs: *logs, Progress: progress})
+		ModelCache: modelCache, Logs: *logs, Progress: progress, Conflict: *conflict})
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,10 @@ func demoPlot(rep *live.Report) (*plot.Plot, error) {
 	p.X.Tick.Marker = plot.ConstantTicks(roundTicks(rounds))
 	p.Add(plotter.NewGrid())
 	colors := []color.Color{color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}, color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}}
+	if rep.Conflict {
+		p.Title.Text = "clawmesh demo --conflict: each user's score, shared alone (dashed) and shared + personal"
+		return p, conflictLines(p, rep, colors)
+	}
 	for i, run := range rep.Runs {
 		pts := make(plotter.XYs, len(run.Rounds))
 		for j, r := range run.Rounds {
@@ -120,4 +124,51 @@ func roundTicks(rounds int) []plot.Tick {
 		ts = append(ts, t)
 	}
 	return ts
+}
+
+// conflictLines adds, for the first recipe run of a --conflict demo, two
+// lines per user: the shared version alone (dashed) and shared + personal
+// (solid), in the user's colour.
+func conflictLines(p *plot.Plot, rep *live.Report, colors []color.Color) error {
+	if len(rep.Runs) == 0 {
+		return nil
+	}
+	run := rep.Runs[0]
+	for u, info := range rep.Users {
+		var shared, pers plotter.XYs
+		for _, r := range run.Rounds {
+			if r.SharedOnly != nil && u < len(r.SharedOnly.PerUser) {
+				shared = append(shared, plotter.XY{X: float64(r.Round), Y: r.SharedOnly.PerUser[u]})
+			}
+			if u < len(r.PerUser) {
+				pers = append(pers, plotter.XY{X: float64(r.Round), Y: r.PerUser[u]})
+			}
+		}
+		c := colors[u%len(colors)]
+		for _, l := range []struct {
+			pts    plotter.XYs
+			dashed bool
+			label  string
+		}{{shared, true, "shared alone"}, {pers, false, "shared + personal"}} {
+			if len(l.pts) == 0 {
+				continue
+			}
+			line, points, err := plotter.NewLinePoints(l.pts)
+			if err != nil {
+				return err
+			}
+			line.Color, points.Color = c, c
+			line.Width = vg.Points(2)
+			points.Shape = draw.CircleGlyph{}
+			if l.dashed {
+				line.Dashes = []vg.Length{vg.Points(5), vg.Points(4)}
+				points.Shape = draw.BoxGlyph{}
+			}
+			p.Add(line, points)
+			p.Legend.Add(fmt.Sprintf("%s, %s (%.2f)", info.Name, l.label, l.pts[len(l.pts)-1].Y), line, points)
+		}
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return nil
 }

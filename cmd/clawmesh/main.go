@@ -42,6 +42,7 @@ func init() {
 		{"trainer", "run a trainer peer in the trainers' raft group (status, leave, config)", runTrainer},
 		{"tasks", "train on a task set with a verifier plugin: add, ls, status (on a trainer)", runTasks},
 		{"weights", "the adapter versions the trainers publish: list them, fetch one, pin one, export one for another server (ls, get, use, export)", runWeights},
+		{"personal", "your personal adapter, learned from this device's steps on top of the mesh's: status, reset, off, on", runPersonal},
 		{"login", "print a single-use URL that lets a browser into a running node's admin pages", runLogin},
 		{"reward", "write, build and test WASM reward plugins (new, build, test)", runReward},
 		{"demo", "run a whole mesh on this machine and watch it learn three simulated users' preferences", runDemo},
@@ -148,7 +149,7 @@ var internalPrefixes = map[string]bool{
 	"core": true, "meter": true, "group": true, "p2p": true, "raftstore": true, "raftnet": true,
 	"adapter": true, "adapters": true, "learn": true, "tokenizer": true, "torch": true, "native": true,
 	"swap": true, "safetensors": true, "httpguard": true, "sse": true, "tasks": true, "sample": true,
-	"bench": true, "loss": true,
+	"bench": true, "loss": true, "personal": true,
 }
 
 // userMessage is an error's message as a user reads it: without the

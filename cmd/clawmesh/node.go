@@ -185,6 +185,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	weightsListen := fs.String("weights", ":0", "UDP address of the QUIC service that fetches the trainers' adapter versions and serves them on to other devices, when the data directory is in a mesh; off follows none (see 'clawmesh weights')")
 	shareEvery := fs.Duration("share-interval", 0, "how often scored steps are sealed into outbox batches, as [share] allows (default 30s)")
 	logLevel := fs.String("log", "info", "log level: debug, info, warn, error")
+	personalMode := fs.String("personal", "", "the personal adapter: local (trained here while the agent is idle), mesh (by a trainer you trust) or off; overrides [personal] mode (see 'clawmesh personal --help')")
 	memLimit := fs.String("memory-limit", "512MiB", "soft limit of the node's Go memory (the runtime collects harder as it nears it; the process's RSS stays near it plus about 150 MiB that Pebble and the plugins' compiled code hold outside it; a size, or 0 for none; GOMEMLIMIT, if set, wins)")
 	maxSessions := fs.Int("max-sessions", 0, "conversations the gateway follows in memory at once; the least recently used one beyond this is closed and forgotten (bounds the node's memory under load; default 10000)")
 	maxBacklog := fs.Int("max-score-backlog", 0, "closed steps the scorer may fall behind by; beyond this it skips the oldest (counted as shed in 'clawmesh pool stats') and scores them once it has caught up (default 50000)")
@@ -247,6 +248,13 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	if err := personalFlag(&s, *personalMode); err != nil {
+		return err
+	}
+	pcfg, err := personalConfig(s, serve, log)
+	if err != nil {
+		return err
+	}
 	if s.Upstream == "" && serve == nil {
 		f, err := discoverUpstream(ctx, stdin, stdinIsTerminal(), stderr)
 		if err != nil {
@@ -296,6 +304,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		PluginMemoryLimit: uint64(s.PluginMemoryMiB) << 20,
 		JudgeTimeout:      s.JudgeTimeout,
 		Serve:             serve,
+		Personal:          pcfg,
 	}
 	// Everything that can be checked is checked before the data directory
 	// is made or a plugin compiled, and the directory is this process's

@@ -7,11 +7,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -52,14 +50,6 @@ func init() {
 		}
 		fmt.Fprintln(os.Stderr, "the last line")
 		os.Exit(1)
-	}
-	if !slices.ContainsFunc(commands, func(c command) bool { return c.name == "personal" }) {
-		commands = append(commands, command{"personal", "personal adapters", func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-			if len(args) == 0 || args[0] != "train" {
-				return usageErr("personal: want train")
-			}
-			return runPersonalTrain(ctx, args[1:], stdout, stderr)
-		}})
 	}
 	main()
 }
