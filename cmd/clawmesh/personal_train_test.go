@@ -91,7 +91,7 @@ func personalSteps(n int, prompt string) []*core.Step {
 			Request: core.Request{Messages: []core.Message{{Role: core.RoleUser, Content: fmt.Sprintf("%s %d?", prompt, i)}}},
 			Response: core.Response{Choices: []core.Choice{{
 				Message: core.Message{Role: core.RoleAssistant, Content: reply}, FinishReason: "stop"}}},
-			Adapter: "v3+p1",
+			Adapter: "v3-p1",
 			Reward:  &core.Reward{Value: &r},
 		})
 	}

@@ -94,18 +94,18 @@ type Layer interface {
 }
 
 // StackName names a version with a personal version stacked on it:
-// "v12+p3" ("base+p3" on the base model alone).
+// "v12-p3" ("base-p3" on the base model alone).
 func StackName(version, p string) string {
 	if p == "" {
 		return version
 	}
-	return version + "+" + p
+	return version + "-" + p
 }
 
 // SplitStack splits a name StackName made into the shared version and the
 // personal one ("" when the name has no personal part).
 func SplitStack(name string) (version, p string) {
-	v, p, _ := strings.Cut(name, "+")
+	v, p, _ := strings.Cut(name, "-")
 	return v, p
 }
 

@@ -22,6 +22,10 @@ type recordingDriver struct {
 
 func (d *recordingDriver) Kind() string { return "recording" }
 func (d *recordingDriver) Load(_ context.Context, version, dir string) (swap.Target, error) {
+	// The drivers' rule for version names.
+	if err := swap.CheckVersion(version); err != nil {
+		return swap.Target{}, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.loads = append(d.loads, [2]string{version, dir})
@@ -70,7 +74,7 @@ func (l *layer) set(name, dir string, fail error) {
 }
 
 // TestPersonalStacked: with a personal version, the follower loads the
-// shared version stacked with it (one adapter, named v1+p1), reports the
+// shared version stacked with it (one adapter, named v1-p1), reports the
 // two parts apart, and goes back to the shared version alone when the
 // personal one is gone or does not stack.
 func TestPersonalStacked(t *testing.T) {
@@ -108,11 +112,11 @@ func TestPersonalStacked(t *testing.T) {
 		t.Fatalf("route %q, want %q (status %+v)", f.Route().Version, route, f.Status())
 		return adapters.Status{}
 	}
-	st := wait("v1+p1")
+	st := wait("v1-p1")
 	if st.Serving != "v1" || st.Personal != "p1" {
 		t.Fatalf("status serving %q personal %q, want v1 and p1", st.Serving, st.Personal)
 	}
-	if got := d.last(); got != [2]string{"v1+p1", "/stacked/v1+p1"} {
+	if got := d.last(); got != [2]string{"v1-p1", "/stacked/v1-p1"} {
 		t.Fatalf("loaded %v, want the stacked adapter", got)
 	}
 	if len(l.stacked) != 1 || l.stacked[0] != [2]string{"v1", f.VersionDir("v1")} {
@@ -136,14 +140,14 @@ func TestPersonalStacked(t *testing.T) {
 	}
 	l.set("p2", "/personal/p2", nil)
 	f.Notify()
-	wait("v1+p2")
+	wait("v1-p2")
 
 	// Pinned to the base model, the personal adapter serves alone.
 	if err := f.Pin(adapters.Base); err != nil {
 		t.Fatal(err)
 	}
-	wait("base+p2")
-	if got := d.last(); got != [2]string{"base+p2", "/personal/p2"} {
+	wait("base-p2")
+	if got := d.last(); got != [2]string{"base-p2", "/personal/p2"} {
 		t.Fatalf("loaded %v, want the personal adapter alone on the base", got)
 	}
 }

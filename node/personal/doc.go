@@ -11,6 +11,6 @@
 // version, less a fixed share held back by a hash of their id to score
 // each version on), hands the job to a Trainer (the node never trains in
 // its own process), and keeps the versions (Dir/pN), the stacks
-// (Dir/stacked/vM+pN) and its state. Reset forgets the adapter; SetEnabled
+// (Dir/stacked/vM-pN) and its state. Reset forgets the adapter; SetEnabled
 // turns it off and on. RATIONALE.md says what was traded.
 package personal

@@ -18,6 +18,7 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/model/peft"
+	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/pool"
 )
 
@@ -66,7 +67,7 @@ var ErrNotEnough = errors.New("personal: not enough new scored steps to learn fr
 // Config configures a Manager.
 type Config struct {
 	// Dir holds the personal versions (Dir/p3), the stacked adapters
-	// (Dir/stacked/v12+p3) and the state. Required.
+	// (Dir/stacked/v12-p3) and the state. Required.
 	Dir  string
 	Mode Mode
 	// Trainer trains the adapter (required unless Mode is off).
@@ -238,20 +239,6 @@ func (m *Manager) Current() (name, dir string) {
 	return m.st.Current, m.versionDir(m.st.Current)
 }
 
-// StackName is the name of version (a shared version, or "base") with the
-// personal version p stacked on it: "v12+p3".
-func StackName(version, p string) string { return version + "+" + p }
-
-// SplitStack splits a stacked name into its shared and personal parts
-// (p is "" for a name with no personal part).
-func SplitStack(name string) (version, p string) {
-	v, p, ok := strings.Cut(name, "+")
-	if !ok {
-		return name, ""
-	}
-	return v, p
-}
-
 // Stacked returns the directory of the adapter that is the shared version
 // (its installed directory sharedDir; "" for the base model) with the
 // personal version p (directory pdir) on top: one adapter whose rank is the
@@ -260,11 +247,11 @@ func (m *Manager) Stacked(version, sharedDir, p, pdir string) (string, error) {
 	if sharedDir == "" {
 		return pdir, nil
 	}
-	out := filepath.Join(m.cfg.Dir, "stacked", StackName(version, p))
+	out := filepath.Join(m.cfg.Dir, "stacked", adapters.StackName(version, p))
 	if isDir(out) {
 		return out, nil
 	}
-	tmp := filepath.Join(m.cfg.Dir, "stacked", ".tmp-"+StackName(version, p))
+	tmp := filepath.Join(m.cfg.Dir, "stacked", ".tmp-"+adapters.StackName(version, p))
 	os.RemoveAll(tmp)
 	if err := peft.Stack(tmp, sharedDir, pdir); err != nil {
 		os.RemoveAll(tmp)
@@ -274,7 +261,7 @@ func (m *Manager) Stacked(version, sharedDir, p, pdir string) (string, error) {
 		os.RemoveAll(tmp)
 		return "", fmt.Errorf("personal: %w", err)
 	}
-	m.pruneStacked(StackName(version, p))
+	m.pruneStacked(adapters.StackName(version, p))
 	return out, nil
 }
 

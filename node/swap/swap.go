@@ -257,6 +257,11 @@ func New(kind string, cfg Config) (Driver, error) {
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // checkVersion checks a version name handed to Load.
+// CheckVersion reports a version name a driver refuses: one that is not
+// up to 128 letters, digits, '.', '_' and '-', starting with a letter or
+// digit (stacked names, v12-p3, are such names).
+func CheckVersion(v string) error { return checkVersion(v) }
+
 func checkVersion(v string) error {
 	if !nameRE.MatchString(v) {
 		return fmt.Errorf("%w: version name %q: use up to 128 letters, digits, '.', '_' and '-', starting with a letter or digit", ErrConfig, v)

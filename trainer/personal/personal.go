@@ -146,7 +146,7 @@ func (o Options) withDefaults() (Options, loss.Recipe, error) {
 // itself: every step a tie), ScoreAfter the new adapter's; both are -1 when
 // no held-back step can be scored. Trained counts the samples trained on:
 // one per choice, so one per step of the usual single reply. Steps are
-// never dropped as stale, whatever adapter served them ("v12+p3"): all are
+// never dropped as stale, whatever adapter served them ("v12-p3"): all are
 // the device's own. Only the newest MaxSteps steps and MaxHeldBack
 // held-back steps are used.
 //
@@ -210,7 +210,7 @@ func Train(ctx context.Context, o Options, j core.PersonalJob) (core.PersonalRes
 		Epochs:    o.Epochs,
 		MiniBatch: MiniBatch,
 		// A personal adapter learns from the device's own steps, served by
-		// whatever shared and personal versions it held then ("v12+p3"):
+		// whatever shared and personal versions it held then ("v12-p3"):
 		// none is stale.
 		VersionOf: func(string) (uint64, bool) { return 0, false },
 		Logger:    log,

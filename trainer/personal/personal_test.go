@@ -213,7 +213,7 @@ func TestTrainLearnsTheUsersPreference(t *testing.T) {
 	pol := policy(t, base, "", "")
 	// Served by the shared version alone, and by shared and personal
 	// versions stacked: none may be dropped as stale.
-	steps := rollout(t, pol, base, alice.Prompts, 16, 1, "v12+p3", t0)
+	steps := rollout(t, pol, base, alice.Prompts, 16, 1, "v12-p3", t0)
 	for _, st := range steps[:len(steps)/2] {
 		st.Adapter = "v3"
 	}
@@ -258,7 +258,7 @@ func TestTrainLearnsTheUsersPreference(t *testing.T) {
 	}
 
 	// The second job trains on from the first adapter, on steps it served.
-	steps2 := rollout(t, p1, base, alice.Prompts, 16, 3, "v12+p1", t0.Add(time.Hour))
+	steps2 := rollout(t, p1, base, alice.Prompts, 16, 3, "v12-p1", t0.Add(time.Hour))
 	out2 := filepath.Join(t.TempDir(), "p2")
 	res2, err := Train(ctx, testOptions(base), core.PersonalJob{SharedVersion: "v12", Prev: out1, Steps: steps2, HeldBack: held, Out: out2, Seed: 2})
 	if err != nil {
@@ -388,8 +388,8 @@ func TestTrainOnTheSharedVersion(t *testing.T) {
 	}
 
 	served := policy(t, base, shared, prev)
-	steps := rollout(t, served, base, alice.Prompts, 16, 6, "v2+p1", t0)
-	held := rollout(t, served, base, alice.HeldBack, 16, 7, "v2+p1", t0)
+	steps := rollout(t, served, base, alice.Prompts, 16, 6, "v2-p1", t0)
+	held := rollout(t, served, base, alice.HeldBack, 16, 7, "v2-p1", t0)
 	out := filepath.Join(t.TempDir(), "p2")
 	res, err := Train(ctx, testOptions(base), core.PersonalJob{Shared: shared, SharedVersion: "v2", Prev: prev,
 		Steps: steps, HeldBack: held, Out: out, Seed: 5})
