@@ -243,21 +243,22 @@ func (c Client) try(ctx context.Context, p mesh.PeerID, key ed25519.PublicKey, j
 	// The header first; the steps only once the trainer took it.
 	digest := sha256.New()
 	w := &deadlineWriter{s: st, stall: stall}
-	if _, err := w.Write(head); err != nil {
-		return res, c.streamErr(ctx, err)
-	}
-	digest.Write(head)
 	rd := &deadlineReader{s: st, stall: stall, hard: time.Now().Add(headerTimeout)}
 	br := bufio.NewReaderSize(rd, 64<<10)
+	if _, err := w.Write(head); err != nil {
+		return res, c.refusal(ctx, br, err)
+	}
+	digest.Write(head)
 	var first reply
 	if _, err := readMsg(br, &first); err != nil {
 		return res, c.streamErr(ctx, err)
 	}
 	if first.Status != statusAccepted {
-		return res, statusErr(first.Status, first.Error)
+		return res, ended(br, statusErr(first.Status, first.Error))
 	}
 	if err := sendJob(io.MultiWriter(w, digest), job); err != nil {
-		return res, c.streamErr(ctx, err)
+		rd.hard = time.Now().Add(headerTimeout)
+		return res, c.refusal(ctx, br, err)
 	}
 	var reqSum [sha256.Size]byte
 	digest.Sum(reqSum[:0])
@@ -270,7 +271,8 @@ func (c Client) try(ctx context.Context, p mesh.PeerID, key ed25519.PublicKey, j
 		return res, c.streamErr(ctx, err)
 	}
 	if rep.Status != statusOK {
-		return res, statusErr(rep.Status, rep.Error)
+		rd.hard = time.Now().Add(headerTimeout)
+		return res, ended(br, statusErr(rep.Status, rep.Error))
 	}
 	if err := rep.checkOK(lim); err != nil {
 		return res, err
@@ -406,6 +408,25 @@ func writeSynced(path string, data []byte) error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	return err
+}
+
+// refusal is the error of a request the stream stopped taking (werr):
+// the trainer's answer, if it sent one (it refused the job, and reads no
+// more of it), else werr.
+func (c Client) refusal(ctx context.Context, br *bufio.Reader, werr error) error {
+	var rep reply
+	if _, err := readMsg(br, &rep); err == nil && rep.Status != statusAccepted && rep.Status != statusOK {
+		return ended(br, statusErr(rep.Status, rep.Error))
+	}
+	return c.streamErr(ctx, werr)
+}
+
+// ended waits for the end of a trainer's answer (it ends the stream once
+// it cleared the job away, so that the device's next job finds it free),
+// and returns err.
+func ended(br *bufio.Reader, err error) error {
+	io.CopyN(io.Discard, br, maxDrain)
 	return err
 }
 

@@ -75,6 +75,9 @@ func TestDeviceGetsItsAdapter(t *testing.T) {
 	if _, err := os.Stat(third); !errors.Is(err, os.ErrNotExist) {
 		t.Error("a failed job left its Out")
 	}
+	if _, err := c.Train(ctx, core.PersonalJob{SharedVersion: "unknown-v10", Steps: steps(1, "c"), Out: third}); !errors.Is(err, ErrUnknownVersion) {
+		t.Errorf("an unknown shared version again, at once: %v", err)
+	}
 	n := f.count()
 	if _, err := c.Train(ctx, core.PersonalJob{Steps: steps(1, "d"), Out: first}); err == nil || f.count() != n {
 		t.Errorf("a job whose Out exists: %v, %d jobs sent", err, f.count()-n)

@@ -197,19 +197,35 @@ func (s *Server) start(p mesh.PeerID) error {
 	return nil
 }
 
-// answer writes a reply that ends the exchange.
+// maxDrain bounds what a device may still send once its stream is
+// answered: the rest of a header, or of parts the trainer no longer reads.
+const maxDrain = 64 << 10
+
+// finish ends an exchange: the reply is complete, and what the device
+// still sends is read (a little of it, for a little while: the device
+// reads the answer, not a reset) before the stream is closed.
+func finish(st mesh.Stream) {
+	st.CloseWrite()
+	st.SetReadDeadline(time.Now().Add(headerTimeout))
+	io.CopyN(io.Discard, st, maxDrain)
+	st.Close()
+}
+
+// answer writes a reply that ends the exchange (handle closes the stream
+// once the job is cleared away).
 func answer(st mesh.Stream, status, msg string) {
 	b, err := encodeMsg(reply{Status: status, Error: clip(msg, maxError)})
 	if err == nil {
 		st.SetWriteDeadline(time.Now().Add(headerTimeout))
 		st.Write(b)
 	}
-	st.CloseWrite()
 }
 
 func (s *Server) handle(st mesh.Stream) {
 	p := st.RemotePeer()
-	defer st.Close()
+	// Ended last: the device reads the end of the reply only once the
+	// job's directory is gone and its slot given back.
+	defer finish(st)
 	// The host lets only admitted peers open the protocol; only devices
 	// (members) have personal adapters, and the certificate is checked
 	// again now.
@@ -276,7 +292,11 @@ func (s *Server) serve(st mesh.Stream, p mesh.PeerID) error {
 		err = fmt.Errorf("%w: bytes after the request", ErrMessage)
 	}
 	if err != nil {
-		answer(st, statusBad, err.Error())
+		if errors.Is(err, ErrTooLarge) {
+			answer(st, statusTooLarge, err.Error())
+		} else {
+			answer(st, statusBad, err.Error())
+		}
 		return err
 	}
 	var reqSum [sha256.Size]byte
@@ -351,7 +371,10 @@ func readSteps(r io.Reader, n int64, lim Limits) ([]*core.Step, error) {
 		return nil, err
 	}
 	bt, err := batch.Decode(b, batch.Limits{MaxBytes: lim.MaxStepBytes, MaxSteps: lim.MaxSteps})
-	if err != nil {
+	switch {
+	case errors.Is(err, batch.ErrTooLarge):
+		return nil, fmt.Errorf("%w: %v", ErrTooLarge, err)
+	case err != nil:
 		return nil, fmt.Errorf("%w: %v", ErrMessage, err)
 	}
 	return bt.Steps, nil
@@ -460,10 +483,8 @@ func (s *Server) send(st mesh.Stream, p mesh.PeerID, req *request, reqSum [sha25
 	if _, err := wf.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	if _, err := io.CopyN(w, wf, size); err != nil {
-		return err
-	}
-	return st.CloseWrite()
+	_, err = io.CopyN(w, wf, size)
+	return err
 }
 
 // sumFile returns the SHA-256 of f's content.
