@@ -36,7 +36,7 @@
 // and decoded by mesh/batch's checks, the previous adapter goes to disk,
 // and a peer that stalls for Stall is cut. A job lives in a directory of
 // its own under ServerConfig.TempDir, removed once its reply is sent,
-// failed or not; Serve empties TempDir, for what a crash left.
+// failed or not; Serve removes the jobs a crash left there.
 //
 // # What a device takes
 //

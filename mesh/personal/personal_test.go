@@ -511,3 +511,34 @@ func TestBoundsOnJobs(t *testing.T) {
 		t.Errorf("a job an hour later: %v", err)
 	}
 }
+
+// handleOnly is a host that only registers handlers.
+type handleOnly struct{ mesh.Host }
+
+func (handleOnly) Handle(string, mesh.StreamHandler) {}
+
+// signing is a membership that signs.
+type signing struct{ fixedMesh }
+
+func (signing) Sign([]byte) []byte { return nil }
+
+// TestServeClearsCrashedJobs: the steps of a job a crash interrupted do
+// not outlive the trainer's restart; nothing else in the directory goes.
+func TestServeClearsCrashedJobs(t *testing.T) {
+	dir := t.TempDir()
+	job := filepath.Join(dir, jobPrefix+"123", "prev")
+	if err := os.MkdirAll(job, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(job, ConfigFile), []byte("{}"), 0o600)
+	os.WriteFile(filepath.Join(dir, "other"), []byte("x"), 0o600)
+	s, err := Serve(ServerConfig{Host: handleOnly{}, Mesh: signing{"p"}, Handler: (&fake{}).handle, TempDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	es, _ := os.ReadDir(dir)
+	if len(es) != 1 || es[0].Name() != "other" {
+		t.Errorf("after Serve, %s holds %v", dir, es)
+	}
+}

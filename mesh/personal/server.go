@@ -53,7 +53,8 @@ type ServerConfig struct {
 	Handler Handler
 	// TempDir holds the jobs while they run, each in a directory of its
 	// own, removed once its reply is sent: the steps and the adapters are
-	// never kept. Serve empties it (what a crash left). Required.
+	// never kept. Serve removes the jobs' directories a crash left there.
+	// Required.
 	TempDir string
 	// MaxJobs is how many jobs run at once (default 1); PerHour how many
 	// one device may start in an hour (default DefaultPerHour). A device
@@ -78,6 +79,8 @@ const (
 	// headerTimeout bounds the reading of a request's header, and the
 	// wait for the trainer's first answer.
 	headerTimeout = 10 * time.Second
+	// jobPrefix names a job's directory in TempDir.
+	jobPrefix = "job-"
 )
 
 // Server serves the personal adapter protocol: it trains, with its
@@ -94,7 +97,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	closed  bool
-	active  map[mesh.PeerID]bool        // devices with a stream in hand
+	active  map[mesh.PeerID]mesh.Stream // devices with a stream in hand, and it
 	started map[mesh.PeerID][]time.Time // when each device's jobs of the last hour started
 }
 
@@ -121,26 +124,36 @@ func Serve(cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	// A crash mid-job leaves a device's steps here: they go now.
-	if err := os.RemoveAll(cfg.TempDir); err != nil {
-		return nil, fmt.Errorf("personal: clearing %s: %w", cfg.TempDir, err)
-	}
 	if err := os.MkdirAll(cfg.TempDir, 0o700); err != nil {
 		return nil, err
 	}
+	// A crash mid-job leaves a device's steps here: they go now.
+	left, err := filepath.Glob(filepath.Join(cfg.TempDir, jobPrefix+"*"))
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range left {
+		if err := os.RemoveAll(d); err != nil {
+			return nil, fmt.Errorf("personal: clearing a job a crash left: %w", err)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{cfg: cfg, lim: cfg.Limits.withDefaults(), log: cfg.Logger.With("component", "personal"), ctx: ctx, cancel: cancel,
-		slots: make(chan struct{}, cfg.MaxJobs), active: map[mesh.PeerID]bool{}, started: map[mesh.PeerID][]time.Time{}}
+		slots: make(chan struct{}, cfg.MaxJobs), active: map[mesh.PeerID]mesh.Stream{}, started: map[mesh.PeerID][]time.Time{}}
 	cfg.Host.Handle(Protocol, s.handle)
 	return s, nil
 }
 
-// Close stops serving, cancels the jobs running and waits for them.
+// Close stops serving, cancels the jobs running, cuts their streams and
+// waits for them.
 func (s *Server) Close() error {
+	s.cfg.Host.Handle(Protocol, nil)
 	s.mu.Lock()
 	s.closed = true
+	for _, st := range s.active {
+		st.Reset()
+	}
 	s.mu.Unlock()
-	s.cfg.Host.Handle(Protocol, nil)
 	s.cancel()
 	s.wg.Wait()
 	return nil
@@ -148,13 +161,13 @@ func (s *Server) Close() error {
 
 // enter takes the device's one stream; false when it has one already, or
 // the server is closed.
-func (s *Server) enter(p mesh.PeerID) bool {
+func (s *Server) enter(p mesh.PeerID, st mesh.Stream) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || s.active[p] {
+	if s.closed || s.active[p] != nil {
 		return false
 	}
-	s.active[p] = true
+	s.active[p] = st
 	s.wg.Add(1)
 	return true
 }
@@ -234,7 +247,7 @@ func (s *Server) handle(st mesh.Stream) {
 		answer(st, statusRefused, "only the mesh's member devices have personal adapters trained")
 		return
 	}
-	if !s.enter(p) {
+	if !s.enter(p, st) {
 		answer(st, statusBusy, "this device has a job here already")
 		return
 	}
@@ -278,7 +291,7 @@ func (s *Server) serve(st mesh.Stream, p mesh.PeerID) error {
 		return err
 	}
 
-	dir, err := os.MkdirTemp(s.cfg.TempDir, "job-")
+	dir, err := os.MkdirTemp(s.cfg.TempDir, jobPrefix)
 	if err != nil {
 		answer(st, statusFailed, "the trainer cannot make room for the job")
 		return err
