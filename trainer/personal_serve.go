@@ -3,6 +3,7 @@ package trainer
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	meshpersonal "github.com/clawmesh/clawmesh/mesh/personal"
+	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/personal"
 )
@@ -56,9 +59,53 @@ func (t *Trainer) trainPersonal(ctx context.Context, from mesh.PeerID, j core.Pe
 		}
 		j.Shared = dir
 	}
-	var recipe string
-	t.group.view(func(s *group.State) { recipe = s.Config.Recipe })
-	return personal.Train(ctx, personal.Options{Base: baseDir(t.cfg.Base), Recipe: recipe, Logger: t.log.With("device", from)}, j)
+	var cfg group.Config
+	var configured bool
+	t.group.view(func(s *group.State) { cfg, configured = s.Config.WithDefaults(), s.Configured })
+	if !configured {
+		return core.PersonalResult{}, fmt.Errorf("%w: this trainer is in no trainers' group yet", meshpersonal.ErrBusy)
+	}
+	base, err := t.personalBase(cfg.Seed)
+	if err != nil {
+		return core.PersonalResult{}, err
+	}
+	return personal.Train(ctx, personal.Options{Base: base, Recipe: cfg.Recipe, Logger: t.log.With("device", from)}, j)
+}
+
+// personalBase is the base model's directory personal training opens:
+// the trainer's --base, or for the tiny model (which lives in memory
+// only) the group's, drawn from its seed, written once to
+// DATA/personal/tiny-SEED.
+func (t *Trainer) personalBase(seed uint64) (string, error) {
+	if dir := baseDir(t.cfg.Base); dir != "" {
+		return dir, nil
+	}
+	t.tinyMu.Lock()
+	defer t.tinyMu.Unlock()
+	dir := filepath.Join(t.cfg.DataDir, PersonalDir, "tiny-"+strconv.FormatUint(seed, 10))
+	if exists(filepath.Join(dir, modeldir.TokenizerFile)) {
+		return dir, nil
+	}
+	txt, nc, err := modeldir.Tiny()
+	if err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "tiny-*.tmp")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	if err := native.CreateTiny(tmp, nc, seed); err != nil {
+		return "", err
+	}
+	if err := txt.Tokenizer.Save(filepath.Join(tmp, modeldir.TokenizerFile)); err != nil {
+		return "", err
+	}
+	os.RemoveAll(dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return "", err
+	}
+	return dir, nil
 }
 
 // sharedDir is this trainer's copy of the certified version named name

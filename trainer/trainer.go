@@ -240,6 +240,8 @@ type Trainer struct {
 	// personal serves the devices' personal jobs (nil unless
 	// Config.Personal.On).
 	personal *meshpersonal.Server
+	// tinyMu guards the writing of the tiny base personal jobs open.
+	tinyMu sync.Mutex
 	// sharedVersion is the newest version in the weights service, so that
 	// the work loop reads its directory only when a newer one commits.
 	sharedVersion atomic.Uint64
