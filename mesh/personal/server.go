@@ -214,13 +214,16 @@ func (s *Server) start(p mesh.PeerID) error {
 // answered: the rest of a header, or of parts the trainer no longer reads.
 const maxDrain = 64 << 10
 
-// finish ends an exchange: the reply is complete, and what the device
-// still sends is read (a little of it, for a little while: the device
-// reads the answer, not a reset) before the stream is closed.
-func finish(st mesh.Stream) {
+// finish ends an exchange: the reply is complete, and, when drain, what
+// the device still sends is read (a little of it, for a little while: the
+// device reads the answer, not a reset) before the stream is closed.
+// Without drain a watcher of the job reads the stream, and it alone.
+func finish(st mesh.Stream, drain bool) {
 	st.CloseWrite()
-	st.SetReadDeadline(time.Now().Add(headerTimeout))
-	io.CopyN(io.Discard, st, maxDrain)
+	if drain {
+		st.SetReadDeadline(time.Now().Add(headerTimeout))
+		io.CopyN(io.Discard, st, maxDrain)
+	}
 	st.Close()
 }
 
@@ -238,7 +241,8 @@ func (s *Server) handle(st mesh.Stream) {
 	p := st.RemotePeer()
 	// Ended last: the device reads the end of the reply only once the
 	// job's directory is gone and its slot given back.
-	defer finish(st)
+	drain := true
+	defer func() { finish(st, drain) }()
 	// The host lets only admitted peers open the protocol; only devices
 	// (members) have personal adapters, and the certificate is checked
 	// again now.
@@ -252,13 +256,14 @@ func (s *Server) handle(st mesh.Stream) {
 		return
 	}
 	defer s.leave(p)
-	if err := s.serve(st, p); err != nil {
+	if err := s.serve(st, p, &drain); err != nil {
 		s.log.Info("personal job refused or failed", "device", p, "err", err)
 	}
 }
 
-// serve runs one exchange with device p.
-func (s *Server) serve(st mesh.Stream, p mesh.PeerID) error {
+// serve runs one exchange with device p; it clears *drain once a job's
+// watcher reads the stream.
+func (s *Server) serve(st mesh.Stream, p mesh.PeerID, drain *bool) error {
 	rd := &deadlineReader{s: st, stall: s.cfg.Stall, hard: time.Now().Add(headerTimeout)}
 	br := bufio.NewReaderSize(rd, 64<<10)
 	var req request
@@ -320,6 +325,7 @@ func (s *Server) serve(st mesh.Stream, p mesh.PeerID) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.JobTimeout)
 	defer cancel()
 	st.SetReadDeadline(time.Time{})
+	*drain = false
 	go func() {
 		var one [1]byte
 		st.Read(one[:])
