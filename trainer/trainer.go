@@ -52,6 +52,13 @@
 // (docs/benchmarks.md). Norm clipping and the robust aggregation stay as a
 // second wall.
 //
+// With Config.Personal on (`clawmesh trainer --personal`), it also trains
+// the personal adapters of the member devices that trust it
+// (personal_serve.go, over mesh/personal): each device's own steps, on
+// the trainer's copy of the certified version the device serves, the
+// adapter sent back to that device alone and kept nowhere, in no round,
+// aggregate, store or weights service.
+//
 // It serves the `clawmesh mesh ...` admin API as a node does, and
 // `clawmesh trainer status|leave|config|clear` and `clawmesh tasks ...`,
 // on a loopback listener of its own.
@@ -84,6 +91,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh/batch"
 	"github.com/clawmesh/clawmesh/mesh/member"
 	"github.com/clawmesh/clawmesh/mesh/peer"
+	meshpersonal "github.com/clawmesh/clawmesh/mesh/personal"
 	"github.com/clawmesh/clawmesh/mesh/weights"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/store"
@@ -170,7 +178,10 @@ type Config struct {
 	// checked. NoSpotCheck turns checking off (spot.go).
 	SpotCheck   float64
 	NoSpotCheck bool
-	Logger      *slog.Logger
+	// Personal trains the personal adapters of the devices that trust
+	// this trainer (personal_serve.go); off by default.
+	Personal PersonalConfig
+	Logger   *slog.Logger
 }
 
 // Trainer is a running trainer peer.
@@ -226,6 +237,11 @@ type Trainer struct {
 	// their manifests.
 	weights *weights.Service
 	key     ed25519.PrivateKey
+	// personal serves the devices' personal jobs (nil unless
+	// Config.Personal.On).
+	personal *meshpersonal.Server
+	// tinyMu guards the writing of the tiny base personal jobs open.
+	tinyMu sync.Mutex
 	// sharedVersion is the newest version in the weights service, so that
 	// the work loop reads its directory only when a newer one commits.
 	sharedVersion atomic.Uint64
@@ -402,6 +418,12 @@ func newTrainer(cfg Config, h mesh.Host, m *mesh.Mesh, python string) (*Trainer,
 	t.work = newWorkLoop(t, &worker{log: t.log, baseDir: baseDir(cfg.Base), engineID: cfg.Engine,
 		device: cfg.Device, gpus: cfg.GPUs, gradCheckpoint: cfg.GradCheckpoint, python: python})
 	h.Handle(Protocol, t.serveRPC)
+	if cfg.Personal.On {
+		if err := t.servePersonal(); err != nil {
+			t.Close()
+			return nil, err
+		}
+	}
 	return t, nil
 }
 
@@ -512,7 +534,11 @@ func (t *Trainer) Run(ctx context.Context) error {
 // engine, and closes the store.
 func (t *Trainer) Close() error {
 	t.cancel()
-	errs := []error{t.group.close(), t.work.w.close(), t.runtimes.close()}
+	var errs []error
+	if t.personal != nil {
+		errs = append(errs, t.personal.Close())
+	}
+	errs = append(errs, t.group.close(), t.work.w.close(), t.runtimes.close())
 	if t.checker != nil {
 		errs = append(errs, t.checker.Close(context.Background()))
 	}

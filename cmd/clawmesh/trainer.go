@@ -54,6 +54,15 @@ delta that is not what its share makes is left out of the round and its
 trainer benched: it gets no share until the admin clears it with 'trainer
 clear PEER'. A check costs the leader the training time of the share.
 
+With --personal the trainer also trains personal adapters: a member device
+whose user names this trainer in its [personal] trainers sends it its own
+steps over a direct stream, and the trainer trains that device's adapter
+alone, on its own copy of the shared version the device serves, and sends
+it back to that device only, signed for that job. The steps and the adapter
+are kept only while the job runs (in DIR/personal): never in a round, the
+shared adapter, the batch store nor the weights service. One job runs at a
+time, one per device, at most 12 a device an hour.
+
   clawmesh trainer status --data DIR        leader, term, voters, round, adapter
                                             version, batches pending/trained/refused
   clawmesh trainer leave --data DIR         hand over cleanly, then stop
@@ -110,6 +119,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	base := fs.String("base", group.DefaultBase, "base model: tiny (built in, no download) or a Hugging Face model directory")
 	joinWait := fs.Duration("join-wait", 5*time.Second, "how long to look for a trainers' group before bootstrapping one")
 	pullBudget := fs.String("pull-budget", "512MiB", "most bytes of batches being pulled at once, from every device together (a size of at least 32MiB, the largest batch; each device also gets at most 2 pulls at once)")
+	personal := fs.Bool("personal", false, "also train the personal adapters of the member devices that trust this trainer ([personal] trainers): each device's own steps, its adapter sent back to it alone and kept nowhere")
 	spotCheck := fs.Float64("spot-check", trainer.DefaultSpotCheck, "share of the volunteers' deltas this trainer, leading, retrains to check them, from 0 (none) to 1 (all); a round with any volunteer's delta has one checked")
 	var gc group.Config
 	bindGroupFlags(fs, &gc)
@@ -174,7 +184,7 @@ func runTrainer(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	log := newLogger(stderr, level)
 	t, err := trainer.New(ctx, trainer.Config{DataDir: s.Data, Weights: *weightsListen, Listen: listen, Bootstrap: bootstrap, MDNS: !*noMDNS, NAT: true,
 		Admin: *admin, Engine: *engine, Device: *device, GPUs: *gpus, GradCheckpoint: *gradCkpt, Base: *base, Group: gc, Timing: trainer.Timing{JoinWait: *joinWait}, PullBudget: budget,
-		SpotCheck: *spotCheck, NoSpotCheck: *spotCheck == 0, Logger: log})
+		SpotCheck: *spotCheck, NoSpotCheck: *spotCheck == 0, Personal: trainer.PersonalConfig{On: *personal}, Logger: log})
 	if errors.Is(err, mesh.ErrNotJoined) {
 		return withHint(fmt.Errorf("%s is not in a mesh", s.Data),
 			"Get a token from 'clawmesh invite --role trainer' on a device of the mesh, then run 'clawmesh join TOKEN --data %s'", s.Data)

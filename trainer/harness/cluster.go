@@ -83,6 +83,9 @@ type ClusterOptions struct {
 	// Volunteers are the trainers (by index) the mesh's admin does not
 	// trust: they train but never vote or certify. The others are voters.
 	Volunteers []int
+	// Personal configures every trainer's training of personal adapters
+	// (off by default).
+	Personal trainer.PersonalConfig
 }
 
 // Net is a network a Cluster's peers are on: Loopback or Memory.
@@ -197,6 +200,10 @@ func (c *Cluster) Len() int { return len(c.trainers) }
 // Trainer is trainer i, nil while it is down.
 func (c *Cluster) Trainer(i int) *trainer.Trainer { return c.trainers[i].t }
 
+// Device is the mesh's device (the admin's, a member): its host and its
+// membership.
+func (c *Cluster) Device() (mesh.Host, *mesh.Mesh) { return c.node.host, c.node.mesh }
+
 // Voters is the voter set in force on the mesh's device (the admin's).
 func (c *Cluster) Voters() *member.VoterSet { return c.node.mesh.Voters() }
 
@@ -210,7 +217,7 @@ func (c *Cluster) Start(ctx context.Context, i int) error {
 		return fmt.Errorf("trainer %d is running", i)
 	}
 	cfg := trainer.Config{DataDir: ct.dir, Timing: c.opts.Timing, Group: c.opts.Group,
-		Verify: c.opts.Verify, NoVerify: c.opts.Verify == nil, Logger: c.opts.Logger.With("trainer", i)}
+		Verify: c.opts.Verify, NoVerify: c.opts.Verify == nil, Personal: c.opts.Personal, Logger: c.opts.Logger.With("trainer", i)}
 	t, p, err := c.net.startTrainer(ctx, c, i, cfg)
 	if err != nil {
 		return err
