@@ -14,6 +14,8 @@ import (
 
 	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/mesh"
+	meshpersonal "github.com/clawmesh/clawmesh/mesh/personal"
 	"github.com/clawmesh/clawmesh/node/personal"
 	"github.com/clawmesh/clawmesh/node/scrub"
 	"github.com/clawmesh/clawmesh/node/share"
@@ -64,6 +66,16 @@ func (n *Node) startPersonal(cfg *PersonalConfig, key []byte) (*personal.Manager
 	if cfg.Mode == personal.ModeMesh {
 		// What goes to the trusted trainer is scrubbed, as a batch is.
 		pc.Prepare = func(steps []*core.Step) ([]*core.Step, error) { return n.scrubPersonal(steps, key) }
+		if pc.Trainer == nil {
+			if len(cfg.Trainers) == 0 {
+				return nil, errors.New("node: [personal] mode mesh needs the trainers you trust ([personal] trainers)")
+			}
+			ts := make([]mesh.PeerID, len(cfg.Trainers))
+			for i, t := range cfg.Trainers {
+				ts[i] = mesh.PeerID(t)
+			}
+			pc.Trainer = meshpersonal.Client{Host: n.peer.Host, Mesh: n.peer.Mesh, Trainers: ts, Logger: n.log}
+		}
 	}
 	return personal.New(pc)
 }

@@ -121,6 +121,9 @@ type fake struct {
 	// block, when set, is waited on (or the job's end) before training.
 	block   chan struct{}
 	entered chan struct{}
+	// notReady is how many of the first jobs are answered ErrBusy, as a
+	// trainer in no group yet answers.
+	notReady int
 }
 
 type fakeCall struct {
@@ -134,6 +137,13 @@ type fakeCall struct {
 }
 
 func (f *fake) handle(ctx context.Context, from mesh.PeerID, j core.PersonalJob) (core.PersonalResult, error) {
+	f.mu.Lock()
+	if f.notReady > 0 {
+		f.notReady--
+		f.mu.Unlock()
+		return core.PersonalResult{}, fmt.Errorf("%w: not ready", ErrBusy)
+	}
+	f.mu.Unlock()
 	c := fakeCall{from: from, heldBack: len(j.HeldBack), shared: j.SharedVersion, seed: j.Seed}
 	for _, s := range j.Steps {
 		c.steps = append(c.steps, s.ID)

@@ -512,6 +512,28 @@ func TestBoundsOnJobs(t *testing.T) {
 	}
 }
 
+// TestNotReadyNotCounted: the jobs a trainer could not take (not ready
+// yet) do not count against the device's hour, and the refusal says why
+// once.
+func TestNotReadyNotCounted(t *testing.T) {
+	w := newWorld(t)
+	f := &fake{notReady: 5}
+	serve(t, w.tr, f, ServerConfig{PerHour: 2})
+	a := Client{Host: w.a.Host, Mesh: w.a.Mesh, Trainers: []mesh.PeerID{w.tr.id()}}
+	ctx := context.Background()
+	for i := range 5 {
+		_, err := a.Train(ctx, core.PersonalJob{Steps: steps(1, "s"), Out: filepath.Join(t.TempDir(), "p")})
+		if !errors.Is(err, ErrBusy) || strings.Count(err.Error(), ErrBusy.Error()) != 1 {
+			t.Fatalf("job %d on a trainer not ready: %v", i+1, err)
+		}
+	}
+	for i := range 2 {
+		if _, err := a.Train(ctx, core.PersonalJob{Steps: steps(1, "s"), Out: filepath.Join(t.TempDir(), "p")}); err != nil {
+			t.Fatalf("job %d once ready: %v", i+1, err)
+		}
+	}
+}
+
 // handleOnly is a host that only registers handlers.
 type handleOnly struct{ mesh.Host }
 

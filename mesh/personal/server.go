@@ -210,6 +210,15 @@ func (s *Server) start(p mesh.PeerID) error {
 	return nil
 }
 
+// refund gives back the hourly budget the latest job of device p took.
+func (s *Server) refund(p mesh.PeerID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ts := s.started[p]; len(ts) > 0 {
+		s.started[p] = ts[:len(ts)-1]
+	}
+}
+
 // maxDrain bounds what a device may still send once its stream is
 // answered: the rest of a header, or of parts the trainer no longer reads.
 const maxDrain = 64 << 10
@@ -339,6 +348,11 @@ func (s *Server) serve(st mesh.Stream, p mesh.PeerID, drain *bool) error {
 	if err != nil {
 		if ctx.Err() != nil && s.ctx.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			err = fmt.Errorf("%w (the trainer's limit is %s)", err, s.cfg.JobTimeout)
+		}
+		if errors.Is(err, ErrBusy) {
+			// The trainer could not take the job (not ready yet): it is
+			// not counted against the device's hour.
+			s.refund(p)
 		}
 		answer(st, errStatus(err), err.Error())
 		return err

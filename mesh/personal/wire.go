@@ -126,6 +126,8 @@ func statusErr(status, msg string) error {
 	default:
 		return fmt.Errorf("%w: reply status %q", ErrMessage, clip(status, 40))
 	}
+	// The trainer's message may already say what the status says.
+	msg = strings.TrimPrefix(strings.TrimPrefix(msg, e.Error()), ": ")
 	if msg == "" {
 		return e
 	}
