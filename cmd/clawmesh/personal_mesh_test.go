@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -105,5 +106,41 @@ func TestPersonalOverMeshNode(t *testing.T) {
 			}
 			return nil
 		})
+	}
+
+	// What the owner sees and does, through the running node.
+	status := func(args ...string) personal.Status {
+		t.Helper()
+		out, errs, code := runCLI(t, append(append([]string{"personal"}, args...), "--json", "--data", a)...)
+		if code != 0 {
+			t.Fatalf("personal %v: code %d, %s", args, code, errs)
+		}
+		var st personal.Status
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("personal %v --json: %v\n%s", args, err, out)
+		}
+		return st
+	}
+	if st := status("status"); st.Mode != personal.ModeMesh || !st.Enabled || st.Current != "p1" || st.Learned != rec.Trained || len(st.Versions) != 1 {
+		t.Fatalf("status %+v", st)
+	}
+	out, _, code := runCLI(t, "personal", "status", "--data", a)
+	if code != 0 || !strings.Contains(out, "serving  p1") || !strings.Contains(out, "mode     mesh, on") {
+		t.Fatalf("personal status: %s", out)
+	}
+	if st := status("off"); st.Enabled || st.Current != "" {
+		t.Fatalf("after off: %+v", st)
+	}
+	if name, _ := n.Personal().Current(); name != "" {
+		t.Fatalf("off, yet %s is stacked", name)
+	}
+	if st := status("on"); !st.Enabled || st.Current != "p1" {
+		t.Fatalf("after on: %+v", st)
+	}
+	if st := status("reset"); st.Current != "" || st.Learned != 0 || len(st.Versions) != 0 {
+		t.Fatalf("after reset: %+v", st)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the personal adapter is still on disk after reset: %v", err)
 	}
 }
