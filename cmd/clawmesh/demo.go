@@ -42,8 +42,9 @@ behaves as the tiny model does. The first demo on a machine teaches it (under
 a minute on 2 cores) and keeps it in the user's cache directory.
 
 With --conflict, the users disagree: alice wants a reply that starts with
-a word, bob one that starts with a digit, carol one that starts with a
-symbol. One shared adapter cannot please them all, so each node also
+a word, bob an indented one (a space or a new line first), and carol, who
+agrees with neither, clean text (no garbled character). One shared adapter
+cannot please both alice and bob, so each node also
 trains a personal adapter on its own user's steps only (as [personal] mode
 = "local" does on a device) and serves it stacked on the shared version.
 Every round is measured twice, per user: with the shared version alone (on
@@ -71,7 +72,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	plot := fs.String("plot", "", "write a plot of the score per round to this PNG file (default clawmesh-demo.png in the --logs directory, else in the user's cache directory, clawmesh/demo; - for none)")
 	seed := fs.Uint64("seed", 1, "seed of the users' choices and of the sampling")
 	rounds := fs.Int("rounds", 0, "versions trained per recipe (default 8, 4 with --quick)")
-	conflict := fs.Bool("conflict", false, "users whose preferences conflict (a word, a digit, a symbol first), each node with a personal adapter on the shared version; shows both per user")
+	conflict := fs.Bool("conflict", false, "users whose preferences conflict (a word first, an indented reply) and one who agrees with neither, each node with a personal adapter on the shared version; shows both per user")
 	logs := fs.String("logs", "", "write each node's and trainer's log (debug level) to a file in this directory: RECIPE-node1.log, RECIPE-trainer1.log, ...")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -124,6 +124,10 @@ type state struct {
 	// after it.
 	Cursor  core.StepID `json:"cursor,omitempty"`
 	CursorT time.Time   `json:"cursor_time,omitzero"`
+	// From is the cursor at the last reset: the steps up to it are
+	// learned from no more.
+	From    core.StepID `json:"from,omitempty"`
+	FromT   time.Time   `json:"from_time,omitzero"`
 	Learned int         `json:"learned"`
 	History []Record    `json:"history,omitempty"`
 }
@@ -341,15 +345,15 @@ func (m *Manager) Train(ctx context.Context) (Record, error) {
 	m.mu.Lock()
 	st := m.st
 	m.mu.Unlock()
-	train, held, cursor, cursorT, err := m.steps(ctx, st)
+	train, held, fresh, cursor, cursorT, err := m.steps(ctx, st)
 	if err != nil {
 		return Record{}, err
 	}
 	m.mu.Lock()
-	m.pending = len(train)
+	m.pending = fresh
 	m.mu.Unlock()
-	if len(train) < m.cfg.MinSteps {
-		return Record{}, fmt.Errorf("%w (%d of %d)", ErrNotEnough, len(train), m.cfg.MinSteps)
+	if fresh < m.cfg.MinSteps {
+		return Record{}, fmt.Errorf("%w (%d of %d)", ErrNotEnough, fresh, m.cfg.MinSteps)
 	}
 	if m.cfg.Prepare != nil {
 		if train, err = m.cfg.Prepare(train); err != nil {
@@ -411,7 +415,7 @@ func (m *Manager) Train(ctx context.Context) (Record, error) {
 	m.st.Next = max(m.st.Next, st.Next) + 1
 	m.st.Current = name
 	m.st.Cursor, m.st.CursorT = cursor, cursorT
-	m.st.Learned += len(train)
+	m.st.Learned += fresh
 	m.st.History = append(m.st.History, rec)
 	if len(m.st.History) > maxHistory {
 		m.st.History = m.st.History[len(m.st.History)-maxHistory:]
@@ -433,14 +437,17 @@ func (m *Manager) setErr(err error) {
 	m.mu.Unlock()
 }
 
-// steps picks a job's steps: the device's scored steps after the cursor
-// (the newest MaxSteps of them), less those held back, and the held-back
-// ones of the whole pool (the newest maxHeldBack). A step is held back by a
-// hash of its id, so it is held back every time.
-func (m *Manager) steps(ctx context.Context, st state) (train, held []*core.Step, cursor core.StepID, cursorT time.Time, err error) {
+// steps picks a job's steps: the device's scored steps with a signal
+// (since the last reset), less those held back, the newest MaxSteps of
+// them, so that a job replays the recent past with the new steps; and the
+// held-back ones (the newest maxHeldBack). fresh counts the steps after the
+// cursor (the newest step of the last job), which must be MinSteps for a
+// job. A step is held back by a hash of its id, so it is held back every
+// time.
+func (m *Manager) steps(ctx context.Context, st state) (train, held []*core.Step, fresh int, cursor core.StepID, cursorT time.Time, err error) {
 	all, err := m.cfg.Pool.List(ctx, pool.Filter{})
 	if err != nil {
-		return nil, nil, "", time.Time{}, fmt.Errorf("personal: listing the steps: %w", err)
+		return nil, nil, 0, "", time.Time{}, fmt.Errorf("personal: listing the steps: %w", err)
 	}
 	cursor, cursorT = st.Cursor, st.CursorT
 	for _, s := range all {
@@ -451,10 +458,14 @@ func (m *Manager) steps(ctx context.Context, st state) (train, held []*core.Step
 			held = append(held, s)
 			continue
 		}
-		if st.Cursor != "" && !after(s, st.Cursor, st.CursorT) {
-			continue
+		if st.From != "" && !after(s, st.From, st.FromT) {
+			continue // before the last reset
 		}
 		train = append(train, s)
+		if st.Cursor == "" || after(s, st.Cursor, st.CursorT) {
+			fresh++
+			cursor, cursorT = s.ID, s.Timings.Start
+		}
 	}
 	if len(train) > m.cfg.MaxSteps {
 		train = train[len(train)-m.cfg.MaxSteps:]
@@ -462,10 +473,7 @@ func (m *Manager) steps(ctx context.Context, st state) (train, held []*core.Step
 	if len(held) > maxHeldBack {
 		held = held[len(held)-maxHeldBack:]
 	}
-	if n := len(train); n > 0 {
-		cursor, cursorT = train[n-1].ID, train[n-1].Timings.Start
-	}
-	return train, held, cursor, cursorT, nil
+	return train, held, fresh, cursor, cursorT, nil
 }
 
 // after reports whether s sorts after the step (id, t): by time, then id,
@@ -522,6 +530,7 @@ func (m *Manager) Reset() error {
 	m.st.Current = ""
 	m.st.Learned = 0
 	m.st.History = nil
+	m.st.From, m.st.FromT = m.st.Cursor, m.st.CursorT
 	err := m.saveLocked()
 	m.mu.Unlock()
 	ents, _ := os.ReadDir(m.cfg.Dir)

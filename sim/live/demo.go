@@ -129,6 +129,10 @@ type RecipeRun struct {
 	// (an election nobody asked for).
 	LeaderChanges []LeaderChange `json:"leader_changes"`
 	Seconds       float64        `json:"seconds"`
+	// PersonalElsewhere counts the files outside a node's own personal
+	// directory found holding one of its personal adapters (--conflict:
+	// searched in every node's and trainer's data; the run fails on any).
+	PersonalElsewhere int `json:"personal_elsewhere,omitempty"`
 }
 
 // LeaderChange is one change of the trainers' leader.

@@ -295,6 +295,17 @@ func runRecipe(ctx context.Context, o recipeOptions, w io.Writer) (RecipeRun, er
 			watch.leader = nl.tr.ID()
 		}
 	}
+	if o.Personal {
+		found, err := personalElsewhere(root, len(m.nodes))
+		if err != nil {
+			return run, err
+		}
+		run.PersonalElsewhere = len(found)
+		if len(found) > 0 {
+			return run, fmt.Errorf("a personal adapter left its device: %s", strings.Join(found, ", "))
+		}
+		say("no personal adapter is anywhere but on its own device (the other nodes' and the trainers' data searched)")
+	}
 	run.After = run.Rounds[len(run.Rounds)-1].Score
 	run.Seconds = time.Since(start).Seconds()
 	return run, nil

@@ -4,13 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/model/serveapi"
+	"github.com/clawmesh/clawmesh/node"
 	"github.com/clawmesh/clawmesh/node/adapters"
 	"github.com/clawmesh/clawmesh/trainer/personal"
 )
@@ -77,4 +83,66 @@ func trainPersonal(ctx context.Context, m *liveMesh, v string, say func(string, 
 		return nil, fmt.Errorf("loading %s into the shared-only model server: %w", v, err)
 	}
 	return out, nil
+}
+
+// personalElsewhere looks for every node's personal adapters (its
+// versions and the stacks served) anywhere but in that node's own
+// personal directory: in the other nodes' and the trainers' data
+// directories, and in the rest of its own: any file that holds one's
+// weights file, whole or packed as the weights service packs a bundle. It
+// returns where it found them; none, for a personal adapter under mode
+// local never leaves its device.
+func personalElsewhere(root string, nodes int) ([]string, error) {
+	type adapterFile struct {
+		data []byte
+		dir  string // the node's personal directory
+	}
+	var mine []adapterFile
+	for i := range nodes {
+		dir := filepath.Join(root, fmt.Sprint("node", i+1), node.PersonalDir)
+		err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || e.IsDir() || e.Name() != "adapter_model.safetensors" {
+				return err
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			mine = append(mine, adapterFile{b, dir})
+			return nil
+		})
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+	}
+	var found []string
+	err := filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // removed while walked (a pruned version)
+			}
+			return err
+		}
+		if e.IsDir() || !e.Type().IsRegular() {
+			return nil
+		}
+		info, err := e.Info()
+		if err != nil || info.Size() > 64<<20 {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		// The weights anywhere in a file: as they are, or packed into
+		// a bundle (mesh/weights packs them unchanged).
+		for _, f := range mine {
+			if !strings.HasPrefix(p, f.dir+string(filepath.Separator)) && bytes.Contains(b, f.data) {
+				found = append(found, p)
+				break
+			}
+		}
+		return nil
+	})
+	return found, err
 }

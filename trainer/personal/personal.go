@@ -6,9 +6,10 @@
 // Train opens the base with the native engine, merges the shared adapter
 // into it, loads the personal adapter trained so far (or starts a fresh one,
 // whose zero B leaves the policy unchanged), trains it with trainer/learn on
-// the job's newest MaxSteps steps, a KL penalty keeping it near the shared
-// version, writes the personal part alone to the
-// job's output directory, and scores the adapter before and after on the
+// the job's newest MaxSteps steps (their old log-probs those of the job's
+// starting policy, with no pull towards the shared version unless
+// Options.KL asks for one), writes the personal part alone to the job's
+// output directory, and scores the adapter before and after on the
 // steps the device held back (see Agrees and RATIONALE.md).
 package personal
 
@@ -54,8 +55,12 @@ const (
 	DefaultRecipe = "combined"
 	// DefaultEpochs is how many passes a job makes over its steps.
 	DefaultEpochs = 4
-	// DefaultKL is the KL penalty's weight when Options.KL is 0.
-	DefaultKL = 0.1
+	// DefaultLR is the learning rate when Options.LR is 0: the trainers'
+	// group default (trainer/group.DefaultLR).
+	DefaultLR = 1e-2
+	// DefaultKL is the KL penalty's weight when Options.KL is 0: none (see
+	// RATIONALE.md).
+	DefaultKL = 0
 	// MiniBatch is how many samples one optimizer step takes.
 	MiniBatch = 32
 	// MaxSteps bounds the steps one job trains on: the newest MaxSteps
@@ -78,12 +83,13 @@ type Options struct {
 	// Rank is the rank of a fresh personal adapter (default 4); an
 	// adapter trained before keeps its own.
 	Rank int
-	// LR is the learning rate (0: the engine's default, engine.DefaultLR).
+	// LR is the learning rate (0: DefaultLR, the trainers' group
+	// default: a job is a few optimizer steps on a few dozen steps, as a
+	// trainer's share of a round is).
 	LR float64
 	// KL weighs the penalty that keeps the policy near the shared version
 	// (the k3 estimator, towards the base with the shared adapter merged
-	// in): a personal adapter nudges the shared one, it does not replace
-	// it. 0 means DefaultKL; a negative value turns it off.
+	// in). 0 means DefaultKL (none); a negative value turns it off.
 	KL float64
 	// Epochs is how many passes over the steps a job makes (0:
 	// DefaultEpochs).
@@ -105,6 +111,9 @@ func (o Options) withDefaults() (Options, loss.Recipe, error) {
 	}
 	if o.Epochs == 0 {
 		o.Epochs = DefaultEpochs
+	}
+	if o.LR == 0 {
+		o.LR = DefaultLR
 	}
 	switch {
 	case o.KL == 0:
@@ -218,7 +227,7 @@ func Train(ctx context.Context, o Options, j core.PersonalJob) (core.PersonalRes
 	if err != nil {
 		return res, err
 	}
-	rep, err := l.Train(ctx, steps)
+	rep, err := l.Train(ctx, onPolicy(steps))
 	if err != nil {
 		return res, fmt.Errorf("personal: train: %w", err)
 	}
@@ -367,4 +376,30 @@ func countSteps(steps []*core.Step) int {
 		}
 	}
 	return n
+}
+
+// onPolicy returns copies of steps whose recorded log-probs are unknown
+// (NaN), so that Train takes those of the job's starting policy (base +
+// shared + the previous personal adapter) as the old ones: every sample
+// starts at ratio 1. A job replays the device's recent steps, served by
+// earlier stacks; when the shared version under them moved far, their
+// recorded log-probs would make the ratios of the replies the user liked
+// tiny, and with them the gradient that raises those replies (the
+// surrogate's gradient scales with the ratio). The user's verdict on a
+// reply holds whichever policy sampled it.
+func onPolicy(steps []*core.Step) []*core.Step {
+	out := make([]*core.Step, len(steps))
+	for i, s := range steps {
+		c := *s
+		c.Response.Choices = slices.Clone(s.Response.Choices)
+		for k := range c.Response.Choices {
+			toks := slices.Clone(c.Response.Choices[k].Tokens)
+			for t := range toks {
+				toks[t].Logprob = math.NaN()
+			}
+			c.Response.Choices[k].Tokens = toks
+		}
+		out[i] = &c
+	}
+	return out
 }

@@ -13,6 +13,7 @@ package scenario
 
 import (
 	"math/rand/v2"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -53,16 +54,16 @@ var (
 	}}
 )
 
-// The preferences of the conflict scenario: a word first, a digit first, a
-// symbol first. No adapter can satisfy two of them at once.
+// The preferences of the conflict scenario. StartsIndented is the
+// opposite of StartsWithWord: no reply pleases both. CleanText is about
+// something else (no garbled character), and agrees with neither.
 var (
-	StartsWithDigit = Preference{Name: "start with a digit", Wants: "a number", Accepts: func(s string) bool {
+	StartsIndented = Preference{Name: "start indented: a space, a tab or a new line first", Wants: "a space", Accepts: func(s string) bool {
 		r, _ := utf8.DecodeRuneInString(s)
-		return r != utf8.RuneError && unicode.IsDigit(r)
+		return r != utf8.RuneError && unicode.IsSpace(r)
 	}}
-	StartsWithSymbol = Preference{Name: "start with a symbol or punctuation, as a list item does", Wants: "a dash", Accepts: func(s string) bool {
-		r, _ := utf8.DecodeRuneInString(s)
-		return r != utf8.RuneError && (unicode.IsPunct(r) || unicode.IsSymbol(r))
+	CleanText = Preference{Name: "no garbled character (no U+FFFD) anywhere in the reply", Wants: "clean text", Accepts: func(s string) bool {
+		return s != "" && utf8.ValidString(s) && !strings.ContainsRune(s, utf8.RuneError)
 	}}
 )
 
@@ -163,14 +164,14 @@ func Users() []User {
 }
 
 // ConflictUsers are the conflict scenario's users, on the same nodes,
-// styles and prompts as Users: alice wants a word first and bob a digit
-// first, opposite wishes no shared adapter can meet at once; carol wants
-// a symbol first, and agrees with neither. Only an adapter of their own
-// gives each what they want.
+// styles and prompts as Users: alice wants a word first and bob an
+// indented reply, opposite wishes no shared adapter can meet at once;
+// carol wants clean text, and agrees with neither. Only an adapter of
+// their own gives alice and bob what they want.
 func ConflictUsers() []User {
 	us := Users()
-	us[1].Pref = StartsWithDigit
-	us[2].Pref = StartsWithSymbol
+	us[1].Pref = StartsIndented
+	us[2].Pref = CleanText
 	return us
 }
 

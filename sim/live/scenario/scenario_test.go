@@ -129,31 +129,29 @@ func TestWordHints(t *testing.T) {
 	}
 }
 
-// TestConflictUsers: no reply pleases two of the conflict scenario's
-// users, each pleases one, and their complaints ask for what they want.
+// TestConflictUsers: no reply pleases both alice and bob in the conflict
+// scenario, carol's wish is another matter, and their complaints ask for
+// what they want.
 func TestConflictUsers(t *testing.T) {
 	us := ConflictUsers()
-	for _, reply := range []string{"Hello", "42 is", "- item", "?", "é", "7", " x", ""} {
-		n := 0
-		for _, u := range us {
-			if u.Pref.Accepts(reply) {
-				n++
+	for _, c := range []struct {
+		reply string
+		want  [3]bool
+	}{
+		{"Hello", [3]bool{true, false, true}}, {" hello", [3]bool{false, true, true}}, {"\nitem", [3]bool{false, true, true}},
+		{"\thi\uFFFD", [3]bool{false, true, false}}, {"ow\uFFFD", [3]bool{true, false, false}}, {"42", [3]bool{false, false, true}}, {"", [3]bool{}},
+	} {
+		for i, u := range us {
+			if got := u.Pref.Accepts(c.reply); got != c.want[i] {
+				t.Errorf("%s accepts %q: %v", u.Name, c.reply, got)
 			}
-		}
-		if n > 1 {
-			t.Errorf("%q pleases %d users", reply, n)
-		}
-	}
-	for i, want := range []string{"Hello", "42 is", "- item"} {
-		if !us[i].Pref.Accepts(want) {
-			t.Errorf("%s does not accept %q", us[i].Name, want)
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	if r := us[1].React("Hi?", "Hello", rng); r.Liked || !strings.Contains(r.Next, "a number") {
+	if r := us[1].React("Hi?", "Hello", rng); r.Liked || !strings.Contains(r.Next, "a space") {
 		t.Errorf("bob's reaction to a word: %+v", r)
 	}
-	if r := us[0].React("Hi?", "42", rng); r.Liked || !strings.Contains(r.Next, "a word") {
-		t.Errorf("alice's reaction to a digit: %+v", r)
+	if r := us[0].React("Hi?", " x", rng); r.Liked || !strings.Contains(r.Next, "a word") {
+		t.Errorf("alice's reaction to an indented reply: %+v", r)
 	}
 }
