@@ -133,3 +133,26 @@ func TestPrintLegend(t *testing.T) {
 		}
 	}
 }
+
+// TestReportPrintConflict: with Conflict, each user's score with the
+// shared version alone and with shared + personal stand side by side.
+func TestReportPrintConflict(t *testing.T) {
+	rep := &Report{Conflict: true, Seconds: 60, Users: []UserInfo{{Name: "alice"}, {Name: "bob"}}, Runs: []RecipeRun{
+		{Recipe: "binary", Seconds: 50, Rounds: []Round{
+			{Version: "base", Score: 0.3, PerUser: []float64{0.2, 0.4}, SharedOnly: &SharedOnly{Score: 0.3, PerUser: []float64{0.2, 0.4}}},
+			{Round: 1, Version: "v1", Score: 0.95, PerUser: []float64{1, 0.9}, Personal: []string{"p1", "p1"}, SharedOnly: &SharedOnly{Score: 0.5, PerUser: []float64{1, 0}}},
+		}}}}
+	var b strings.Builder
+	rep.Print(&b)
+	want := `
+binary: each user's score, shared version alone | shared + personal (share of replies to held-back prompts their user accepts)
+round  version            alice             bob             all
+0      base       0.20 |   0.20   0.40 |   0.40   0.30 |   0.30
+1      v1         1.00 |   1.00   0.00 |   0.90   0.50 |   0.95
+binary: after 1 rounds, shared alone alice 1.00, bob 0.00, shared + personal alice 1.00, bob 0.90 (50 s)
+total 60 s
+`
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}
