@@ -2,17 +2,13 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
-	"github.com/clawmesh/clawmesh/internal/adminapi"
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/mesh"
 	meshpersonal "github.com/clawmesh/clawmesh/mesh/personal"
@@ -183,22 +179,11 @@ func (n *Node) handlePersonal(mux *http.ServeMux) {
 
 // personalCall makes one call of the personal admin API.
 func (c *Client) personalCall(ctx context.Context, method, path string) (personal.Status, error) {
-	var st personal.Status
-	var body io.Reader
+	var body any
 	if method == http.MethodPost {
-		body = strings.NewReader("{}")
+		body = struct{}{}
 	}
-	resp, err := adminapi.Do(ctx, c.HTTP, method, strings.TrimSuffix(c.Base, "/")+"/clawmesh/v1/personal"+path, c.Token, body)
-	var se *adminapi.StatusError
-	if errors.As(err, &se) {
-		return st, fmt.Errorf("%w: %s", ErrRemote, se.Message)
-	}
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	err = json.NewDecoder(resp.Body).Decode(&st)
-	return st, err
+	return adminCall[personal.Status](ctx, c, method, "/clawmesh/v1/personal"+path, body)
 }
 
 // Personal returns the personal adapter's state.

@@ -191,23 +191,36 @@ func (n *Node) handleWeights(mux *http.ServeMux) {
 
 // weightsCall makes one call of the weights admin API.
 func (c *Client) weightsCall(ctx context.Context, method, path, version string) (adapters.Status, error) {
-	var st adapters.Status
-	var body io.Reader
+	var body any
 	if method == http.MethodPost {
-		b, _ := json.Marshal(weightsRequest{Version: version})
-		body = strings.NewReader(string(b))
+		body = weightsRequest{Version: version}
 	}
-	resp, err := adminapi.Do(ctx, c.HTTP, method, strings.TrimSuffix(c.Base, "/")+"/clawmesh/v1/weights"+path, c.Token, body)
+	return adminCall[adapters.Status](ctx, c, method, "/clawmesh/v1/weights"+path, body)
+}
+
+// adminCall makes one call of the admin API with body (nil: none) as
+// JSON, and decodes the answer into a T.
+func adminCall[T any](ctx context.Context, c *Client, method, path string, body any) (T, error) {
+	var out T
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return out, err
+		}
+		r = strings.NewReader(string(b))
+	}
+	resp, err := adminapi.Do(ctx, c.HTTP, method, strings.TrimSuffix(c.Base, "/")+path, c.Token, r)
 	var se *adminapi.StatusError
 	if errors.As(err, &se) {
-		return st, fmt.Errorf("%w: %s", ErrRemote, se.Message)
+		return out, fmt.Errorf("%w: %s", ErrRemote, se.Message)
 	}
 	if err != nil {
-		return st, err
+		return out, err
 	}
 	defer resp.Body.Close()
-	err = json.NewDecoder(resp.Body).Decode(&st)
-	return st, err
+	err = json.NewDecoder(resp.Body).Decode(&out)
+	return out, err
 }
 
 // Weights returns the versions the node knows and which one serves.
