@@ -50,6 +50,8 @@ import (
 //	mode      = "off"       # "local" (trained here while the agent is idle), "mesh" (by a trainer you trust), "off"
 //	base      = ""          # local: the base model's directory the worker trains on (default: model, if a directory)
 //	trainers  = []          # mesh: the peer ids of the trainers you trust with your steps
+//	engine    = "native"    # local: native (small models) or torch (where the device has PyTorch)
+//	device    = "cpu"       # local, torch: cpu or cuda
 //	idle      = "2m"        # local: how long the agent is quiet before training starts
 //	min_steps = 16          # new scored steps before a new personal version is trained
 //
@@ -102,6 +104,8 @@ type fileConfig struct {
 		Mode     string   `toml:"mode"`
 		Base     string   `toml:"base"`
 		Trainers []string `toml:"trainers"`
+		Engine   string   `toml:"engine"`
+		Device   string   `toml:"device"`
 		Idle     string   `toml:"idle"`
 		MinSteps int      `toml:"min_steps"`
 	} `toml:"personal"`
@@ -156,8 +160,11 @@ type personalSettings struct {
 	Mode     personal.Mode
 	Base     string
 	Trainers []string
-	Idle     time.Duration
-	MinSteps int
+	// Engine and Device are the local worker's (native, or torch on cpu
+	// or cuda).
+	Engine, Device string
+	Idle           time.Duration
+	MinSteps       int
 }
 
 // envNames maps setting names to their environment variables.
@@ -434,6 +441,18 @@ func (fc *fileConfig) personal(path string, ps *personalSettings) error {
 		}
 	}
 	ps.Trainers = fp.Trainers
+	switch fp.Engine {
+	case "", "native", "torch":
+	default:
+		return fmt.Errorf("config %s: [personal] engine %q: want native or torch", path, fp.Engine)
+	}
+	switch {
+	case fp.Device == "" || fp.Device == "cpu":
+	case fp.Device == "cuda" && fp.Engine == "torch":
+	default:
+		return fmt.Errorf("config %s: [personal] device %q: want cpu, or cuda with engine = \"torch\"", path, fp.Device)
+	}
+	ps.Engine, ps.Device = fp.Engine, fp.Device
 	if mode == personal.ModeMesh && len(ps.Trainers) == 0 {
 		return fmt.Errorf("config %s: [personal] mode = \"mesh\" needs trainers = [\"<peer id>\", ...]: the trainers you trust with your steps", path)
 	}

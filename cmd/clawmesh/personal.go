@@ -28,7 +28,9 @@ Where it trains is the [personal] mode in the node's config file:
   local   on this device, by a worker process at low priority, only while
           the agent has been idle for [personal] idle (default 2m); nothing
           leaves the device. It needs the base model's directory
-          ([personal] base, or the node's model when it is one).
+          ([personal] base, or the node's model when it is one), and trains
+          with the native engine (small models) or, with [personal] engine =
+          "torch", a PyTorch worker (device = "cpu" or "cuda").
   mesh    by a trainer you trust ([personal] trainers = ["<peer id>"]):
           your scrubbed steps go to it alone, over an encrypted stream, and
           the adapter comes back to this device alone; it is never
@@ -178,7 +180,7 @@ func personalConfig(s settings, serve *modelserver.Config, log *slog.Logger) (*n
 		if err != nil {
 			return nil, fmt.Errorf("[personal]: finding this program to run its worker: %w", err)
 		}
-		pc.Trainer = &execTrainer{Exe: exe, Base: base, Logger: log}
+		pc.Trainer = &execTrainer{Exe: exe, Base: base, Engine: ps.Engine, Device: ps.Device, Logger: log}
 	}
 	return pc, nil
 }

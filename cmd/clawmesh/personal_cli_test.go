@@ -18,6 +18,8 @@ func TestPersonalCLIBadInput(t *testing.T) {
 		{[]string{"personal"}, "status, reset, off or on"},
 		{[]string{"personal", "forget"}, "unknown personal subcommand"},
 		{[]string{"personal", "status", "extra"}, "takes no arguments"},
+		{[]string{"personal", "train", "--job", "j.json", "--base", "b", "--engine", "jax"}, `--engine "jax"`},
+		{[]string{"personal", "train", "--job", "j.json", "--base", "b", "--device", "cuda"}, "add --engine torch"},
 	} {
 		_, errs, code := runCLI(t, c.args...)
 		if code == 0 || !strings.Contains(errs, c.want) {
@@ -40,6 +42,8 @@ func TestPersonalCLIBadInput(t *testing.T) {
 		{"bad mode", "[personal]\nmode = \"sometimes\"\n", nil, `[personal] mode "sometimes"`},
 		{"mesh without trainers", "[personal]\nmode = \"mesh\"\n", nil, "needs trainers"},
 		{"a trainer that is no peer id", "[personal]\nmode = \"mesh\"\ntrainers = [\"bob\"]\n", nil, `"bob" is not a peer id`},
+		{"bad engine", "[personal]\nmode = \"local\"\nengine = \"jax\"\n", nil, `engine "jax"`},
+		{"cuda on the native engine", "[personal]\nmode = \"local\"\ndevice = \"cuda\"\n", nil, `device "cuda"`},
 		{"bad idle", "[personal]\nmode = \"local\"\nidle = \"soon\"\n", nil, "idle \"soon\""},
 		{"local with no base", "[personal]\nmode = \"local\"\n", nil, "needs the base model's directory"},
 		{"base that is no directory", "[personal]\nmode = \"local\"\nbase = \"nowhere\"\n", nil, "is not a directory"},

@@ -16,16 +16,18 @@ import (
 	"time"
 
 	"github.com/clawmesh/clawmesh/internal/core"
+	"github.com/clawmesh/clawmesh/model/engine/torch"
 	nodepersonal "github.com/clawmesh/clawmesh/node/personal"
 	"github.com/clawmesh/clawmesh/trainer/personal"
 )
 
-const personalTrainHelp = `Usage: clawmesh personal train --job FILE --base DIR [--recipe R] [--rank N]
+const personalTrainHelp = `Usage: clawmesh personal train --job FILE --base DIR [--recipe R] [--rank N] [--engine native|torch [--device cpu|cuda] [--python PY]]
 
 Trains a device's personal adapter once: the worker a node in [personal]
 mode local starts, at low priority, while the agent is idle. It opens the
-base model in DIR with the native engine, merges the job's shared adapter
-into it, trains the job's previous personal adapter (or a fresh one of rank
+base model in DIR with the native engine (small models) or the torch
+engine (where the device has PyTorch: --engine torch, on its CPU or GPU),
+merges the job's shared adapter into it, trains the job's previous personal adapter (or a fresh one of rank
 N) on the job's steps, writes the personal adapter alone to the job's out
 directory (which must not exist) and prints the result as JSON on stdout:
 
@@ -107,8 +109,17 @@ func runPersonalTrain(ctx context.Context, args []string, stdout, stderr io.Writ
 	base := fs.String("base", "", "the base model's directory (a Hugging Face directory with tokenizer.json)")
 	recipe := fs.String("recipe", personal.DefaultRecipe, "the recipe: binary, opd or combined")
 	rank := fs.Int("rank", personal.DefaultRank, "the rank of a fresh personal adapter (one trained before keeps its own)")
+	eng := fs.String("engine", personal.EngineNative, "the engine: native (Go, CPU; small models) or torch (a PyTorch worker: CPU or CUDA)")
+	device := fs.String("device", torch.DeviceCPU, "the torch engine's device: cpu or cuda")
+	python := fs.String("python", "", "the torch engine's Python (default: the first python3 that imports torch)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *eng != personal.EngineNative && *eng != personal.EngineTorch {
+		return usageErr("--engine %q: want native or torch", *eng)
+	}
+	if *eng != personal.EngineTorch && (*device != torch.DeviceCPU || *python != "") {
+		return usageErr("--device and --python are the torch engine's: add --engine torch")
 	}
 	switch {
 	case fs.NArg() > 0:
@@ -125,7 +136,8 @@ func runPersonalTrain(ctx context.Context, args []string, stdout, stderr io.Writ
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	res, err := personal.Train(ctx, personal.Options{Base: *base, Recipe: *recipe, Rank: *rank, Logger: log}, j)
+	res, err := personal.Train(ctx, personal.Options{Base: *base, Recipe: *recipe, Rank: *rank, Logger: log,
+		Engine: *eng, Torch: torch.Options{Python: *python, Device: *device}}, j)
 	if err != nil {
 		return err
 	}
@@ -143,6 +155,9 @@ type execTrainer struct {
 	Base   string
 	Recipe string
 	Rank   int
+	// Engine, Device and Python are the worker's --engine, --device and
+	// --python ("": its defaults, the native engine).
+	Engine, Device, Python string
 	// Nice is the worker's nice value on Linux and macOS (0: 10).
 	Nice   int
 	Logger *slog.Logger
@@ -197,6 +212,15 @@ func (t *execTrainer) Train(ctx context.Context, j core.PersonalJob) (core.Perso
 	}
 	if t.Rank != 0 {
 		args = append(args, "--rank", strconv.Itoa(t.Rank))
+	}
+	if t.Engine != "" {
+		args = append(args, "--engine", t.Engine)
+	}
+	if t.Device != "" {
+		args = append(args, "--device", t.Device)
+	}
+	if t.Python != "" {
+		args = append(args, "--python", t.Python)
 	}
 	cmd := exec.CommandContext(ctx, t.Exe, args...)
 	// Killed (SIGKILL) when ctx ends; its pipes are not waited on for

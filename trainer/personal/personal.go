@@ -30,6 +30,7 @@ import (
 	"github.com/clawmesh/clawmesh/internal/core"
 	"github.com/clawmesh/clawmesh/model/engine"
 	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/engine/torch"
 	"github.com/clawmesh/clawmesh/model/loss"
 	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/trainer/adapter"
@@ -55,6 +56,9 @@ const (
 	DefaultRecipe = "combined"
 	// DefaultEpochs is how many passes a job makes over its steps.
 	DefaultEpochs = 4
+	// EngineNative and EngineTorch are the engines a job trains with.
+	EngineNative = "native"
+	EngineTorch  = "torch"
 	// DefaultLR is the learning rate when Options.LR is 0: the trainers'
 	// group default (trainer/group.DefaultLR).
 	DefaultLR = 1e-2
@@ -94,6 +98,12 @@ type Options struct {
 	// Epochs is how many passes over the steps a job makes (0:
 	// DefaultEpochs).
 	Epochs int
+	// Engine is native (the Go engine, for small models; the default) or
+	// torch (a PyTorch worker, on the CPU or a GPU: where the device has
+	// torch). Torch configures the latter; its LoRA rank, seed and name
+	// come from the job.
+	Engine string
+	Torch  torch.Options
 	// Threads bounds the engine's goroutines (0: runtime.GOMAXPROCS). A
 	// native engine's sums depend on it: fix it for runs to repeat.
 	Threads int
@@ -114,6 +124,12 @@ func (o Options) withDefaults() (Options, loss.Recipe, error) {
 	}
 	if o.LR == 0 {
 		o.LR = DefaultLR
+	}
+	if o.Engine == "" {
+		o.Engine = EngineNative
+	}
+	if o.Engine != EngineNative && o.Engine != EngineTorch {
+		return o, 0, fmt.Errorf("%w: engine %q (native or torch)", ErrOptions, o.Engine)
 	}
 	switch {
 	case o.KL == 0:
@@ -254,6 +270,9 @@ func Train(ctx context.Context, o Options, j core.PersonalJob) (core.PersonalRes
 // j.Prev (else a fresh adapter of rank o.Rank) as its adapter; and the
 // base_model_name_or_path its export carries.
 func open(ctx context.Context, o Options, j core.PersonalJob) (engine.Engine, string, error) {
+	if o.Engine == EngineTorch {
+		return openTorch(ctx, o, j)
+	}
 	nopt := native.Options{Seed: j.Seed, Threads: o.Threads, LoRA: native.LoRAConfig{Rank: o.Rank}, Logger: o.Logger}
 	base, err := native.Open(ctx, o.Base, nopt)
 	if err != nil {
@@ -402,4 +421,78 @@ func onPolicy(steps []*core.Step) []*core.Step {
 		out[i] = &c
 	}
 	return out
+}
+
+// openTorch is open on the torch engine: the base with the shared adapter
+// merged in is written (by the native engine, which can merge) to a
+// directory beside j.Out that the engine's close removes, and the torch
+// worker loads it with a fresh adapter of rank o.Rank, or j.Prev.
+func openTorch(ctx context.Context, o Options, j core.PersonalJob) (engine.Engine, string, error) {
+	dir, name := o.Base, ""
+	cleanup := func() {}
+	if j.Shared != "" {
+		base, err := native.Open(ctx, o.Base, native.Options{Threads: o.Threads, Logger: o.Logger})
+		if err != nil {
+			return nil, "", fmt.Errorf("personal: base %s: %w", o.Base, err)
+		}
+		if name, err = sharedBase(j.Shared, base.Info().Name); err != nil {
+			base.Close()
+			return nil, "", err
+		}
+		if err := base.LoadAdapter(ctx, j.Shared); err != nil {
+			base.Close()
+			return nil, "", fmt.Errorf("personal: shared adapter %s: %w", j.Shared, err)
+		}
+		merged, err := base.MergeAdapter()
+		base.Close()
+		if err != nil {
+			return nil, "", fmt.Errorf("personal: merge the shared adapter: %w", err)
+		}
+		tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(j.Out)), ".merged-")
+		if err == nil {
+			err = merged.(*native.Engine).SaveModel(tmp)
+		}
+		merged.Close()
+		if err != nil {
+			os.RemoveAll(tmp)
+			return nil, "", fmt.Errorf("personal: writing the base with the shared version merged in: %w", err)
+		}
+		dir, cleanup = tmp, func() { os.RemoveAll(tmp) }
+	}
+	topt := o.Torch
+	topt.LoRA.Rank, topt.Seed, topt.Threads = o.Rank, j.Seed, o.Threads
+	if topt.Logger == nil {
+		topt.Logger = o.Logger
+	}
+	eng, err := torch.Open(ctx, dir, topt)
+	if err != nil {
+		cleanup()
+		return nil, "", fmt.Errorf("personal: the torch engine: %w", err)
+	}
+	if name == "" {
+		name = eng.Info().Name
+		if n, err := filepath.Abs(o.Base); err == nil && dir == o.Base {
+			name = n
+		}
+	}
+	if j.Prev != "" {
+		if err := eng.LoadAdapter(ctx, j.Prev); err != nil {
+			eng.Close()
+			cleanup()
+			return nil, "", fmt.Errorf("personal: previous personal adapter %s: %w", j.Prev, err)
+		}
+	}
+	return closing{eng, cleanup}, name, nil
+}
+
+// closing is an engine whose Close also removes what was made for it.
+type closing struct {
+	engine.Engine
+	cleanup func()
+}
+
+func (c closing) Close() error {
+	err := c.Engine.Close()
+	c.cleanup()
+	return err
 }
