@@ -12,6 +12,7 @@ import (
 	"github.com/clawmesh/clawmesh/mesh"
 	meshpersonal "github.com/clawmesh/clawmesh/mesh/personal"
 	"github.com/clawmesh/clawmesh/model/engine/native"
+	"github.com/clawmesh/clawmesh/model/engine/torch"
 	"github.com/clawmesh/clawmesh/model/modeldir"
 	"github.com/clawmesh/clawmesh/trainer/group"
 	"github.com/clawmesh/clawmesh/trainer/personal"
@@ -69,7 +70,13 @@ func (t *Trainer) trainPersonal(ctx context.Context, from mesh.PeerID, j core.Pe
 	if err != nil {
 		return core.PersonalResult{}, err
 	}
-	return personal.Train(ctx, personal.Options{Base: base, Recipe: cfg.Recipe, Logger: t.log.With("device", from)}, j)
+	o := personal.Options{Base: base, Recipe: cfg.Recipe, Logger: t.log.With("device", from)}
+	if w := t.work.w; w.engineID == EngineTorch {
+		// The trainer's own engine: a device trusts it with a model too
+		// large for the native one.
+		o.Engine, o.Torch = personal.EngineTorch, torch.Options{Python: w.python, Device: w.device, GradCheckpoint: w.gradCheckpoint}
+	}
+	return personal.Train(ctx, o, j)
 }
 
 // personalBase is the base model's directory personal training opens:
