@@ -29,7 +29,8 @@
 // sends it: a request that names another device is refused, so a device
 // can have no other's adapter trained, let alone fetched (no adapter is
 // kept to fetch). Each device has one stream at a time, every device
-// together MaxJobs jobs, each device PerHour jobs an hour, each job
+// together MaxJobs jobs, each device PerHour jobs an hour (a job the
+// handler answers ErrBusy, the trainer not ready, is not counted), each job
 // JobTimeout. Every size is checked before anything it sizes is read
 // (Limits: the header's own length, the steps' bytes and count, the
 // adapter's config and weights), the steps are allocated as they arrive
