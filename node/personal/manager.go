@@ -345,9 +345,19 @@ func (m *Manager) Train(ctx context.Context) (Record, error) {
 	m.mu.Lock()
 	st := m.st
 	m.mu.Unlock()
-	train, held, fresh, cursor, cursorT, err := m.steps(ctx, st)
+	// An idle device looks every Poll: the steps since the cursor are
+	// counted first, and the whole pool is read only for a job.
+	fresh, err := m.fresh(ctx, st)
 	if err != nil {
 		return Record{}, err
+	}
+	var train, held []*core.Step
+	var cursor core.StepID
+	var cursorT time.Time
+	if fresh >= m.cfg.MinSteps {
+		if train, held, fresh, cursor, cursorT, err = m.steps(ctx, st); err != nil {
+			return Record{}, err
+		}
 	}
 	m.mu.Lock()
 	m.pending = fresh
@@ -451,7 +461,7 @@ func (m *Manager) steps(ctx context.Context, st state) (train, held []*core.Step
 	}
 	cursor, cursorT = st.Cursor, st.CursorT
 	for _, s := range all {
-		if s.Reward == nil || s.Reward.Value == nil || *s.Reward.Value == 0 || len(s.Response.Choices) == 0 {
+		if !learnable(s) {
 			continue
 		}
 		if m.heldBack(s.ID) {
@@ -474,6 +484,28 @@ func (m *Manager) steps(ctx context.Context, st state) (train, held []*core.Step
 		held = held[len(held)-maxHeldBack:]
 	}
 	return train, held, fresh, cursor, cursorT, nil
+}
+
+// fresh counts the steps a job would learn from that are newer than the
+// cursor, reading only the steps since its time.
+func (m *Manager) fresh(ctx context.Context, st state) (int, error) {
+	newer, err := m.cfg.Pool.List(ctx, pool.Filter{Since: st.CursorT})
+	if err != nil {
+		return 0, fmt.Errorf("personal: listing the steps: %w", err)
+	}
+	n := 0
+	for _, s := range newer {
+		if learnable(s) && !m.heldBack(s.ID) && (st.Cursor == "" || after(s, st.Cursor, st.CursorT)) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// learnable reports whether a step carries something to learn from: a
+// reward with a signal, and a reply.
+func learnable(s *core.Step) bool {
+	return s.Reward != nil && s.Reward.Value != nil && *s.Reward.Value != 0 && len(s.Response.Choices) > 0
 }
 
 // after reports whether s sorts after the step (id, t): by time, then id,
