@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"errors"
 	"io"
 	"time"
 )
@@ -9,7 +10,14 @@ import (
 // PeerID names a peer: its libp2p peer id, as text.
 type PeerID string
 
-// Stream is one bidirectional stream of one protocol with a peer.
+// ErrPeerLeft wraps a stream's read error when the peer closed the whole
+// connection cleanly (it stopped its host, with no error code): the
+// stream is cut, as on a reset, but the peer left rather than failed.
+var ErrPeerLeft = errors.New("mesh: the peer closed the connection")
+
+// Stream is one bidirectional stream of one protocol with a peer. A Read
+// cut by the peer's clean close of the connection returns an error that
+// wraps ErrPeerLeft.
 type Stream interface {
 	io.ReadWriteCloser
 	// CloseWrite says we are done writing; the peer reads io.EOF.

@@ -655,3 +655,14 @@ func (h *Host) Close() error {
 type stream struct{ network.Stream }
 
 func (s stream) RemotePeer() mesh.PeerID { return meshID(s.Conn().RemotePeer()) }
+
+// Read marks a read cut by the peer's clean close of the connection
+// (network.ConnNoError from the remote end) with mesh.ErrPeerLeft.
+func (s stream) Read(b []byte) (int, error) {
+	n, err := s.Stream.Read(b)
+	var ce *network.ConnError
+	if err != nil && errors.As(err, &ce) && ce.Remote && ce.ErrorCode == network.ConnNoError {
+		err = fmt.Errorf("%w: %w", mesh.ErrPeerLeft, err)
+	}
+	return n, err
+}

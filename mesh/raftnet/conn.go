@@ -1,6 +1,7 @@
 package raftnet
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -27,9 +28,10 @@ func (a Addr) String() string { return string(a) }
 
 // conn is a mesh.Stream as a net.Conn. Reads, writes and deadlines go to
 // the stream; Close closes it once. A read that fails once this end has
-// closed the conn or its Layer reads io.EOF: raft's transport logs every
-// other read error as a failure, and a stream torn down by our own
-// shutdown is none.
+// closed the conn or its Layer, or that the peer cut by closing its host
+// cleanly (mesh.ErrPeerLeft), reads io.EOF: raft's transport logs every
+// other read error as a failure, and a stream torn down by a clean stop,
+// ours or the peer's, is none.
 type conn struct {
 	s             mesh.Stream
 	local, remote Addr
@@ -48,7 +50,7 @@ func newConn(s mesh.Stream, local Addr, done <-chan struct{}) *conn {
 
 func (c *conn) Read(b []byte) (int, error) {
 	n, err := c.s.Read(b)
-	if err != nil && err != io.EOF && c.shutDown() {
+	if err != nil && err != io.EOF && (c.shutDown() || errors.Is(err, mesh.ErrPeerLeft)) {
 		err = io.EOF
 	}
 	return n, err
